@@ -1,0 +1,25 @@
+# The two commands a newcomer needs: `make serve` and `make test`. Both install everything first.
+VENV ?= .venv
+BIN := $(VENV)/bin
+DATASET := /usr/share/datasets/fashion-mnist
+
+.PHONY: install serve test lint
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	@test -d $(DATASET) || { apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist; }
+	python3 -m venv $(VENV)
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+serve: install
+	$(BIN)/adaserve serve
+
+lint: install
+	$(BIN)/ruff check adaserve tests benchmarks examples
+	$(BIN)/ruff format --check adaserve tests benchmarks examples
+	$(BIN)/mypy adaserve
+
+test: lint
+	$(BIN)/pytest -q

@@ -1,0 +1,5 @@
+"""`python -m adaserve` is the `adaserve` command."""
+
+from adaserve.cli import main
+
+main()

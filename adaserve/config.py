@@ -1,0 +1,182 @@
+"""Model configuration: the typed, validated contents of `models/<name>/config.yaml`.
+
+Every field is documented where it is declared; unknown fields are refused so a typo never passes silently.
+A config error names the file, the field and what is wrong (`ConfigError`).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from adaserve.errors import ConfigError
+
+#: Open Inference Protocol datatypes the engine can carry, and their numpy equivalents.
+DATATYPES: dict[str, np.dtype] = {
+    "BOOL": np.dtype(np.bool_),
+    "UINT8": np.dtype(np.uint8),
+    "UINT16": np.dtype(np.uint16),
+    "UINT32": np.dtype(np.uint32),
+    "UINT64": np.dtype(np.uint64),
+    "INT8": np.dtype(np.int8),
+    "INT16": np.dtype(np.int16),
+    "INT32": np.dtype(np.int32),
+    "INT64": np.dtype(np.int64),
+    "FP16": np.dtype(np.float16),
+    "FP32": np.dtype(np.float32),
+    "FP64": np.dtype(np.float64),
+}
+
+#: Ebird's worker granularities (§VI-C), capped at `max_batch_size` when none are configured.
+EBIRD_GRANULARITIES = (1, 1, 2, 4, 8, 16)
+
+BatchingPolicyName = Literal["elastic", "fixed-timeout", "none"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TensorSpec(_Strict):
+    """One input or output: `{name: image, datatype: FP32, shape: [-1, 784]}`; -1 marks the batch dimension."""
+
+    name: str = Field(min_length=1)
+    datatype: str
+    shape: tuple[int, ...]
+
+    @field_validator("datatype")
+    @classmethod
+    def _known_datatype(cls, value: str) -> str:
+        if value not in DATATYPES:
+            raise ValueError(f"unknown datatype {value!r}; expected one of {', '.join(DATATYPES)}")
+        return value
+
+    @field_validator("shape")
+    @classmethod
+    def _batch_first(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        if not value or value[0] != -1:
+            raise ValueError("the first dimension must be -1 (the batch dimension)")
+        if any(d <= 0 for d in value[1:]):
+            raise ValueError(
+                "dimensions after the batch dimension must be fixed positive sizes (the input pool "
+                f"holds fixed-size slots); got {list(value)}"
+            )
+        return value
+
+    @property
+    def dtype(self) -> np.dtype:
+        return DATATYPES[self.datatype]
+
+    @property
+    def row_shape(self) -> tuple[int, ...]:
+        """The shape of one batch row (the shape without the batch dimension)."""
+        return self.shape[1:]
+
+    @property
+    def row_bytes(self) -> int:
+        return int(math.prod(self.row_shape)) * self.dtype.itemsize
+
+
+class WorkerSpec(_Strict):
+    """One worker process: it runs batches of up to `batch` rows with `threads` intra-op threads."""
+
+    batch: int = Field(ge=1, description="batch granularity: the rows this worker takes per batch")
+    threads: int = Field(default=1, ge=1, description="torch intra-op threads inside the worker")
+    cpus: tuple[int, ...] | None = Field(default=None, description="CPU ids to pin the worker to (optional)")
+
+
+class BatchingSpec(_Strict):
+    """How ready requests become batches; the paper's baselines are values of `policy`."""
+
+    policy: BatchingPolicyName = Field(default="elastic", description="elastic (Ebird) | fixed-timeout | none")
+    max_queue_delay_us: int = Field(
+        default=1000, ge=0, description="fixed-timeout: longest wait to fill max_batch_size (Triton's name)"
+    )
+
+
+class ModelConfig(_Strict):
+    """The whole `config.yaml` of one model."""
+
+    name: str = Field(min_length=1)
+    platform: Literal["torch_export", "torchscript"] | None = Field(
+        default=None, description="artifact kind; inferred from model.pt2 / model.pt when omitted"
+    )
+    max_batch_size: int = Field(default=16, ge=1)
+    inputs: tuple[TensorSpec, ...] = Field(min_length=1)
+    outputs: tuple[TensorSpec, ...] = Field(min_length=1)
+    max_inflight: int | None = Field(
+        default=None,
+        ge=1,
+        description="Ebird's MaxInf: rows computing at once; default: sum of worker batches",
+    )
+    max_queue_size: int = Field(
+        default=1024, ge=1, description="rows waiting in the input pool before new requests get 503"
+    )
+    batching: BatchingSpec = BatchingSpec()
+    workers: tuple[WorkerSpec, ...] | None = Field(
+        default=None, description="the worker set; default: Ebird's granularities capped at max_batch_size"
+    )
+    parameters: dict[str, Any] = Field(default_factory=dict, description="defaults for per-request parameters")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ModelConfig:
+        names = [t.name for t in self.inputs] + [t.name for t in self.outputs]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"tensor names must be unique; repeated: {', '.join(duplicates)}")
+        for worker in self.workers or ():
+            if worker.batch > self.max_batch_size:
+                raise ValueError(f"worker batch {worker.batch} exceeds max_batch_size {self.max_batch_size}")
+        return self
+
+    @property
+    def worker_set(self) -> tuple[WorkerSpec, ...]:
+        """The configured workers, or Ebird's granularities capped at `max_batch_size`."""
+        if self.workers:
+            return self.workers
+        capped = [g for g in EBIRD_GRANULARITIES if g <= self.max_batch_size]
+        if self.max_batch_size not in capped and self.max_batch_size > EBIRD_GRANULARITIES[-1]:
+            capped.append(self.max_batch_size)
+        return tuple(WorkerSpec(batch=g) for g in capped)
+
+    @property
+    def inflight_limit(self) -> int:
+        return self.max_inflight or sum(w.batch for w in self.worker_set)
+
+
+def load_config(path: Path, *, name: str | None = None) -> ModelConfig:
+    """Read and validate a config file; `name` (the directory name) is the default model name."""
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level, got {type(raw).__name__}")
+    if name is not None:
+        raw.setdefault("name", name)
+        if raw["name"] != name:
+            raise ConfigError(f"{path}: field 'name': {raw['name']!r} does not match its directory {name!r}")
+    try:
+        return ModelConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(_describe(path, exc)) from None
+
+
+def _describe(path: Path, exc: ValidationError) -> str:
+    problems = []
+    for error in exc.errors():
+        field = ".".join(str(part) for part in error["loc"]) or "(top level)"
+        message = error["msg"].removeprefix("Value error, ")
+        if error["type"] == "extra_forbidden":
+            message = "unknown field"
+        problems.append(f"field '{field}': {message}")
+    return f"{path}: " + "; ".join(problems)

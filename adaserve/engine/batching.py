@@ -1,0 +1,118 @@
+"""Batching policies: which idle worker takes how many ready rows next.
+
+One small interface, one class per policy, one factory, so the paper's baseline is a config value:
+
+* `elastic` — Ebird's Algorithm 1: R = min(ready, MaxInf − inflight); idle workers by batch granularity, largest
+  first; the first whose granularity ≤ R takes that many rows.
+* `fixed-timeout` — Triton / TF-Serving dynamic batching: wait until `max_batch_size` rows are ready or the oldest
+  has waited `max_queue_delay_us`, then run one batch at a time.
+* `none` — no batching: each idle worker takes one row.
+
+Policies are pure: they see a `QueueView` and the idle workers, and never touch processes or memory.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from adaserve.config import BatchingSpec
+
+
+@dataclass(frozen=True)
+class WorkerSlot:
+    """A worker as the scheduler sees it: an id and its batch granularity."""
+
+    id: int
+    batch: int
+
+
+@dataclass(frozen=True)
+class QueueView:
+    """What a policy may look at when it picks the next batch."""
+
+    front_run: int  # ready rows contiguous in memory at the front of the queue (one batch never spans a gap)
+    ready: int  # all ready rows
+    headroom: int  # MaxInf − rows in flight
+    inflight: int  # rows in flight
+    oldest_wait_s: float  # how long the first ready row has waited
+    smallest_batch: int  # the smallest granularity in the whole worker set, busy or idle
+
+
+class BatchingPolicy(ABC):
+    """Picks one (worker, rows) at a time; the scheduler applies it and asks again until it says None."""
+
+    name: str
+
+    @abstractmethod
+    def pick(self, queue: QueueView, idle: Sequence[WorkerSlot]) -> tuple[WorkerSlot, int] | None:
+        """`idle` is ordered by batch granularity, largest first (Ebird's idle queue)."""
+
+    def wake_after_s(self, queue: QueueView) -> float | None:
+        """When rows wait that `pick` declined for now, how long until it may say yes without new events."""
+        return None
+
+
+class ElasticPolicy(BatchingPolicy):
+    """Ebird's Algorithm 1, with one liveness rule for worker sets that have no batch-1 worker.
+
+    Algorithm 1 only gives a worker exactly its granularity. When every worker in the set is larger than what is
+    ready (a Packrat set such as two workers of batch 8), rows would wait forever; then the smallest idle worker
+    takes the R rows as a partial batch.
+    """
+
+    name = "elastic"
+
+    def pick(self, queue: QueueView, idle: Sequence[WorkerSlot]) -> tuple[WorkerSlot, int] | None:
+        rows = min(queue.front_run, queue.headroom)
+        if rows <= 0 or not idle:
+            return None
+        for worker in idle:
+            if worker.batch <= rows:
+                return worker, worker.batch
+        if queue.smallest_batch > rows:
+            return idle[-1], rows
+        return None
+
+
+class FixedTimeoutPolicy(BatchingPolicy):
+    """One batch at a time, formed when full or when the oldest row has waited `max_queue_delay_us`."""
+
+    name = "fixed-timeout"
+
+    def __init__(self, max_batch_size: int, max_queue_delay_us: int) -> None:
+        self.max_batch_size = max_batch_size
+        self.delay_s = max_queue_delay_us / 1e6
+
+    def pick(self, queue: QueueView, idle: Sequence[WorkerSlot]) -> tuple[WorkerSlot, int] | None:
+        if queue.inflight > 0 or not idle or queue.ready == 0:
+            return None
+        if queue.ready < self.max_batch_size and queue.oldest_wait_s < self.delay_s:
+            return None
+        worker = idle[0]
+        return worker, min(queue.front_run, worker.batch, self.max_batch_size)
+
+    def wake_after_s(self, queue: QueueView) -> float | None:
+        if queue.ready == 0 or queue.inflight > 0:
+            return None
+        return max(0.0, self.delay_s - queue.oldest_wait_s)
+
+
+class NoBatchingPolicy(BatchingPolicy):
+    """Batch 1: each idle worker, smallest first, takes a single row."""
+
+    name = "none"
+
+    def pick(self, queue: QueueView, idle: Sequence[WorkerSlot]) -> tuple[WorkerSlot, int] | None:
+        if min(queue.ready, queue.headroom) <= 0 or not idle:
+            return None
+        return idle[-1], 1
+
+
+def create_batching_policy(spec: BatchingSpec, max_batch_size: int) -> BatchingPolicy:
+    if spec.policy == "elastic":
+        return ElasticPolicy()
+    if spec.policy == "fixed-timeout":
+        return FixedTimeoutPolicy(max_batch_size, spec.max_queue_delay_us)
+    return NoBatchingPolicy()

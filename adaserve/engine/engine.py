@@ -1,0 +1,402 @@
+"""One model's request path on the event loop: input pool → elastic scheduler → worker processes → answers.
+
+`infer` copies a request's rows into the pool the moment it arrives and asks the scheduler for batches; a worker's
+results are answered the moment its batch finishes. Nothing here blocks the loop: compute is in the workers, and
+their messages arrive through `loop.add_reader`.
+
+A worker that dies is restarted; the rows it held run again once, and a request whose rows kill a worker twice
+is answered with an explicit error. Nothing accepted is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+import numpy as np
+
+from adaserve.config import WorkerSpec
+from adaserve.engine.batching import WorkerSlot, create_batching_policy
+from adaserve.engine.messages import BatchDone, FrameReader, RowParameters, RunBatch, WorkerFailed, WorkerReady
+from adaserve.engine.pool import PoolLayout, SharedRings, SlotRing
+from adaserve.engine.processes import ModelHost, WorkerProcess
+from adaserve.engine.scheduler import Batch, Scheduler
+from adaserve.engine.stats import ModelStats
+from adaserve.errors import ConfigError, InferenceError, ModelNotReadyError, OverloadedError
+from adaserve.repository import ModelSpec
+
+log = logging.getLogger("adaserve.engine")
+
+#: Rows whose worker dies are run again this many times in all; then the request is answered with an error.
+MAX_RUNS = 2
+#: Consecutive failed starts of a replacement worker before the engine gives up restarting.
+MAX_START_FAILURES = 3
+
+
+class EngineState(Enum):
+    LOADING = "LOADING"
+    READY = "READY"
+    UNLOADING = "UNLOADING"
+    UNAVAILABLE = "UNAVAILABLE"
+
+
+@dataclass(frozen=True)
+class EngineResult:
+    outputs: list[np.ndarray]  # in config order, `rows` rows each
+    parameters: dict[str, Any]  # response parameters set by the worker (e.g. an early-exit block)
+
+
+@dataclass(eq=False)
+class PendingRequest:
+    """A request whose rows are in the pool at [start, start + rows)."""
+
+    start: int
+    rows: int
+    arrived_ns: int
+    parameters: dict[str, Any]
+    future: asyncio.Future[EngineResult]
+    outstanding: int
+    dispatched_ns: int = 0
+    runs: int = 0  # how many times a worker died holding its rows, plus one
+    error: str | None = None
+    reason: str = ""
+    response_parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """A ready worker as the model configuration endpoint shows it."""
+
+    id: int
+    pid: int
+    batch: int
+    threads: int
+    cpus: list[int]
+
+
+class ModelEngine:
+    def __init__(self, model: ModelSpec) -> None:
+        config = model.config
+        self.model = model
+        self.slots = config.max_queue_size + config.inflight_limit + config.max_batch_size
+        self.rings, self._pool_fd = SharedRings.create(PoolLayout.for_config(config, self.slots), model.name)
+        self._ring = SlotRing(self.slots)
+        self.scheduler = Scheduler(
+            create_batching_policy(config.batching, config.max_batch_size), config.inflight_limit
+        )
+        self.stats = ModelStats()
+        self.state = EngineState.LOADING
+        self.workers: dict[int, WorkerInfo] = {}
+        self._loop = asyncio.get_running_loop()
+        self._owners: list[PendingRequest | None] = [None] * self.slots
+        self._processes: dict[int, WorkerProcess] = {}
+        self._readers: dict[int, FrameReader] = {}
+        self._starting: dict[int, asyncio.Future[None]] = {}
+        self._start_errors: dict[int, str] = {}
+        self._start_failures = 0
+        self._waiting: deque[tuple[int, asyncio.Future[int]]] = deque()  # (rows, future of a start slot)
+        self._waiting_rows = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._ids = itertools.count()
+        self._host: ModelHost | None = None
+        self._tasks: set[asyncio.Task[asyncio.Future[None]]] = set()
+        self._idle = asyncio.Event()  # set when no request holds slots
+        self._idle.set()
+        self._gone = asyncio.Event()  # set when no worker process is left
+        self._gone.set()
+
+    # -- lifecycle -------------------------------------------------------------------------------------------
+    async def start(self, timeout_s: float = 300.0) -> None:
+        """Start every worker and wait until each has loaded the model; ConfigError if one cannot."""
+        try:
+            await asyncio.wait_for(self._start_processes(), timeout_s)
+        except (ConfigError, TimeoutError) as exc:
+            await self.stop(drain_timeout_s=0)
+            if isinstance(exc, TimeoutError):
+                raise ConfigError(f"model '{self.model.name}': workers not ready after {timeout_s:.0f} s") from None
+            raise
+        self.state = EngineState.READY
+        log.info(
+            "model ready",
+            extra={
+                "model": self.model.name,
+                "version": self.model.version,
+                "workers": [w.__dict__ for w in self.workers.values()],
+                "policy": self.scheduler.policy.name,
+                "slots": self.slots,
+            },
+        )
+
+    async def _start_processes(self) -> None:
+        self._host = ModelHost(self.model, pool_fd=self._pool_fd, slots=self.slots)
+        await self._host.ready()
+        starts = [await self._spawn(worker) for worker in self.model.config.worker_set]
+        await asyncio.gather(*starts)
+
+    async def stop(self, drain_timeout_s: float = 30.0) -> None:
+        """Finish what was accepted (up to `drain_timeout_s`), then stop the workers and release the pool."""
+        self.state = EngineState.UNLOADING
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), drain_timeout_s)
+        for process in list(self._processes.values()):
+            process.stop()
+        try:
+            await asyncio.wait_for(self._gone.wait(), 10.0)
+        except TimeoutError:
+            for process in list(self._processes.values()):
+                process.kill()
+            await self._gone.wait()
+        if self._host is not None:
+            await self._host.stop()
+        self._fail_everything("the model was unloaded before this request finished")
+        if self._timer is not None:
+            self._timer.cancel()
+        self.rings.close()
+        os.close(self._pool_fd)
+
+    # -- requests --------------------------------------------------------------------------------------------
+    async def infer(self, inputs: list[np.ndarray], rows: int, parameters: dict[str, Any]) -> EngineResult:
+        """Run `rows` rows (inputs already validated against the config) and return the outputs."""
+        if self.state is not EngineState.READY:
+            raise ModelNotReadyError(f"model '{self.model.name}' is {self.state.value.lower()}")
+        queued = self.scheduler.ready + self._waiting_rows
+        if queued + rows > self.model.config.max_queue_size:
+            self.stats.failures["overloaded"] += 1
+            raise OverloadedError(
+                f"model '{self.model.name}' has {queued} rows queued (max_queue_size "
+                f"{self.model.config.max_queue_size}); retry later"
+            )
+        arrived_ns = time.perf_counter_ns()
+        start = self._ring.allocate(rows)
+        if start is None:
+            start = await self._wait_for_slots(rows)
+        for ring, array in zip(self.rings.inputs, inputs, strict=True):
+            ring[start : start + rows] = array
+        pending = PendingRequest(start, rows, arrived_ns, parameters, self._loop.create_future(), outstanding=rows)
+        self._owners[start : start + rows] = [pending] * rows
+        self._idle.clear()
+        self.scheduler.enqueue(start, rows, time.monotonic())
+        self._pump()
+        return await pending.future
+
+    async def _wait_for_slots(self, rows: int) -> int:
+        """The pool is fragmented by a slow batch; wait (bounded by the queue limit) for contiguous slots."""
+        future: asyncio.Future[int] = self._loop.create_future()
+        self._waiting.append((rows, future))
+        self._waiting_rows += rows
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled():
+                self._ring.free(future.result(), rows)
+            raise
+        finally:
+            self._waiting_rows -= rows
+
+    def _admit_waiting(self) -> None:
+        while self._waiting:
+            rows, future = self._waiting[0]
+            if future.done():
+                self._waiting.popleft()
+                continue
+            start = self._ring.allocate(rows)
+            if start is None:
+                return
+            self._waiting.popleft()
+            future.set_result(start)
+
+    # -- the scheduling step ---------------------------------------------------------------------------------
+    def _pump(self) -> None:
+        """Take ready slots → feed idle workers; arm a timer if the policy is waiting for a deadline."""
+        now = time.monotonic()
+        for batch in self.scheduler.schedule(now):
+            self._dispatch(batch)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        wake = self.scheduler.wake_after_s(time.monotonic())
+        if wake is not None:
+            self._timer = self._loop.call_later(wake, self._pump)
+
+    def _dispatch(self, batch: Batch) -> None:
+        now_ns = time.perf_counter_ns()
+        parameters = []
+        for pending, slot, rows in self._requests_in(batch):
+            pending.dispatched_ns = pending.dispatched_ns or now_ns
+            if pending.parameters:
+                parameters.append(RowParameters(slot - batch.start, rows, pending.parameters))
+        self._processes[batch.worker_id].run(RunBatch(batch.id, batch.start, batch.rows, parameters))
+        # a False from run() means the worker is gone: its exit handler re-runs the batch
+
+    def _requests_in(self, batch: Batch) -> Iterator[tuple[PendingRequest, int, int]]:
+        """(request, first slot, rows) for each request with rows in the batch."""
+        slot, end = batch.start, batch.start + batch.rows
+        while slot < end:
+            pending = self._owners[slot]
+            assert pending is not None, f"slot {slot} of a batch has no request"
+            rows = min(pending.start + pending.rows, end) - slot
+            yield pending, slot, rows
+            slot += rows
+
+    # -- worker messages -------------------------------------------------------------------------------------
+    async def _spawn(self, spec: WorkerSpec) -> asyncio.Future[None]:
+        """Fork a worker from the host; the future resolves when it has warmed up and is ready."""
+        assert self._host is not None
+        worker_id = next(self._ids)
+        process = await self._host.spawn(worker_id, spec)
+        self._processes[worker_id] = process
+        self._readers[worker_id] = FrameReader()
+        self._gone.clear()
+        started: asyncio.Future[None] = self._loop.create_future()
+        self._starting[worker_id] = started
+        self._loop.add_reader(process.result_fd, self._on_readable, process)
+        return started
+
+    def _on_readable(self, process: WorkerProcess) -> None:
+        try:
+            data = os.read(process.result_fd, 1 << 16)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._on_exit(process)
+            return
+        for message in self._readers[process.id].feed(data):
+            if isinstance(message, BatchDone):
+                self._on_batch_done(message)
+            elif isinstance(message, WorkerReady):
+                self._on_ready(process, message)
+            elif isinstance(message, WorkerFailed):
+                self._start_errors[process.id] = message.error
+
+    def _on_ready(self, process: WorkerProcess, message: WorkerReady) -> None:
+        self.workers[process.id] = WorkerInfo(
+            process.id, message.pid, process.spec.batch, message.threads, message.cpus
+        )
+        self.scheduler.add_worker(WorkerSlot(process.id, process.spec.batch))
+        self._start_failures = 0
+        self._starting.pop(process.id).set_result(None)
+        self._pump()
+
+    def _on_batch_done(self, message: BatchDone) -> None:
+        batch = self.scheduler.finish(message.batch_id)
+        self.stats.record_batch(batch.rows, message.compute_ns)
+        for row_parameters in message.parameters:
+            owner = self._owners[batch.start + row_parameters.offset]
+            if owner is not None:
+                owner.response_parameters.update(row_parameters.values)
+        for pending, _, rows in list(self._requests_in(batch)):
+            pending.outstanding -= rows
+            if message.error is not None:
+                pending.error, pending.reason = message.error, "model_error"
+            if pending.outstanding == 0:
+                self._complete(pending)
+        self._pump()
+
+    def _on_exit(self, process: WorkerProcess) -> None:
+        """A worker's pipe closed: it stopped or died. Re-run what it held and replace it if serving."""
+        self._loop.remove_reader(process.result_fd)
+        process.close()
+        self._processes.pop(process.id)
+        self._readers.pop(process.id)
+        self.workers.pop(process.id, None)
+        held = self.scheduler.remove_worker(process.id)
+        if held is not None:
+            self._recover(held, process.pid)
+        started = self._starting.pop(process.id, None)
+        if started is not None:
+            error = self._start_errors.pop(process.id, f"worker {process.pid} exited before it was ready")
+            started.set_exception(ConfigError(f"model '{self.model.name}': worker could not start: {error}"))
+            started.exception()  # retrieved here; start() re-raises it when it is waiting for this worker
+            self._start_failures += 1
+        if not self._processes:
+            self._gone.set()
+        if self.state is EngineState.READY:
+            self._replace(process)
+        self._pump()
+
+    def _replace(self, process: WorkerProcess) -> None:
+        if self._start_failures >= MAX_START_FAILURES:
+            log.error("worker restarts keep failing; model unavailable", extra={"model": self.model.name})
+            self.state = EngineState.UNAVAILABLE
+            if not self._processes:
+                self._fail_everything("no worker of this model could be restarted")
+            return
+        self.stats.worker_restarts += 1
+        log.warning(
+            "worker exited; restarting",
+            extra={"model": self.model.name, "pid": process.pid, "batch": process.spec.batch},
+        )
+        task = self._loop.create_task(self._spawn(process.spec))
+        self._tasks.add(task)
+        task.add_done_callback(self._restarted)
+
+    def _restarted(self, task: asyncio.Task[asyncio.Future[None]]) -> None:
+        self._tasks.discard(task)
+        if task.cancelled():
+            return
+        error = task.exception()
+        if error is not None:
+            log.error("cannot restart worker", extra={"model": self.model.name, "error": str(error)})
+            self.state = EngineState.UNAVAILABLE
+            if not self._processes:
+                self._fail_everything(f"no worker can be started: {error}")
+
+    def _recover(self, batch: Batch, pid: int) -> None:
+        """Rows of a batch whose worker died: run them again, or fail requests that already killed a worker."""
+        again: list[tuple[int, int, float]] = []
+        for pending, slot, rows in list(self._requests_in(batch)):
+            pending.runs += 1
+            if pending.runs < MAX_RUNS:
+                again.append((slot, rows, time.monotonic()))
+                continue
+            pending.error = f"worker process {pid} died while computing this request ({pending.runs} times)"
+            pending.reason = "worker_died"
+            pending.outstanding -= rows
+            if pending.outstanding == 0:
+                self._complete(pending)
+        for slot, rows, arrived in reversed(again):
+            self.scheduler.requeue_front(slot, rows, arrived)
+
+    # -- answers ---------------------------------------------------------------------------------------------
+    def _complete(self, pending: PendingRequest) -> None:
+        now_ns = time.perf_counter_ns()
+        ok = pending.error is None
+        if not pending.future.done():
+            if ok:
+                end = pending.start + pending.rows
+                outputs = [ring[pending.start : end].copy() for ring in self.rings.outputs]
+                pending.future.set_result(EngineResult(outputs, pending.response_parameters))
+            else:
+                pending.future.set_exception(InferenceError(f"model '{self.model.name}': {pending.error}"))
+        self.stats.record_request(
+            ok=ok,
+            total_ns=now_ns - pending.arrived_ns,
+            queue_ns=(pending.dispatched_ns or now_ns) - pending.arrived_ns,
+            reason=pending.reason,
+        )
+        self.stats.last_inference_ms = int(time.time() * 1000)
+        self._owners[pending.start : pending.start + pending.rows] = [None] * pending.rows
+        self._ring.free(pending.start, pending.rows)
+        if self._ring.in_use == 0:
+            self._idle.set()
+        self._admit_waiting()
+
+    def _fail_everything(self, reason: str) -> None:
+        for pending in {p for p in self._owners if p is not None}:
+            if not pending.future.done():
+                pending.future.set_exception(ModelNotReadyError(f"model '{self.model.name}': {reason}"))
+        for _, future in self._waiting:
+            if not future.done():
+                future.set_exception(ModelNotReadyError(f"model '{self.model.name}': {reason}"))
+        self._waiting.clear()

@@ -1,0 +1,164 @@
+"""Typed messages between the server and its worker processes, framed on pipes.
+
+Each message is a tagged `msgspec.Struct` encoded with msgpack behind a 4-byte length. Tensors never travel in
+messages: they stay in the shared input pool, and a message only names the slots.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from typing import Any
+
+import msgspec
+
+_LENGTH = struct.Struct("<I")
+
+
+class HostLaunch(msgspec.Struct, frozen=True):
+    """Everything a model host (the zygote that forks workers) needs; given on its command line."""
+
+    config_json: str  # the validated ModelConfig, so no process re-reads a file that may have changed
+    artifact: str  # path of model.pt2 / model.pt
+    slots: int  # pool size; with the config it fixes the shared memory layout
+    pool_fd: int
+    control_fd: int  # a unix socket: spawn requests in (with the worker's two pipe fds), replies out
+
+
+class SpawnWorker(msgspec.Struct, frozen=True, tag="spawn"):
+    """Fork one worker; its command and result pipes travel beside this message as SCM_RIGHTS fds."""
+
+    worker_id: int
+    batch: int
+    threads: int
+    cpus: list[int] | None
+
+
+class HostReady(msgspec.Struct, frozen=True, tag="host_ready"):
+    pid: int
+
+
+class HostFailed(msgspec.Struct, frozen=True, tag="host_failed"):
+    """The model could not be loaded; the host exits after sending this."""
+
+    error: str
+
+
+class WorkerSpawned(msgspec.Struct, frozen=True, tag="spawned"):
+    worker_id: int
+    pid: int
+
+
+class RowParameters(msgspec.Struct, frozen=True):
+    """Per-request parameters for rows [offset, offset + rows) of a batch (request or response side)."""
+
+    offset: int
+    rows: int
+    values: dict[str, Any]
+
+
+class RunBatch(msgspec.Struct, frozen=True, tag="run"):
+    batch_id: int
+    start: int
+    rows: int
+    parameters: list[RowParameters] = []
+
+
+class Stop(msgspec.Struct, frozen=True, tag="stop"):
+    pass
+
+
+class WorkerReady(msgspec.Struct, frozen=True, tag="ready"):
+    worker_id: int
+    pid: int
+    threads: int
+    cpus: list[int]
+
+
+class WorkerFailed(msgspec.Struct, frozen=True, tag="failed"):
+    """The worker could not start (e.g. the model does not load); it exits after sending this."""
+
+    worker_id: int
+    error: str
+
+
+class BatchDone(msgspec.Struct, frozen=True, tag="done"):
+    batch_id: int
+    compute_ns: int
+    error: str | None = None
+    parameters: list[RowParameters] = []
+
+
+ToWorker = RunBatch | Stop
+FromWorker = WorkerReady | WorkerFailed | BatchDone
+
+FromHost = HostReady | HostFailed | WorkerSpawned
+
+_encoder = msgspec.msgpack.Encoder()
+_to_worker = msgspec.msgpack.Decoder(ToWorker)
+_from_worker = msgspec.msgpack.Decoder(FromWorker)
+_from_host = msgspec.msgpack.Decoder(FromHost)
+_spawn = msgspec.msgpack.Decoder(SpawnWorker)
+
+
+def encode(message: msgspec.Struct) -> bytes:
+    """One message as a datagram (the host's control socket keeps message boundaries)."""
+    return _encoder.encode(message)
+
+
+def decode_from_host(data: bytes) -> FromHost:
+    return _from_host.decode(data)
+
+
+def decode_spawn(data: bytes) -> SpawnWorker:
+    return _spawn.decode(data)
+
+
+def frame(message: msgspec.Struct) -> bytes:
+    body = _encoder.encode(message)
+    return _LENGTH.pack(len(body)) + body
+
+
+def write_message(fd: int, message: msgspec.Struct) -> None:
+    """Write one whole frame (pipes take writes up to PIPE_BUF atomically; loop for longer ones)."""
+    data = memoryview(frame(message))
+    while data:
+        data = data[os.write(fd, data) :]
+
+
+def read_to_worker(fd: int) -> ToWorker | None:
+    """Blocking read of the next command; None when the server closed the pipe."""
+    header = _read_exact(fd, _LENGTH.size)
+    if header is None:
+        return None
+    body = _read_exact(fd, _LENGTH.unpack(header)[0])
+    return None if body is None else _to_worker.decode(body)
+
+
+def _read_exact(fd: int, size: int) -> bytes | None:
+    chunks = bytearray()
+    while len(chunks) < size:
+        chunk = os.read(fd, size - len(chunks))
+        if not chunk:
+            return None
+        chunks += chunk
+    return bytes(chunks)
+
+
+class FrameReader:
+    """Incremental decoder for the server side, fed by a non-blocking reader callback."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> list[FromWorker]:
+        self._buffer += data
+        messages: list[FromWorker] = []
+        while len(self._buffer) >= _LENGTH.size:
+            (size,) = _LENGTH.unpack_from(self._buffer)
+            end = _LENGTH.size + size
+            if len(self._buffer) < end:
+                break
+            messages.append(_from_worker.decode(bytes(self._buffer[_LENGTH.size : end])))
+            del self._buffer[:end]
+        return messages

@@ -1,0 +1,159 @@
+"""The elastic scheduler's state: ready rows in arrival order, idle workers, rows in flight.
+
+Pure logic (no processes, sockets or clocks of its own): the engine tells it what arrived and what finished, and
+`schedule(now)` answers which batches to start. Tests drive it directly.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from collections import deque
+from dataclasses import dataclass
+
+from adaserve.engine.batching import BatchingPolicy, QueueView, WorkerSlot
+
+
+@dataclass
+class ReadyRun:
+    """Rows [start, start + rows) of the pool, ready since `arrived_at`."""
+
+    start: int
+    rows: int
+    arrived_at: float
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Rows [start, start + rows) given to one worker."""
+
+    id: int
+    worker_id: int
+    start: int
+    rows: int
+    dispatched_at: float
+
+
+class Scheduler:
+    """Algorithm 1's loop over a batching policy: take ready slots → feed idle workers → account in-flight rows."""
+
+    def __init__(self, policy: BatchingPolicy, max_inflight: int) -> None:
+        self.policy = policy
+        self.max_inflight = max_inflight
+        self.inflight = 0
+        self.ready = 0
+        self._queue: deque[ReadyRun] = deque()
+        self._workers: dict[int, WorkerSlot] = {}
+        self._idle: list[tuple[int, int]] = []  # (-batch, id): largest granularity first, like Ebird's idle queue
+        self._batches: dict[int, Batch] = {}
+        self._ids = itertools.count()
+
+    # -- workers ---------------------------------------------------------------------------------------------
+    def add_worker(self, worker: WorkerSlot) -> None:
+        """A worker that is up and waiting for work."""
+        self._workers[worker.id] = worker
+        bisect.insort(self._idle, (-worker.batch, worker.id))
+
+    def remove_worker(self, worker_id: int) -> Batch | None:
+        """Forget a worker (stopped or dead); returns the batch it held, if any, for the caller to re-run or fail."""
+        worker = self._workers.pop(worker_id, None)
+        if worker is not None and (-worker.batch, worker_id) in self._idle:
+            self._idle.remove((-worker.batch, worker_id))
+        held = next((b for b in self._batches.values() if b.worker_id == worker_id), None)
+        if held is not None:
+            self.finish(held.id, worker_back=False)
+        return held
+
+    @property
+    def workers(self) -> list[WorkerSlot]:
+        return list(self._workers.values())
+
+    # -- rows ------------------------------------------------------------------------------------------------
+    def enqueue(self, start: int, rows: int, arrived_at: float) -> None:
+        self._queue.append(ReadyRun(start, rows, arrived_at))
+        self.ready += rows
+
+    def requeue_front(self, start: int, rows: int, arrived_at: float) -> None:
+        """Put rows back at the head of the queue (a worker died holding them; they run next)."""
+        self._queue.appendleft(ReadyRun(start, rows, arrived_at))
+        self.ready += rows
+
+    # -- the algorithm ---------------------------------------------------------------------------------------
+    def schedule(self, now: float) -> list[Batch]:
+        """Start every batch the policy allows now."""
+        started: list[Batch] = []
+        while self._idle and self.ready:
+            choice = self.policy.pick(self._view(now), self._idle_slots())
+            if choice is None:
+                break
+            worker, rows = choice
+            started.append(self._start(worker, rows, now))
+        return started
+
+    def finish(self, batch_id: int, *, worker_back: bool = True) -> Batch:
+        """A batch is done (or abandoned); its rows leave the in-flight count and its worker is idle again."""
+        batch = self._batches.pop(batch_id)
+        self.inflight -= batch.rows
+        worker = self._workers.get(batch.worker_id)
+        if worker_back and worker is not None:
+            bisect.insort(self._idle, (-worker.batch, worker.id))
+        return batch
+
+    def wake_after_s(self, now: float) -> float | None:
+        """When the policy declined rows that are waiting, the delay after which it should be asked again."""
+        if not self.ready:
+            return None
+        return self.policy.wake_after_s(self._view(now))
+
+    def oldest_arrival(self) -> float | None:
+        return self._queue[0].arrived_at if self._queue else None
+
+    # -- helpers ---------------------------------------------------------------------------------------------
+    def _view(self, now: float) -> QueueView:
+        return QueueView(
+            front_run=self._front_run(),
+            ready=self.ready,
+            headroom=self.max_inflight - self.inflight,
+            inflight=self.inflight,
+            oldest_wait_s=now - self._queue[0].arrived_at,
+            smallest_batch=min(w.batch for w in self._workers.values()),
+        )
+
+    def _idle_slots(self) -> list[WorkerSlot]:
+        return [self._workers[worker_id] for _, worker_id in self._idle]
+
+    def _front_run(self) -> int:
+        """Ready rows that are contiguous in the pool from the front (a batch is read in place, so no gaps)."""
+        limit = max(w.batch for w in self._workers.values())
+        run = self._queue[0].rows
+        end = self._queue[0].start + run
+        for item in itertools.islice(self._queue, 1, None):
+            if item.start != end or run >= limit:
+                break
+            run += item.rows
+            end += item.rows
+        return run
+
+    def _start(self, worker: WorkerSlot, rows: int, now: float) -> Batch:
+        start = self._take(rows)
+        self._idle.remove((-worker.batch, worker.id))
+        batch = Batch(next(self._ids), worker.id, start, rows, now)
+        self._batches[batch.id] = batch
+        self.inflight += rows
+        return batch
+
+    def _take(self, rows: int) -> int:
+        """Pop `rows` contiguous rows from the front of the queue, splitting the last run if needed."""
+        start = self._queue[0].start
+        left = rows
+        while left:
+            head = self._queue[0]
+            if head.rows <= left:
+                left -= head.rows
+                self._queue.popleft()
+            else:
+                head.start += left
+                head.rows -= left
+                left = 0
+        self.ready -= rows
+        return start

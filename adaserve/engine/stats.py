@@ -1,0 +1,92 @@
+"""Per-model counters the engine keeps; the server reads them for `/metrics` and the statistics extension.
+
+Plain numbers, no Prometheus objects: the engine stays free of the frontend's concerns, and the metrics endpoint
+renders these at scrape time.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter
+from dataclasses import dataclass, field
+
+#: Bucket bounds (seconds) for queue, compute and request latency histograms.
+LATENCY_BUCKETS_S = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+)
+
+
+@dataclass
+class Histogram:
+    """Cumulative-free bucket counts plus sum, as Prometheus histograms need."""
+
+    bounds: tuple[float, ...] = LATENCY_BUCKETS_S
+    counts: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS_S) + 1))
+    total: float = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.total += value
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+
+@dataclass
+class DurationCount:
+    """Triton's statistics pair: how many, and their total duration."""
+
+    count: int = 0
+    ns: int = 0
+
+    def add(self, ns: int) -> None:
+        self.count += 1
+        self.ns += ns
+
+
+@dataclass
+class ModelStats:
+    success: DurationCount = field(default_factory=DurationCount)
+    fail: DurationCount = field(default_factory=DurationCount)
+    queue: DurationCount = field(default_factory=DurationCount)
+    compute: DurationCount = field(default_factory=DurationCount)
+    inference_count: int = 0  # rows computed
+    execution_count: int = 0  # batches run
+    batches: Counter[int] = field(default_factory=Counter)  # executed batch size → batches
+    batch_ns: Counter[int] = field(default_factory=Counter)  # executed batch size → compute ns
+    failures: Counter[str] = field(default_factory=Counter)  # failure reason → requests
+    queue_s: Histogram = field(default_factory=Histogram)
+    compute_s: Histogram = field(default_factory=Histogram)
+    request_s: Histogram = field(default_factory=Histogram)
+    worker_restarts: int = 0
+    last_inference_ms: int = 0
+
+    def record_batch(self, rows: int, compute_ns: int) -> None:
+        self.execution_count += 1
+        self.inference_count += rows
+        self.batches[rows] += 1
+        self.batch_ns[rows] += compute_ns
+        self.compute.add(compute_ns)
+        self.compute_s.observe(compute_ns / 1e9)
+
+    def record_request(self, *, ok: bool, total_ns: int, queue_ns: int, reason: str = "") -> None:
+        (self.success if ok else self.fail).add(total_ns)
+        if not ok:
+            self.failures[reason] += 1
+        self.queue.add(queue_ns)
+        self.queue_s.observe(queue_ns / 1e9)
+        self.request_s.observe(total_ns / 1e9)

@@ -1,0 +1,108 @@
+"""A worker: runs the batches the scheduler gives it, in place in the pool.
+
+A worker is forked by its model's host (`adaserve.engine.host`) with the model already loaded, so it shares the
+weights copy-on-write and starts in milliseconds. It reads its batch as a slice of the input rings (no copy) and
+writes outputs into the same slots of the output rings. An exception in one batch is reported for that batch
+only; the worker keeps serving.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from adaserve.config import ModelConfig
+from adaserve.engine.messages import (
+    BatchDone,
+    RunBatch,
+    SpawnWorker,
+    Stop,
+    WorkerFailed,
+    WorkerReady,
+    read_to_worker,
+    write_message,
+)
+from adaserve.engine.pool import SharedRings
+
+
+class BatchRunner:
+    """Runs one batch: inputs viewed in place from the rings, outputs checked against the config and written back."""
+
+    def __init__(self, config: ModelConfig, model: Callable[..., Any], rings: SharedRings) -> None:
+        self.config = config
+        self.model = model
+        self.rings = rings
+
+    def run(self, start: int, rows: int) -> None:
+        inputs = [torch.from_numpy(ring[start : start + rows]) for ring in self.rings.inputs]
+        with torch.inference_mode():
+            result = self.model(*inputs)
+        outputs = _as_sequence(result)
+        if len(outputs) != len(self.config.outputs):
+            raise ValueError(f"model returned {len(outputs)} outputs, config declares {len(self.config.outputs)}")
+        for spec, ring, tensor in zip(self.config.outputs, self.rings.outputs, outputs, strict=True):
+            expected = (rows, *spec.row_shape)
+            if tuple(tensor.shape) != expected:
+                raise ValueError(
+                    f"model returned shape {list(tensor.shape)} for output '{spec.name}', expected {list(expected)}"
+                )
+            ring[start : start + rows] = tensor.detach().numpy()
+
+    def warm_up(self, rows: int) -> None:
+        """One run on zeros outside the pool, so the first real request does not pay for lazy initialisation."""
+        zeros = [torch.zeros((rows, *s.row_shape), dtype=_torch_dtype(s.dtype)) for s in self.config.inputs]
+        with torch.inference_mode():
+            self.model(*zeros)
+
+
+def _as_sequence(result: Any) -> Sequence[torch.Tensor]:
+    if isinstance(result, torch.Tensor):
+        return (result,)
+    if isinstance(result, dict):
+        return tuple(result.values())
+    return tuple(result)
+
+
+def _torch_dtype(dtype: np.dtype) -> torch.dtype:
+    return torch.from_numpy(np.zeros(0, dtype=dtype)).dtype
+
+
+def place(threads: int, cpus: Sequence[int] | None) -> list[int]:
+    """Pin this process to its CPUs and set its intra-op threads; returns the CPUs it may run on."""
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+    torch.set_num_threads(threads)
+    return sorted(os.sched_getaffinity(0))
+
+
+def serve_worker(spawn: SpawnWorker, runner: BatchRunner, command_fd: int, result_fd: int) -> int:
+    """The worker's life after the host forked it: place it, warm up, then run batches until told to stop."""
+    try:
+        allowed = place(spawn.threads, spawn.cpus)
+        runner.warm_up(spawn.batch)
+    except Exception as exc:
+        write_message(result_fd, WorkerFailed(spawn.worker_id, f"{type(exc).__name__}: {exc}"))
+        return 1
+    write_message(result_fd, WorkerReady(spawn.worker_id, os.getpid(), torch.get_num_threads(), allowed))
+    while True:
+        command = read_to_worker(command_fd)
+        if command is None or isinstance(command, Stop):
+            return 0
+        write_message(result_fd, _run(runner, command))
+
+
+def _run(runner: BatchRunner, command: RunBatch) -> BatchDone:
+    began = time.perf_counter_ns()
+    try:
+        runner.run(command.start, command.rows)
+    except Exception as exc:
+        traceback.print_exc(file=sys.stderr)
+        return BatchDone(command.batch_id, time.perf_counter_ns() - began, error=f"{type(exc).__name__}: {exc}")
+    return BatchDone(command.batch_id, time.perf_counter_ns() - began)

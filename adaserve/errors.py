@@ -1,0 +1,59 @@
+"""One exception hierarchy for everything a user can cause, each mapped once to its protocol status.
+
+The REST and gRPC frontends both translate through `AdaserveError.http_status` / `grpc_code`; nothing else
+decides a status. Messages name the problem (the tensor, the field, the model) because they reach the user.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+
+class AdaserveError(Exception):
+    http_status = 500
+    grpc_code = grpc.StatusCode.INTERNAL
+
+
+class InvalidInputError(AdaserveError, ValueError):
+    """Malformed request: bad JSON, unknown or missing tensor, wrong datatype or shape."""
+
+    http_status = 400
+    grpc_code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class ConfigError(AdaserveError, ValueError):
+    """A model configuration or artifact that cannot be served; names file, field and problem."""
+
+    http_status = 400
+    grpc_code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class ModelNotFoundError(AdaserveError, LookupError):
+    http_status = 404
+    grpc_code = grpc.StatusCode.NOT_FOUND
+
+
+class ModelNotReadyError(AdaserveError):
+    """The model exists but is loading, unloading or failed; retry later or load it."""
+
+    http_status = 503
+    grpc_code = grpc.StatusCode.UNAVAILABLE
+
+
+class PayloadTooLargeError(AdaserveError):
+    http_status = 413
+    grpc_code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class OverloadedError(AdaserveError):
+    """The model's queue bound is reached; the request was not accepted."""
+
+    http_status = 503
+    grpc_code = grpc.StatusCode.UNAVAILABLE
+
+
+class InferenceError(AdaserveError):
+    """The model raised while computing, or its worker died running the request more than once."""
+
+    http_status = 500
+    grpc_code = grpc.StatusCode.INTERNAL

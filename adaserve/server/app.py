@@ -1,0 +1,107 @@
+"""Run the server: REST (uvicorn) and gRPC (grpc.aio) frontends on one event loop over one router.
+
+The frontends come up first so liveness answers while models load; readiness follows the loading. SIGTERM and
+SIGINT stop the frontends, let accepted requests finish, then stop the workers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import uvicorn
+from tritonclient.grpc import service_pb2_grpc
+
+from adaserve.engine.router import ModelRouter
+from adaserve.errors import ConfigError
+from adaserve.repository import ModelRepository
+from adaserve.server.dataplane import DataPlane
+from adaserve.server.grpc_service import InferenceServicer
+from adaserve.server.rest import create_app
+
+log = logging.getLogger("adaserve.server")
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    model_repository: Path
+    host: str = "127.0.0.1"
+    http_port: int = 8000
+    grpc_port: int = 8001
+    max_request_bytes: int = 64 * 1024 * 1024
+    models: list[str] | None = None  # None: every model in the repository
+
+
+class _HttpServer(uvicorn.Server):
+    """uvicorn without its own signal handling: this module decides how the whole server stops."""
+
+    def install_signal_handlers(self) -> None:
+        pass
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"cannot listen for HTTP on {host}:{port}: {exc.strerror}") from None
+    sock.listen(2048)
+    return sock
+
+
+async def serve(options: ServeOptions) -> None:
+    router = ModelRouter(ModelRepository(options.model_repository))
+    plane = DataPlane(router)
+    http_socket = _listen(options.host, options.http_port)
+    http = _HttpServer(
+        uvicorn.Config(
+            create_app(plane, max_request_bytes=options.max_request_bytes),
+            http="httptools",
+            lifespan="off",
+            access_log=False,
+            log_config=None,
+            timeout_keep_alive=60,
+        )
+    )
+    grpc_server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", options.max_request_bytes),
+            ("grpc.max_send_message_length", -1),
+            ("grpc.so_reuseport", 0),
+        ]
+    )
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(plane), grpc_server)
+    if grpc_server.add_insecure_port(f"{options.host}:{options.grpc_port}") == 0:
+        http_socket.close()
+        raise ConfigError(f"cannot listen for gRPC on {options.host}:{options.grpc_port}")
+
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stopping.set)
+
+    await grpc_server.start()
+    http_task = asyncio.create_task(http.serve(sockets=[http_socket]))
+    log.info(
+        "listening",
+        extra={"http": f"{options.host}:{options.http_port}", "grpc": f"{options.host}:{options.grpc_port}"},
+    )
+    await router.load_all(options.models)
+    plane.started = True
+    log.info("serving", extra={"models": [e.name for e in router.index() if e.state == "READY"]})
+
+    await asyncio.wait([asyncio.create_task(stopping.wait()), http_task], return_when=asyncio.FIRST_COMPLETED)
+    log.info("stopping")
+    http.should_exit = True
+    await grpc_server.stop(grace=5.0)
+    await http_task
+    await router.close()
+    log.info("stopped")

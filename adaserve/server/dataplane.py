@@ -1,0 +1,219 @@
+"""The data plane: every Open Inference Protocol operation once, for the REST and gRPC adapters to share.
+
+Results are plain dicts in the JSON shapes the protocol (and Triton's extensions) define; the REST adapter sends
+them as JSON, the gRPC adapter parses them into the protobuf messages of the same shape.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+
+from adaserve import __version__
+from adaserve.config import ModelConfig
+from adaserve.engine.engine import EngineState, ModelEngine
+from adaserve.engine.router import ModelRouter
+from adaserve.errors import InvalidInputError, ModelNotReadyError
+from adaserve.server.protocol import InferenceRequest, InferenceResponse, Tensor
+
+EXTENSIONS = ["binary_tensor_data", "model_configuration", "model_repository", "statistics", "parameters"]
+
+
+class DataPlane:
+    def __init__(self, router: ModelRouter) -> None:
+        self.router = router
+        self.started = False  # set once the models named at start have been loaded (or failed)
+
+    # -- health and metadata ---------------------------------------------------------------------------------
+    def live(self) -> bool:
+        return True
+
+    def ready(self) -> bool:
+        return self.started and all(e.state is EngineState.READY for e in self.router.engines.values())
+
+    def metadata(self) -> dict[str, Any]:
+        """`{"name": ..., "version": ..., "extensions": [...]}`."""
+        return {"name": "adaserve", "version": __version__, "extensions": EXTENSIONS}
+
+    def model_ready(self, name: str, version: str = "") -> bool:
+        try:
+            return self.router.engine(name, version).state is EngineState.READY
+        except ModelNotReadyError:
+            return False
+
+    def check_model(self, name: str, version: str = "") -> None:
+        """Fail fast (404 / 503) before a request body is decoded."""
+        self.router.ready_engine(name, version)
+
+    def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
+        """`{"name", "versions", "platform", "inputs": [{"name", "datatype", "shape"}], "outputs": [...]}`."""
+        engine = self.router.engine(name, version)
+        config = engine.model.config
+        return {
+            "name": name,
+            "versions": [str(engine.model.version)],
+            "platform": engine.model.platform,
+            "inputs": [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in config.inputs],
+            "outputs": [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in config.outputs],
+        }
+
+    def model_config(self, name: str, version: str = "") -> dict[str, Any]:
+        """Triton's model configuration (the `ModelConfig` message as JSON), plus adaserve's worker set."""
+        engine = self.router.engine(name, version)
+        return triton_config(engine)
+
+    def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
+        """Triton's statistics extension: `{"model_stats": [...]}` for one model or all loaded models."""
+        engines = [self.router.engine(name, version)] if name else list(self.router.engines.values())
+        return {"model_stats": [model_statistics(engine) for engine in engines]}
+
+    def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
+        rows = [entry.__dict__ for entry in self.router.index()]
+        return [row for row in rows if row["state"] == "READY"] if ready_only else rows
+
+    async def load(self, name: str) -> None:
+        await self.router.load(name)
+
+    async def unload(self, name: str) -> None:
+        await self.router.unload(name)
+
+    # -- inference -------------------------------------------------------------------------------------------
+    async def infer(self, request: InferenceRequest) -> InferenceResponse:
+        engine = self.router.ready_engine(request.model_name, request.model_version)
+        config = engine.model.config
+        arrays, rows = validate_inputs(config, request)
+        wanted = requested_outputs(config, request)
+        parameters = {**config.parameters, **request.parameters}
+        result = await engine.infer(arrays, rows, parameters)
+        outputs, binary = [], []
+        for spec, array in zip(config.outputs, result.outputs, strict=True):
+            if spec.name in wanted:
+                outputs.append(Tensor(spec.name, spec.datatype, tuple(array.shape), array))
+                binary.append(wanted[spec.name])
+        return InferenceResponse(
+            model_name=request.model_name,
+            model_version=str(engine.model.version),
+            outputs=outputs,
+            binary=binary,
+            id=request.id,
+            parameters=result.parameters,
+        )
+
+
+def validate_inputs(config: ModelConfig, request: InferenceRequest) -> tuple[list[np.ndarray], int]:
+    """The request's inputs in config order, checked for names, datatypes, shapes and batch size."""
+    given: dict[str, Tensor] = {}
+    for tensor in request.inputs:
+        if tensor.name in given:
+            raise InvalidInputError(f"input '{tensor.name}' is given twice")
+        given[tensor.name] = tensor
+    expected = [spec.name for spec in config.inputs]
+    unknown = sorted(set(given) - set(expected))
+    if unknown:
+        raise InvalidInputError(
+            f"unknown input '{unknown[0]}' for model '{config.name}'; it takes: {', '.join(expected)}"
+        )
+    arrays: list[np.ndarray] = []
+    rows: int | None = None
+    for spec in config.inputs:
+        if spec.name not in given:
+            raise InvalidInputError(f"missing input '{spec.name}' for model '{config.name}'")
+        tensor = given[spec.name]
+        if tensor.datatype != spec.datatype:
+            raise InvalidInputError(
+                f"input '{spec.name}': datatype {tensor.datatype} does not match the model's {spec.datatype}"
+            )
+        if len(tensor.shape) != len(spec.shape) or tensor.shape[1:] != spec.row_shape:
+            raise InvalidInputError(
+                f"input '{spec.name}': shape {list(tensor.shape)} does not match the model's {list(spec.shape)}"
+            )
+        batch = tensor.shape[0]
+        if not 1 <= batch <= config.max_batch_size:
+            raise InvalidInputError(
+                f"input '{spec.name}': batch size {batch} is outside 1..{config.max_batch_size} (max_batch_size)"
+            )
+        if rows is not None and batch != rows:
+            raise InvalidInputError(f"inputs have different batch sizes ({rows} and {batch} for '{spec.name}')")
+        rows = batch
+        arrays.append(tensor.data)
+    assert rows is not None  # a config has at least one input
+    return arrays, rows
+
+
+def requested_outputs(config: ModelConfig, request: InferenceRequest) -> dict[str, bool]:
+    """Output name → send as binary, for the outputs the request asks for (all when it names none)."""
+    names = [spec.name for spec in config.outputs]
+    if request.outputs is None:
+        return dict.fromkeys(names, request.binary_outputs)
+    wanted = {}
+    for output in request.outputs:
+        if output.name not in names:
+            raise InvalidInputError(
+                f"unknown output '{output.name}' for model '{config.name}'; it has: {', '.join(names)}"
+            )
+        wanted[output.name] = output.binary or request.binary_outputs
+    return wanted
+
+
+def triton_config(engine: ModelEngine) -> dict[str, Any]:
+    config = engine.model.config
+    workers = [{"pid": w.pid, "batch": w.batch, "threads": w.threads, "cpus": w.cpus} for w in engine.workers.values()]
+    document: dict[str, Any] = {
+        "name": config.name,
+        "platform": engine.model.platform,
+        "backend": "adaserve",
+        "max_batch_size": config.max_batch_size,
+        "input": [
+            {"name": t.name, "data_type": f"TYPE_{t.datatype}", "dims": list(t.row_shape)} for t in config.inputs
+        ],
+        "output": [
+            {"name": t.name, "data_type": f"TYPE_{t.datatype}", "dims": list(t.row_shape)} for t in config.outputs
+        ],
+        "instance_group": [{"name": f"worker_{w.id}", "kind": "KIND_CPU", "count": 1} for w in engine.workers.values()],
+        "parameters": {
+            "batching_policy": {"string_value": config.batching.policy},
+            "max_inflight": {"string_value": str(config.inflight_limit)},
+            "max_queue_size": {"string_value": str(config.max_queue_size)},
+            "pool_slots": {"string_value": str(engine.slots)},
+            "workers": {"string_value": json.dumps(workers)},
+        },
+    }
+    if config.batching.policy == "fixed-timeout":
+        document["dynamic_batching"] = {
+            "max_queue_delay_microseconds": config.batching.max_queue_delay_us,
+            "default_queue_policy": {"max_queue_size": config.max_queue_size},
+        }
+    return document
+
+
+def model_statistics(engine: ModelEngine) -> dict[str, Any]:
+    stats = engine.stats
+    nothing = {"count": 0, "ns": 0}
+    return {
+        "name": engine.model.name,
+        "version": str(engine.model.version),
+        "last_inference": stats.last_inference_ms,
+        "inference_count": stats.inference_count,
+        "execution_count": stats.execution_count,
+        "inference_stats": {
+            "success": stats.success.__dict__,
+            "fail": stats.fail.__dict__,
+            "queue": stats.queue.__dict__,
+            "compute_input": nothing,
+            "compute_infer": stats.compute.__dict__,
+            "compute_output": nothing,
+            "cache_hit": nothing,
+            "cache_miss": nothing,
+        },
+        "batch_stats": [
+            {
+                "batch_size": size,
+                "compute_input": nothing,
+                "compute_infer": {"count": count, "ns": stats.batch_ns[size]},
+                "compute_output": nothing,
+            }
+            for size, count in sorted(stats.batches.items())
+        ],
+    }

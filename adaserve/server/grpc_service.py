@@ -1,0 +1,179 @@
+"""The gRPC adapter: `inference.GRPCInferenceService` over the data plane.
+
+The service is Triton's `grpc_service.proto`, taken from the `tritonclient` wheel's generated modules. Its core
+RPCs (ServerLive … ModelInfer) are KServe's `grpc_predict_v2.proto` message for message and field for field, so
+clients built from either proto work; the rest are Triton's extensions (config, statistics, repository).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+import numpy as np
+from google.protobuf import json_format
+from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
+
+from adaserve.errors import AdaserveError, InvalidInputError
+from adaserve.server.dataplane import DataPlane
+from adaserve.server.protocol import (
+    InferenceRequest,
+    InferenceResponse,
+    RequestedOutput,
+    Tensor,
+    array_from_buffer,
+    array_from_values,
+)
+
+log = logging.getLogger("adaserve.grpc")
+
+#: Which typed field of InferTensorContents carries each datatype (FP16 has none: raw contents only).
+CONTENTS_FIELD = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+}
+
+Message = TypeVar("Message")
+
+
+def _answers_errors(
+    method: Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[Message]],
+) -> Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[Message]]:
+    """Map the one exception hierarchy to gRPC status codes, in one place for every RPC."""
+
+    @functools.wraps(method)
+    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Message:
+        try:
+            return await method(self, request, context)
+        except AdaserveError as exc:
+            await context.abort(exc.grpc_code, str(exc))
+        except Exception as exc:
+            log.exception("unexpected error", extra={"rpc": method.__name__})
+            await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
+        raise AssertionError("unreachable: context.abort raises")
+
+    return wrapper
+
+
+class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
+    def __init__(self, plane: DataPlane) -> None:
+        self.plane = plane
+
+    @_answers_errors
+    async def ServerLive(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return service_pb2.ServerLiveResponse(live=self.plane.live())
+
+    @_answers_errors
+    async def ServerReady(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return service_pb2.ServerReadyResponse(ready=self.plane.ready())
+
+    @_answers_errors
+    async def ModelReady(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return service_pb2.ModelReadyResponse(ready=self.plane.model_ready(request.name, request.version))
+
+    @_answers_errors
+    async def ServerMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return json_format.ParseDict(self.plane.metadata(), service_pb2.ServerMetadataResponse())
+
+    @_answers_errors
+    async def ModelMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        document = self.plane.model_metadata(request.name, request.version)
+        return json_format.ParseDict(document, service_pb2.ModelMetadataResponse())
+
+    @_answers_errors
+    async def ModelConfig(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        config = json_format.ParseDict(
+            self.plane.model_config(request.name, request.version), model_config_pb2.ModelConfig()
+        )
+        return service_pb2.ModelConfigResponse(config=config)
+
+    @_answers_errors
+    async def ModelStatistics(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        document = self.plane.statistics(request.name, request.version)
+        return json_format.ParseDict(document, service_pb2.ModelStatisticsResponse())
+
+    @_answers_errors
+    async def RepositoryIndex(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        rows = self.plane.repository_index(ready_only=request.ready)
+        return json_format.ParseDict({"models": rows}, service_pb2.RepositoryIndexResponse())
+
+    @_answers_errors
+    async def RepositoryModelLoad(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await self.plane.load(request.model_name)
+        return service_pb2.RepositoryModelLoadResponse()
+
+    @_answers_errors
+    async def RepositoryModelUnload(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await self.plane.unload(request.model_name)
+        return service_pb2.RepositoryModelUnloadResponse()
+
+    @_answers_errors
+    async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        self.plane.check_model(request.model_name, request.model_version)
+        return encode_response(await self.plane.infer(decode_request(request)))
+
+
+def decode_request(message: Any) -> InferenceRequest:
+    raw = message.raw_input_contents
+    if raw and len(raw) != len(message.inputs):
+        raise InvalidInputError(f"{len(raw)} raw_input_contents for {len(message.inputs)} inputs")
+    inputs = []
+    for index, tensor in enumerate(message.inputs):
+        shape = tuple(tensor.shape)
+        if raw:
+            data = array_from_buffer(tensor.name, tensor.datatype, shape, raw[index])
+        else:
+            field = CONTENTS_FIELD.get(tensor.datatype)
+            if field is None:
+                raise InvalidInputError(f"input '{tensor.name}': {tensor.datatype} data must be sent as raw contents")
+            data = array_from_values(tensor.name, tensor.datatype, shape, getattr(tensor.contents, field))
+        inputs.append(Tensor(tensor.name, tensor.datatype, shape, data))
+    outputs = [RequestedOutput(output.name) for output in message.outputs] or None
+    return InferenceRequest(
+        model_name=message.model_name,
+        model_version=message.model_version,
+        inputs=inputs,
+        outputs=outputs,
+        id=message.id,
+        parameters={key: _from_parameter(value) for key, value in message.parameters.items()},
+    )
+
+
+def encode_response(response: InferenceResponse) -> Any:
+    message = service_pb2.ModelInferResponse(
+        model_name=response.model_name, model_version=response.model_version, id=response.id
+    )
+    for key, value in response.parameters.items():
+        message.parameters[key].CopyFrom(_to_parameter(value))
+    for tensor in response.outputs:
+        message.outputs.add(name=tensor.name, datatype=tensor.datatype, shape=list(tensor.shape))
+        data: np.ndarray = tensor.data
+        message.raw_output_contents.append(data.astype(data.dtype.newbyteorder("<"), copy=False).tobytes())
+    return message
+
+
+def _from_parameter(parameter: Any) -> Any:
+    kind = parameter.WhichOneof("parameter_choice")
+    return getattr(parameter, kind) if kind else None
+
+
+def _to_parameter(value: Any) -> Any:
+    if isinstance(value, bool):
+        return service_pb2.InferParameter(bool_param=value)
+    if isinstance(value, int):
+        return service_pb2.InferParameter(int64_param=value)
+    if isinstance(value, float):
+        return service_pb2.InferParameter(double_param=value)
+    return service_pb2.InferParameter(string_param=str(value))

@@ -1,0 +1,86 @@
+"""Prometheus `/metrics`: the engines' counters rendered at scrape time, per model and version.
+
+Names follow Triton's (`nv_inference_request_success` → `adaserve_inference_request_success`) where one fits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from adaserve.engine.router import ModelRouter
+from adaserve.engine.stats import Histogram
+
+LABELS = ["model", "version"]
+
+
+class EngineCollector:
+    """Reads every loaded engine's `ModelStats` when Prometheus scrapes."""
+
+    def __init__(self, router: ModelRouter) -> None:
+        self.router = router
+
+    def collect(self) -> Iterator[Metric]:
+        counters = {
+            "inference_request_success": "Requests answered successfully",
+            "inference_request_failure": "Requests answered with an error (after they were accepted or refused)",
+            "inference_count": "Rows (batch elements) computed",
+            "inference_exec_count": "Batches executed by workers",
+            "worker_restarts": "Worker processes restarted after they died",
+        }
+        families = {
+            name: CounterMetricFamily(f"adaserve_{name}", text, labels=LABELS) for name, text in counters.items()
+        }
+        failures = CounterMetricFamily(
+            "adaserve_inference_failures", "Failed requests by reason", labels=[*LABELS, "reason"]
+        )
+        batches = CounterMetricFamily("adaserve_executed_batches", "Batches by executed size", labels=[*LABELS, "size"])
+        inflight = GaugeMetricFamily("adaserve_inflight_rows", "Rows computing in workers now", labels=LABELS)
+        queued = GaugeMetricFamily("adaserve_queued_rows", "Rows waiting in the input pool now", labels=LABELS)
+        histograms = {
+            "queue_duration_seconds": ("Time from arrival to dispatch to a worker", "queue_s"),
+            "compute_duration_seconds": ("Time a worker spent computing a batch", "compute_s"),
+            "request_duration_seconds": ("Time from arrival to answer", "request_s"),
+        }
+        histogram_families = {
+            name: HistogramMetricFamily(f"adaserve_{name}", text, labels=LABELS)
+            for name, (text, _) in histograms.items()
+        }
+        for name, engine in self.router.engines.items():
+            labels = [name, str(engine.model.version)]
+            stats = engine.stats
+            families["inference_request_success"].add_metric(labels, stats.success.count)
+            families["inference_request_failure"].add_metric(labels, stats.fail.count + stats.failures["overloaded"])
+            families["inference_count"].add_metric(labels, stats.inference_count)
+            families["inference_exec_count"].add_metric(labels, stats.execution_count)
+            families["worker_restarts"].add_metric(labels, stats.worker_restarts)
+            for reason, count in stats.failures.items():
+                failures.add_metric([*labels, reason], count)
+            for size, count in sorted(stats.batches.items()):
+                batches.add_metric([*labels, str(size)], count)
+            inflight.add_metric(labels, engine.scheduler.inflight)
+            queued.add_metric(labels, engine.scheduler.ready)
+            for name_, (_, attribute) in histograms.items():
+                histogram: Histogram = getattr(stats, attribute)
+                histogram_families[name_].add_metric(labels, _buckets(histogram), histogram.total)
+        yield from families.values()
+        yield from (failures, batches, inflight, queued)
+        yield from histogram_families.values()
+
+
+def _buckets(histogram: Histogram) -> list[tuple[str, float]]:
+    cumulative = 0
+    buckets: list[tuple[str, float]] = []
+    for bound, count in zip([*map(str, histogram.bounds), "+Inf"], histogram.counts, strict=True):
+        cumulative += count
+        buckets.append((bound, cumulative))
+    return buckets
+
+
+def render_metrics(router: ModelRouter) -> tuple[bytes, str]:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(EngineCollector(router))
+    return generate_latest(registry), CONTENT_TYPE_LATEST

@@ -1,0 +1,93 @@
+"""The Open Inference Protocol's inference request and response, independent of REST or gRPC.
+
+The REST codec and the gRPC codec each translate their wire form to these types; the data plane sees only these.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from adaserve.config import DATATYPES
+from adaserve.errors import InvalidInputError
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """`{"name": "image", "datatype": "FP32", "shape": [1, 784], "data": [...]}` as a typed numpy array."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    data: np.ndarray
+
+
+@dataclass(frozen=True)
+class RequestedOutput:
+    """`{"name": "logits", "parameters": {"binary_data": true}}`."""
+
+    name: str
+    binary: bool = False
+
+
+@dataclass(frozen=True)
+class InferenceRequest:
+    """`{"id": "42", "parameters": {...}, "inputs": [tensor, ...], "outputs": [requested output, ...]}`."""
+
+    model_name: str
+    model_version: str
+    inputs: list[Tensor]
+    outputs: list[RequestedOutput] | None = None  # None: every output
+    id: str = ""
+    parameters: dict[str, Any] = field(default_factory=dict)
+    binary_outputs: bool = False  # request parameter "binary_data_output": every output in binary form
+
+
+@dataclass(frozen=True)
+class InferenceResponse:
+    """`{"model_name": ..., "model_version": ..., "id": ..., "parameters": {...}, "outputs": [tensor, ...]}`."""
+
+    model_name: str
+    model_version: str
+    outputs: list[Tensor]
+    binary: list[bool]  # per output: send as binary data (REST) — gRPC always sends raw contents
+    id: str = ""
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+def array_from_buffer(name: str, datatype: str, shape: tuple[int, ...], buffer: bytes | memoryview) -> np.ndarray:
+    """A tensor from raw little-endian bytes (binary data extension and gRPC raw contents)."""
+    dtype = wire_dtype(name, datatype)
+    expected = int(np.prod(shape)) * dtype.itemsize
+    if len(buffer) != expected:
+        raise InvalidInputError(
+            f"input '{name}': {len(buffer)} bytes of data for shape {list(shape)} {datatype}; expected {expected}"
+        )
+    return np.frombuffer(buffer, dtype=dtype).reshape(shape)
+
+
+def array_from_values(name: str, datatype: str, shape: tuple[int, ...], values: Any) -> np.ndarray:
+    """A tensor from JSON or typed-proto values, flat or nested, checked against its shape."""
+    dtype = wire_dtype(name, datatype)
+    try:
+        array = np.asarray(values, dtype=dtype)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInputError(f"input '{name}': data is not a list of {datatype} values: {exc}") from None
+    if array.size != int(np.prod(shape)):
+        raise InvalidInputError(f"input '{name}': {array.size} values for shape {list(shape)}")
+    return array.reshape(shape)
+
+
+def wire_dtype(name: str, datatype: str) -> np.dtype:
+    dtype = DATATYPES.get(datatype)
+    if dtype is None:
+        raise InvalidInputError(f"input '{name}': unsupported datatype {datatype!r}")
+    return dtype.newbyteorder("<")
+
+
+def check_shape(name: str, shape: Any) -> tuple[int, ...]:
+    if not isinstance(shape, list | tuple) or not all(isinstance(d, int) and d >= 0 for d in shape):
+        raise InvalidInputError(f"input '{name}': shape must be a list of non-negative integers, got {shape!r}")
+    return tuple(shape)

@@ -1,0 +1,143 @@
+"""REST wire format of inference: JSON tensors and the binary tensor data extension, both directions.
+
+Binary extension: the body is a JSON header of `Inference-Header-Content-Length` bytes followed by the raw
+tensors in input order; an input carrying `"parameters": {"binary_data_size": N}` takes the next N bytes. An
+output is sent the same way when it asks for `"binary_data": true` (or the request for `"binary_data_output"`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from adaserve.errors import InvalidInputError
+from adaserve.server.protocol import (
+    InferenceRequest,
+    InferenceResponse,
+    RequestedOutput,
+    Tensor,
+    array_from_buffer,
+    array_from_values,
+    check_shape,
+)
+
+HEADER_LENGTH = "inference-header-content-length"
+_json = msgspec.json.Decoder()
+_encode = msgspec.json.Encoder().encode
+
+
+def decode_request(model: str, version: str, body: bytes, header_length: str | None) -> InferenceRequest:
+    if header_length is None:
+        header, binary = body, memoryview(b"")
+    else:
+        try:
+            size = int(header_length)
+        except ValueError:
+            raise InvalidInputError(f"Inference-Header-Content-Length is not an integer: {header_length!r}") from None
+        if not 0 <= size <= len(body):
+            raise InvalidInputError(f"Inference-Header-Content-Length {size} is outside the body of {len(body)} bytes")
+        header, binary = body[:size], memoryview(body)[size:]
+    try:
+        document = _json.decode(header)
+    except msgspec.DecodeError as exc:
+        raise InvalidInputError(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(document, dict):
+        raise InvalidInputError("request body must be a JSON object with an 'inputs' list")
+    return _request(model, version, document, binary)
+
+
+def _request(model: str, version: str, document: dict[str, Any], binary: memoryview) -> InferenceRequest:
+    raw_inputs = document.get("inputs")
+    if not isinstance(raw_inputs, list) or not raw_inputs:
+        raise InvalidInputError("request must have a non-empty 'inputs' list")
+    inputs, offset = [], 0
+    for raw in raw_inputs:
+        tensor, used = _input(raw, binary[offset:])
+        inputs.append(tensor)
+        offset += used
+    if offset != len(binary):
+        raise InvalidInputError(f"{len(binary) - offset} bytes of binary data are not claimed by any input")
+    parameters = _parameters(document.get("parameters"), "request")
+    outputs = None
+    if "outputs" in document:
+        raw_outputs = document["outputs"]
+        if not isinstance(raw_outputs, list):
+            raise InvalidInputError("'outputs' must be a list")
+        outputs = [_requested_output(raw) for raw in raw_outputs]
+    request_id = document.get("id", "")
+    return InferenceRequest(
+        model_name=model,
+        model_version=version,
+        inputs=inputs,
+        outputs=outputs,
+        id=request_id if isinstance(request_id, str) else str(request_id),
+        parameters={k: v for k, v in parameters.items() if k != "binary_data_output"},
+        binary_outputs=bool(parameters.get("binary_data_output", False)),
+    )
+
+
+def _input(raw: Any, binary: memoryview) -> tuple[Tensor, int]:
+    if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
+        raise InvalidInputError("each input must be an object with a 'name'")
+    name = raw["name"]
+    datatype = raw.get("datatype")
+    if not isinstance(datatype, str):
+        raise InvalidInputError(f"input '{name}': missing 'datatype'")
+    shape = check_shape(name, raw.get("shape"))
+    size = _parameters(raw.get("parameters"), f"input '{name}'").get("binary_data_size")
+    if size is not None:
+        if not isinstance(size, int) or size < 0 or size > len(binary):
+            raise InvalidInputError(f"input '{name}': binary_data_size {size!r} exceeds the binary data sent")
+        return Tensor(name, datatype, shape, array_from_buffer(name, datatype, shape, binary[:size])), size
+    if "data" not in raw:
+        raise InvalidInputError(f"input '{name}': no 'data' and no binary_data_size")
+    return Tensor(name, datatype, shape, array_from_values(name, datatype, shape, raw["data"])), 0
+
+
+def _requested_output(raw: Any) -> RequestedOutput:
+    if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
+        raise InvalidInputError("each requested output must be an object with a 'name'")
+    parameters = _parameters(raw.get("parameters"), f"output '{raw['name']}'")
+    if "classification" in parameters:
+        raise InvalidInputError(f"output '{raw['name']}': the classification extension is not supported")
+    return RequestedOutput(raw["name"], bool(parameters.get("binary_data", False)))
+
+
+def _parameters(raw: Any, where: str) -> dict[str, Any]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise InvalidInputError(f"{where}: 'parameters' must be an object")
+    return raw
+
+
+def encode_response(response: InferenceResponse) -> tuple[bytes, dict[str, str]]:
+    """The body and extra headers; binary outputs follow the JSON header in output order."""
+    outputs, blobs = [], []
+    for tensor, binary in zip(response.outputs, response.binary, strict=True):
+        entry: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype, "shape": list(tensor.shape)}
+        if binary:
+            blob = tensor.data.astype(tensor.data.dtype.newbyteorder("<"), copy=False).tobytes()
+            entry["parameters"] = {"binary_data_size": len(blob)}
+            blobs.append(blob)
+        else:
+            entry["data"] = tensor.data.ravel().tolist()
+        outputs.append(entry)
+    document: dict[str, Any] = {"model_name": response.model_name, "model_version": response.model_version}
+    if response.id:
+        document["id"] = response.id
+    if response.parameters:
+        document["parameters"] = response.parameters
+    document["outputs"] = outputs
+    header = _encode(document)
+    if not blobs:
+        return header, {"content-type": "application/json"}
+    return b"".join([header, *blobs]), {
+        "content-type": "application/octet-stream",
+        "inference-header-content-length": str(len(header)),
+    }
+
+
+def encode_json(document: Any) -> bytes:
+    return _encode(document)
