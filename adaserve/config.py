@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 import numpy as np
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from adaserve.errors import ConfigError
 
@@ -123,26 +123,34 @@ class ModelConfig(_Strict):
     )
     parameters: dict[str, Any] = Field(default_factory=dict, description="defaults for per-request parameters")
 
-    @model_validator(mode="after")
-    def _consistent(self) -> ModelConfig:
-        names = [t.name for t in self.inputs] + [t.name for t in self.outputs]
+    @field_validator("outputs")
+    @classmethod
+    def _unique_names(cls, outputs: tuple[TensorSpec, ...], info: ValidationInfo) -> tuple[TensorSpec, ...]:
+        names = [t.name for t in info.data.get("inputs", ())] + [t.name for t in outputs]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
-            raise ValueError(f"tensor names must be unique; repeated: {', '.join(duplicates)}")
-        for worker in self.workers or ():
-            if worker.batch > self.max_batch_size:
-                raise ValueError(f"worker batch {worker.batch} exceeds max_batch_size {self.max_batch_size}")
-        return self
+            raise ValueError(
+                f"tensor tensor names must be unique; repeated: {', '.join(duplicates)}"
+            )
+        return outputs
+
+    @field_validator("workers")
+    @classmethod
+    def _within_max_batch(
+        cls, workers: tuple[WorkerSpec, ...] | None, info: ValidationInfo
+    ) -> tuple[WorkerSpec, ...] | None:
+        limit = info.data.get("max_batch_size", 0)
+        for worker in workers or ():
+            if worker.batch > limit:
+                raise ValueError(f"worker batch {worker.batch} exceeds max_batch_size {limit}")
+        return workers
 
     @property
     def worker_set(self) -> tuple[WorkerSpec, ...]:
         """The configured workers, or Ebird's granularities capped at `max_batch_size`."""
         if self.workers:
             return self.workers
-        capped = [g for g in EBIRD_GRANULARITIES if g <= self.max_batch_size]
-        if self.max_batch_size not in capped and self.max_batch_size > EBIRD_GRANULARITIES[-1]:
-            capped.append(self.max_batch_size)
-        return tuple(WorkerSpec(batch=g) for g in capped)
+        return tuple(WorkerSpec(batch=g) for g in EBIRD_GRANULARITIES if g <= self.max_batch_size)
 
     @property
     def inflight_limit(self) -> int:

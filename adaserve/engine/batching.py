@@ -86,12 +86,12 @@ class FixedTimeoutPolicy(BatchingPolicy):
         self.delay_s = max_queue_delay_us / 1e6
 
     def pick(self, queue: QueueView, idle: Sequence[WorkerSlot]) -> tuple[WorkerSlot, int] | None:
-        if queue.inflight > 0 or not idle or queue.ready == 0:
+        if queue.inflight > 0 or not idle or queue.ready == 0 or queue.headroom <= 0:
             return None
         if queue.ready < self.max_batch_size and queue.oldest_wait_s < self.delay_s:
             return None
         worker = idle[0]
-        return worker, min(queue.front_run, worker.batch, self.max_batch_size)
+        return worker, min(queue.front_run, worker.batch, self.max_batch_size, queue.headroom)
 
     def wake_after_s(self, queue: QueueView) -> float | None:
         if queue.ready == 0 or queue.inflight > 0:

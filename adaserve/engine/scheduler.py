@@ -101,8 +101,8 @@ class Scheduler:
 
     def wake_after_s(self, now: float) -> float | None:
         """When the policy declined rows that are waiting, the delay after which it should be asked again."""
-        if not self.ready:
-            return None
+        if not self.ready or not self._workers:
+            return None  # nothing waits, or rows wait for a worker to (re)start, which will schedule them
         return self.policy.wake_after_s(self._view(now))
 
     def oldest_arrival(self) -> float | None:
