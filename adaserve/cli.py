@@ -1,0 +1,135 @@
+"""The `adaserve` command line: serve, models, infer, bench.
+
+Every subcommand is a function taking the parsed arguments and returning the exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from adaserve.errors import AdaserveError
+
+#: The example repository shipped in the source tree; `adaserve serve` with no arguments serves it.
+EXAMPLE_REPOSITORY = Path(__file__).resolve().parent.parent / "examples" / "models"
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvloop
+
+    from adaserve.logs import configure_logging
+    from adaserve.server.app import ServeOptions, serve
+
+    configure_logging(args.log_level)
+    options = ServeOptions(
+        model_repository=args.model_repository,
+        host=args.host,
+        http_port=args.http_port,
+        grpc_port=args.grpc_port,
+        max_request_bytes=args.max_request_bytes,
+        models=args.model or None,
+    )
+    uvloop.run(serve(options))
+    return 0
+
+
+def _models_list(args: argparse.Namespace) -> int:
+    from adaserve.repository import ModelRepository
+
+    repository = ModelRepository(args.model_repository)
+    for name in repository.names():
+        try:
+            spec = repository.read(name)
+        except AdaserveError as exc:
+            print(f"{name}\tINVALID\t{exc}")
+            continue
+        config = spec.config
+        inputs = ", ".join(f"{t.name}:{t.datatype}{list(t.shape)}" for t in config.inputs)
+        print(
+            f"{name}\tv{spec.version}\t{spec.platform}\tmax_batch={config.max_batch_size}\t"
+            f"policy={config.batching.policy}\tinputs={inputs}"
+        )
+    return 0
+
+
+def _infer(args: argparse.Namespace) -> int:
+    import numpy as np
+    import tritonclient.http as httpclient
+
+    array = np.load(args.input, allow_pickle=False)
+    client = httpclient.InferenceServerClient(args.url)
+    metadata = client.get_model_metadata(args.model)
+    spec = metadata["inputs"][0]
+    if len(metadata["inputs"]) != 1:
+        raise AdaserveError(f"model '{args.model}' takes {len(metadata['inputs'])} inputs; --input gives one")
+    if array.ndim == len(spec["shape"]) - 1:
+        array = array[None]
+    tensor = httpclient.InferInput(spec["name"], list(array.shape), spec["datatype"])
+    tensor.set_data_from_numpy(array.astype(httpclient.triton_to_np_dtype(spec["datatype"])))
+    parameters = json.loads(args.parameters) if args.parameters else None
+    result = client.infer(args.model, [tensor], parameters=parameters)
+    response = result.get_response()
+    for output in response["outputs"]:
+        values = result.as_numpy(output["name"])
+        print(json.dumps({"name": output["name"], "shape": list(values.shape), "data": values.tolist()}))
+        if values.ndim == 2 and values.shape[1] > 1:
+            print(json.dumps({"argmax": values.argmax(axis=1).tolist()}))
+    if response.get("parameters"):
+        print(json.dumps({"parameters": response["parameters"]}))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from adaserve.bench.cli import register as register_bench
+
+    parser = argparse.ArgumentParser(prog="adaserve", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="serve a model repository over REST and gRPC")
+    serve.add_argument("--model-repository", type=Path, default=EXAMPLE_REPOSITORY)
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
+    serve.add_argument("--http-port", type=int, default=8000)
+    serve.add_argument("--grpc-port", type=int, default=8001)
+    serve.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=64 * 1024 * 1024,
+        help="largest inference request accepted (413 / RESOURCE_EXHAUSTED beyond)",
+    )
+    serve.add_argument("--model", action="append", help="load only this model (repeatable; default: all)")
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.set_defaults(func=_serve)
+
+    models = commands.add_parser("models", help="inspect a model repository")
+    models_commands = models.add_subparsers(dest="models_command", required=True)
+    listing = models_commands.add_parser("list", help="list the models, versions and configs of a repository")
+    listing.add_argument("--model-repository", type=Path, default=EXAMPLE_REPOSITORY)
+    listing.set_defaults(func=_models_list)
+
+    infer = commands.add_parser("infer", help="send one .npy tensor to a running server and print the outputs")
+    infer.add_argument("model")
+    infer.add_argument("--input", type=Path, required=True, help=".npy file (with or without the batch dimension)")
+    infer.add_argument("--url", default="127.0.0.1:8000")
+    infer.add_argument("--parameters", help="request parameters as JSON, e.g. '{\"latency_ms\": 5}'")
+    infer.set_defaults(func=_infer)
+
+    register_bench(commands)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    try:
+        code = args.func(args)
+    except AdaserveError as exc:
+        print(f"adaserve: error: {exc}", file=sys.stderr)
+        code = 2
+    except Exception as exc:  # a client-side failure such as a refused connection: say it plainly
+        if type(exc).__module__.startswith("tritonclient"):
+            print(f"adaserve: error: {exc}", file=sys.stderr)
+            code = 1
+        else:
+            raise
+    sys.exit(code)
