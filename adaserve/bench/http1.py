@@ -1,0 +1,165 @@
+"""A minimal HTTP/1.1 client for the load generator: keep-alive connections over asyncio.Protocol, parsed by httptools.
+
+Each request is sent as bytes encoded before the run, so the per-request work is one write and one parse. On this
+project's 2-core machine that costs about half the CPU of aiohttp (see docs/bench.md), and CPU the generator spends is
+taken from the server under test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass
+from typing import cast
+
+import httptools
+
+#: Response header that gives the JSON part's length in a binary-tensor body.
+_HEADER_LENGTH = b"inference-header-content-length"
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    """Status, the binary-tensor header length (None when absent) and the body."""
+
+    status: int
+    header_length: int | None
+    body: bytes
+
+
+class ConnectFailed(ConnectionError):
+    """No connection could be opened (refused, unreachable, unknown host)."""
+
+
+class StaleConnection(ConnectionResetError):
+    """The server closed a kept-alive connection before answering; the request is safe to send again."""
+
+
+class _Connection(asyncio.Protocol):
+    """One keep-alive connection carrying one request at a time."""
+
+    def __init__(self, pool: ConnectionPool) -> None:
+        self._pool = pool
+        self._parser = httptools.HttpResponseParser(self)
+        self._transport: asyncio.Transport | None = None
+        self._waiter: asyncio.Future[Response] | None = None
+        self._chunks: list[bytes] = []
+        self._header_length: int | None = None
+        self._answered = False
+        self.deadline = 0.0
+
+    # asyncio.Protocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)  # create_connection always gives a stream transport
+
+    def data_received(self, data: bytes) -> None:
+        self._answered = True
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self.fail(ValueError(f"malformed HTTP response: {exc}"))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._pool.forget(self)
+        if self._answered:
+            self.fail(ConnectionResetError(f"the server closed the connection mid-response ({exc or 'EOF'})"))
+        else:
+            self.fail(StaleConnection(f"the server closed the connection ({exc or 'EOF'})"))
+
+    # httptools callbacks
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if name.lower() == _HEADER_LENGTH:
+            self._header_length = int(value)
+
+    def on_body(self, body: bytes) -> None:
+        self._chunks.append(body)
+
+    def on_message_complete(self) -> None:
+        response = Response(self._parser.get_status_code(), self._header_length, b"".join(self._chunks))
+        waiter, self._waiter = self._waiter, None
+        self._chunks, self._header_length, self._answered = [], None, False
+        if self._parser.should_keep_alive():
+            self._pool.release(self)
+        elif self._transport is not None:
+            self._transport.close()
+        if waiter is not None and not waiter.done():
+            waiter.set_result(response)
+
+    def send(self, data: bytes, deadline: float) -> asyncio.Future[Response]:
+        assert self._transport is not None
+        self._waiter = asyncio.get_running_loop().create_future()
+        self.deadline = deadline
+        self._transport.write(data)
+        return self._waiter
+
+    def fail(self, exc: Exception) -> None:
+        """End the request in flight with `exc` and drop the connection, whose state is now unknown."""
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(exc)
+        if self._transport is not None:
+            self._transport.abort()
+
+
+class ConnectionPool:
+    """Connections to one host: idle ones are reused, a new one opens whenever all are busy (no client queue)."""
+
+    def __init__(self, host: str, port: int, timeout_s: float) -> None:
+        self.host, self.port = host, port
+        self._timeout_s = timeout_s
+        self._idle: list[_Connection] = []
+        self._busy: set[_Connection] = set()
+        self._sweeper: asyncio.Task[None] | None = None
+
+    async def request(self, data: bytes) -> Response:
+        """Send one complete request and read the answer.
+
+        Raises ConnectFailed, TimeoutError past the timeout, another OSError when the connection breaks, and
+        ValueError for a response that is not HTTP.
+        """
+        if self._sweeper is None:
+            self._sweeper = asyncio.ensure_future(self._sweep())
+        reused = bool(self._idle)
+        connection = self._idle.pop() if reused else await self._connect()
+        self._busy.add(connection)
+        try:
+            return await connection.send(data, time.monotonic() + self._timeout_s)
+        except StaleConnection:
+            if not reused:
+                raise
+            return await self.request(data)
+
+    def release(self, connection: _Connection) -> None:
+        """An answered connection goes back to the idle list; busy/idle change only on connection events."""
+        self._busy.discard(connection)
+        self._idle.append(connection)
+
+    def forget(self, connection: _Connection) -> None:
+        self._busy.discard(connection)
+        with contextlib.suppress(ValueError):
+            self._idle.remove(connection)
+
+    async def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        for connection in [*self._idle, *self._busy]:
+            connection.fail(ConnectionAbortedError("the client closed"))
+
+    async def _connect(self) -> _Connection:
+        loop = asyncio.get_running_loop()
+        try:
+            _, connection = await loop.create_connection(lambda: _Connection(self), self.host, self.port)
+        except OSError as exc:
+            reason = "connection refused" if isinstance(exc, ConnectionRefusedError) else exc.strerror or str(exc)
+            raise ConnectFailed(f"cannot connect to {self.host}:{self.port}: {reason}") from exc
+        return connection
+
+    async def _sweep(self) -> None:
+        """Fail requests past their deadline; one timer for all requests is cheaper than one per request."""
+        period = min(1.0, max(0.01, self._timeout_s / 10))
+        while True:
+            await asyncio.sleep(period)
+            now = time.monotonic()
+            for connection in [c for c in self._busy if c.deadline < now]:
+                connection.fail(TimeoutError(f"no answer within {self._timeout_s:g} s"))

@@ -1,0 +1,47 @@
+"""Fixtures for the bench tests: one real `adaserve serve` on loopback for the module that needs it, and small
+factories for records and results so the report math is tested without a server."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.server_utils import ServerHandle, link_example, running_server, write_slow_model
+
+#: Niceness of the server under test (the tests run at 0).
+SERVER_NICENESS = 10
+#: Rounds of the slow model's matmul loop: about 15 ms per request on this project's 2-core machine.
+SLOW_ROUNDS = 3000
+
+
+@pytest.fixture(scope="session")
+def bench_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """mlp and cnn with one small worker each (a fast start, little CPU), and `slow`, one request at a time."""
+    root = tmp_path_factory.mktemp("bench") / "models"
+    root.mkdir()
+    link_example(root, "mlp", workers=[{"batch": 1}, {"batch": 4}])
+    link_example(root, "cnn", workers=[{"batch": 1}])
+    write_slow_model(root, "slow", rounds=SLOW_ROUNDS, max_queue_size=1024)
+    return root
+
+
+@pytest.fixture(scope="session")
+def bench_server(bench_repository: Path) -> Iterator[ServerHandle]:
+    """The server at a lower CPU priority than the tests: on 2 cores the generator must not queue behind it, or the
+    slow-server test would measure CPU contention instead of the generator's schedule."""
+    with running_server(bench_repository) as handle:
+        renice_tree(handle.pid, SERVER_NICENESS)
+        yield handle
+
+
+def renice_tree(pid: int, niceness: int) -> None:
+    """Set the niceness of every thread of `pid` and of its descendants (Linux nice values are per thread)."""
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(ProcessLookupError, FileNotFoundError):
+            os.setpriority(os.PRIO_PROCESS, int(task.name), niceness)
+            for child in (task / "children").read_text().split():
+                renice_tree(int(child), niceness)

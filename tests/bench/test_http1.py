@@ -1,0 +1,130 @@
+"""The generator's HTTP/1.1 client against a scripted loopback server: reuse, stale connections, timeouts."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from adaserve.bench.http1 import ConnectFailed, ConnectionPool, Response
+from tests.server_utils import free_port
+
+REQUEST = b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"
+OK = b"HTTP/1.1 200 OK\r\nInference-Header-Content-Length: 2\r\nContent-Length: 5\r\n\r\n{}abc"
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
+
+
+async def _with_server(
+    handler: Handler,
+    client: Callable[[ConnectionPool], Awaitable[None]],
+    timeout_s: float = 5.0,
+) -> list[int]:
+    """Run `client` against a server whose `handler(reader, writer, connection_number)` scripts each connection."""
+    connections: list[int] = []
+
+    async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(len(connections))
+        try:
+            await handler(reader, writer, connections[-1])
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(accept, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    pool = ConnectionPool("127.0.0.1", port, timeout_s)
+    try:
+        await client(pool)
+    finally:
+        await pool.close()
+        server.close()
+        await server.wait_closed()
+    return connections
+
+
+async def _answer_each(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
+    while await reader.readuntil(b"\r\n\r\n"):
+        writer.write(OK)
+        await writer.drain()
+
+
+def test_answers_reuse_one_connection() -> None:
+    responses: list[Response] = []
+
+    async def client(pool: ConnectionPool) -> None:
+        for _ in range(3):
+            responses.append(await pool.request(REQUEST))
+
+    connections = asyncio.run(_with_server(_answer_each, client))
+    assert connections == [0]
+    assert responses[-1] == Response(200, 2, b"{}abc")
+
+
+def test_concurrent_requests_open_more_connections() -> None:
+    async def client(pool: ConnectionPool) -> None:
+        await asyncio.gather(*(pool.request(REQUEST) for _ in range(5)))
+
+    assert len(asyncio.run(_with_server(_answer_each, client))) == 5
+
+
+def test_a_connection_the_server_closed_while_idle_is_replaced_silently() -> None:
+    async def once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(OK)
+        await writer.drain()
+        await reader.read(1)  # closes as soon as the next request arrives, without answering it
+
+    async def client(pool: ConnectionPool) -> None:
+        assert (await pool.request(REQUEST)).status == 200
+        assert (await pool.request(REQUEST)).status == 200
+
+    assert asyncio.run(_with_server(once, client)) == [0, 1]
+
+
+def test_no_answer_is_a_timeout() -> None:
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
+        await reader.read()
+
+    async def client(pool: ConnectionPool) -> None:
+        with pytest.raises(TimeoutError, match=r"no answer within 0\.2 s"):
+            await pool.request(REQUEST)
+
+    asyncio.run(_with_server(silent, client, timeout_s=0.2))
+
+
+def test_a_broken_answer_is_an_error_not_a_hang() -> None:
+    async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"SMTP READY\r\n\r\n")
+        await writer.drain()
+        await reader.read()
+
+    async def client(pool: ConnectionPool) -> None:
+        with pytest.raises(ValueError, match="malformed HTTP response"):
+            await pool.request(REQUEST)
+
+    asyncio.run(_with_server(garbage, client))
+
+
+def test_closing_mid_response_is_a_lost_connection() -> None:
+    async def cut(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(OK[:-3])
+        await writer.drain()
+
+    async def client(pool: ConnectionPool) -> None:
+        with pytest.raises(ConnectionResetError, match="mid-response"):
+            await pool.request(REQUEST)
+
+    asyncio.run(_with_server(cut, client))
+
+
+def test_refused_connection() -> None:
+    async def client() -> None:
+        pool = ConnectionPool("127.0.0.1", free_port(), 1.0)
+        with pytest.raises(ConnectFailed, match="connection refused"):
+            await pool.request(REQUEST)
+        await pool.close()
+
+    asyncio.run(client())
