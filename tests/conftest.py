@@ -1,0 +1,41 @@
+"""Shared fixtures: one real server for the session, on a test repository built from the example models."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.server_utils import ServerHandle, link_example, running_server, write_config, write_slow_model
+
+#: The request body limit the session server runs with (for the 413 tests).
+MAX_REQUEST_BYTES = 1_000_000
+
+
+@pytest.fixture(scope="session")
+def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("repository") / "models"
+    root.mkdir()
+    for name in ("mlp", "cnn", "mlp_torchscript"):
+        link_example(root, name)
+    link_example(root, "mlp", "mlp_fixed", batching={"policy": "fixed-timeout", "max_queue_delay_us": 2000})
+    link_example(root, "mlp", "mlp_none", batching={"policy": "none"}, workers=[{"batch": 1}])
+    write_slow_model(root, "slow", rounds=300, max_queue_size=2)
+    broken = root / "broken"
+    write_config(
+        broken,
+        {
+            "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}],
+            "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, 4]}],
+        },
+    )
+    (broken / "1").mkdir()
+    (broken / "1" / "model.pt2").write_bytes(b"this is not a torch.export archive")
+    return root
+
+
+@pytest.fixture(scope="session")
+def server(repository: Path) -> Iterator[ServerHandle]:
+    with running_server(repository, "--max-request-bytes", str(MAX_REQUEST_BYTES)) as handle:
+        yield handle

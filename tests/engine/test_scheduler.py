@@ -1,0 +1,291 @@
+"""The scheduler driven directly: explicit `now` values, rows enqueued at chosen slots, batches finished by hand."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from adaserve.engine.batching import (
+    BatchingPolicy,
+    ElasticPolicy,
+    FixedTimeoutPolicy,
+    NoBatchingPolicy,
+    WorkerSlot,
+)
+from adaserve.engine.scheduler import Batch, Scheduler
+
+EBIRD = (16, 8, 4, 2, 1, 1)
+
+
+def make_scheduler(*batches: int, policy: BatchingPolicy | None = None, max_inflight: int | None = None) -> Scheduler:
+    """Workers with ids 0, 1, … and the given granularities; MaxInf defaults to their sum, as in the config."""
+    scheduler = Scheduler(policy or ElasticPolicy(), sum(batches) if max_inflight is None else max_inflight)
+    for worker_id, batch in enumerate(batches):
+        scheduler.add_worker(WorkerSlot(worker_id, batch))
+    return scheduler
+
+
+def spans(batches: list[Batch]) -> list[tuple[int, int, int]]:
+    """(worker id, first slot, rows) of each batch."""
+    return [(b.worker_id, b.start, b.rows) for b in batches]
+
+
+def test_ebird_fig7_example() -> None:
+    scheduler = make_scheduler(*EBIRD)
+    scheduler.enqueue(0, 12, arrived_at=0.0)
+    batches = scheduler.schedule(now=1.0)
+    assert spans(batches) == [(1, 0, 8), (2, 8, 4)]
+    assert all(b.dispatched_at == 1.0 for b in batches)
+    assert (scheduler.ready, scheduler.inflight) == (0, 12)
+
+
+def test_seven_rows_go_to_4_2_1() -> None:
+    scheduler = make_scheduler(*EBIRD)
+    scheduler.enqueue(0, 7, arrived_at=0.0)
+    assert spans(scheduler.schedule(now=0.0)) == [(2, 0, 4), (3, 4, 2), (4, 6, 1)]
+
+
+def test_adjacent_runs_form_one_batch() -> None:
+    scheduler = make_scheduler(8)
+    scheduler.enqueue(0, 3, arrived_at=0.0)
+    scheduler.enqueue(3, 5, arrived_at=0.1)
+    assert spans(scheduler.schedule(now=0.2)) == [(0, 0, 8)]
+    assert scheduler.ready == 0
+
+
+def test_a_batch_never_spans_a_memory_gap() -> None:
+    """6 rows are ready, but in two runs at slots 0..2 and 10..12: the batch-8 worker takes only the first."""
+    scheduler = make_scheduler(8)
+    scheduler.enqueue(0, 3, arrived_at=0.0)
+    scheduler.enqueue(10, 3, arrived_at=0.1)
+    [first] = scheduler.schedule(now=0.2)
+    assert spans([first]) == [(0, 0, 3)]
+    assert scheduler.ready == 3
+    scheduler.finish(first.id)
+    assert spans(scheduler.schedule(now=0.3)) == [(0, 10, 3)]
+
+
+def test_front_run_ends_at_the_gap_for_the_policy() -> None:
+    """With 4 + 4 ready across a gap, the batch-8 worker is not a fit; the 4 takes the front run."""
+    scheduler = make_scheduler(8, 4)
+    scheduler.enqueue(0, 4, arrived_at=0.0)
+    scheduler.enqueue(20, 4, arrived_at=0.0)
+    assert spans(scheduler.schedule(now=0.0)) == [(1, 0, 4)]
+    assert scheduler.ready == 4
+
+
+def test_a_run_is_split_across_two_workers() -> None:
+    scheduler = make_scheduler(4, 2)
+    scheduler.enqueue(5, 6, arrived_at=0.0)
+    assert spans(scheduler.schedule(now=0.0)) == [(0, 5, 4), (1, 9, 2)]
+
+
+def test_the_rest_of_a_split_run_waits_for_the_next_idle_worker() -> None:
+    scheduler = make_scheduler(4)
+    scheduler.enqueue(0, 5, arrived_at=0.0)
+    [batch] = scheduler.schedule(now=0.0)
+    assert spans([batch]) == [(0, 0, 4)]
+    assert scheduler.schedule(now=1.0) == []  # the only worker is busy
+    assert scheduler.oldest_arrival() == 0.0
+    scheduler.finish(batch.id)
+    assert spans(scheduler.schedule(now=2.0)) == [(0, 4, 1)]  # all workers larger than 1 row: a partial batch
+
+
+def test_finish_returns_the_worker_and_frees_inflight() -> None:
+    scheduler = make_scheduler(2)
+    scheduler.enqueue(0, 4, arrived_at=0.0)
+    [batch] = scheduler.schedule(now=0.0)
+    assert scheduler.inflight == 2
+    assert scheduler.finish(batch.id) == batch
+    assert scheduler.inflight == 0
+    assert spans(scheduler.schedule(now=0.0)) == [(0, 2, 2)]
+    with pytest.raises(KeyError):
+        scheduler.finish(batch.id)  # a batch finishes once
+
+
+def test_max_inflight_bounds_the_rows_dispatched() -> None:
+    scheduler = make_scheduler(4, 2, 2, max_inflight=6)
+    scheduler.enqueue(0, 8, arrived_at=0.0)
+    first = scheduler.schedule(now=0.0)
+    assert spans(first) == [(0, 0, 4), (1, 4, 2)]
+    assert (scheduler.inflight, scheduler.ready) == (6, 2)
+    assert scheduler.schedule(now=0.0) == []  # worker 2 is idle, but no headroom
+    scheduler.finish(first[1].id)
+    assert spans(scheduler.schedule(now=0.0)) == [(1, 6, 2)]
+
+
+def test_remove_busy_worker_returns_its_batch_and_requeued_rows_run_first() -> None:
+    scheduler = make_scheduler(2, 2)
+    scheduler.enqueue(0, 2, arrived_at=0.0)
+    scheduler.enqueue(2, 2, arrived_at=0.1)
+    scheduler.enqueue(4, 2, arrived_at=0.2)
+    dead, alive = scheduler.schedule(now=0.3)
+    assert spans([dead, alive]) == [(0, 0, 2), (1, 2, 2)]
+
+    assert scheduler.remove_worker(0) == dead
+    assert scheduler.inflight == 2
+    assert [w.id for w in scheduler.workers] == [1]
+    scheduler.requeue_front(dead.start, dead.rows, arrived_at=0.0)
+    assert (scheduler.ready, scheduler.oldest_arrival()) == (4, 0.0)
+
+    scheduler.finish(alive.id)
+    assert spans(scheduler.schedule(now=0.4)) == [(1, 0, 2)]  # the requeued rows, before slots 4..5
+
+
+def test_remove_idle_worker_returns_nothing_and_it_gets_no_work() -> None:
+    scheduler = make_scheduler(4, 1)
+    assert scheduler.remove_worker(0) is None
+    assert scheduler.remove_worker(7) is None  # unknown: nothing happens
+    scheduler.enqueue(0, 4, arrived_at=0.0)
+    assert spans(scheduler.schedule(now=0.0)) == [(1, 0, 1)]
+
+
+def test_a_removed_workers_batch_does_not_bring_it_back() -> None:
+    scheduler = make_scheduler(2, 1)
+    scheduler.enqueue(0, 2, arrived_at=0.0)
+    [batch] = scheduler.schedule(now=0.0)
+    scheduler.remove_worker(batch.worker_id)
+    scheduler.enqueue(2, 2, arrived_at=1.0)
+    assert spans(scheduler.schedule(now=1.0)) == [(1, 2, 1)]
+
+
+def test_rows_wait_while_there_is_no_worker() -> None:
+    """The only worker died holding rows; they are requeued and wait for its replacement (the engine then pumps)."""
+    scheduler = make_scheduler(1)
+    scheduler.enqueue(0, 1, arrived_at=0.0)
+    [batch] = scheduler.schedule(now=0.0)
+    held = scheduler.remove_worker(0)
+    assert held == batch
+    scheduler.requeue_front(batch.start, batch.rows, arrived_at=0.0)
+    scheduler.enqueue(1, 1, arrived_at=0.5)  # a request arriving while the replacement starts
+
+    assert scheduler.schedule(now=1.0) == []
+    assert scheduler.wake_after_s(now=1.0) is None  # nothing a timer could start
+
+    scheduler.add_worker(WorkerSlot(1, 1))
+    assert spans(scheduler.schedule(now=2.0)) == [(1, 0, 1)]
+
+
+def test_fixed_timeout_waits_for_the_delay_then_runs_one_batch() -> None:
+    scheduler = make_scheduler(8, 4, policy=FixedTimeoutPolicy(8, max_queue_delay_us=500_000))
+    scheduler.enqueue(0, 3, arrived_at=10.0)
+    assert scheduler.schedule(now=10.0) == []
+    assert scheduler.wake_after_s(now=10.25) == 0.25
+    [batch] = scheduler.schedule(now=10.5)
+    assert spans([batch]) == [(0, 0, 3)]
+
+    scheduler.enqueue(3, 8, arrived_at=10.5)  # a full batch, but one batch at a time
+    assert scheduler.schedule(now=11.0) == []
+    assert scheduler.wake_after_s(now=11.0) is None
+    scheduler.finish(batch.id)
+    assert spans(scheduler.schedule(now=11.0)) == [(0, 3, 8)]
+
+
+def test_no_batching_gives_one_row_to_each_idle_worker() -> None:
+    scheduler = make_scheduler(1, 1, 4, policy=NoBatchingPolicy())
+    scheduler.enqueue(0, 5, arrived_at=0.0)
+    assert spans(scheduler.schedule(now=0.0)) == [(1, 0, 1), (0, 1, 1), (2, 2, 1)]
+    assert scheduler.ready == 2
+
+
+def test_wake_after_is_none_with_nothing_ready() -> None:
+    scheduler = make_scheduler(4, policy=FixedTimeoutPolicy(4, 1000))
+    assert scheduler.wake_after_s(now=0.0) is None
+    assert scheduler.oldest_arrival() is None
+
+
+# -- randomized simulation -------------------------------------------------------------------------------------
+
+
+class Simulation:
+    """Rows arrive in runs at random slots, batches finish in random order, and workers sometimes die."""
+
+    def __init__(self, rng: random.Random, policy: BatchingPolicy) -> None:
+        self.rng = rng
+        self.batches = tuple(rng.choice((1, 1, 2, 3, 4, 8, 16)) for _ in range(rng.randint(1, 5)))
+        # fixed-timeout runs whole batches below a MaxInf smaller than a worker (test_batching's
+        # test_fixed_respects_max_inflight); the other policies get any MaxInf, partial batches included
+        lowest = max(self.batches) if isinstance(policy, FixedTimeoutPolicy) else 1
+        self.max_inflight = rng.randint(lowest, sum(self.batches) + 4)
+        self.scheduler = make_scheduler(*self.batches, policy=policy, max_inflight=self.max_inflight)
+        self.next_worker = len(self.batches)
+        self.next_slot = 0
+        self.now = 0.0
+        self.enqueued: list[int] = []
+        self.dispatched: list[int] = []  # each slot, once per batch that ran it
+        self.done: list[int] = []  # each slot, once per batch that finished
+        self.killed: list[int] = []  # each slot, once per batch whose worker died
+        self.running: dict[int, Batch] = {}
+
+    def arrive(self) -> None:
+        rows = self.rng.randint(1, 10)
+        self.next_slot += self.rng.choice((0, 0, 0, 5))  # sometimes leave a gap before the run
+        self.scheduler.enqueue(self.next_slot, rows, self.now)
+        self.enqueued.extend(range(self.next_slot, self.next_slot + rows))
+        self.next_slot += rows
+
+    def finish_one(self) -> None:
+        batch = self.running.pop(self.rng.choice(sorted(self.running)))
+        self.scheduler.finish(batch.id)
+        self.done.extend(range(batch.start, batch.start + batch.rows))
+
+    def kill_one(self) -> None:
+        batch = self.running.pop(self.rng.choice(sorted(self.running)))
+        worker = next(w for w in self.scheduler.workers if w.id == batch.worker_id)
+        assert self.scheduler.remove_worker(worker.id) == batch
+        self.killed.extend(range(batch.start, batch.start + batch.rows))
+        self.scheduler.requeue_front(batch.start, batch.rows, self.now)
+        self.scheduler.add_worker(WorkerSlot(self.next_worker, worker.batch))  # its replacement
+        self.next_worker += 1
+
+    def schedule(self) -> None:
+        for batch in self.scheduler.schedule(self.now):
+            self.dispatched.extend(range(batch.start, batch.start + batch.rows))
+            self.running[batch.id] = batch
+        self.check()
+
+    def check(self) -> None:
+        s = self.scheduler
+        assert 0 <= s.inflight <= self.max_inflight
+        assert s.inflight == sum(b.rows for b in self.running.values())
+        busy = [b.worker_id for b in self.running.values()]
+        assert len(busy) == len(set(busy)), "a worker holds two batches"
+        assert all(b.rows <= max(self.batches) for b in self.running.values())
+        assert s.ready == len(self.enqueued) - len(self.done) - s.inflight
+
+    def step(self) -> None:
+        self.now += self.rng.choice((0.0, 0.001, 0.5))
+        action = self.rng.random()
+        if action < 0.45:
+            self.arrive()
+        elif self.running and action < 0.9:
+            self.finish_one()
+        elif self.running:
+            self.kill_one()
+        self.schedule()
+
+    def drain(self) -> None:
+        """No more arrivals: finish everything until nothing is ready or running."""
+        for _ in range(10_000):
+            if not self.running and not self.scheduler.ready:
+                return
+            self.now += 1.0
+            if self.running:
+                self.finish_one()
+            self.schedule()
+        pytest.fail(f"rows left waiting: {self.scheduler.ready} ready, workers {self.batches}")
+
+
+@pytest.mark.parametrize("seed", range(60))
+@pytest.mark.parametrize("policy", ["elastic", "fixed-timeout", "none"])
+def test_random_simulation_runs_every_row_exactly_once(seed: int, policy: str) -> None:
+    policies = {"elastic": ElasticPolicy(), "fixed-timeout": FixedTimeoutPolicy(16, 1000), "none": NoBatchingPolicy()}
+    sim = Simulation(random.Random(seed), policies[policy])
+    for _ in range(60):
+        sim.step()
+    sim.drain()
+    assert sorted(sim.done) == sorted(sim.enqueued)
+    assert len(sim.done) == len(set(sim.done))
+    assert sorted(sim.dispatched) == sorted(sim.enqueued + sim.killed)  # dispatched again only when requeued
+    assert (sim.scheduler.inflight, sim.scheduler.ready) == (0, 0)

@@ -1,0 +1,148 @@
+"""The gRPC frontend against a real server, with `tritonclient.grpc` and with stubs built from the V2 spec."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from tests.conftest import MAX_REQUEST_BYTES
+from tests.server.reference import MODEL_INPUT_SHAPES, reference_outputs
+from tests.server_utils import ServerHandle
+
+PROTO = Path(__file__).parent / "protos" / "v2_client.proto"
+
+
+@pytest.fixture(scope="module")
+def client(server: ServerHandle) -> grpcclient.InferenceServerClient:
+    return grpcclient.InferenceServerClient(server.grpc_url)
+
+
+def infer(
+    client: grpcclient.InferenceServerClient, model: str, array: np.ndarray, name: str = "image", **kwargs: object
+) -> grpcclient.InferResult:
+    tensor = grpcclient.InferInput(name, list(array.shape), "FP32")
+    tensor.set_data_from_numpy(array)
+    return client.infer(model, [tensor], **kwargs)
+
+
+def test_health_metadata_config_statistics_index(client: grpcclient.InferenceServerClient) -> None:
+    assert client.is_server_live() and client.is_server_ready() and client.is_model_ready("cnn")
+    assert not client.is_model_ready("broken")
+    assert "model_repository" in client.get_server_metadata().extensions
+    metadata = client.get_model_metadata("mlp")
+    assert (metadata.inputs[0].name, metadata.inputs[0].datatype, list(metadata.inputs[0].shape)) == (
+        "image",
+        "FP32",
+        [-1, 784],
+    )
+    config = client.get_model_config("mlp_fixed").config
+    assert config.max_batch_size == 16 and config.dynamic_batching.max_queue_delay_microseconds == 2000
+    assert config.parameters["batching_policy"].string_value == "fixed-timeout"
+    infer(client, "mlp", np.ones((3, 784), dtype=np.float32))
+    stats = client.get_inference_statistics("mlp").model_stats[0]
+    assert stats.inference_count >= 3 and stats.inference_stats.success.count >= 1
+    index = {m.name: m for m in client.get_model_repository_index().models}
+    assert index["mlp"].state == "READY" and index["broken"].state == "UNAVAILABLE"
+
+
+@pytest.mark.parametrize("model", ["mlp", "cnn", "mlp_torchscript"])
+def test_outputs_equal_torch(client: grpcclient.InferenceServerClient, model: str) -> None:
+    array = np.random.default_rng(4).random((5, *MODEL_INPUT_SHAPES[model]), dtype=np.float32)
+    result = infer(
+        client,
+        model,
+        array,
+        request_id="g-1",
+        parameters={"latency_ms": 3, "accuracy": 0.99, "early_exit": True, "mode": "x"},
+    )
+    np.testing.assert_allclose(result.as_numpy("logits"), reference_outputs(model, array), rtol=1e-5, atol=1e-5)
+    assert result.get_response().id == "g-1"
+
+
+@pytest.mark.parametrize(
+    ("model", "shape", "code", "message"),
+    [
+        ("nope", (1, 784), "StatusCode.NOT_FOUND", "unknown model 'nope'"),
+        ("mlp", (1, 783), "StatusCode.INVALID_ARGUMENT", "shape [1, 783] does not match the model's [-1, 784]"),
+        ("mlp", (17, 784), "StatusCode.INVALID_ARGUMENT", "batch size 17 is outside 1..16"),
+        ("mlp", (MAX_REQUEST_BYTES // 3136 + 1, 784), "StatusCode.RESOURCE_EXHAUSTED", "larger than max"),
+        ("broken", (1, 784), "StatusCode.UNAVAILABLE", "cannot load model"),
+    ],
+)
+def test_bad_input_gets_a_clear_status(
+    client: grpcclient.InferenceServerClient, model: str, shape: tuple[int, int], code: str, message: str
+) -> None:
+    with pytest.raises(InferenceServerException) as caught:
+        infer(client, model, np.zeros(shape, dtype=np.float32))
+    assert caught.value.status() == code
+    assert message in caught.value.message()
+    assert client.is_server_ready()
+
+
+def test_wrong_datatype(client: grpcclient.InferenceServerClient) -> None:
+    tensor = grpcclient.InferInput("image", [1, 784], "FP64")
+    tensor.set_data_from_numpy(np.zeros((1, 784), dtype=np.float64))
+    with pytest.raises(InferenceServerException, match="datatype FP64 does not match the model's FP32"):
+        client.infer("mlp", [tensor])
+
+
+@pytest.fixture(scope="module")
+def v2_stubs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Stubs compiled from the spec-derived proto (imported in a subprocess: tritonclient holds `inference.*`)."""
+    from grpc_tools import protoc
+
+    out = tmp_path_factory.mktemp("v2_stubs")
+    assert (
+        protoc.main(["protoc", f"-I{PROTO.parent}", f"--python_out={out}", f"--grpc_python_out={out}", PROTO.name]) == 0
+    )
+    return out
+
+
+V2_CLIENT = """
+import json, sys
+import grpc, numpy as np
+import v2_client_pb2 as messages, v2_client_pb2_grpc as services
+url, typed = sys.argv[1], sys.argv[2] == "typed"
+array = np.load(sys.argv[3])
+with grpc.insecure_channel(url) as channel:
+    stub = services.GRPCInferenceServiceStub(channel)
+    live = stub.ServerLive(messages.ServerLiveRequest()).live
+    name = stub.ServerMetadata(messages.ServerMetadataRequest()).name
+    request = messages.ModelInferRequest(model_name="mlp", id="v2")
+    tensor = request.inputs.add(name="image", datatype="FP32", shape=list(array.shape))
+    if typed:
+        tensor.contents.fp32_contents.extend(array.ravel().tolist())
+    else:
+        request.raw_input_contents.append(array.tobytes())
+    request.parameters["latency_ms"].int64_param = 4
+    response = stub.ModelInfer(request)
+logits = np.frombuffer(response.raw_output_contents[0], dtype=np.float32)
+print(json.dumps({"live": live, "name": name, "id": response.id, "output": response.outputs[0].name,
+                  "shape": list(response.outputs[0].shape), "logits": logits.tolist()}))
+"""
+
+
+@pytest.mark.parametrize("contents", ["raw", "typed"])
+def test_a_client_built_from_the_v2_spec(server: ServerHandle, v2_stubs: Path, contents: str, tmp_path: Path) -> None:
+    array = np.random.default_rng(5).random((2, 784), dtype=np.float32)
+    np.save(tmp_path / "x.npy", array)
+    run = subprocess.run(
+        [sys.executable, "-c", V2_CLIENT, server.grpc_url, contents, str(tmp_path / "x.npy")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(v2_stubs)},
+    )
+    assert run.returncode == 0, run.stderr
+    answer = json.loads(run.stdout)
+    assert answer["live"] and answer["name"] == "adaserve" and answer["id"] == "v2"
+    assert answer["output"] == "logits" and answer["shape"] == [2, 10]
+    logits = np.array(answer["logits"], dtype=np.float32).reshape(2, 10)
+    np.testing.assert_allclose(logits, reference_outputs("mlp", array), rtol=1e-5, atol=1e-5)

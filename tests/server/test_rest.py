@@ -1,0 +1,305 @@
+"""The REST frontend against a real server, with `tritonclient.http`, raw HTTP and curl."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import subprocess
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+
+from adaserve.datasets import load_fashion_mnist
+from tests.conftest import MAX_REQUEST_BYTES
+from tests.server.reference import MODEL_INPUT_SHAPES, reference_outputs
+from tests.server_utils import EXAMPLES, ServerHandle
+
+
+def http_post(server: ServerHandle, path: str, body: bytes, headers: dict[str, str] | None = None) -> tuple[int, Any]:
+    request = urllib.request.Request(f"http://{server.http_url}{path}", data=body, headers=headers or {}, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def infer_json(model: str, array: np.ndarray, name: str = "image", datatype: str = "FP32") -> bytes:
+    tensor = {"name": name, "datatype": datatype, "shape": list(array.shape), "data": array.ravel().tolist()}
+    return json.dumps({"inputs": [tensor]}).encode()
+
+
+def client_infer(
+    client: httpclient.InferenceServerClient, model: str, array: np.ndarray, *, binary: bool = True, **kwargs: Any
+) -> Any:
+    tensor = httpclient.InferInput("image", list(array.shape), "FP32")
+    tensor.set_data_from_numpy(array, binary_data=binary)
+    outputs = [httpclient.InferRequestedOutput("logits", binary_data=binary)]
+    return client.infer(model, [tensor], outputs=outputs, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def client(server: ServerHandle) -> httpclient.InferenceServerClient:
+    return httpclient.InferenceServerClient(server.http_url, concurrency=8)
+
+
+def test_health_and_metadata(client: httpclient.InferenceServerClient) -> None:
+    assert client.is_server_live() and client.is_server_ready()
+    metadata = client.get_server_metadata()
+    assert metadata["name"] == "adaserve" and "binary_tensor_data" in metadata["extensions"]
+    model = client.get_model_metadata("cnn")
+    assert model["inputs"] == [{"name": "image", "datatype": "FP32", "shape": [-1, 1, 28, 28]}]
+    assert model["outputs"][0]["name"] == "logits" and model["versions"] == ["1"]
+    assert client.is_model_ready("mlp") and not client.is_model_ready("broken")
+
+
+@pytest.mark.parametrize("model", ["mlp", "cnn", "mlp_torchscript"])
+@pytest.mark.parametrize("binary", [True, False])
+def test_outputs_equal_torch(client: httpclient.InferenceServerClient, model: str, binary: bool) -> None:
+    array = np.random.default_rng(0).random((3, *MODEL_INPUT_SHAPES[model]), dtype=np.float32)
+    result = client_infer(client, model, array, binary=binary, request_id="req-7")
+    np.testing.assert_allclose(result.as_numpy("logits"), reference_outputs(model, array), rtol=1e-5, atol=1e-5)
+    assert result.get_response()["id"] == "req-7"
+
+
+def test_known_accuracy_through_the_server(client: httpclient.InferenceServerClient) -> None:
+    """The whole Fashion-MNIST test split through the server reproduces the accuracy recorded at training."""
+    images, labels = load_fashion_mnist("test")
+    flat = images.reshape(len(images), -1)
+    requests = [client.async_infer("mlp", _inputs(flat[i : i + 16])) for i in range(0, len(flat), 16)]
+    predictions = np.concatenate([r.get_result().as_numpy("logits").argmax(axis=1) for r in requests])
+    recorded = json.loads((EXAMPLES / "mlp" / "1" / "metrics.json").read_text())["test_accuracy"]
+    assert float((predictions == labels).mean()) == pytest.approx(recorded, abs=1e-3)
+
+
+def _inputs(array: np.ndarray) -> list[httpclient.InferInput]:
+    tensor = httpclient.InferInput("image", list(array.shape), "FP32")
+    tensor.set_data_from_numpy(np.ascontiguousarray(array))
+    return [tensor]
+
+
+@pytest.mark.parametrize("model", ["mlp", "mlp_fixed", "mlp_none"])
+def test_concurrent_mixed_batches(server: ServerHandle, model: str) -> None:
+    """Many concurrent requests of batch 1..16 on every batching policy: each gets exactly its own rows back."""
+    rng = np.random.default_rng(1)
+    arrays = [rng.random((int(rng.integers(1, 17)), 784), dtype=np.float32) for _ in range(160)]
+
+    def send(array: np.ndarray) -> np.ndarray:
+        local = httpclient.InferenceServerClient(server.http_url)
+        return client_infer(local, model, array).as_numpy("logits")
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(send, arrays))
+    expected = reference_outputs("mlp", np.concatenate(arrays))
+    np.testing.assert_allclose(np.concatenate(results), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_parameters_are_accepted(client: httpclient.InferenceServerClient) -> None:
+    array = np.ones((1, 784), dtype=np.float32)
+    parameters = {"latency_ms": 5, "accuracy": 0.99, "early_exit": False, "tag": "a"}
+    result = client_infer(client, "mlp", array, parameters=parameters, priority=1)
+    np.testing.assert_allclose(result.as_numpy("logits"), reference_outputs("mlp", array), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+def test_plain_curl(server: ServerHandle) -> None:
+    array = np.zeros((1, 784), dtype=np.float32)
+    body = infer_json("mlp", array).decode()
+    out = subprocess.run(
+        ["curl", "-sS", "-X", "POST", f"http://{server.http_url}/v2/models/mlp/infer", "-d", body],
+        capture_output=True,
+        check=True,
+        text=True,
+    ).stdout
+    logits = json.loads(out)["outputs"][0]["data"]
+    np.testing.assert_allclose(logits, reference_outputs("mlp", array)[0], rtol=1e-5, atol=1e-5)
+    live = subprocess.run(
+        ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", f"http://{server.http_url}/v2/health/live"],
+        capture_output=True,
+        text=True,
+    ).stdout
+    assert live == "200"
+
+
+GOOD = np.zeros((1, 784), dtype=np.float32)
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "headers", "status", "message"),
+    [
+        ("/v2/models/mlp/infer", b"{not json", None, 400, "not valid JSON"),
+        ("/v2/models/mlp/infer", b"[1, 2]", None, 400, "JSON object"),
+        (
+            "/v2/models/mlp/infer",
+            infer_json("mlp", GOOD.astype(np.float64), datatype="FP64"),
+            None,
+            400,
+            "datatype FP64 does not match the model's FP32",
+        ),
+        (
+            "/v2/models/mlp/infer",
+            infer_json("mlp", np.zeros((1, 783), np.float32)),
+            None,
+            400,
+            "shape [1, 783] does not match the model's [-1, 784]",
+        ),
+        ("/v2/models/mlp/infer", infer_json("mlp", GOOD, name="pixels"), None, 400, "unknown input 'pixels'"),
+        ("/v2/models/mlp/infer", b'{"inputs": []}', None, 400, "non-empty 'inputs'"),
+        (
+            "/v2/models/mlp/infer",
+            infer_json("mlp", np.zeros((17, 784), np.float32)),
+            None,
+            400,
+            "batch size 17 is outside 1..16",
+        ),
+        (
+            "/v2/models/mlp/infer",
+            b'{"inputs": [{"name": "image", "datatype": "FP32", "shape": [1, 784], "data": [1, 2]}]}',
+            None,
+            400,
+            "2 values for shape [1, 784]",
+        ),
+        ("/v2/models/nope/infer", infer_json("nope", GOOD), None, 404, "unknown model 'nope'"),
+        ("/v2/models/mlp/versions/9/infer", infer_json("mlp", GOOD), None, 404, "unknown version '9'"),
+        ("/v2/models/broken/infer", infer_json("broken", GOOD), None, 503, "cannot load model"),
+    ],
+)
+def test_bad_input_gets_a_clear_error(
+    server: ServerHandle, path: str, body: bytes, headers: dict[str, str] | None, status: int, message: str
+) -> None:
+    code, document = http_post(server, path, body, headers)
+    assert code == status
+    assert message in document["error"]
+
+
+def test_binary_data_shorter_than_declared(server: ServerHandle) -> None:
+    header = (
+        b'{"inputs": [{"name": "image", "datatype": "FP32", "shape": [1, 784], '
+        b'"parameters": {"binary_data_size": 3136}}]}'
+    )
+    code, document = http_post(
+        server, "/v2/models/mlp/infer", header + bytes(100), {"Inference-Header-Content-Length": str(len(header))}
+    )
+    assert code == 400 and "binary_data_size 3136 exceeds" in document["error"]
+
+
+def test_missing_input_and_unknown_output(server: ServerHandle) -> None:
+    body = json.dumps(
+        {
+            "inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [0, 0, 0, 0]}],
+            "outputs": [{"name": "nope"}],
+        }
+    ).encode()
+    code, document = http_post(server, "/v2/models/slow/infer", body)
+    assert code == 400 and "unknown output 'nope'" in document["error"]
+    code, document = http_post(
+        server,
+        "/v2/models/mlp/infer",
+        json.dumps(
+            {
+                "inputs": [
+                    {"name": "image", "datatype": "FP32", "shape": [1, 784], "data": [0.0] * 784},
+                    {"name": "image", "datatype": "FP32", "shape": [1, 784], "data": [0.0] * 784},
+                ]
+            }
+        ).encode(),
+    )
+    assert code == 400 and "given twice" in document["error"]
+
+
+def test_payload_over_the_limit_is_refused(server: ServerHandle) -> None:
+    body = b'{"inputs": [' + b" " * MAX_REQUEST_BYTES + b"]}"
+    code, document = http_post(server, "/v2/models/mlp/infer", body)
+    assert code == 413 and "exceeds the limit" in document["error"]
+
+
+def test_overload_is_refused_and_nothing_accepted_is_lost(server: ServerHandle) -> None:
+    """The slow model queues at most 2 rows: a burst gets 503s, every accepted request is answered correctly."""
+
+    def send(value: float) -> tuple[int, Any]:
+        array = np.full((1, 4), value, dtype=np.float32)
+        return http_post(server, "/v2/models/slow/infer", infer_json("slow", array, name="x"))
+
+    values = [float(v) for v in range(24)]
+    with ThreadPoolExecutor(12) as pool:
+        answers = list(pool.map(send, values))
+    refused = [doc for code, doc in answers if code == 503]
+    accepted = [(value, doc) for value, (code, doc) in zip(values, answers, strict=True) if code == 200]
+    assert refused and accepted and len(refused) + len(accepted) == len(values)
+    assert all("max_queue_size 2" in doc["error"] for doc in refused)
+    for value, doc in accepted:
+        assert json.loads(doc)["outputs"][0]["data"] == [value] * 4
+
+
+def test_server_keeps_serving_after_errors(client: httpclient.InferenceServerClient) -> None:
+    array = np.random.default_rng(2).random((2, 784), dtype=np.float32)
+    np.testing.assert_allclose(
+        client_infer(client, "mlp", array).as_numpy("logits"), reference_outputs("mlp", array), rtol=1e-5, atol=1e-5
+    )
+
+
+def test_config_statistics_and_index(client: httpclient.InferenceServerClient) -> None:
+    config = client.get_model_config("mlp_fixed")
+    assert config["max_batch_size"] == 16
+    assert config["input"] == [{"name": "image", "data_type": "TYPE_FP32", "dims": [784]}]
+    assert config["dynamic_batching"]["max_queue_delay_microseconds"] == 2000
+    assert config["parameters"]["batching_policy"]["string_value"] == "fixed-timeout"
+    workers = json.loads(client.get_model_config("mlp")["parameters"]["workers"]["string_value"])
+    assert sorted(w["batch"] for w in workers) == [1, 1, 2, 4, 8, 16]
+    before = client.get_inference_statistics("mlp")["model_stats"][0]
+    client_infer(client, "mlp", np.ones((4, 784), dtype=np.float32))
+    after = client.get_inference_statistics("mlp")["model_stats"][0]
+    assert after["inference_stats"]["success"]["count"] == before["inference_stats"]["success"]["count"] + 1
+    assert after["inference_count"] == before["inference_count"] + 4
+    index = {row["name"]: row for row in client.get_model_repository_index()}
+    assert index["mlp"]["state"] == "READY"
+    assert index["broken"]["state"] == "UNAVAILABLE" and "cannot load model" in index["broken"]["reason"]
+
+
+def test_metrics_endpoint(server: ServerHandle, client: httpclient.InferenceServerClient) -> None:
+    client_infer(client, "cnn", np.ones((2, 1, 28, 28), dtype=np.float32))
+    with urllib.request.urlopen(f"http://{server.http_url}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    for metric in (
+        'adaserve_inference_request_success_total{model="cnn",version="1"}',
+        'adaserve_executed_batches_total{model="cnn",size="2",version="1"}',
+        'adaserve_queue_duration_seconds_bucket{le="0.001",model="cnn",version="1"}',
+        'adaserve_compute_duration_seconds_count{model="cnn",version="1"}',
+        'adaserve_inflight_rows{model="cnn",version="1"}',
+    ):
+        assert metric in text
+
+
+def test_unload_and_load_through_the_repository_api(client: httpclient.InferenceServerClient) -> None:
+    client.unload_model("mlp_torchscript")
+    assert not client.is_model_ready("mlp_torchscript")
+    with pytest.raises(Exception, match="not loaded"):
+        client_infer(client, "mlp_torchscript", GOOD)
+    client.load_model("mlp_torchscript")
+    assert client.is_model_ready("mlp_torchscript")
+    np.testing.assert_allclose(
+        client_infer(client, "mlp_torchscript", GOOD).as_numpy("logits"),
+        reference_outputs("mlp", GOOD),
+        rtol=1e-5,
+        atol=1e-5,
+    )
+    with pytest.raises(Exception, match="cannot load model"):
+        client.load_model("broken")
+    assert client.is_model_ready("mlp")
+
+
+def test_random_garbage_never_breaks_the_server(server: ServerHandle, client: httpclient.InferenceServerClient) -> None:
+    rng = random.Random(3)
+    for _ in range(50):
+        body = bytes(rng.getrandbits(8) for _ in range(rng.randint(0, 200)))
+        code, _ = http_post(
+            server, "/v2/models/mlp/infer", body, {"Inference-Header-Content-Length": str(rng.randint(-5, 250))}
+        )
+        assert code == 400
+    assert client.is_server_ready()

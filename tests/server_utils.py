@@ -1,0 +1,144 @@
+"""Run a real `adaserve serve` in a subprocess on loopback for tests, and build small test repositories.
+
+Servers listen on 127.0.0.1 only, on ports the OS picks free, and are stopped by their PID.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples" / "models"
+
+
+@dataclass(frozen=True)
+class ServerHandle:
+    http_url: str  # "127.0.0.1:PORT", as tritonclient takes it
+    grpc_url: str
+    pid: int
+    log: Path
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def running_server(repository: Path, *extra_args: str, ready_timeout_s: float = 180.0) -> Iterator[ServerHandle]:
+    """Start `adaserve serve` on `repository`, wait until it is ready, stop it (SIGTERM, then SIGKILL) after."""
+    http_port, grpc_port = free_port(), free_port()
+    log = repository.parent / f"server-{http_port}.log"
+    command = [
+        sys.executable,
+        "-m",
+        "adaserve",
+        "serve",
+        "--model-repository",
+        str(repository),
+        "--host",
+        "127.0.0.1",
+        "--http-port",
+        str(http_port),
+        "--grpc-port",
+        str(grpc_port),
+        *extra_args,
+    ]
+    with log.open("wb") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    handle = ServerHandle(f"127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}", process.pid, log)
+    try:
+        _wait_ready(handle, process, ready_timeout_s)
+        yield handle
+    finally:
+        stop_server(process)
+
+
+def stop_server(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        os.kill(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.kill(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def _wait_ready(handle: ServerHandle, process: subprocess.Popen[bytes], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited with {process.returncode}:\n{handle.log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(f"http://{handle.http_url}/v2/health/ready", timeout=2) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"server not ready after {timeout_s} s:\n{handle.log.read_text()[-3000:]}")
+
+
+def write_config(directory: Path, config: dict[str, object]) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.yaml").write_text(yaml.safe_dump(config))
+
+
+def link_example(repository: Path, name: str, as_name: str | None = None, **overrides: object) -> Path:
+    """A model of the example repository in `repository`, its artifacts linked and its config overridden."""
+    source, target = EXAMPLES / name, repository / (as_name or name)
+    config = yaml.safe_load((source / "config.yaml").read_text())
+    config.update(overrides, name=as_name or name)
+    write_config(target, config)
+    for version in (p for p in source.iterdir() if p.is_dir()):
+        (target / version.name).mkdir(exist_ok=True)
+        for artifact in version.iterdir():
+            (target / version.name / artifact.name).symlink_to(artifact)
+    return target
+
+
+class Spin(torch.nn.Module):
+    """A model that is slow on purpose: `rounds` matmuls of 256×256 per row, deterministic compute."""
+
+    def __init__(self, rounds: int) -> None:
+        super().__init__()
+        self.rounds = rounds
+        self.weight = torch.nn.Parameter(torch.eye(256) * 0.5, requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        state = x.repeat(1, 64)
+        for _ in range(self.rounds):
+            state = torch.tanh(state @ self.weight)
+        return x + 0 * state[:, :4]
+
+
+def write_slow_model(repository: Path, name: str = "slow", *, rounds: int = 400, **overrides: object) -> Path:
+    """A TorchScript model (input `x` FP32 [-1, 4], output `y` = x) that takes tens of ms per batch."""
+    config: dict[str, object] = {
+        "name": name,
+        "max_batch_size": 1,
+        "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}],
+        "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, 4]}],
+        "workers": [{"batch": 1, "threads": 1}],
+    }
+    config.update(overrides)
+    directory = repository / name
+    write_config(directory, config)
+    (directory / "1").mkdir(exist_ok=True)
+    torch.jit.save(torch.jit.script(Spin(rounds)), str(directory / "1" / "model.pt"))
+    return directory
