@@ -10,6 +10,8 @@ import json
 import sys
 from pathlib import Path
 
+from tritonclient.utils import InferenceServerException
+
 from adaserve.errors import AdaserveError
 
 #: The example repository shipped in the source tree; `adaserve serve` with no arguments serves it.
@@ -126,10 +128,7 @@ def main(argv: list[str] | None = None) -> None:
     except AdaserveError as exc:
         print(f"adaserve: error: {exc}", file=sys.stderr)
         code = 2
-    except Exception as exc:  # a client-side failure such as a refused connection: say it plainly
-        if type(exc).__module__.startswith("tritonclient"):
-            print(f"adaserve: error: {exc}", file=sys.stderr)
-            code = 1
-        else:
-            raise
+    except (OSError, InferenceServerException) as exc:  # e.g. a refused connection: say it plainly
+        print(f"adaserve: error: {exc}", file=sys.stderr)
+        code = 1
     sys.exit(code)

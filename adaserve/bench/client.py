@@ -2,7 +2,8 @@
 
 A sender never raises for a failed inference: it returns an `Outcome` whose error kind is named here, in one
 place, so the report can count errors by kind whatever the protocol. Measured on this project's 2-core machine,
-the HTTP sender costs about half the CPU per request of aiohttp or tritonclient's aio client (see docs/bench.md).
+the HTTP sender costs about half the CPU per request of aiohttp or tritonclient's aio client (README: "The
+generator's own cost").
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """A minimal HTTP/1.1 client for the load generator: keep-alive connections over asyncio.Protocol, parsed by httptools.
 
 Each request is sent as bytes encoded before the run, so the per-request work is one write and one parse. On this
-project's 2-core machine that costs about half the CPU of aiohttp (see docs/bench.md), and CPU the generator spends is
-taken from the server under test.
+project's 2-core machine that costs about half the CPU of aiohttp (README: "The generator's own cost"), and CPU
+the generator spends is taken from the server under test.
 """
 
 from __future__ import annotations

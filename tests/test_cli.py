@@ -1,0 +1,62 @@
+"""The `adaserve` command line: models list, infer against a real server, errors with exit codes."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from tests.server_utils import EXAMPLES, ServerHandle
+
+
+def adaserve(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "adaserve", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_models_list_shows_the_example_repository() -> None:
+    run = adaserve("models", "list", "--model-repository", str(EXAMPLES))
+    assert run.returncode == 0
+    lines = {line.split("\t")[0]: line for line in run.stdout.splitlines()}
+    assert set(lines) >= {"mlp", "cnn", "mlp_torchscript"}
+    assert "torch_export" in lines["mlp"] and "inputs=image:FP32[-1, 784]" in lines["mlp"]
+    assert "torchscript" in lines["mlp_torchscript"]
+
+
+def test_models_list_names_an_invalid_config(repository: Path) -> None:
+    run = adaserve("models", "list", "--model-repository", str(repository))
+    assert run.returncode == 0
+    assert any(line.startswith("mlp\tv1") for line in run.stdout.splitlines())
+
+
+def test_infer_prints_the_outputs(server: ServerHandle, tmp_path: Path) -> None:
+    image = np.zeros((784,), dtype=np.float32)
+    np.save(tmp_path / "x.npy", image)
+    run = adaserve(
+        "infer",
+        "mlp",
+        "--input",
+        str(tmp_path / "x.npy"),
+        "--url",
+        server.http_url,
+        "--parameters",
+        '{"latency_ms": 5}',
+    )
+    assert run.returncode == 0, run.stderr
+    assert '"name": "logits", "shape": [1, 10]' in run.stdout and '"argmax"' in run.stdout
+
+
+def test_errors_are_plain_and_exit_non_zero(tmp_path: Path) -> None:
+    missing = adaserve("models", "list", "--model-repository", str(tmp_path / "nowhere"))
+    assert missing.returncode == 2 and "model repository is not a directory" in missing.stderr
+    np.save(tmp_path / "x.npy", np.zeros((784,), dtype=np.float32))
+    refused = adaserve("infer", "mlp", "--input", str(tmp_path / "x.npy"), "--url", "127.0.0.1:1")
+    assert refused.returncode == 1 and "adaserve: error:" in refused.stderr
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = str(busy.getsockname()[1])
+        taken = adaserve("serve", "--model-repository", str(EXAMPLES), "--http-port", port, "--grpc-port", "0")
+    assert taken.returncode == 2 and f"cannot listen for HTTP on 127.0.0.1:{port}" in taken.stderr
