@@ -14,6 +14,8 @@ import msgspec
 import numpy as np
 from tritonclient.grpc import service_pb2
 
+from adaserve.server.protocol import Tensor
+
 #: HTTP header that gives the JSON part's length in a binary-tensor body (Triton's binary data extension).
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
@@ -25,16 +27,6 @@ class TensorMeta:
     name: str
     datatype: str
     shape: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class Tensor:
-    """A tensor with its values, ready to encode."""
-
-    name: str
-    datatype: str
-    shape: tuple[int, ...]
-    data: np.ndarray
 
 
 @dataclass(frozen=True)

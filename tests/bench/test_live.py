@@ -150,7 +150,7 @@ def test_trace_replay_reproduces_the_scaled_inter_arrivals(bench_server: ServerH
     workload = parse_workload(
         {"requests": [{"model": "mlp"}], "load": {"kind": "trace", "path": str(AZURE), "rate": 40}, "duration_s": 4.0}
     )
-    result = run_bench(BenchConfig(url=bench_server.http_url, workload=workload))
+    result = run_bench(BenchConfig(url=bench_server.http_url, workload=workload, max_lateness_ms=LATENESS_P99_MS))
     assert result.summary.valid, result.summary.problems
     scheduled = np.diff([r.scheduled_s for r in result.records])
     sent = np.diff([r.sent_s for r in result.records if r.sent_s is not None])
