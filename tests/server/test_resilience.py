@@ -9,12 +9,15 @@ import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
+import pytest
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
 from tests.server.reference import reference_outputs
-from tests.server_utils import ServerHandle
+from tests.server_utils import ServerHandle, running_server, write_slow_model
 
 
 def worker_pids(client: httpclient.InferenceServerClient, model: str) -> list[int]:
@@ -45,10 +48,10 @@ def test_killed_workers_lose_no_request(server: ServerHandle) -> None:
             os.kill(pid, signal.SIGKILL)
 
     def send(array: np.ndarray) -> np.ndarray:
-        local = httpclient.InferenceServerClient(server.http_url)
         tensor = httpclient.InferInput("image", list(array.shape), "FP32")
         tensor.set_data_from_numpy(array)
-        return local.infer(model, [tensor]).as_numpy("logits")
+        with httpclient.InferenceServerClient(server.http_url) as local:
+            return local.infer(model, [tensor]).as_numpy("logits")
 
     killer = threading.Thread(target=kill_during_load)
     killer.start()
@@ -68,3 +71,44 @@ def test_killed_workers_lose_no_request(server: ServerHandle) -> None:
     assert restarts(server, model) == restarts_before + len(victims)
     stats = client.get_inference_statistics(model)["model_stats"][0]["inference_stats"]
     assert stats["fail"]["count"] == 0
+
+
+def test_a_request_that_kills_its_worker_twice_gets_an_explicit_error(tmp_path: Path) -> None:
+    """Its rows run once more after the first death; after the second, the request is answered with an error."""
+    repository = tmp_path / "models"
+    write_slow_model(repository, "glacial", rounds=60_000)  # about a second or more per request on this machine
+
+    def send(url: str, value: float) -> list[list[float]]:
+        tensor = httpclient.InferInput("x", [1, 4], "FP32")
+        tensor.set_data_from_numpy(np.full((1, 4), value, dtype=np.float32))
+        with httpclient.InferenceServerClient(url, connection_timeout=120, network_timeout=120) as local:
+            return local.infer("glacial", [tensor]).as_numpy("y").tolist()  # type: ignore[no-any-return]
+
+    with running_server(repository) as handle, httpclient.InferenceServerClient(handle.http_url) as client:
+        with ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(send, handle.http_url, 1.0)
+            killed: set[int] = set()
+            for _ in range(2):
+                pid = _wait_for_busy_worker(handle, client, other_than=killed)
+                os.kill(pid, signal.SIGKILL)
+                killed.add(pid)
+            with pytest.raises(InferenceServerException, match=r"died while computing this request \(2 times\)"):
+                pending.result()
+        assert send(handle.http_url, 3.0) == [[3.0] * 4]
+
+
+def _wait_for_busy_worker(handle: ServerHandle, client: httpclient.InferenceServerClient, other_than: set[int]) -> int:
+    """The pid of the model's one worker (not one already killed) once it holds the request (one row in flight)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(f"http://{handle.http_url}/metrics", timeout=10) as response:
+            inflight = [
+                line
+                for line in response.read().decode().splitlines()
+                if line.startswith('adaserve_inflight_rows{model="glacial"')
+            ]
+        pids = [pid for pid in worker_pids(client, "glacial") if pid not in other_than]
+        if inflight and inflight[0].endswith(" 1.0") and pids:
+            return pids[0]
+        time.sleep(0.05)
+    raise AssertionError("the request never reached a worker")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import random
 import shutil
@@ -91,8 +92,8 @@ def test_concurrent_mixed_batches(server: ServerHandle, model: str) -> None:
     arrays = [rng.random((int(rng.integers(1, 17)), 784), dtype=np.float32) for _ in range(160)]
 
     def send(array: np.ndarray) -> np.ndarray:
-        local = httpclient.InferenceServerClient(server.http_url)
-        return client_infer(local, model, array).as_numpy("logits")
+        with httpclient.InferenceServerClient(server.http_url) as local:
+            return client_infer(local, model, array).as_numpy("logits")
 
     with ThreadPoolExecutor(8) as pool:
         results = list(pool.map(send, arrays))
@@ -214,9 +215,19 @@ def test_missing_input_and_unknown_output(server: ServerHandle) -> None:
 
 
 def test_payload_over_the_limit_is_refused(server: ServerHandle) -> None:
-    body = b'{"inputs": [' + b" " * MAX_REQUEST_BYTES + b"]}"
-    code, document = http_post(server, "/v2/models/mlp/infer", body)
-    assert code == 413 and "exceeds the limit" in document["error"]
+    """Refused on the declared length, before the body is read (so the test sends only the headers)."""
+    host, port = server.http_url.split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    connection.putrequest("POST", "/v2/models/mlp/infer")
+    connection.putheader("Content-Length", str(MAX_REQUEST_BYTES + 1))
+    connection.endheaders()
+    response = connection.getresponse()
+    document = json.loads(response.read())
+    connection.close()
+    assert response.status == 413
+    assert (
+        document["error"] == f"request body of {MAX_REQUEST_BYTES + 1} bytes exceeds the limit of {MAX_REQUEST_BYTES}"
+    )
 
 
 def test_overload_is_refused_and_nothing_accepted_is_lost(server: ServerHandle) -> None:
