@@ -37,13 +37,15 @@ class BatchRunner:
 
     def __init__(self, config: ModelConfig, model: Callable[..., Any], rings: SharedRings) -> None:
         self.config = config
-        self.model = model
+        # `forward` directly: module hooks (the exported program's input checks) are not needed, the engine has
+        # validated every input against the config.
+        self.forward: Callable[..., Any] = getattr(model, "forward", model)
         self.rings = rings
 
     def run(self, start: int, rows: int) -> None:
+        """Compute rows [start, start + rows) in place; the caller holds torch.inference_mode for the worker's life."""
         inputs = [torch.from_numpy(ring[start : start + rows]) for ring in self.rings.inputs]
-        with torch.inference_mode():
-            result = self.model(*inputs)
+        result = self.forward(*inputs)
         outputs = _as_sequence(result)
         if len(outputs) != len(self.config.outputs):
             raise ValueError(f"model returned {len(outputs)} outputs, config declares {len(self.config.outputs)}")
@@ -58,8 +60,7 @@ class BatchRunner:
     def warm_up(self, rows: int) -> None:
         """One run on zeros outside the pool, so the first real request does not pay for lazy initialisation."""
         zeros = [torch.zeros((rows, *s.row_shape), dtype=_torch_dtype(s.dtype)) for s in self.config.inputs]
-        with torch.inference_mode():
-            self.model(*zeros)
+        self.forward(*zeros)
 
 
 def _as_sequence(result: Any) -> Sequence[torch.Tensor]:
@@ -84,6 +85,11 @@ def place(threads: int, cpus: Sequence[int] | None) -> list[int]:
 
 def serve_worker(spawn: SpawnWorker, runner: BatchRunner, command_fd: int, result_fd: int) -> int:
     """The worker's life after the host forked it: place it, warm up, then run batches until told to stop."""
+    with torch.inference_mode():
+        return _serve(spawn, runner, command_fd, result_fd)
+
+
+def _serve(spawn: SpawnWorker, runner: BatchRunner, command_fd: int, result_fd: int) -> int:
     try:
         allowed = place(spawn.threads, spawn.cpus)
         runner.warm_up(spawn.batch)

@@ -1,4 +1,4 @@
-"""Run the server: REST (uvicorn) and gRPC (grpc.aio) frontends on one event loop over one router.
+"""Run the server: REST (`server/http.py`) and gRPC (grpc.aio) frontends on one event loop over one router.
 
 The frontends come up first so liveness answers while models load; readiness follows the loading. SIGTERM and
 SIGINT stop the frontends, let accepted requests finish, then stop the workers.
@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
-import uvicorn
 from tritonclient.grpc import service_pb2_grpc
 
 from adaserve.engine.router import ModelRouter
@@ -22,7 +21,8 @@ from adaserve.errors import ConfigError
 from adaserve.repository import ModelRepository
 from adaserve.server.dataplane import DataPlane
 from adaserve.server.grpc_service import InferenceServicer
-from adaserve.server.rest import create_app
+from adaserve.server.http import HttpServer
+from adaserve.server.rest import create_app, error_response
 
 log = logging.getLogger("adaserve.server")
 
@@ -35,13 +35,6 @@ class ServeOptions:
     grpc_port: int = 8001
     max_request_bytes: int = 64 * 1024 * 1024
     models: list[str] | None = None  # None: every model in the repository
-
-
-class _HttpServer(uvicorn.Server):
-    """uvicorn without its own signal handling: this module decides how the whole server stops."""
-
-    def install_signal_handlers(self) -> None:
-        pass
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -63,16 +56,7 @@ async def serve(options: ServeOptions) -> None:
     router = ModelRouter(ModelRepository(options.model_repository))
     plane = DataPlane(router)
     http_socket = _listen(options.host, options.http_port)
-    http = _HttpServer(
-        uvicorn.Config(
-            create_app(plane, max_request_bytes=options.max_request_bytes),
-            http="httptools",
-            lifespan="off",
-            access_log=False,
-            log_config=None,
-            timeout_keep_alive=60,
-        )
-    )
+    http = HttpServer(create_app(plane), max_body_bytes=options.max_request_bytes, on_error=error_response)
     grpc_server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", options.max_request_bytes),
@@ -91,7 +75,7 @@ async def serve(options: ServeOptions) -> None:
         loop.add_signal_handler(signum, stopping.set)
 
     await grpc_server.start()
-    http_task = asyncio.create_task(http.serve(sockets=[http_socket]))
+    await http.start(http_socket)
     log.info(
         "listening",
         extra={"http": f"{options.host}:{options.http_port}", "grpc": f"{options.host}:{options.grpc_port}"},
@@ -100,10 +84,8 @@ async def serve(options: ServeOptions) -> None:
     plane.started = True
     log.info("serving", extra={"models": [e.name for e in router.index() if e.state == "READY"]})
 
-    await asyncio.wait([asyncio.create_task(stopping.wait()), http_task], return_when=asyncio.FIRST_COMPLETED)
+    await stopping.wait()
     log.info("stopping")
-    http.should_exit = True
-    await grpc_server.stop(grace=5.0)
-    await http_task
+    await asyncio.gather(http.stop(grace_s=5.0), grpc_server.stop(grace=5.0))
     await router.close()
     log.info("stopped")

@@ -1,0 +1,118 @@
+"""The HTTP/1.1 layer itself, over raw sockets: keep-alive, pipelining, chunked bodies, 100-continue, limits."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import numpy as np
+
+from tests.conftest import MAX_REQUEST_BYTES
+from tests.server.reference import reference_outputs
+from tests.server_utils import ServerHandle
+
+
+def connect(server: ServerHandle) -> socket.socket:
+    host, port = server.http_url.split(":")
+    return socket.create_connection((host, int(port)), timeout=30)
+
+
+def read_response(sock: socket.socket, buffer: bytearray) -> tuple[int, dict[str, str], bytes]:
+    """One response from the stream; leftover bytes stay in `buffer` for the next call."""
+    while b"\r\n\r\n" not in buffer:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("closed before a response")
+        buffer += chunk
+    head, _, rest = bytes(buffer).partition(b"\r\n\r\n")
+    status_line, *lines = head.decode("latin-1").split("\r\n")
+    headers = {name.lower(): value.strip() for name, value in (line.split(":", 1) for line in lines)}
+    length = int(headers["content-length"])
+    while len(rest) < length:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("closed inside a body")
+        rest += chunk
+    buffer[:] = rest[length:]
+    return int(status_line.split()[1]), headers, rest[:length]
+
+
+def infer_body(value: float) -> bytes:
+    return json.dumps(
+        {"inputs": [{"name": "image", "datatype": "FP32", "shape": [1, 784], "data": [value] * 784}]}
+    ).encode()
+
+
+def post(path: str, body: bytes, extra: str = "") -> bytes:
+    return f"POST {path} HTTP/1.1\r\nHost: t\r\nContent-Length: {len(body)}\r\n{extra}\r\n".encode() + body
+
+
+def test_pipelined_requests_are_answered_in_order(server: ServerHandle) -> None:
+    values = [0.0, 0.25, 0.5, 0.75, 1.0]
+    with connect(server) as sock:
+        sock.sendall(b"".join(post("/v2/models/mlp/infer", infer_body(v)) for v in values))
+        buffer = bytearray()
+        answers = [read_response(sock, buffer) for _ in values]
+    for value, (status, headers, body) in zip(values, answers, strict=True):
+        assert status == 200 and headers["content-type"] == "application/json"
+        logits = np.array(json.loads(body)["outputs"][0]["data"], dtype=np.float32)
+        expected = reference_outputs("mlp", np.full((1, 784), value, dtype=np.float32))[0]
+        np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_chunked_body_and_expect_continue(server: ServerHandle) -> None:
+    body = infer_body(0.5)
+    pieces = [body[i : i + 700] for i in range(0, len(body), 700)]
+    chunked = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces) + b"0\r\n\r\n"
+    with connect(server) as sock:
+        sock.sendall(
+            b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n"
+            b"Expect: 100-continue\r\n\r\n"
+        )
+        buffer = bytearray()
+        while b"\r\n\r\n" not in buffer:
+            buffer += sock.recv(65536)
+        assert bytes(buffer).startswith(b"HTTP/1.1 100 Continue\r\n\r\n")
+        del buffer[: len(b"HTTP/1.1 100 Continue\r\n\r\n")]
+        sock.sendall(chunked)
+        status, _, answer = read_response(sock, buffer)
+    assert status == 200 and json.loads(answer)["outputs"][0]["shape"] == [1, 10]
+
+
+def test_an_oversized_chunked_body_is_refused_and_the_connection_closed(server: ServerHandle) -> None:
+    with connect(server) as sock:
+        sock.sendall(b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n")
+        piece = b"x" * 65536
+        try:
+            for _ in range(MAX_REQUEST_BYTES // len(piece) + 2):
+                sock.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
+        except OSError:
+            pass  # the server may close while we are still sending: the answer is already there
+        status, headers, body = read_response(sock, bytearray())
+        assert sock.recv(1) == b""
+    assert status == 413 and headers["connection"] == "close"
+    assert json.loads(body)["error"] == f"request body exceeds the limit of {MAX_REQUEST_BYTES} bytes"
+
+
+def test_malformed_requests_and_unknown_routes(server: ServerHandle) -> None:
+    with connect(server) as sock:
+        sock.sendall(b"GET /v2/nothing HTTP/1.1\r\nHost: t\r\n\r\nDELETE /v2/health/live HTTP/1.1\r\nHost: t\r\n\r\n")
+        buffer = bytearray()
+        missing, wrong_method = read_response(sock, buffer), read_response(sock, buffer)
+    assert missing[0] == 404 and json.loads(missing[2])["error"] == "no such endpoint: /v2/nothing"
+    assert wrong_method[0] == 405
+    with connect(server) as sock:
+        sock.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+        status, _, body = read_response(sock, bytearray())
+    assert status == 400 and "malformed HTTP request" in json.loads(body)["error"]
+    with connect(server) as sock:  # the server still serves
+        sock.sendall(b"GET /v2/health/ready HTTP/1.1\r\nHost: t\r\n\r\n")
+        assert read_response(sock, bytearray())[0] == 200
+
+
+def test_connection_close_is_honoured(server: ServerHandle) -> None:
+    with connect(server) as sock:
+        sock.sendall(b"GET /v2 HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        status, headers, body = read_response(sock, bytearray())
+        assert sock.recv(1) == b""
+    assert status == 200 and headers["connection"] == "close" and json.loads(body)["name"] == "adaserve"
