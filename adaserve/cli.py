@@ -1,4 +1,4 @@
-"""The `adaserve` command line: serve, models, infer, bench.
+"""The `adaserve` command line: serve, models, infer, bench, profile, plan.
 
 Every subcommand is a function taking the parsed arguments and returning the exit code.
 """
@@ -85,6 +85,7 @@ def _infer(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from adaserve.bench.cli import register as register_bench
+    from adaserve.cpu.cli import register as register_cpu
 
     parser = argparse.ArgumentParser(prog="adaserve", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -118,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     infer.set_defaults(func=_infer)
 
     register_bench(commands)
+    register_cpu(commands)
     return parser
 
 

@@ -1,0 +1,54 @@
+"""Packrat on CPU: profile a model, plan the worker set ⟨instances, threads, batch⟩, pin workers to cores.
+
+- `optimizer`: the 2-D knapsack DP over a `Profile` → `Plan` (pure).
+- `topology`: the machine's sockets, NUMA nodes and cores, and `allocate` → disjoint `WorkerSpec` CPU sets.
+- `estimator`: the batch-size estimator that decides when to ask for a new plan (pure, clock passed in).
+- `profiler`: measure and store `profile.json`; `AutoPlanner` joins profile, optimizer and allocator.
+- `cli`: `adaserve profile` and `adaserve plan`.
+"""
+
+from adaserve.cpu.estimator import BatchSizeEstimator, EstimatorSettings, Reconfigurator, power_of_two_floor
+from adaserve.cpu.optimizer import InfeasiblePlanError, Instance, Optimizer, Plan, Profile, fat_instance_plan
+from adaserve.cpu.profiler import (
+    AutoPlanner,
+    Fingerprint,
+    ProfileError,
+    ProfileRecord,
+    ProfileSettings,
+    StaleProfile,
+    WorkerPlan,
+    fingerprint,
+    load_profile,
+    profile_model,
+    save_profile,
+)
+from adaserve.cpu.topology import AllocationError, Topology, allocate, machine_topology, read_topology
+
+__all__ = [
+    "AllocationError",
+    "AutoPlanner",
+    "BatchSizeEstimator",
+    "EstimatorSettings",
+    "Fingerprint",
+    "InfeasiblePlanError",
+    "Instance",
+    "Optimizer",
+    "Plan",
+    "Profile",
+    "ProfileError",
+    "ProfileRecord",
+    "ProfileSettings",
+    "Reconfigurator",
+    "StaleProfile",
+    "Topology",
+    "WorkerPlan",
+    "allocate",
+    "fat_instance_plan",
+    "fingerprint",
+    "load_profile",
+    "machine_topology",
+    "power_of_two_floor",
+    "profile_model",
+    "read_topology",
+    "save_profile",
+]

@@ -1,0 +1,109 @@
+"""Packrat's batch-size estimator (§3.8): when has the load moved enough to warrant a new worker set?
+
+Reconfiguring takes seconds, so the estimate is smoothed twice to avoid flip-flopping: an EWMA of the queue depth
+(Q̂_x = α·Q + (1 − α)·Q̂_{x−1}) rounded down to a power of two gives B̂_x, and the mode of the last n such
+estimates gives B̃. Once per reconfiguration timeout, if B̃ differs from the batch size the current worker set was
+planned for, the optimizer is asked for B̃. Pure logic: the caller passes the clock in, so tests steer time.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+__all__ = ["BatchSizeEstimator", "EstimatorSettings", "Reconfigurator", "power_of_two_floor"]
+
+PlanT = TypeVar("PlanT")
+
+
+def power_of_two_floor(value: float) -> int:
+    """The largest power of two ≤ `value`, and 1 for anything below 2 (an idle queue still runs batches of 1)."""
+    if value < 2:
+        return 1
+    return 1 << (int(value).bit_length() - 1)
+
+
+@dataclass(frozen=True)
+class EstimatorSettings:
+    alpha: float = 0.3  # EWMA weight of the newest queue depth
+    window: int = 16  # n: the mode is taken over this many estimates
+    reconfigure_timeout_s: float = 10.0  # the estimate is compared with the configured B this often
+    max_batch: int | None = None  # B̂ is capped here (T × the largest worker batch), then rounded down
+
+    def __post_init__(self) -> None:
+        if not 0 < self.alpha <= 1:
+            raise ValueError(f"alpha must be in (0, 1], got {self.alpha}")
+        if self.window < 1:
+            raise ValueError(f"window must be ≥ 1, got {self.window}")
+        if self.reconfigure_timeout_s < 0:
+            raise ValueError(f"reconfigure_timeout_s must be ≥ 0, got {self.reconfigure_timeout_s}")
+        if self.max_batch is not None and self.max_batch < 1:
+            raise ValueError(f"max_batch must be ≥ 1, got {self.max_batch}")
+
+
+class BatchSizeEstimator:
+    """Feed it queue depths with `observe`; ask `should_reconfigure(now)` once in a while."""
+
+    def __init__(self, settings: EstimatorSettings, *, current_batch: int, now: float) -> None:
+        self.settings = settings
+        self.current_batch = current_batch  # B: what the running worker set was planned for
+        self.ewma: float | None = None  # Q̂
+        self.estimates: deque[int] = deque(maxlen=settings.window)  # B̂_{x−n}..B̂_x
+        self._last_check = now
+
+    def observe(self, queue_depth: float) -> int:
+        """Record the newest queue depth Q; returns this step's estimate B̂_x."""
+        alpha = self.settings.alpha
+        self.ewma = queue_depth if self.ewma is None else alpha * queue_depth + (1 - alpha) * self.ewma
+        capped = self.ewma if self.settings.max_batch is None else min(self.ewma, self.settings.max_batch)
+        estimate = power_of_two_floor(capped)
+        self.estimates.append(estimate)
+        return estimate
+
+    @property
+    def smoothed(self) -> int:
+        """B̃: the most frequent recent estimate; a tie keeps the current B if it is among the tied, else the newest."""
+        if not self.estimates:
+            return self.current_batch
+        counts = Counter(self.estimates)
+        top = max(counts.values())
+        tied = {b for b, n in counts.items() if n == top}
+        if self.current_batch in tied:
+            return self.current_batch
+        return next(b for b in reversed(self.estimates) if b in tied)
+
+    def should_reconfigure(self, now: float) -> int | None:
+        """B̃ if a reconfiguration timeout has passed since the last check and B̃ ≠ B; None otherwise."""
+        if now - self._last_check < self.settings.reconfigure_timeout_s:
+            return None
+        self._last_check = now
+        smoothed = self.smoothed
+        return smoothed if smoothed != self.current_batch else None
+
+    def reconfigured(self, batch: int, now: float) -> None:
+        """The worker set for `batch` is now running; the next check is a full timeout away."""
+        self.current_batch = batch
+        self._last_check = now
+
+
+class Reconfigurator(Generic[PlanT]):
+    """Estimator and optimizer together: `update(queue_depth, now)` returns a new plan when one is due.
+
+    `plan_for(B)` is e.g. `functools.partial(optimizer.plan, T)` or `AutoPlanner.plan` (plan plus pinned workers).
+    Once it returns, B̃ counts as configured; the caller starts the new worker set (active/passive swap).
+    """
+
+    def __init__(self, estimator: BatchSizeEstimator, plan_for: Callable[[int], PlanT]) -> None:
+        self.estimator = estimator
+        self.plan_for = plan_for
+
+    def update(self, queue_depth: float, now: float) -> PlanT | None:
+        self.estimator.observe(queue_depth)
+        batch = self.estimator.should_reconfigure(now)
+        if batch is None:
+            return None
+        plan = self.plan_for(batch)
+        self.estimator.reconfigured(batch, now)
+        return plan

@@ -1,0 +1,510 @@
+"""Packrat's profiler (§3.2) and its stored result, `<model dir>/profile.json`, keyed by a hardware fingerprint.
+
+One worker at a time, pinned to t cores with t intra-op threads, runs random batches of the config's input shapes
+for every ⟨t, b⟩ in {1..T} × {1, 2, 4, .., ≤ max_batch_size} (the paper's (n + 1)·T grid) and records the mean
+batch latency. Each t runs in a fresh child process: an intra-op thread pool, once started, does not shrink
+cleanly, and a fresh process also starts with clean caches and allocator state.
+
+The file holds one profile per machine fingerprint (CPU model, logical CPUs, physical cores, sockets, NUMA nodes),
+so a repository shared by several machines keeps each one's profile. `load_profile` answers with the matching
+profile, a `StaleProfile` (none for this machine, or the model changed since: the caller falls back to a stated
+default), or raises `ProfileError` naming the file and what is wrong with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.metadata
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from adaserve.config import ModelConfig, WorkerSpec
+from adaserve.cpu.optimizer import Optimizer, Plan, Profile, fat_instance_plan
+from adaserve.cpu.topology import AllocationError, Topology, allocate, machine_topology
+from adaserve.errors import ConfigError
+from adaserve.repository import ModelSpec
+
+__all__ = [
+    "PROFILE_FILE",
+    "AutoPlanner",
+    "Fingerprint",
+    "ProfileError",
+    "ProfileRecord",
+    "ProfileSettings",
+    "StaleProfile",
+    "WorkerPlan",
+    "batch_grid",
+    "busy_warning",
+    "fingerprint",
+    "load_profile",
+    "profile_model",
+    "save_profile",
+]
+
+PROFILE_FILE = "profile.json"
+FORMAT: Literal[1] = 1
+
+
+class ProfileError(ConfigError):
+    """A profile.json that cannot be used (corrupt, wrong shape) or a profiling run that failed; names the path."""
+
+
+# -- the stored file -------------------------------------------------------------------------------------------------
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Fingerprint(_Strict):
+    """What makes a profile valid on a machine; two machines with equal fingerprints share profiles."""
+
+    cpu_model: str
+    logical_cpus: int = Field(ge=1, description="CPUs this process may use (a container's cpuset counts)")
+    physical_cores: int = Field(ge=1)
+    sockets: int = Field(ge=1)
+    numa_nodes: int = Field(ge=1)
+
+    def describe(self) -> str:
+        return (
+            f"{self.cpu_model}, {self.logical_cpus} CPUs ({self.physical_cores} cores), "
+            f"{self.sockets} socket(s), {self.numa_nodes} NUMA node(s)"
+        )
+
+
+class ProfileSettings(_Strict):
+    """How thoroughly each ⟨t, b⟩ cell is measured."""
+
+    quick: bool = False
+    warmup: int = Field(default=5, ge=0, description="untimed runs before timing")
+    repeats: int = Field(default=30, ge=1, description="timed runs per cell (at least)")
+    min_cell_s: float = Field(default=0.5, ge=0, description="keep timing a fast cell until this much time passed")
+    max_cell_s: float = Field(default=60.0, gt=0, description="stop a slow cell here (after at least 3 timed runs)")
+
+    @classmethod
+    def for_run(cls, *, quick: bool, repeats: int | None = None) -> ProfileSettings:
+        base = cls(quick=True, warmup=1, repeats=5, min_cell_s=0.02, max_cell_s=2.0) if quick else cls()
+        return base if repeats is None else base.model_copy(update={"repeats": repeats})
+
+
+class Cell(_Strict):
+    threads: int = Field(ge=1)
+    batch: int = Field(ge=1)
+    mean_s: float = Field(gt=0, allow_inf_nan=False, description="mean batch latency (what the optimizer uses)")
+    p50_s: float = Field(gt=0, allow_inf_nan=False)
+    std_s: float = Field(ge=0, allow_inf_nan=False)
+    runs: int = Field(ge=1)
+
+
+class ProfileRecord(_Strict):
+    """One machine's profile of one model version."""
+
+    fingerprint: Fingerprint
+    model: str
+    version: int = Field(ge=1)
+    artifact_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    torch: str
+    created: str
+    settings: ProfileSettings
+    threads: tuple[int, ...] = Field(min_length=1)
+    batches: tuple[int, ...] = Field(min_length=1)
+    cells: tuple[Cell, ...]
+    load_average: tuple[float, float] | None = Field(
+        default=None, description="1-minute load average before and after measuring: other work inflates latencies"
+    )
+
+    @field_validator("threads", "batches")
+    @classmethod
+    def _sorted_positive(cls, values: tuple[int, ...]) -> tuple[int, ...]:
+        if any(v < 1 for v in values) or list(values) != sorted(set(values)):
+            raise ValueError(f"expected distinct positive integers in increasing order, got {list(values)}")
+        return values
+
+    @model_validator(mode="after")
+    def _complete_grid(self) -> ProfileRecord:
+        seen = [(c.threads, c.batch) for c in self.cells]
+        grid = {(t, b) for t in self.threads for b in self.batches}
+        repeated = sorted({cell for cell in seen if seen.count(cell) > 1})
+        missing, extra = sorted(grid - set(seen)), sorted(set(seen) - grid)
+        problems = [
+            f"{kind} (threads, batch) cells {cells}"
+            for kind, cells in (("repeated", repeated), ("missing", missing), ("unexpected", extra))
+            if cells
+        ]
+        if problems:
+            raise ValueError("the cells do not cover threads × batches once each: " + "; ".join(problems))
+        return self
+
+    @property
+    def profile(self) -> Profile:
+        return Profile({(c.threads, c.batch): c.mean_s for c in self.cells})
+
+
+class ProfileFile(_Strict):
+    """`profile.json`: `{"format": 1, "profiles": [ProfileRecord, ...]}`, at most one per fingerprint."""
+
+    format: Literal[1]
+    profiles: tuple[ProfileRecord, ...]
+
+    @field_validator("profiles")
+    @classmethod
+    def _one_per_machine(cls, profiles: tuple[ProfileRecord, ...]) -> tuple[ProfileRecord, ...]:
+        prints = [p.fingerprint for p in profiles]
+        if len(set(prints)) != len(prints):
+            raise ValueError("two profiles for the same fingerprint")
+        return profiles
+
+
+@dataclass(frozen=True)
+class StaleProfile:
+    """No usable profile for this machine and model: `reason` says why, for the fallback's message."""
+
+    path: Path
+    reason: str
+
+
+def fingerprint(topology: Topology | None = None, cpuinfo: Path = Path("/proc/cpuinfo")) -> Fingerprint:
+    """This machine's fingerprint: CPU model from /proc/cpuinfo and the shape of the CPUs this process may use."""
+    topology = topology or machine_topology()
+    return Fingerprint(
+        cpu_model=_cpu_model(cpuinfo),
+        logical_cpus=len(topology.cpus),
+        physical_cores=topology.physical_cores,
+        sockets=topology.sockets,
+        numa_nodes=topology.numa_nodes,
+    )
+
+
+def _cpu_model(cpuinfo: Path) -> str:
+    with contextlib.suppress(OSError):
+        for line in cpuinfo.read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("model name", "Model Name", "cpu model", "Processor") and value.strip():
+                return " ".join(value.split())
+    import platform
+
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def read_profile_file(path: Path) -> ProfileFile:
+    """Parse and validate profile.json; ProfileError with the path and the reason when it cannot be used."""
+    try:
+        raw = json.loads(path.read_text())
+    except OSError as exc:
+        raise ProfileError(f"{path}: cannot read: {exc.strerror}") from exc
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ProfileError(f"{path}: corrupt profile, not valid JSON: {exc}") from None
+    if isinstance(raw, dict) and raw.get("format") not in (None, FORMAT):
+        raise ProfileError(f"{path}: profile format {raw.get('format')!r} is not supported (expected {FORMAT})")
+    try:
+        return ProfileFile.model_validate(raw)
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors()[:5]:
+            where = ".".join(str(part) for part in error["loc"]) or "(top level)"
+            message = "unknown field" if error["type"] == "extra_forbidden" else error["msg"]
+            problems.append(f"field '{where}': {message.removeprefix('Value error, ')}")
+        raise ProfileError(f"{path}: corrupt profile: " + "; ".join(problems)) from None
+
+
+def load_profile(model_dir: Path, machine: Fingerprint, spec: ModelSpec | None = None) -> ProfileRecord | StaleProfile:
+    """This machine's profile of the model in `model_dir`, or why there is none (missing, other machines, changed).
+
+    With `spec`, a profile of another version or of different artifact bytes is stale too: the model changed.
+    """
+    path = model_dir / PROFILE_FILE
+    if not path.exists():
+        return StaleProfile(path, f"no {PROFILE_FILE} in {model_dir}")
+    stored = read_profile_file(path)
+    record = next((p for p in stored.profiles if p.fingerprint == machine), None)
+    if record is None:
+        others = "; ".join(p.fingerprint.describe() for p in stored.profiles) or "none"
+        return StaleProfile(path, f"{path} has no profile for this machine ({machine.describe()}); it has: {others}")
+    if spec is not None:
+        if record.version != spec.version:
+            return StaleProfile(path, f"{path} profiles version {record.version}, the model is now {spec.version}")
+        if record.artifact_sha256 != artifact_digest(spec.artifact):
+            return StaleProfile(path, f"{path}: {spec.artifact} changed since it was profiled")
+    return record
+
+
+def save_profile(model_dir: Path, record: ProfileRecord) -> Path:
+    """Write `record` into profile.json, replacing this fingerprint's entry and keeping other machines' (atomic)."""
+    path = model_dir / PROFILE_FILE
+    others: tuple[ProfileRecord, ...] = ()
+    if path.exists():
+        with contextlib.suppress(ProfileError):  # a corrupt file is replaced by the new measurement
+            others = tuple(p for p in read_profile_file(path).profiles if p.fingerprint != record.fingerprint)
+    document = ProfileFile(format=FORMAT, profiles=(*others, record))
+    with tempfile.NamedTemporaryFile("w", dir=model_dir, prefix=".profile-", suffix=".json", delete=False) as f:
+        f.write(document.model_dump_json(indent=1) + "\n")
+    os.replace(f.name, path)
+    return path
+
+
+def artifact_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+# -- measuring -------------------------------------------------------------------------------------------------------
+
+
+def batch_grid(max_batch_size: int) -> tuple[int, ...]:
+    """b ∈ {2⁰, 2¹, .., 2ⁿ} with 2ⁿ ≤ max_batch_size: the paper's profiled batch sizes."""
+    return tuple(1 << k for k in range(max_batch_size.bit_length()) if 1 << k <= max_batch_size)
+
+
+def profile_model(
+    spec: ModelSpec,
+    threads: int,
+    settings: ProfileSettings,
+    *,
+    topology: Topology | None = None,
+    progress: bool = True,
+    runner: Callable[[dict[str, Any], Callable[[Cell], None]], None] | None = None,
+) -> ProfileRecord:
+    """Measure the grid {1..threads} × batch_grid(max_batch_size) for `spec`, one child process per t."""
+    topology = topology or machine_topology()
+    if threads > len(topology.cpus):
+        raise AllocationError(
+            f"T={threads} is more than the {len(topology.cpus)} CPUs this process may use ({topology.describe()})"
+        )
+    from tqdm import tqdm
+
+    batches = batch_grid(spec.config.max_batch_size)
+    load_before = os.getloadavg()[0]
+    cells: list[Cell] = []
+    run = runner or _run_child
+    with tqdm(
+        total=threads * len(batches), desc=f"profile {spec.name}", unit="cell", disable=not progress, leave=True
+    ) as bar:
+
+        def record(cell: Cell) -> None:
+            cells.append(cell)
+            bar.set_postfix_str(f"t={cell.threads} b={cell.batch} {cell.mean_s * 1e3:.3f} ms", refresh=False)
+            bar.update(1)
+
+        for t in range(1, threads + 1):
+            (worker,) = allocate([(1, t, 1)], topology)
+            job = {
+                "artifact": str(spec.artifact),
+                "config": spec.config.model_dump(mode="json"),
+                "threads": t,
+                "cpus": list(worker.cpus or ()),
+                "batches": list(batches),
+                "settings": settings.model_dump(mode="json"),
+            }
+            run(job, record)
+    return ProfileRecord(
+        fingerprint=fingerprint(topology),
+        model=spec.name,
+        version=spec.version,
+        artifact_sha256=artifact_digest(spec.artifact),
+        torch=importlib.metadata.version("torch"),
+        created=datetime.now(UTC).isoformat(timespec="seconds"),
+        settings=settings,
+        threads=tuple(range(1, threads + 1)),
+        batches=batches,
+        cells=tuple(cells),
+        load_average=(round(load_before, 2), round(os.getloadavg()[0], 2)),
+    )
+
+
+def busy_warning(record: ProfileRecord) -> str | None:
+    """A warning when other work was running while the profile was measured (its latencies are then inflated)."""
+    if record.load_average is None:
+        return None
+    limit = max(1.0, record.fingerprint.logical_cpus / 4)
+    if record.load_average[0] <= limit:
+        return None
+    return (
+        f"the machine was busy while profiling (load average {record.load_average[0]:.2f} before starting, "
+        f"{record.fingerprint.logical_cpus} CPUs): latencies, the multi-thread ones most, may be inflated; "
+        "profile again on an idle machine with --force"
+    )
+
+
+def _run_child(job: dict[str, Any], record: Callable[[Cell], None]) -> None:
+    """Run one t in a child Python (`main` below); cells arrive one JSON line each on a pipe, not on stdout."""
+    read_fd, write_fd = os.pipe()
+    job = {**job, "result_fd": write_fd}
+    env = {**os.environ, "OMP_NUM_THREADS": str(job["threads"]), "TORCH_FORCE_WEIGHTS_ONLY_LOAD": "1"}
+    with tempfile.TemporaryFile("w+") as log:
+        try:
+            process = subprocess.Popen(
+                [sys.executable, "-c", "from adaserve.cpu.profiler import main; main()", json.dumps(job)],
+                pass_fds=(write_fd,),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                env=env,
+            )
+        except OSError:
+            os.close(read_fd)
+            raise
+        finally:
+            os.close(write_fd)  # the child holds its own copy
+        error = ""
+        try:
+            with os.fdopen(read_fd, "r") as results:
+                for line in results:
+                    message = json.loads(line)
+                    if "error" in message:
+                        error = str(message["error"])
+                    else:
+                        record(Cell.model_validate(message))
+            code = process.wait()
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        if code != 0:
+            if not error:
+                log.seek(0)
+                error = log.read()[-2000:].strip()
+            raise ProfileError(f"profiling {job['artifact']} with t={job['threads']} failed (exit {code}): {error}")
+
+
+def _measure(model: Callable[..., Any], inputs: Sequence[Any], settings: ProfileSettings) -> list[float]:
+    """Warm up, then time runs: at least `repeats`, longer for a fast cell (min_cell_s), shorter for a slow one."""
+    import torch
+
+    times: list[float] = []
+    with torch.inference_mode():
+        for _ in range(settings.warmup):
+            model(*inputs)
+        began = time.perf_counter()
+        while True:
+            start = time.perf_counter()
+            model(*inputs)
+            times.append(time.perf_counter() - start)
+            elapsed = time.perf_counter() - began
+            enough = len(times) >= settings.repeats and elapsed >= settings.min_cell_s
+            if enough or (elapsed >= settings.max_cell_s and len(times) >= 3):
+                return times
+
+
+def _random_inputs(config: ModelConfig, batch: int, seed: int) -> list[Any]:
+    """Random tensors of the config's input shapes: floats in [0, 1), integers and booleans in {0, 1}."""
+    import numpy as np
+    import torch
+
+    rng = np.random.default_rng(seed)
+    tensors = []
+    for spec in config.inputs:
+        shape = (batch, *spec.row_shape)
+        if spec.dtype.kind == "f":
+            array = rng.random(shape).astype(spec.dtype)
+        else:
+            array = rng.integers(0, 2, shape).astype(spec.dtype)
+        tensors.append(torch.from_numpy(array))
+    return tensors
+
+
+def _child(job: dict[str, Any]) -> int:
+    """One t of a profile, inside its own process: pin, load the model, measure every b, report each cell.
+
+    A failure is reported on the result pipe as `{"error": ...}`, so the parent can say why in one line.
+    """
+    with os.fdopen(job["result_fd"], "w", buffering=1) as out:
+        try:
+            _measure_all(job, lambda cell: out.write(cell.model_dump_json() + "\n"))
+        except Exception as exc:
+            reason = str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
+            out.write(json.dumps({"error": reason}) + "\n")
+            return 1
+    return 0
+
+
+def _measure_all(job: dict[str, Any], report: Callable[[Cell], object]) -> None:
+    from adaserve.engine.worker import place
+    from adaserve.repository import load_artifact
+
+    config = ModelConfig.model_validate(job["config"])
+    settings = ProfileSettings.model_validate(job["settings"])
+    place(job["threads"], job["cpus"] or None)
+    model = load_artifact(Path(job["artifact"]), config.max_batch_size)
+    for batch in job["batches"]:
+        times = _measure(model, _random_inputs(config, batch, seed=batch), settings)
+        report(
+            Cell(
+                threads=job["threads"],
+                batch=batch,
+                mean_s=statistics.fmean(times),
+                p50_s=statistics.median(times),
+                std_s=statistics.pstdev(times),
+                runs=len(times),
+            )
+        )
+
+
+# -- planning from the stored profile --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    """Workers to start (with their CPUs), the plan behind them, and where it came from."""
+
+    workers: list[WorkerSpec]
+    plan: Plan
+    from_profile: bool
+    note: str  # which profile was used, or why the stated default was
+
+
+class AutoPlanner:
+    """`workers: auto` for one model: this machine's profile, an Optimizer (plans cached), and the core allocator.
+
+    Without a usable profile every plan is the stated default, the fat instance: one worker with all T threads
+    and batch min(B, max_batch_size), TorchServe's default and the paper's baseline. A corrupt profile raises
+    `ProfileError` instead: silently ignoring a file the user made would hide the problem.
+    """
+
+    def __init__(self, spec: ModelSpec, *, threads: int | None = None, topology: Topology | None = None) -> None:
+        self.spec = spec
+        self.topology = topology or machine_topology()
+        available = len(self.topology.cpus)
+        self.threads = threads or available
+        if self.threads > available:
+            raise AllocationError(
+                f"T={self.threads} is more than the {available} CPUs this process may use ({self.topology.describe()})"
+            )
+        found = load_profile(spec.directory, fingerprint(self.topology), spec)
+        self.record = found if isinstance(found, ProfileRecord) else None
+        self.optimizer = Optimizer(found.profile) if isinstance(found, ProfileRecord) else None
+        if isinstance(found, StaleProfile):
+            self.note = (
+                f"{found.reason}; using the default: the fat instance (one worker, {self.threads} threads); "
+                f"run `adaserve profile {spec.name}` to plan from a profile"
+            )
+        else:
+            self.note = f"planned from {found.fingerprint.describe()} profile of {found.created}"
+
+    def plan(self, batch: int) -> WorkerPlan:
+        if self.optimizer is None:
+            fat = min(batch, self.spec.config.max_batch_size)
+            plan = fat_instance_plan(None, self.threads, fat, self.note)
+            return WorkerPlan(allocate(plan.triples, self.topology), plan, False, self.note)
+        plan = self.optimizer.plan(self.threads, batch)
+        return WorkerPlan(allocate(plan.triples, self.topology), plan, True, self.note)
+
+
+def main() -> None:
+    """The child's entry point: `python -c "from adaserve.cpu.profiler import main; main()" JOB_JSON`."""
+    sys.exit(_child(json.loads(sys.argv[1])))

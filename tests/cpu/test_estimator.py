@@ -1,0 +1,92 @@
+"""The batch-size estimator with a steered clock: EWMA → power-of-two floor → mode, checked once per timeout."""
+
+from __future__ import annotations
+
+import pytest
+
+from adaserve.cpu.estimator import BatchSizeEstimator, EstimatorSettings, Reconfigurator, power_of_two_floor
+from adaserve.cpu.optimizer import Optimizer, Plan, Profile
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"), [(0, 1), (0.4, 1), (1, 1), (1.99, 1), (2, 2), (3.9, 2), (4, 4), (63.5, 32), (64, 64)]
+)
+def test_power_of_two_floor(value: float, expected: int) -> None:
+    assert power_of_two_floor(value) == expected
+
+
+def test_ewma_follows_the_paper_formula() -> None:
+    estimator = BatchSizeEstimator(EstimatorSettings(alpha=0.5, window=1), current_batch=1, now=0.0)
+    assert estimator.observe(8) == 8  # the first depth seeds the average
+    assert estimator.observe(0) == 4  # 0.5·0 + 0.5·8
+    assert estimator.ewma == 4.0
+    assert estimator.observe(0) == 2
+    assert estimator.observe(0) == 1
+    assert estimator.observe(100) == 32  # 0.5·100 + 0.5·0.5 = 50.25
+
+
+def test_estimates_are_capped_before_rounding() -> None:
+    estimator = BatchSizeEstimator(EstimatorSettings(alpha=1.0, max_batch=24), current_batch=1, now=0.0)
+    assert estimator.observe(1000) == 16
+
+
+def test_mode_of_the_last_n_estimates_ignores_a_burst() -> None:
+    estimator = BatchSizeEstimator(EstimatorSettings(alpha=1.0, window=5), current_batch=8, now=0.0)
+    for depth in (8, 8, 8, 64, 8):
+        estimator.observe(depth)
+    assert estimator.smoothed == 8
+    for depth in (64, 64, 64):
+        estimator.observe(depth)
+    assert list(estimator.estimates) == [64, 8, 64, 64, 64]
+    assert estimator.smoothed == 64
+
+
+def test_a_tie_keeps_the_current_batch_else_takes_the_newest() -> None:
+    estimator = BatchSizeEstimator(EstimatorSettings(alpha=1.0, window=4), current_batch=4, now=0.0)
+    for depth in (4, 4, 16, 16):
+        estimator.observe(depth)
+    assert estimator.smoothed == 4
+    estimator.current_batch = 2
+    assert estimator.smoothed == 16
+    assert BatchSizeEstimator(EstimatorSettings(), current_batch=2, now=0.0).smoothed == 2  # nothing observed yet
+
+
+def test_reconfigures_only_after_the_timeout_and_only_on_a_change() -> None:
+    settings = EstimatorSettings(alpha=1.0, window=3, reconfigure_timeout_s=10.0)
+    estimator = BatchSizeEstimator(settings, current_batch=8, now=100.0)
+    for depth in (8, 8, 8):
+        estimator.observe(depth)
+    assert estimator.should_reconfigure(now=111.0) is None  # same B: nothing to do, timer restarts
+    for depth in (32, 32, 32):
+        estimator.observe(depth)
+    assert estimator.should_reconfigure(now=115.0) is None  # only 4 s since the last check
+    assert estimator.should_reconfigure(now=121.0) == 32
+    estimator.reconfigured(32, now=121.0)
+    assert estimator.current_batch == 32
+    assert estimator.should_reconfigure(now=131.0) is None
+
+
+def test_reconfigurator_asks_the_optimizer_for_the_smoothed_batch() -> None:
+    profile = Profile({(t, b): b / t**0.5 for t in (1, 2) for b in (1, 2, 4, 8)})
+    optimizer = Optimizer(profile)
+    asked: list[int] = []
+
+    def plan_for(batch: int) -> Plan:
+        asked.append(batch)
+        return optimizer.plan(2, batch)
+
+    settings = EstimatorSettings(alpha=0.5, window=4, reconfigure_timeout_s=5.0)
+    reconfigurator = Reconfigurator(BatchSizeEstimator(settings, current_batch=1, now=0.0), plan_for)
+    plans = [reconfigurator.update(depth, now=float(second)) for second, depth in enumerate([1] * 5 + [9] * 15)]
+    changes = [(second, plan.batch) for second, plan in enumerate(plans) if plan is not None]
+    assert changes == [(10, 8)]
+    assert asked == [8]
+    assert reconfigurator.estimator.current_batch == 8
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"alpha": 0}, {"alpha": 1.5}, {"window": 0}, {"reconfigure_timeout_s": -1}, {"max_batch": 0}]
+)
+def test_bad_settings_are_refused(kwargs: dict[str, float]) -> None:
+    with pytest.raises(ValueError):
+        EstimatorSettings(**kwargs)  # type: ignore[arg-type]
