@@ -99,6 +99,17 @@ class BatchingSpec(_Strict):
     )
 
 
+class PackratSpec(_Strict):
+    """`workers: auto`: the worker set comes from the model's profile (Packrat) and follows the load."""
+
+    threads: int | None = Field(default=None, ge=1, description="T: threads to spread over workers; default all CPUs")
+    initial_batch: int | None = Field(default=None, ge=1, description="B planned at start; default max_batch_size")
+    ewma_alpha: float = Field(default=0.3, gt=0, le=1, description="weight of the newest queue depth in the EWMA")
+    window: int = Field(default=16, ge=1, description="n: B is the mode of the last n estimates")
+    reconfigure_timeout_s: float = Field(default=10.0, ge=0, description="how often B is compared with the set's")
+    sample_interval_s: float = Field(default=0.1, gt=0, description="how often the queue depth is observed")
+
+
 class ModelConfig(_Strict):
     """The whole `config.yaml` of one model."""
 
@@ -118,9 +129,12 @@ class ModelConfig(_Strict):
         default=1024, ge=1, description="rows waiting in the input pool before new requests get 503"
     )
     batching: BatchingSpec = BatchingSpec()
-    workers: tuple[WorkerSpec, ...] | None = Field(
-        default=None, description="the worker set; default: Ebird's granularities capped at max_batch_size"
+    workers: tuple[WorkerSpec, ...] | Literal["auto"] | None = Field(
+        default=None,
+        description="the worker set; 'auto' lets Packrat choose it; default: Ebird's granularities capped at "
+        "max_batch_size",
     )
+    packrat: PackratSpec = PackratSpec()
     parameters: dict[str, Any] = Field(default_factory=dict, description="defaults for per-request parameters")
 
     @field_validator("outputs")
@@ -129,16 +143,16 @@ class ModelConfig(_Strict):
         names = [t.name for t in info.data.get("inputs", ())] + [t.name for t in outputs]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
-            raise ValueError(
-                f"tensor tensor names must be unique; repeated: {', '.join(duplicates)}"
-            )
+            raise ValueError(f"tensor tensor names must be unique; repeated: {', '.join(duplicates)}")
         return outputs
 
     @field_validator("workers")
     @classmethod
     def _within_max_batch(
-        cls, workers: tuple[WorkerSpec, ...] | None, info: ValidationInfo
-    ) -> tuple[WorkerSpec, ...] | None:
+        cls, workers: tuple[WorkerSpec, ...] | Literal["auto"] | None, info: ValidationInfo
+    ) -> tuple[WorkerSpec, ...] | Literal["auto"] | None:
+        if workers == "auto":
+            return workers
         limit = info.data.get("max_batch_size", 0)
         for worker in workers or ():
             if worker.batch > limit:
@@ -146,15 +160,27 @@ class ModelConfig(_Strict):
         return workers
 
     @property
+    def auto_workers(self) -> bool:
+        """Packrat chooses the worker set (and changes it with the load)."""
+        return self.workers == "auto"
+
+    @property
     def worker_set(self) -> tuple[WorkerSpec, ...]:
-        """The configured workers, or Ebird's granularities capped at `max_batch_size`."""
+        """The configured workers, or Ebird's granularities capped at `max_batch_size` (not for `workers: auto`)."""
+        if self.workers == "auto":
+            raise ValueError("with workers: auto the engine plans the worker set from the profile")
         if self.workers:
             return self.workers
         return tuple(WorkerSpec(batch=g) for g in EBIRD_GRANULARITIES if g <= self.max_batch_size)
 
     @property
     def inflight_limit(self) -> int:
-        return self.max_inflight or sum(w.batch for w in self.worker_set)
+        """MaxInf of the configured (or default) worker set."""
+        return self.inflight_limit_for(self.worker_set)
+
+    def inflight_limit_for(self, workers: tuple[WorkerSpec, ...]) -> int:
+        """Ebird's MaxInf for a worker set: the configured value, else the rows the set can hold at once."""
+        return self.max_inflight or sum(w.batch for w in workers)
 
 
 def load_config(path: Path, *, name: str | None = None) -> ModelConfig:
@@ -180,9 +206,16 @@ def load_config(path: Path, *, name: str | None = None) -> ModelConfig:
 
 
 def _describe(path: Path, exc: ValidationError) -> str:
+    """One line naming each field and its problem. For a union (`workers: [...] | auto`) pydantic reports every
+    alternative under a type-named path part; those parts are dropped, and the `auto` alternative's complaint too
+    when the list form explains the problem."""
+    errors = exc.errors()
     problems = []
-    for error in exc.errors():
-        field = ".".join(str(part) for part in error["loc"]) or "(top level)"
+    for error in errors:
+        parts = [str(part) for part in error["loc"]]
+        if any(part.startswith("literal[") for part in parts) and len(errors) > 1:
+            continue
+        field = ".".join(part for part in parts if "[" not in part) or "(top level)"
         message = error["msg"].removeprefix("Value error, ")
         if error["type"] == "extra_forbidden":
             message = "unknown field"

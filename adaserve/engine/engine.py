@@ -31,6 +31,7 @@ from adaserve.engine.pool import PoolLayout, SharedRings, SlotRing
 from adaserve.engine.processes import ModelHost, WorkerProcess
 from adaserve.engine.scheduler import Batch, Scheduler
 from adaserve.engine.stats import ModelStats
+from adaserve.engine.worker_sets import WorkerSetChoice, create_worker_set_planner
 from adaserve.errors import ConfigError, InferenceError, ModelNotReadyError, OverloadedError
 from adaserve.repository import ModelSpec
 
@@ -87,11 +88,14 @@ class ModelEngine:
     def __init__(self, model: ModelSpec) -> None:
         config = model.config
         self.model = model
-        self.slots = config.max_queue_size + config.inflight_limit + config.max_batch_size
+        self.planner = create_worker_set_planner(model)
+        self.worker_set = self.planner.initial()
+        self.slots = config.max_queue_size + self.planner.max_rows_in_flight() + config.max_batch_size
         self.rings, self._pool_fd = SharedRings.create(PoolLayout.for_config(config, self.slots), model.name)
         self._ring = SlotRing(self.slots)
         self.scheduler = Scheduler(
-            create_batching_policy(config.batching, config.max_batch_size), config.inflight_limit
+            create_batching_policy(config.batching, config.max_batch_size),
+            config.inflight_limit_for(self.worker_set.workers),
         )
         self.stats = ModelStats()
         self.state = EngineState.LOADING
@@ -108,7 +112,9 @@ class ModelEngine:
         self._timer: asyncio.TimerHandle | None = None
         self._ids = itertools.count()
         self._host: ModelHost | None = None
-        self._tasks: set[asyncio.Task[asyncio.Future[None]]] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._standby: set[int] = set()  # ready workers of a set that is not active yet
+        self._retiring: set[int] = set()  # workers of a replaced set: they finish their batch, then stop
         self._idle = asyncio.Event()  # set when no request holds slots
         self._idle.set()
         self._gone = asyncio.Event()  # set when no worker process is left
@@ -131,16 +137,79 @@ class ModelEngine:
                 "model": self.model.name,
                 "version": self.model.version,
                 "workers": [w.__dict__ for w in self.workers.values()],
+                "worker_set": self.worker_set.reason,
                 "policy": self.scheduler.policy.name,
                 "slots": self.slots,
             },
         )
+        if self.planner.sample_interval_s is not None:
+            self._keep(self._loop.create_task(self._follow_load(self.planner.sample_interval_s)))
 
     async def _start_processes(self) -> None:
         self._host = ModelHost(self.model, pool_fd=self._pool_fd, slots=self.slots)
         await self._host.ready()
-        starts = [await self._spawn(worker) for worker in self.model.config.worker_set]
+        starts = [await self._spawn(worker) for worker in self.worker_set.workers]
         await asyncio.gather(*starts)
+
+    # -- changing the worker set (Packrat) -------------------------------------------------------------------
+    async def _follow_load(self, interval_s: float) -> None:
+        """Report the queue depth to the worker-set planner; switch sets when it answers with a new one."""
+        while self.state is EngineState.READY:
+            await asyncio.sleep(interval_s)
+            choice = self.planner.observe(self.scheduler.ready + self.scheduler.inflight, time.monotonic())
+            if choice is not None and self.state is EngineState.READY:
+                await self.switch_workers(choice)
+
+    async def switch_workers(self, choice: WorkerSetChoice) -> None:
+        """Active/passive: start the new set beside the old, activate it once all of it is ready, retire the old.
+
+        Requests keep flowing to the old set until the switch; the old workers finish the batches they hold. If the
+        new set cannot start, the old one keeps serving.
+        """
+        began = time.monotonic()
+        old = [w for w in self._processes if w not in self._standby and w not in self._retiring]
+        starts = [await self._spawn(spec, standby=True) for spec in choice.workers]
+        new = [w for w in self._processes if w in self._standby]
+        try:
+            await asyncio.gather(*starts)
+        except ConfigError as exc:
+            log.error(
+                "new worker set failed to start; keeping the old one",
+                extra={"model": self.model.name, "error": str(exc)},
+            )
+            for worker_id in new:
+                if worker_id in self._processes:
+                    self._retire(worker_id, idle=True)  # never given work; a worker still starting reads Stop next
+            return
+        for worker_id in old:
+            self._retire(worker_id, idle=self.scheduler.retire_worker(worker_id))
+        self.scheduler.max_inflight = self.model.config.inflight_limit_for(choice.workers)
+        for worker_id in new:
+            self._standby.discard(worker_id)
+            self.scheduler.add_worker(WorkerSlot(worker_id, self._processes[worker_id].spec.batch))
+        self.worker_set = choice
+        self.stats.reconfigurations += 1
+        log.info(
+            "worker set switched",
+            extra={
+                "model": self.model.name,
+                "worker_set": choice.reason,
+                "details": choice.details,
+                "switch_s": round(time.monotonic() - began, 3),
+            },
+        )
+        self._pump()
+
+    def _retire(self, worker_id: int, *, idle: bool) -> None:
+        """Stop a worker of a replaced set now if idle, else after its batch (see `_on_batch_done`)."""
+        self._retiring.add(worker_id)
+        self._standby.discard(worker_id)
+        if idle:
+            self._processes[worker_id].stop()
+
+    def _keep(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def stop(self, drain_timeout_s: float = 30.0) -> None:
         """Finish what was accepted (up to `drain_timeout_s`), then stop the workers and release the pool."""
@@ -248,10 +317,15 @@ class ModelEngine:
             slot += rows
 
     # -- worker messages -------------------------------------------------------------------------------------
-    async def _spawn(self, spec: WorkerSpec) -> asyncio.Future[None]:
-        """Fork a worker from the host; the future resolves when it has warmed up and is ready."""
+    async def _spawn(self, spec: WorkerSpec, *, standby: bool = False) -> asyncio.Future[None]:
+        """Fork a worker from the host; the future resolves when it has warmed up and is ready.
+
+        A standby worker (of a set that is being started) gets no work until `switch_workers` activates its set.
+        """
         assert self._host is not None
         worker_id = next(self._ids)
+        if standby:
+            self._standby.add(worker_id)
         process = await self._host.spawn(worker_id, spec)
         self._processes[worker_id] = process
         self._readers[worker_id] = FrameReader()
@@ -283,13 +357,16 @@ class ModelEngine:
         self.workers[process.id] = WorkerInfo(
             process.id, message.pid, process.spec.batch, message.threads, message.cpus
         )
-        self.scheduler.add_worker(WorkerSlot(process.id, process.spec.batch))
+        if process.id not in self._standby and process.id not in self._retiring:
+            self.scheduler.add_worker(WorkerSlot(process.id, process.spec.batch))
         self._start_failures = 0
         self._starting.pop(process.id).set_result(None)
         self._pump()
 
     def _on_batch_done(self, message: BatchDone) -> None:
         batch = self.scheduler.finish(message.batch_id)
+        if batch.worker_id in self._retiring:
+            self._processes[batch.worker_id].stop()  # its set was replaced while it ran this batch
         self.stats.record_batch(batch.rows, message.compute_ns)
         for row_parameters in message.parameters:
             owner = self._owners[batch.start + row_parameters.offset]
@@ -321,7 +398,10 @@ class ModelEngine:
             self._start_failures += 1
         if not self._processes:
             self._gone.set()
-        if self.state is EngineState.READY:
+        planned_stop = process.id in self._retiring or process.id in self._standby
+        self._retiring.discard(process.id)
+        self._standby.discard(process.id)  # a standby worker that dies fails its set's switch (see switch_workers)
+        if self.state is EngineState.READY and not planned_stop:
             self._replace(process)
         self._pump()
 
@@ -338,11 +418,10 @@ class ModelEngine:
             extra={"model": self.model.name, "pid": process.pid, "batch": process.spec.batch},
         )
         task = self._loop.create_task(self._spawn(process.spec))
-        self._tasks.add(task)
+        self._keep(task)
         task.add_done_callback(self._restarted)
 
     def _restarted(self, task: asyncio.Task[asyncio.Future[None]]) -> None:
-        self._tasks.discard(task)
         if task.cancelled():
             return
         error = task.exception()

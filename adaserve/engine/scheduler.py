@@ -64,6 +64,17 @@ class Scheduler:
             self.finish(held.id, worker_back=False)
         return held
 
+    def retire_worker(self, worker_id: int) -> bool:
+        """Give a worker no more work; a batch it holds still finishes normally. True if it was idle (free to stop).
+
+        This is how a worker set is replaced with no downtime: the new set is added, the old one retired.
+        """
+        worker = self._workers.pop(worker_id)
+        if (-worker.batch, worker_id) in self._idle:
+            self._idle.remove((-worker.batch, worker_id))
+            return True
+        return False
+
     @property
     def workers(self) -> list[WorkerSlot]:
         return list(self._workers.values())

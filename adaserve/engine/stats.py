@@ -73,6 +73,7 @@ class ModelStats:
     compute_s: Histogram = field(default_factory=Histogram)
     request_s: Histogram = field(default_factory=Histogram)
     worker_restarts: int = 0
+    reconfigurations: int = 0  # worker sets switched (Packrat)
     last_inference_ms: int = 0
 
     def record_batch(self, rows: int, compute_ns: int) -> None:

@@ -174,7 +174,8 @@ def triton_config(engine: ModelEngine) -> dict[str, Any]:
         "instance_group": [{"name": f"worker_{w.id}", "kind": "KIND_CPU", "count": 1} for w in engine.workers.values()],
         "parameters": {
             "batching_policy": {"string_value": config.batching.policy},
-            "max_inflight": {"string_value": str(config.inflight_limit)},
+            "max_inflight": {"string_value": str(engine.scheduler.max_inflight)},
+            "worker_set": {"string_value": json.dumps(worker_set_document(engine))},
             "max_queue_size": {"string_value": str(config.max_queue_size)},
             "pool_slots": {"string_value": str(engine.slots)},
             "workers": {"string_value": json.dumps(workers)},
@@ -186,6 +187,19 @@ def triton_config(engine: ModelEngine) -> dict[str, Any]:
             "default_queue_policy": {"max_queue_size": config.max_queue_size},
         }
     return document
+
+
+def worker_set_document(engine: ModelEngine) -> dict[str, Any]:
+    """What chose the running worker set and why (Packrat's plan, or the configured/default set)."""
+    choice = engine.worker_set
+    return {
+        "planner": engine.planner.name,
+        "reason": choice.reason,
+        "batch": choice.batch,
+        "workers": [{"batch": w.batch, "threads": w.threads, "cpus": w.cpus} for w in choice.workers],
+        "reconfigurations": engine.stats.reconfigurations,
+        **choice.details,
+    }
 
 
 def model_statistics(engine: ModelEngine) -> dict[str, Any]:

@@ -5,6 +5,7 @@ Names follow Triton's (`nv_inference_request_success` → `adaserve_inference_re
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -30,6 +31,7 @@ class EngineCollector:
             "inference_count": "Rows (batch elements) computed",
             "inference_exec_count": "Batches executed by workers",
             "worker_restarts": "Worker processes restarted after they died",
+            "worker_set_reconfigurations": "Worker sets switched with no downtime (Packrat)",
         }
         families = {
             name: CounterMetricFamily(f"adaserve_{name}", text, labels=LABELS) for name, text in counters.items()
@@ -40,6 +42,12 @@ class EngineCollector:
         batches = CounterMetricFamily("adaserve_executed_batches", "Batches by executed size", labels=[*LABELS, "size"])
         inflight = GaugeMetricFamily("adaserve_inflight_rows", "Rows computing in workers now", labels=LABELS)
         queued = GaugeMetricFamily("adaserve_queued_rows", "Rows waiting in the input pool now", labels=LABELS)
+        planned = GaugeMetricFamily(
+            "adaserve_worker_set_batch", "Batch size B the running worker set was planned for (Packrat)", labels=LABELS
+        )
+        workers = GaugeMetricFamily(
+            "adaserve_workers", "Workers of the running set, by batch and threads", labels=[*LABELS, "batch", "threads"]
+        )
         histograms = {
             "queue_duration_seconds": ("Time from arrival to dispatch to a worker", "queue_s"),
             "compute_duration_seconds": ("Time a worker spent computing a batch", "compute_s"),
@@ -57,6 +65,11 @@ class EngineCollector:
             families["inference_count"].add_metric(labels, stats.inference_count)
             families["inference_exec_count"].add_metric(labels, stats.execution_count)
             families["worker_restarts"].add_metric(labels, stats.worker_restarts)
+            families["worker_set_reconfigurations"].add_metric(labels, stats.reconfigurations)
+            if engine.worker_set.batch is not None:
+                planned.add_metric(labels, engine.worker_set.batch)
+            for (batch, threads), count in Counter((w.batch, w.threads) for w in engine.worker_set.workers).items():
+                workers.add_metric([*labels, str(batch), str(threads)], count)
             for reason, count in stats.failures.items():
                 failures.add_metric([*labels, reason], count)
             for size, count in sorted(stats.batches.items()):
@@ -67,7 +80,7 @@ class EngineCollector:
                 histogram: Histogram = getattr(stats, attribute)
                 histogram_families[name_].add_metric(labels, _buckets(histogram), histogram.total)
         yield from families.values()
-        yield from (failures, batches, inflight, queued)
+        yield from (failures, batches, inflight, queued, planned, workers)
         yield from histogram_families.values()
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable
 
 import numpy as np
@@ -13,11 +14,19 @@ from tests.server_utils import EXAMPLES
 MODEL_INPUT_SHAPES = {"mlp": (784,), "cnn": (1, 28, 28), "mlp_torchscript": (784,)}
 
 
+_loading = threading.Lock()  # torch.export.load is not thread-safe, and tests call this from many threads
+
+
 @functools.cache
-def _module(model: str) -> Callable[[torch.Tensor], torch.Tensor]:
+def _load(model: str) -> Callable[[torch.Tensor], torch.Tensor]:
     if model == "mlp_torchscript":
         return torch.jit.load(str(EXAMPLES / model / "1" / "model.pt")).eval()  # type: ignore[no-any-return]
     return torch.export.load(str(EXAMPLES / model / "1" / "model.pt2")).module()  # type: ignore[no-any-return]
+
+
+def _module(model: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    with _loading:
+        return _load(model)
 
 
 def reference_outputs(model: str, array: np.ndarray) -> np.ndarray:

@@ -1,0 +1,107 @@
+"""`workers: auto`: Packrat picks the worker set from the profile and switches it under load with no failed request."""
+
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import tritonclient.http as httpclient
+
+from adaserve.cpu.profiler import (
+    Cell,
+    ProfileRecord,
+    ProfileSettings,
+    artifact_digest,
+    fingerprint,
+    save_profile,
+)
+from adaserve.engine.worker_sets import PackratWorkerSet
+from adaserve.repository import ModelRepository
+from tests.server.reference import reference_outputs
+from tests.server_utils import link_example, running_server
+
+THREADS, BATCHES = (1, 2), (1, 2, 4, 8, 16)
+
+
+def write_profile(model_dir: Path, latency_ms: dict[int, float]) -> None:
+    """A profile for this machine whose latencies are `latency_ms[t] × b`: known, so the plans are known."""
+    spec = ModelRepository(model_dir.parent).read(model_dir.name)
+    cells = tuple(
+        Cell(threads=t, batch=b, mean_s=latency_ms[t] * b / 1e3, p50_s=latency_ms[t] * b / 1e3, std_s=0.0, runs=1)
+        for t in THREADS
+        for b in BATCHES
+    )
+    record = ProfileRecord(
+        fingerprint=fingerprint(),
+        model=spec.name,
+        version=spec.version,
+        artifact_sha256=artifact_digest(spec.artifact),
+        torch="test",
+        created="test",
+        settings=ProfileSettings(),
+        threads=THREADS,
+        batches=BATCHES,
+        cells=cells,
+    )
+    save_profile(model_dir, record)
+
+
+def auto_model(repository: Path, **packrat: object) -> Path:
+    settings = {
+        "threads": 2,
+        "initial_batch": 1,
+        "reconfigure_timeout_s": 1.0,
+        "window": 4,
+        "sample_interval_s": 0.05,
+        **packrat,
+    }
+    return link_example(repository, "mlp", "mlp_auto", workers="auto", packrat=settings)
+
+
+def worker_set(client: httpclient.InferenceServerClient) -> dict[str, object]:
+    config = client.get_model_config("mlp_auto")
+    return json.loads(config["parameters"]["worker_set"]["string_value"])  # type: ignore[no-any-return]
+
+
+def test_without_a_profile_the_fat_instance_is_the_stated_default(tmp_path: Path) -> None:
+    auto_model(tmp_path)
+    choice = PackratWorkerSet(ModelRepository(tmp_path).read("mlp_auto")).initial()
+    assert [(w.batch, w.threads) for w in choice.workers] == [(1, 2)]
+    assert "no profile" in choice.reason and "adaserve profile mlp_auto" in choice.reason
+    assert choice.details["from_profile"] is False
+
+
+def test_the_worker_set_follows_the_load_with_no_failed_request(tmp_path: Path) -> None:
+    repository = tmp_path / "models"
+    write_profile(auto_model(repository), {1: 0.1, 2: 0.07})
+    with running_server(repository) as handle, httpclient.InferenceServerClient(handle.http_url) as client:
+        before = worker_set(client)
+        assert before["batch"] == 1 and before["instances"] == [[1, 2, 1]] and before["from_profile"] is True
+        rng = np.random.default_rng(7)
+        deadline = time.monotonic() + 60
+
+        def send(seed: int) -> int:
+            """Batch-1 requests until the set has changed (or the deadline); returns how many, all checked."""
+            sent = 0
+            with httpclient.InferenceServerClient(handle.http_url) as local:
+                while time.monotonic() < deadline and (sent < 20 or worker_set(local)["reconfigurations"] == 0):
+                    image = rng.random((1, 784), dtype=np.float32)
+                    tensor = httpclient.InferInput("image", [1, 784], "FP32")
+                    tensor.set_data_from_numpy(image)
+                    logits = local.infer("mlp_auto", [tensor]).as_numpy("logits")
+                    np.testing.assert_allclose(logits, reference_outputs("mlp", image), rtol=1e-5, atol=1e-5)
+                    sent += 1
+            return sent
+
+        with ThreadPoolExecutor(16) as pool:
+            sent = sum(pool.map(send, range(16)))
+        after = worker_set(client)
+        stats = client.get_inference_statistics("mlp_auto")["model_stats"][0]["inference_stats"]
+
+    assert after["reconfigurations"] >= 1, after
+    assert after["batch"] in (4, 8, 16), after
+    assert all(threads == 1 for _, threads, _ in after["instances"]), after  # 1-thread workers win at larger B
+    assert stats["fail"]["count"] == 0 and stats["success"]["count"] == sent
