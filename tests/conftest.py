@@ -7,7 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.server_utils import ServerHandle, link_example, running_server, write_config, write_slow_model
+from tests.server_utils import (
+    ServerHandle,
+    link_example,
+    running_server,
+    write_config,
+    write_fussy_model,
+    write_slow_model,
+)
 
 #: The request body limit the session server runs with (for the 413 tests).
 MAX_REQUEST_BYTES = 1_000_000
@@ -22,6 +29,7 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     link_example(root, "mlp", "mlp_fixed", batching={"policy": "fixed-timeout", "max_queue_delay_us": 2000})
     link_example(root, "mlp", "mlp_none", batching={"policy": "none"}, workers=[{"batch": 1}])
     write_slow_model(root, "slow", rounds=300, max_queue_size=2)
+    write_fussy_model(root)
     broken = root / "broken"
     write_config(
         broken,

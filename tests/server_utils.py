@@ -142,3 +142,30 @@ def write_slow_model(repository: Path, name: str = "slow", *, rounds: int = 400,
     (directory / "1").mkdir(exist_ok=True)
     torch.jit.save(torch.jit.script(Spin(rounds)), str(directory / "1" / "model.pt"))
     return directory
+
+
+class Fussy(torch.nn.Module):
+    """Doubles its input, and refuses negative values: a model error that depends on the request."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if bool((x < 0).any()):
+            raise ValueError("negative input")
+        return x * 2
+
+
+def write_fussy_model(repository: Path, name: str = "fussy", **overrides: object) -> Path:
+    """A TorchScript model (input `x` FP32 [-1, 4], output `y` = 2x) that raises on negative input."""
+    config: dict[str, object] = {
+        "name": name,
+        "max_batch_size": 4,
+        "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}],
+        "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, 4]}],
+        "workers": [{"batch": 4, "threads": 1}],
+        "batching": {"policy": "fixed-timeout", "max_queue_delay_us": 200_000},
+    }
+    config.update(overrides)
+    directory = repository / name
+    write_config(directory, config)
+    (directory / "1").mkdir(exist_ok=True)
+    torch.jit.save(torch.jit.script(Fussy()), str(directory / "1" / "model.pt"))
+    return directory

@@ -298,12 +298,13 @@ class ModelEngine:
 
     def _dispatch(self, batch: Batch) -> None:
         now_ns = time.perf_counter_ns()
-        parameters = []
+        parameters, requests = [], []
         for pending, slot, rows in self._requests_in(batch):
             pending.dispatched_ns = pending.dispatched_ns or now_ns
+            requests.append(rows)
             if pending.parameters:
                 parameters.append(RowParameters(slot - batch.start, rows, pending.parameters))
-        self._processes[batch.worker_id].run(RunBatch(batch.id, batch.start, batch.rows, parameters))
+        self._processes[batch.worker_id].run(RunBatch(batch.id, batch.start, batch.rows, requests, parameters))
         # a False from run() means the worker is gone: its exit handler re-runs the batch
 
     def _requests_in(self, batch: Batch) -> Iterator[tuple[PendingRequest, int, int]]:
@@ -372,10 +373,10 @@ class ModelEngine:
             owner = self._owners[batch.start + row_parameters.offset]
             if owner is not None:
                 owner.response_parameters.update(row_parameters.values)
-        for pending, _, rows in list(self._requests_in(batch)):
+        for index, (pending, _, rows) in enumerate(list(self._requests_in(batch))):
             pending.outstanding -= rows
-            if message.error is not None:
-                pending.error, pending.reason = message.error, "model_error"
+            if message.errors is not None and message.errors[index] is not None:
+                pending.error, pending.reason = message.errors[index], "model_error"
             if pending.outstanding == 0:
                 self._complete(pending)
         self._pump()

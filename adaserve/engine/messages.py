@@ -61,6 +61,7 @@ class RunBatch(msgspec.Struct, frozen=True, tag="run"):
     batch_id: int
     start: int
     rows: int
+    requests: list[int]  # rows of each request in the batch, in order: a failure is isolated per request
     parameters: list[RowParameters] = []
 
 
@@ -85,7 +86,7 @@ class WorkerFailed(msgspec.Struct, frozen=True, tag="failed"):
 class BatchDone(msgspec.Struct, frozen=True, tag="done"):
     batch_id: int
     compute_ns: int
-    error: str | None = None
+    errors: list[str | None] | None = None  # None: all rows computed; else one entry per request of the batch
     parameters: list[RowParameters] = []
 
 

@@ -105,10 +105,29 @@ def _serve(spawn: SpawnWorker, runner: BatchRunner, command_fd: int, result_fd: 
 
 
 def _run(runner: BatchRunner, command: RunBatch) -> BatchDone:
+    """Run the batch; if the model raises, run each request's rows alone so only the culprit gets the error."""
     began = time.perf_counter_ns()
     try:
         runner.run(command.start, command.rows)
     except Exception as exc:
         traceback.print_exc(file=sys.stderr)
-        return BatchDone(command.batch_id, time.perf_counter_ns() - began, error=f"{type(exc).__name__}: {exc}")
+        errors: list[str | None] = [_describe(exc)] if len(command.requests) == 1 else _run_alone(runner, command)
+        return BatchDone(command.batch_id, time.perf_counter_ns() - began, errors=errors)
     return BatchDone(command.batch_id, time.perf_counter_ns() - began)
+
+
+def _run_alone(runner: BatchRunner, command: RunBatch) -> list[str | None]:
+    errors: list[str | None] = []
+    start = command.start
+    for rows in command.requests:
+        try:
+            runner.run(start, rows)
+            errors.append(None)
+        except Exception as exc:
+            errors.append(_describe(exc))
+        start += rows
+    return errors
+
+
+def _describe(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {exc}"

@@ -37,7 +37,7 @@ FROM_WORKER = [
     BatchDone(
         batch_id=8,
         compute_ns=1,
-        error="RuntimeError: boom",
+        errors=[None, "RuntimeError: boom"],
         parameters=[RowParameters(offset=2, rows=3, values={"tokens": [1, 2, 3], "note": "é"})],
     ),
     WorkerFailed(worker_id=4, error="cannot load model"),
@@ -101,8 +101,10 @@ def pipe() -> Iterator[tuple[int, int]]:
 def test_commands_round_trip_over_a_pipe(pipe: tuple[int, int]) -> None:
     read_fd, write_fd = pipe
     commands = [
-        RunBatch(batch_id=1, start=10, rows=4),
-        RunBatch(batch_id=2, start=0, rows=2, parameters=[RowParameters(offset=1, rows=1, values={"k": 3.5})]),
+        RunBatch(batch_id=1, start=10, rows=4, requests=[1, 3]),
+        RunBatch(
+            batch_id=2, start=0, rows=2, requests=[2], parameters=[RowParameters(offset=1, rows=1, values={"k": 3.5})]
+        ),
         Stop(),
     ]
     for command in commands:
@@ -114,7 +116,7 @@ def test_commands_round_trip_over_a_pipe(pipe: tuple[int, int]) -> None:
 
 def test_a_frame_larger_than_the_pipe_buffer(pipe: tuple[int, int]) -> None:
     read_fd, write_fd = pipe
-    command = RunBatch(3, 0, 1, parameters=[RowParameters(0, 1, {"prompt": "y" * 300_000})])
+    command = RunBatch(3, 0, 1, [1], parameters=[RowParameters(0, 1, {"prompt": "y" * 300_000})])
     received: list[object] = []
     reader = threading.Thread(target=lambda: received.append(read_to_worker(read_fd)), daemon=True)
     reader.start()
@@ -125,7 +127,7 @@ def test_a_frame_larger_than_the_pipe_buffer(pipe: tuple[int, int]) -> None:
 
 def test_a_pipe_closed_in_the_middle_of_a_frame_reads_as_closed(pipe: tuple[int, int]) -> None:
     read_fd, write_fd = pipe
-    data = frame(RunBatch(1, 2, 3))
+    data = frame(RunBatch(1, 2, 3, [3]))
     os.write(write_fd, data[:-1])
     os.close(write_fd)
     assert read_to_worker(read_fd) is None

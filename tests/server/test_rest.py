@@ -248,6 +248,24 @@ def test_overload_is_refused_and_nothing_accepted_is_lost(server: ServerHandle) 
         assert json.loads(doc)["outputs"][0]["data"] == [value] * 4
 
 
+def test_a_model_error_fails_only_the_request_that_caused_it(server: ServerHandle) -> None:
+    """Four requests land in one batch (fixed-timeout, 200 ms); the model raises on one; the others are answered."""
+    values = [1.0, 2.0, -1.0, 3.0]
+
+    def send(value: float) -> tuple[int, Any]:
+        return http_post(server, "/v2/models/fussy/infer", infer_json("fussy", np.full((1, 4), value, np.float32), "x"))
+
+    with ThreadPoolExecutor(4) as pool:
+        answers = dict(zip(values, pool.map(send, values), strict=True))
+    code, document = answers.pop(-1.0)
+    assert code == 500 and "model 'fussy'" in document["error"] and "negative input" in document["error"]
+    for value, (code, body) in answers.items():
+        assert code == 200 and json.loads(body)["outputs"][0]["data"] == [2 * value] * 4
+    with urllib.request.urlopen(f"http://{server.http_url}/v2/models/fussy/stats", timeout=10) as response:
+        batches = json.loads(response.read())["model_stats"][0]["batch_stats"]
+    assert any(entry["batch_size"] == 4 for entry in batches)  # they really shared a batch
+
+
 def test_server_keeps_serving_after_errors(client: httpclient.InferenceServerClient) -> None:
     array = np.random.default_rng(2).random((2, 784), dtype=np.float32)
     np.testing.assert_allclose(
