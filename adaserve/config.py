@@ -97,6 +97,12 @@ class BatchingSpec(_Strict):
     max_queue_delay_us: int = Field(
         default=1000, ge=0, description="fixed-timeout: longest wait to fill max_batch_size (Triton's name)"
     )
+    max_busy_threads: int | None = Field(
+        default=None,
+        ge=0,
+        description="elastic on CPU: busy workers' threads stay within this (default: the CPUs the server may use; "
+        "0: no limit, Ebird's GPU form)",
+    )
 
 
 class PackratSpec(_Strict):

@@ -22,10 +22,11 @@ from adaserve.config import BatchingSpec
 
 @dataclass(frozen=True)
 class WorkerSlot:
-    """A worker as the scheduler sees it: an id and its batch granularity."""
+    """A worker as the scheduler sees it: an id, its batch granularity and its intra-op threads."""
 
     id: int
     batch: int
+    threads: int = 1
 
 
 @dataclass(frozen=True)

@@ -93,9 +93,11 @@ class ModelEngine:
         self.slots = config.max_queue_size + self.planner.max_rows_in_flight() + config.max_batch_size
         self.rings, self._pool_fd = SharedRings.create(PoolLayout.for_config(config, self.slots), model.name)
         self._ring = SlotRing(self.slots)
+        busy_threads = config.batching.max_busy_threads
         self.scheduler = Scheduler(
             create_batching_policy(config.batching, config.max_batch_size),
             config.inflight_limit_for(self.worker_set.workers),
+            max_busy_threads=len(os.sched_getaffinity(0)) if busy_threads is None else (busy_threads or None),
         )
         self.stats = ModelStats()
         self.state = EngineState.LOADING
@@ -186,7 +188,8 @@ class ModelEngine:
         self.scheduler.max_inflight = self.model.config.inflight_limit_for(choice.workers)
         for worker_id in new:
             self._standby.discard(worker_id)
-            self.scheduler.add_worker(WorkerSlot(worker_id, self._processes[worker_id].spec.batch))
+            spec = self._processes[worker_id].spec
+            self.scheduler.add_worker(WorkerSlot(worker_id, spec.batch, spec.threads))
         self.worker_set = choice
         self.stats.reconfigurations += 1
         log.info(
@@ -359,7 +362,7 @@ class ModelEngine:
             process.id, message.pid, process.spec.batch, message.threads, message.cpus
         )
         if process.id not in self._standby and process.id not in self._retiring:
-            self.scheduler.add_worker(WorkerSlot(process.id, process.spec.batch))
+            self.scheduler.add_worker(WorkerSlot(process.id, process.spec.batch, process.spec.threads))
         self._start_failures = 0
         self._starting.pop(process.id).set_result(None)
         self._pump()

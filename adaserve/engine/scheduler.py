@@ -32,14 +32,23 @@ class Batch:
     start: int
     rows: int
     dispatched_at: float
+    threads: int = 1  # the worker's threads, counted busy until the batch finishes
 
 
 class Scheduler:
-    """Algorithm 1's loop over a batching policy: take ready slots → feed idle workers → account in-flight rows."""
+    """Algorithm 1's loop over a batching policy: take ready slots → feed idle workers → account in-flight rows.
 
-    def __init__(self, policy: BatchingPolicy, max_inflight: int) -> None:
+    `max_busy_threads` is the CPU form of Ebird's engine: on a GPU, batches of several workers run side by side on
+    the SMs; on a CPU, workers whose threads exceed the cores only time-share them, and a burst of small batches
+    slows the large one beside it. So a worker is offered work only while the busy workers' threads leave room for
+    its own (any worker may start when none is busy). None: no limit, Ebird's GPU form.
+    """
+
+    def __init__(self, policy: BatchingPolicy, max_inflight: int, *, max_busy_threads: int | None = None) -> None:
         self.policy = policy
         self.max_inflight = max_inflight
+        self.max_busy_threads = max_busy_threads
+        self.busy_threads = 0
         self.inflight = 0
         self.ready = 0
         self._queue: deque[ReadyRun] = deque()
@@ -105,6 +114,7 @@ class Scheduler:
         """A batch is done (or abandoned); its rows leave the in-flight count and its worker is idle again."""
         batch = self._batches.pop(batch_id)
         self.inflight -= batch.rows
+        self.busy_threads -= batch.threads
         worker = self._workers.get(batch.worker_id)
         if worker_back and worker is not None:
             bisect.insort(self._idle, (-worker.batch, worker.id))
@@ -131,7 +141,12 @@ class Scheduler:
         )
 
     def _idle_slots(self) -> list[WorkerSlot]:
-        return [self._workers[worker_id] for _, worker_id in self._idle]
+        """Idle workers, largest granularity first, whose threads fit beside the busy ones."""
+        idle = [self._workers[worker_id] for _, worker_id in self._idle]
+        if self.max_busy_threads is None or self.busy_threads == 0:
+            return idle
+        room = self.max_busy_threads - self.busy_threads
+        return [worker for worker in idle if worker.threads <= room]
 
     def _front_run(self) -> int:
         """Ready rows that are contiguous in the pool from the front (a batch is read in place, so no gaps)."""
@@ -148,9 +163,10 @@ class Scheduler:
     def _start(self, worker: WorkerSlot, rows: int, now: float) -> Batch:
         start = self._take(rows)
         self._idle.remove((-worker.batch, worker.id))
-        batch = Batch(next(self._ids), worker.id, start, rows, now)
+        batch = Batch(next(self._ids), worker.id, start, rows, now, worker.threads)
         self._batches[batch.id] = batch
         self.inflight += rows
+        self.busy_threads += worker.threads
         return batch
 
     def _take(self, rows: int) -> int:

@@ -289,3 +289,46 @@ def test_random_simulation_runs_every_row_exactly_once(seed: int, policy: str) -
     assert len(sim.done) == len(set(sim.done))
     assert sorted(sim.dispatched) == sorted(sim.enqueued + sim.killed)  # dispatched again only when requeued
     assert (sim.scheduler.inflight, sim.scheduler.ready) == (0, 0)
+
+
+def test_busy_threads_stay_within_the_cores_and_waiting_rows_form_a_bigger_batch() -> None:
+    """The CPU form: with 2 cores, at most two 1-thread workers run; rows that wait go to the next free worker
+    as one batch of the largest granularity that fits."""
+    scheduler = Scheduler(ElasticPolicy(), 32, max_busy_threads=2)
+    for worker_id, batch in enumerate((1, 1, 2, 4, 8, 16)):
+        scheduler.add_worker(WorkerSlot(worker_id, batch))
+    first = []
+    for slot in range(2):  # two requests arriving one after the other
+        scheduler.enqueue(slot, 1, 0.0)
+        first += scheduler.schedule(0.0)
+    assert [(b.worker_id, b.rows) for b in first] == [(0, 1), (1, 1)]
+    assert scheduler.busy_threads == 2
+    for slot in range(2, 12):
+        scheduler.enqueue(slot, 1, 0.1)
+    assert scheduler.schedule(0.1) == []  # idle workers exist, but no core is free
+    scheduler.finish(first[0].id)
+    second = scheduler.schedule(0.2)
+    assert [(b.worker_id, b.start, b.rows) for b in second] == [(4, 2, 8)]  # the 8-worker takes 8 of the 10 waiting
+    assert scheduler.busy_threads == 2
+
+
+def test_a_worker_wider_than_the_limit_runs_when_nothing_else_is_busy() -> None:
+    scheduler = Scheduler(ElasticPolicy(), 8, max_busy_threads=2)
+    scheduler.add_worker(WorkerSlot(0, 4, threads=4))
+    scheduler.enqueue(0, 4, 0.0)
+    (batch,) = scheduler.schedule(0.0)
+    assert (batch.worker_id, batch.rows, scheduler.busy_threads) == (0, 4, 4)
+    scheduler.finish(batch.id)
+    assert scheduler.busy_threads == 0
+
+
+@pytest.mark.parametrize(("limit", "busy", "inflight"), [(None, 3, 4), (2, 2, 2)])
+def test_no_limit_is_ebirds_gpu_form(limit: int | None, busy: int, inflight: int) -> None:
+    """Four single arrivals: without a limit the 1-, 1- and 2-workers all run (Algorithm 1); with 2 cores, two."""
+    scheduler = Scheduler(ElasticPolicy(), 32, max_busy_threads=limit)
+    for worker_id, batch in enumerate((1, 1, 2, 4, 8, 16)):
+        scheduler.add_worker(WorkerSlot(worker_id, batch))
+    for slot in range(4):
+        scheduler.enqueue(slot, 1, 0.0)
+        scheduler.schedule(0.0)
+    assert (scheduler.busy_threads, scheduler.inflight) == (busy, inflight)
