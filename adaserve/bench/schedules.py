@@ -281,7 +281,7 @@ class TraceReplay(Schedule):
         return self._times
 
     def expected(self, t: float) -> float:
-        whole, rest = divmod(t, self._period)
+        whole, rest = divmod(t, float(self._period))
         return whole * len(self._times) + float(np.searchsorted(self._times, rest, side="left"))
 
     def arrivals(self, duration_s: float | None, max_requests: int | None) -> np.ndarray:

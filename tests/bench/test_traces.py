@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -82,3 +83,13 @@ def test_a_trace_without_a_rate_is_refused(tmp_path: Path, text: str, message: s
 def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(TraceError, match="cannot read trace"):
         load_trace(tmp_path / "absent.csv")
+
+
+def test_expected_arrivals_are_plain_floats_the_report_can_write(tmp_path: Path) -> None:
+    """A trace's expected count went into the JSON report as numpy.float64, which the encoder refused."""
+    path = tmp_path / "t.csv"
+    path.write_text("10.0\n10.5\n11.0\n13.0\n")
+    replay = create_schedule(TraceSpec(path=path, rate=2))
+    for t in (0.0, 0.3, 2.0, 7.5):
+        assert type(replay.expected(t)) is float
+    assert json.loads(json.dumps({"expected": replay.expected(7.5)}))["expected"] == replay.expected(7.5)
