@@ -1,0 +1,296 @@
+"""Serving overhead: what REST and gRPC cost on top of the model, against the model called in-process.
+
+The example `mlp` (784-256-256-10, FP32) takes batch-1 requests from Triton's C++ perf_analyzer (closed loop,
+concurrency 1 and 8, HTTP and gRPC); the same artifact called in this process with one thread is the limit. Every
+case runs `--repeats` times, interleaved, and the median is reported beside each repeat. The server runs with the
+example's own config; nothing is tuned here.
+
+    benchmarks/perf_analyzer_env.sh                     # once: Triton's perf_analyzer in .venv-perf
+    .venv/bin/python -m benchmarks.serving_overhead     # ~3 minutes; --quick for a ~1 minute smoke run
+
+Writes `benchmarks/results/serving_overhead.json` and `.png` (with --quick: under `benchmarks/results/tmp/`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import resource
+import shutil
+import statistics
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks.common import (
+    RESULTS,
+    ROOT,
+    SCRATCH,
+    command_line,
+    figure,
+    load_average,
+    load_window,
+    machine,
+    tree_cpu_s,
+    wait_for_quiet,
+    write_json,
+)
+from tests.server_utils import EXAMPLES, ServerHandle, link_example, running_server
+
+MODEL = "mlp"
+PROTOCOLS = ("http", "grpc")
+CONCURRENCIES = (1, 8)
+#: The issue's bars on the 2-core machine.
+BAR_REST_C8_RPS = 2000.0
+BAR_C1_P50_MS = 0.6
+
+
+def main() -> int:
+    args = _parse_args()
+    output: Path = args.output or (
+        SCRATCH / "serving_overhead-quick.json" if args.quick else RESULTS / "serving_overhead.json"
+    )
+    perf = _perf_analyzer(args.perf_venv)
+    report: dict[str, Any] = {
+        "benchmark": "serving_overhead",
+        "command": command_line(),
+        "machine": machine(),
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "load_start": load_average(),
+        "settings": {
+            "model": MODEL,
+            "artifact": str((EXAMPLES / MODEL / "1" / "model.pt2").relative_to(ROOT)),
+            "repeats": args.repeats,
+            "measurement_request_count": args.request_count,
+            "in_process_iterations": args.iterations,
+        },
+    }
+    report["in_process"] = [_in_process(args.iterations)]
+    repository = SCRATCH / "serving_overhead" / "repo"
+    shutil.rmtree(repository, ignore_errors=True)
+    link_example(repository, MODEL)
+    with running_server(repository) as server:
+        report["server_command"] = _cmdline(server.pid)
+        report["server_config"] = (repository / MODEL / "config.yaml").read_text()
+        report["runs"] = [
+            _perf_run(perf, server, protocol, concurrency, repeat, args.request_count)
+            for repeat in range(args.repeats)
+            for protocol in PROTOCOLS
+            for concurrency in CONCURRENCIES
+        ]
+    report["in_process"].append(_in_process(args.iterations))
+    report["load_end"] = load_average()
+    _summarize(report)
+    write_json(report, output)
+    _plot(report, output.with_suffix(".png"))
+    _print(report, output)
+    return 0
+
+
+def _parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="one repeat, short windows (a smoke run)")
+    parser.add_argument("--repeats", type=int, help="runs of each case, interleaved (default 3; --quick 1)")
+    parser.add_argument("--request-count", type=int, help="perf_analyzer requests per window (default 3000)")
+    parser.add_argument("--iterations", type=int, help="in-process calls per measurement (default 20000)")
+    parser.add_argument("--perf-venv", type=Path, default=ROOT / ".venv-perf", help="venv holding perf_analyzer")
+    parser.add_argument("--output", type=Path, help="result JSON (the PNG goes beside it)")
+    args = parser.parse_args()
+    args.repeats = args.repeats or (1 if args.quick else 3)
+    args.request_count = args.request_count or (1000 if args.quick else 3000)
+    args.iterations = args.iterations or (5000 if args.quick else 20000)
+    return args
+
+
+def _perf_analyzer(venv: Path) -> dict[str, Any]:
+    binary = venv / "bin" / "perf_analyzer"
+    cuda = sorted(venv.glob("lib/python3*/site-packages/nvidia/cuda_runtime/lib"))
+    if not binary.is_file() or not cuda:
+        raise SystemExit(f"no perf_analyzer in {venv}: run benchmarks/perf_analyzer_env.sh first")
+    return {"binary": binary, "env": {"LD_LIBRARY_PATH": str(cuda[0]), "PATH": "/usr/bin:/bin"}}
+
+
+def _in_process(iterations: int) -> dict[str, Any]:
+    """The artifact loaded as the server's worker loads it, batch 1, one thread, numpy in and out."""
+    import torch
+
+    from adaserve.repository import load_artifact
+
+    torch.set_num_threads(1)
+    module = load_artifact(EXAMPLES / MODEL / "1" / "model.pt2", max_batch_size=16)
+    row = np.random.default_rng(0).standard_normal((1, 784), dtype=np.float32)
+    latencies = np.empty(iterations, dtype=np.int64)
+    record: dict[str, Any] = {"threads": 1, "iterations": iterations, "quiet": wait_for_quiet(10.0)}
+    with load_window(record), torch.inference_mode():
+        for _ in range(min(1000, iterations)):
+            module(torch.from_numpy(row)).numpy()
+        began = time.perf_counter_ns()
+        for i in range(iterations):
+            start = time.perf_counter_ns()
+            module(torch.from_numpy(row)).numpy()
+            latencies[i] = time.perf_counter_ns() - start
+        elapsed_s = (time.perf_counter_ns() - began) / 1e9
+    p50, p90, p99 = (float(x) / 1e6 for x in np.percentile(latencies, (50, 90, 99)))
+    record.update(throughput_rps=iterations / elapsed_s, p50_ms=p50, p90_ms=p90, p99_ms=p99)
+    return record
+
+
+def _cmdline(pid: int) -> str:
+    parts = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+    return " ".join(part.decode() for part in parts)
+
+
+def _perf_run(
+    perf: dict[str, Any], server: ServerHandle, protocol: str, concurrency: int, repeat: int, count: int
+) -> dict[str, Any]:
+    """One perf_analyzer run; its CSV row, its own and the server's CPU over the run, the load average around it."""
+    csv_path = SCRATCH / "serving_overhead" / f"{protocol}-c{concurrency}-r{repeat}.csv"
+    csv_path.unlink(missing_ok=True)
+    url = server.http_url if protocol == "http" else server.grpc_url
+    command = [
+        str(perf["binary"]), "-m", MODEL, "-u", url, "-i", protocol, "--concurrency-range", str(concurrency),
+        "--shape", "image:784", "-b", "1", "--measurement-mode", "count_windows",
+        "--measurement-request-count", str(count), "--stability-percentage", "25", "--max-trials", "10",
+        "--percentile", "50", "-f", str(csv_path), "--verbose-csv",
+    ]  # fmt: skip
+    run: dict[str, Any] = {"protocol": protocol, "concurrency": concurrency, "repeat": repeat}
+    run["command"] = f"LD_LIBRARY_PATH={perf['env']['LD_LIBRARY_PATH']} " + " ".join(command)
+    run["quiet"] = wait_for_quiet(10.0)
+    server_cpu = tree_cpu_s(server.pid)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    with load_window(run):
+        try:
+            done = subprocess.run(command, env=perf["env"], capture_output=True, text=True, timeout=300)
+            run["returncode"], run["stdout_tail"] = done.returncode, (done.stdout + done.stderr)[-1500:]
+        except subprocess.TimeoutExpired:
+            run["returncode"], run["stdout_tail"] = None, "timed out after 300 s"
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    run["perf_analyzer_cores"] = (after.ru_utime + after.ru_stime - children.ru_utime - children.ru_stime) / run[
+        "wall_s"
+    ]
+    run["server_cores"] = (tree_cpu_s(server.pid) - server_cpu) / run["wall_s"]
+    run["other_cores"] = run["machine_busy_cores"] - run["server_cores"] - run["perf_analyzer_cores"]
+    row = _csv_row(csv_path) if run["returncode"] == 0 else None
+    if row:
+        run["csv"] = row
+        run.update(
+            throughput_rps=row["Inferences/Second"],
+            p50_ms=row["p50 latency"] / 1000,
+            p90_ms=row["p90 latency"] / 1000,
+            p99_ms=row["p99 latency"] / 1000,
+        )
+    print(
+        f"{protocol} c={concurrency} #{repeat}: "
+        + (f"{run['throughput_rps']:.0f}/s p50 {run['p50_ms']:.3f} ms" if row else f"FAILED rc={run['returncode']}")
+        + f"  others {run['other_cores']:.2f} cores, load {run['load_before'][0]}→{run['load_after'][0]}",
+        flush=True,
+    )
+    return run
+
+
+def _csv_row(path: Path) -> dict[str, float] | None:
+    if not path.is_file():
+        return None
+    with path.open(newline="") as stream:
+        rows = list(csv.DictReader(stream))
+    return {key: float(value) for key, value in rows[0].items() if value not in ("", None)} if rows else None
+
+
+def _summarize(report: dict[str, Any]) -> None:
+    """Median per case over the repeats, the server/in-process ratios, and the bars."""
+    limit = min(report["in_process"], key=lambda r: r["p50_ms"])
+    cases: dict[str, dict[str, Any]] = {}
+    for protocol in PROTOCOLS:
+        for concurrency in CONCURRENCIES:
+            runs = [
+                r
+                for r in report["runs"]
+                if r["protocol"] == protocol and r["concurrency"] == concurrency and "throughput_rps" in r
+            ]
+            case: dict[str, Any] = {"repeats_ok": len(runs)}
+            for figure_name in (
+                "throughput_rps",
+                "p50_ms",
+                "p90_ms",
+                "p99_ms",
+                "server_cores",
+                "perf_analyzer_cores",
+                "other_cores",
+            ):
+                values = [r[figure_name] for r in runs]
+                case[figure_name] = statistics.median(values) if values else None
+                case[f"{figure_name}_all"] = values
+            if runs:
+                case["server_cpu_us_per_request"] = case["server_cores"] / case["throughput_rps"] * 1e6
+                case["throughput_vs_in_process"] = case["throughput_rps"] / limit["throughput_rps"]
+                case["p50_vs_in_process"] = case["p50_ms"] / limit["p50_ms"]
+                case["p50_overhead_ms"] = case["p50_ms"] - limit["p50_ms"]
+            cases[f"{protocol}_c{concurrency}"] = case
+    report["in_process_limit"] = {k: limit[k] for k in ("throughput_rps", "p50_ms", "p90_ms", "p99_ms")}
+    report["cases"] = cases
+    rest8, rest1, grpc1 = cases["http_c8"]["throughput_rps"], cases["http_c1"]["p50_ms"], cases["grpc_c1"]["p50_ms"]
+    report["bars"] = {
+        "rest_c8_throughput": _bar(
+            rest8, f">= {BAR_REST_C8_RPS:.0f} req/s", rest8 is not None and rest8 >= BAR_REST_C8_RPS
+        ),
+        "rest_c1_p50": _bar(rest1, f"<= {BAR_C1_P50_MS} ms", rest1 is not None and rest1 <= BAR_C1_P50_MS),
+        "grpc_c1_p50": _bar(grpc1, f"<= {BAR_C1_P50_MS} ms", grpc1 is not None and grpc1 <= BAR_C1_P50_MS),
+    }
+
+
+def _bar(measured: float | None, target: str, passed: bool) -> dict[str, Any]:
+    return {"measured": measured, "target": target, "pass": passed, "on": "median of the repeats"}
+
+
+def _plot(report: dict[str, Any], path: Path) -> None:
+    cases, limit = report["cases"], report["in_process_limit"]
+    names = list(cases)
+    fig = figure(11, 4.5)
+    left, right = fig.subplots(1, 2)
+    x = np.arange(len(names))
+    for ax, key, scale, unit in ((left, "throughput_rps", 1.0, "req/s"), (right, "p50_ms", 1.0, "ms")):
+        medians = [(cases[n][key] or 0.0) * scale for n in names]
+        ax.bar(x, medians, color=["C0" if n.startswith("http") else "C1" for n in names], alpha=0.8)
+        for i, name in enumerate(names):
+            values = cases[name][f"{key}_all"]
+            ax.plot([i] * len(values), values, "k.", markersize=5)
+            ax.annotate(f"{medians[i]:.0f}" if key == "throughput_rps" else f"{medians[i]:.2f}", (i, medians[i]),
+                        ha="center", va="bottom", fontsize=8)  # fmt: skip
+        ax.axhline(limit[key], color="C2", linestyle="--", label=f"in-process limit {limit[key]:.3g} {unit}")
+        ax.set_xticks(x, [n.replace("_c", " c=").replace("http", "REST").replace("grpc", "gRPC") for n in names])
+        ax.grid(True, axis="y", alpha=0.3)
+    left.axhline(BAR_REST_C8_RPS, color="C3", linestyle=":", label=f"bar: REST c=8 ≥ {BAR_REST_C8_RPS:.0f}/s")
+    right.axhline(BAR_C1_P50_MS, color="C3", linestyle=":", label=f"bar: c=1 p50 ≤ {BAR_C1_P50_MS} ms")
+    right.set_yscale("log")
+    left.set_ylabel("throughput (req/s, median; dots: repeats)")
+    right.set_ylabel("p50 latency (ms, log)")
+    left.set_title("Throughput, batch 1, mlp")
+    right.set_title("p50 latency, batch 1, mlp")
+    for ax in (left, right):
+        ax.legend(fontsize="small", loc="best")
+    fig.suptitle(f"{report['machine']['cpu_model']}, {report['machine']['cores']} cores — perf_analyzer closed loop")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def _print(report: dict[str, Any], output: Path) -> None:
+    limit = report["in_process_limit"]
+    print(f"in-process limit: {limit['throughput_rps']:.0f}/s, p50 {limit['p50_ms']:.3f} ms")
+    for name, case in report["cases"].items():
+        if case["throughput_rps"] is not None:
+            print(
+                f"{name:8s} {case['throughput_rps']:7.0f}/s  p50 {case['p50_ms']:.3f}  p99 {case['p99_ms']:.3f} ms  "
+                f"({case['throughput_vs_in_process']:.2f}× in-process throughput, "
+                f"server {case['server_cores']:.2f} cores = {case['server_cpu_us_per_request']:.0f} µs CPU/request, "
+                f"perf_analyzer {case['perf_analyzer_cores']:.2f} cores)"
+            )
+    for name, bar in report["bars"].items():
+        print(f"bar {name}: {bar['measured']} {bar['target']}: {'PASS' if bar['pass'] else 'FAIL'}")
+    print(f"load average {report['load_start']} → {report['load_end']}; wrote {output}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,122 @@
+"""Markdown tables of the latest results, for benchmarks/README.md: `python -m benchmarks.tables [RESULT.json ...]`.
+
+With no arguments it reads `benchmarks/results/serving_overhead.json` and `benchmarks/results/elastic_batching.json`;
+each file is recognised by its `benchmark` field.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import RESULTS
+
+
+def main(argv: list[str]) -> int:
+    paths = [Path(p) for p in argv] or [RESULTS / "serving_overhead.json", RESULTS / "elastic_batching.json"]
+    for path in paths:
+        report = json.loads(path.read_text())
+        print(f"<!-- from {path.name}, {report['started_at']} -->")
+        print(serving_overhead(report) if report["benchmark"] == "serving_overhead" else elastic_batching(report))
+        print()
+    return 0
+
+
+def serving_overhead(report: dict[str, Any]) -> str:
+    limit = report["in_process_limit"]
+    lines = [
+        "| case | throughput (req/s) | p50 (ms) | p90 (ms) | p99 (ms) | vs in-process throughput | server CPU/request "
+        "| perf_analyzer cores | others' cores |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, case in report["cases"].items():
+        if case["throughput_rps"] is None:
+            lines.append(f"| {name} | failed | | | | | | | |")
+            continue
+        lines.append(
+            f"| {_case(name)} | {case['throughput_rps']:.0f} ({_span(case['throughput_rps_all'], '.0f')}) "
+            f"| {case['p50_ms']:.3f} ({_span(case['p50_ms_all'], '.3f')}) "
+            f"| {case['p90_ms']:.3f} | {case['p99_ms']:.3f} "
+            f"| {case['throughput_vs_in_process']:.3f}× | {case['server_cpu_us_per_request']:.0f} µs "
+            f"| {case['perf_analyzer_cores']:.2f} | {case['other_cores']:.2f} |"
+        )
+    lines.append(
+        f"| in-process, 1 thread | {limit['throughput_rps']:.0f} | {limit['p50_ms']:.3f} | {limit['p90_ms']:.3f} "
+        f"| {limit['p99_ms']:.3f} | 1× | | | |"
+    )
+    return "\n".join(lines) + "\n\n" + _bars(report["bars"])
+
+
+def elastic_batching(report: dict[str, Any]) -> str:
+    rates = report["rates"]
+    lines = [
+        f"Rates: low {rates['low_rps']:g}/s, high {rates['high_rps']:g}/s (closed-loop capacity: "
+        + ", ".join(f"{label} {rps:.0f}/s" for label, rps in rates["capacity_rps"].items())
+        + f"). OPT Wait: {report['bars']['against']}. QoS: {next(iter(report['qos'].values()))['qos']}.",
+        "",
+        "| policy | step low: mean / p50 / p99 (ms) | step high: mean / p50 / p99 (ms) | trace: mean / p50 / p99 (ms) "
+        "| errors "
+        "(step, trace) | max rate within QoS (req/s) | throughput there (answers/s) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for label in report["step"]:
+        step, trace, qos = report["step"][label], report["trace"][label]["overall"], report["qos"][label]
+        best = "none met QoS" if qos["max_rate_rps"] is None else f"{qos['max_rate_rps']:g}"
+        throughput = "-" if qos["max_throughput_rps"] is None else f"{qos['max_throughput_rps']:.0f}"
+        lines.append(
+            f"| {label} | {_pair(step['low'])} | {_pair(step['high'])} | {_pair(trace)} "
+            f"| {step['overall']['errors']}, {trace['errors']} | {best} | {throughput} |"
+        )
+    lines += [
+        "",
+        "| elastic vs | step low: mean reduction | step high: mean reduction | trace: mean reduction "
+        "| max throughput within QoS, elastic/other |",
+        "|---|---|---|---|---|",
+    ]
+    for name, versus in report["comparisons"].items():
+        phases = versus["phases"]
+        ratio = phases["max_throughput_in_qos"]["ratio"]
+        lines.append(
+            f"| {name.removeprefix('elastic_vs_')} | {_pct(phases['step_low']['mean_reduction'])} "
+            f"| {_pct(phases['step_high']['mean_reduction'])} | {_pct(phases['trace']['mean_reduction'])} "
+            f"| {'-' if ratio is None else f'{ratio:.2f}×'} |"
+        )
+    return "\n".join(lines) + "\n\n" + _bars(report["bars"])
+
+
+def _bars(bars: dict[str, Any]) -> str:
+    lines = ["| bar | target | measured | result |", "|---|---|---|---|"]
+    for name, bar in bars.items():
+        if isinstance(bar, dict):
+            measured = bar["measured"]
+            if isinstance(measured, dict):
+                text = ", ".join(f"{k} {v:.0f}" if v is not None else f"{k} -" for k, v in measured.items())
+            elif "reduction" in name:
+                text = _pct(measured)
+            else:
+                text = "-" if measured is None else f"{measured:.4g}"
+            lines.append(f"| {name} | {bar['target']} | {text} | {'pass' if bar['pass'] else '**FAIL**'} |")
+    return "\n".join(lines)
+
+
+def _case(name: str) -> str:
+    return name.replace("http_c", "REST c=").replace("grpc_c", "gRPC c=")
+
+
+def _span(values: list[float], fmt: str) -> str:
+    return f"{min(values):{fmt}}–{max(values):{fmt}}" if len(values) > 1 else "1 run"
+
+
+def _pair(phase: dict[str, Any]) -> str:
+    mean, p50, p99 = phase["mean_ms"], phase["p50_ms"], phase["p99_ms"]
+    return "-" if mean is None else f"{mean:.2f} / {p50:.2f} / {p99:.1f}"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.1%}"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
