@@ -187,6 +187,8 @@ class ModelEngine:
             self._retire(worker_id, idle=self.scheduler.retire_worker(worker_id))
         self.scheduler.max_inflight = self.model.config.inflight_limit_for(choice.workers)
         for worker_id in new:
+            if worker_id not in self._processes:
+                continue  # died after it was ready; a standby worker is not replaced
             self._standby.discard(worker_id)
             spec = self._processes[worker_id].spec
             self.scheduler.add_worker(WorkerSlot(worker_id, spec.batch, spec.threads))

@@ -78,7 +78,9 @@ class Scheduler:
 
         This is how a worker set is replaced with no downtime: the new set is added, the old one retired.
         """
-        worker = self._workers.pop(worker_id)
+        worker = self._workers.pop(worker_id, None)
+        if worker is None:
+            return True  # not added yet (a replacement still starting): it never gets work, stop it now
         if (-worker.batch, worker_id) in self._idle:
             self._idle.remove((-worker.batch, worker_id))
             return True

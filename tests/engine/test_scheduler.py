@@ -332,3 +332,10 @@ def test_no_limit_is_ebirds_gpu_form(limit: int | None, busy: int, inflight: int
         scheduler.enqueue(slot, 1, 0.0)
         scheduler.schedule(0.0)
     assert (scheduler.busy_threads, scheduler.inflight) == (busy, inflight)
+
+
+def test_retiring_a_worker_that_was_never_added_is_allowed() -> None:
+    """A replacement still starting when its set is replaced: it is not in the scheduler yet, and never will be."""
+    scheduler = make_scheduler(1)
+    assert scheduler.retire_worker(99) is True
+    assert [w.id for w in scheduler.workers] == [0]
