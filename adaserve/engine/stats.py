@@ -41,10 +41,6 @@ class Histogram:
         self.counts[bisect.bisect_left(self.bounds, value)] += 1
         self.total += value
 
-    @property
-    def count(self) -> int:
-        return sum(self.counts)
-
 
 @dataclass
 class DurationCount:
