@@ -97,6 +97,16 @@ def load_artifact(path: Path, max_batch_size: int) -> Callable[..., Any]:
     return module
 
 
+def weight_bytes(module: Any) -> int:
+    """Bytes held by a loaded model's parameters, buffers and constants (each storage counted once)."""
+    import torch
+
+    tensors = list(module.state_dict(keep_vars=True).values())
+    tensors += [value for value in vars(module).values() if isinstance(value, torch.Tensor)]  # lifted constants
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors if t.numel()}
+    return sum(storages.values())
+
+
 def _check_batch_dimension(path: Path, program: Any, max_batch_size: int) -> None:
     """Every input must have been exported with a dynamic batch dimension that reaches `max_batch_size`."""
     placeholders = {node.name: node for node in program.graph.nodes if node.op == "placeholder"}

@@ -82,6 +82,7 @@ class WorkerInfo:
     batch: int
     threads: int
     cpus: list[int]
+    workspace_bytes: int
 
 
 class ModelEngine:
@@ -102,6 +103,7 @@ class ModelEngine:
         self.stats = ModelStats()
         self.state = EngineState.LOADING
         self.workers: dict[int, WorkerInfo] = {}
+        self.model_bytes = 0  # the weights, measured by the host once it has loaded them
         self._loop = asyncio.get_running_loop()
         self._owners: list[PendingRequest | None] = [None] * self.slots
         self._processes: dict[int, WorkerProcess] = {}
@@ -147,9 +149,14 @@ class ModelEngine:
         if self.planner.sample_interval_s is not None:
             self._keep(self._loop.create_task(self._follow_load(self.planner.sample_interval_s)))
 
+    @property
+    def memory_bytes(self) -> int:
+        """What serving this model holds: its weights (shared by the workers) and each worker's own workspace."""
+        return self.model_bytes + sum(worker.workspace_bytes for worker in self.workers.values())
+
     async def _start_processes(self) -> None:
         self._host = ModelHost(self.model, pool_fd=self._pool_fd, slots=self.slots)
-        await self._host.ready()
+        self.model_bytes = (await self._host.ready()).model_bytes
         starts = [await self._spawn(worker) for worker in self.worker_set.workers]
         await asyncio.gather(*starts)
 
@@ -171,7 +178,7 @@ class ModelEngine:
         began = time.monotonic()
         old = [w for w in self._processes if w not in self._standby and w not in self._retiring]
         starts = [await self._spawn(spec, standby=True) for spec in choice.workers]
-        new = [w for w in self._processes if w in self._standby]
+        new = {w: self._processes[w].spec for w in self._processes if w in self._standby}
         try:
             await asyncio.gather(*starts)
         except ConfigError as exc:
@@ -186,11 +193,11 @@ class ModelEngine:
         for worker_id in old:
             self._retire(worker_id, idle=self.scheduler.retire_worker(worker_id))
         self.scheduler.max_inflight = self.model.config.inflight_limit_for(choice.workers)
-        for worker_id in new:
+        for worker_id, spec in new.items():
             if worker_id not in self._processes:
-                continue  # died after it was ready; a standby worker is not replaced
+                self._respawn(spec)  # died after it was ready: start it again, so the new set is not one short
+                continue
             self._standby.discard(worker_id)
-            spec = self._processes[worker_id].spec
             self.scheduler.add_worker(WorkerSlot(worker_id, spec.batch, spec.threads))
         self.worker_set = choice
         self.stats.reconfigurations += 1
@@ -361,7 +368,7 @@ class ModelEngine:
 
     def _on_ready(self, process: WorkerProcess, message: WorkerReady) -> None:
         self.workers[process.id] = WorkerInfo(
-            process.id, message.pid, process.spec.batch, message.threads, message.cpus
+            process.id, message.pid, process.spec.batch, message.threads, message.cpus, message.workspace_bytes
         )
         if process.id not in self._standby and process.id not in self._retiring:
             self.scheduler.add_worker(WorkerSlot(process.id, process.spec.batch, process.spec.threads))
@@ -423,7 +430,10 @@ class ModelEngine:
             "worker exited; restarting",
             extra={"model": self.model.name, "pid": process.pid, "batch": process.spec.batch},
         )
-        task = self._loop.create_task(self._spawn(process.spec))
+        self._respawn(process.spec)
+
+    def _respawn(self, spec: WorkerSpec) -> None:
+        task = self._loop.create_task(self._spawn(spec))
         self._keep(task)
         task.add_done_callback(self._restarted)
 

@@ -22,7 +22,7 @@ from adaserve.engine.messages import HostFailed, HostLaunch, HostReady, WorkerSp
 from adaserve.engine.pool import PoolLayout, SharedRings
 from adaserve.engine.worker import BatchRunner, serve_worker
 from adaserve.errors import ConfigError
-from adaserve.repository import load_artifact
+from adaserve.repository import load_artifact, weight_bytes
 
 
 def host(launch: HostLaunch) -> int:
@@ -31,11 +31,12 @@ def host(launch: HostLaunch) -> int:
     try:
         model = load_artifact(Path(launch.artifact), config.max_batch_size)
         runner = BatchRunner(config, model, SharedRings(PoolLayout.for_config(config, launch.slots), launch.pool_fd))
+        model_bytes = weight_bytes(model)
     except Exception as exc:
         control.send(encode(HostFailed(str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}")))
         return 1
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # workers are reaped by the kernel; the server watches pipes
-    control.send(encode(HostReady(os.getpid())))
+    control.send(encode(HostReady(os.getpid(), model_bytes)))
     while True:
         data, fds, _, _ = socket.recv_fds(control, 1 << 16, 2)
         if not data:

@@ -36,6 +36,7 @@ class SpawnWorker(msgspec.Struct, frozen=True, tag="spawn"):
 
 class HostReady(msgspec.Struct, frozen=True, tag="host_ready"):
     pid: int
+    model_bytes: int  # parameters, buffers and constants of the loaded model, shared by its workers
 
 
 class HostFailed(msgspec.Struct, frozen=True, tag="host_failed"):
@@ -74,6 +75,7 @@ class WorkerReady(msgspec.Struct, frozen=True, tag="ready"):
     pid: int
     threads: int
     cpus: list[int]
+    workspace_bytes: int  # resident memory the worker's warm-up run added: activations, allocator caches
 
 
 class WorkerFailed(msgspec.Struct, frozen=True, tag="failed"):

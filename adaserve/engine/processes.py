@@ -98,12 +98,13 @@ class ModelHost:
         self._control.setblocking(False)
         self._lock = asyncio.Lock()
 
-    async def ready(self) -> None:
+    async def ready(self) -> HostReady:
         """Wait until the model is loaded; ConfigError with the host's reason when it cannot be."""
         reply = await self._receive()
         if isinstance(reply, HostFailed):
             raise ConfigError(reply.error)
         assert isinstance(reply, HostReady)
+        return reply
 
     async def spawn(self, worker_id: int, spec: WorkerSpec) -> WorkerProcess:
         """Fork a worker from the host; it reports readiness on its own result pipe."""

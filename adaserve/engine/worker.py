@@ -83,6 +83,12 @@ def place(threads: int, cpus: Sequence[int] | None) -> list[int]:
     return sorted(os.sched_getaffinity(0))
 
 
+def resident_bytes() -> int:
+    """This process's resident memory (pages shared with the host included; growth is what the worker added)."""
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
 def serve_worker(spawn: SpawnWorker, runner: BatchRunner, command_fd: int, result_fd: int) -> int:
     """The worker's life after the host forked it: place it, warm up, then run batches until told to stop."""
     with torch.inference_mode():
@@ -92,11 +98,13 @@ def serve_worker(spawn: SpawnWorker, runner: BatchRunner, command_fd: int, resul
 def _serve(spawn: SpawnWorker, runner: BatchRunner, command_fd: int, result_fd: int) -> int:
     try:
         allowed = place(spawn.threads, spawn.cpus)
+        resident = resident_bytes()
         runner.warm_up(spawn.batch)
+        workspace = max(0, resident_bytes() - resident)
     except Exception as exc:
         write_message(result_fd, WorkerFailed(spawn.worker_id, f"{type(exc).__name__}: {exc}"))
         return 1
-    write_message(result_fd, WorkerReady(spawn.worker_id, os.getpid(), torch.get_num_threads(), allowed))
+    write_message(result_fd, WorkerReady(spawn.worker_id, os.getpid(), torch.get_num_threads(), allowed, workspace))
     while True:
         command = read_to_worker(command_fd)
         if command is None or isinstance(command, Stop):

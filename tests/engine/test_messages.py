@@ -32,7 +32,7 @@ from adaserve.engine.messages import (
 )
 
 FROM_WORKER = [
-    WorkerReady(worker_id=3, pid=4242, threads=2, cpus=[0, 1]),
+    WorkerReady(worker_id=3, pid=4242, threads=2, cpus=[0, 1], workspace_bytes=1 << 20),
     BatchDone(batch_id=7, compute_ns=123_456),
     BatchDone(
         batch_id=8,
@@ -141,7 +141,8 @@ def test_a_pipe_closed_in_the_middle_of_a_header_reads_as_closed(pipe: tuple[int
 
 
 @pytest.mark.parametrize(
-    "message", [HostReady(pid=10), HostFailed(error="no such file"), WorkerSpawned(worker_id=2, pid=11)]
+    "message",
+    [HostReady(pid=10, model_bytes=4096), HostFailed(error="no such file"), WorkerSpawned(worker_id=2, pid=11)],
 )
 def test_host_datagrams_round_trip(message: msgspec.Struct) -> None:
     assert decode_from_host(encode(message)) == message

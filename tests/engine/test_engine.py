@@ -1,0 +1,86 @@
+"""ModelEngine driven in-process, with real host and worker processes: what it measures, and worker-set switches."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from adaserve.config import WorkerSpec
+from adaserve.engine.engine import ModelEngine
+from adaserve.engine.worker_sets import WorkerSetChoice
+from adaserve.repository import ModelRepository
+from tests.server_utils import link_example
+
+ONE_WORKER = [{"batch": 4, "threads": 1}]
+
+
+def run_engine(repository: Path, body: Callable[[ModelEngine], Awaitable[None]]) -> None:
+    async def main() -> None:
+        engine = ModelEngine(ModelRepository(repository).read("mlp"))
+        await engine.start()
+        try:
+            await body(engine)
+        finally:
+            await engine.stop(drain_timeout_s=5.0)
+
+    asyncio.run(main())
+
+
+def test_the_engine_measures_the_weights_and_each_workers_workspace(tmp_path: Path) -> None:
+    link_example(tmp_path, "mlp", workers=[{"batch": 4, "threads": 1}, {"batch": 16, "threads": 1}])
+
+    async def body(engine: ModelEngine) -> None:
+        weights = (784 * 256 + 256 + 256 * 256 + 256 + 256 * 10 + 10) * 4  # the example MLP's FP32 parameters
+        assert engine.model_bytes == weights
+        assert len(engine.workers) == 2
+        assert engine.memory_bytes == weights + sum(w.workspace_bytes for w in engine.workers.values())
+
+    run_engine(tmp_path, body)
+
+
+def test_a_new_worker_that_dies_before_the_switch_is_started_again(tmp_path: Path) -> None:
+    """The gap between a standby worker's readiness and the switch: the new set must not run one short."""
+    link_example(tmp_path, "mlp", workers=ONE_WORKER)
+
+    async def body(engine: ModelEngine) -> None:
+        original = engine._spawn
+        killed: list[int] = []
+
+        async def spawn_then_kill_first(spec: WorkerSpec, standby: bool = False) -> asyncio.Future[None]:
+            started = await original(spec, standby=standby)
+            if not standby or killed:
+                return started
+            worker_id = max(engine._processes)
+            killed.append(worker_id)
+            gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+            async def kill_when_ready() -> None:
+                await started
+                os.kill(engine._processes[worker_id].pid, signal.SIGKILL)
+                while worker_id in engine._processes:
+                    await asyncio.sleep(0.01)
+                gate.set_result(None)
+
+            task = asyncio.get_running_loop().create_task(kill_when_ready())
+            gate.add_done_callback(lambda _: task)
+            return gate
+
+        engine._spawn = spawn_then_kill_first  # type: ignore[method-assign]
+        planned = (WorkerSpec(batch=2, threads=1), WorkerSpec(batch=2, threads=1))
+        await engine.switch_workers(WorkerSetChoice(workers=planned, reason="test"))
+        for _ in range(500):
+            if sorted(w.batch for w in engine.workers.values()) == [2, 2]:
+                break
+            await asyncio.sleep(0.01)
+        assert sorted(w.batch for w in engine.workers.values()) == [2, 2]
+        rows = np.zeros((3, 784), dtype=np.float32)
+        result: Any = await engine.infer([rows], 3, {})
+        assert result.outputs[0].shape == (3, 10)
+
+    run_engine(tmp_path, body)
