@@ -84,3 +84,46 @@ def test_a_new_worker_that_dies_before_the_switch_is_started_again(tmp_path: Pat
         assert result.outputs[0].shape == (3, 10)
 
     run_engine(tmp_path, body)
+
+
+def test_a_request_that_finds_no_contiguous_slots_waits_for_them_and_is_answered(tmp_path: Path) -> None:
+    """A fragmented pool: the request waits (counted against the queue limit), then runs once slots free up."""
+    link_example(tmp_path, "mlp", workers=ONE_WORKER)
+
+    async def body(engine: ModelEngine) -> None:
+        taken = engine._ring.allocate(engine.slots - 2)  # leaves two free slots: too few for three rows
+        assert taken is not None
+        rows = np.random.default_rng(0).standard_normal((3, 784)).astype(np.float32)
+        waiting = asyncio.get_running_loop().create_task(engine.infer([rows], 3, {}))
+        await asyncio.sleep(0.05)
+        assert not waiting.done()
+        assert engine._waiting_rows == 3
+        engine._ring.free(taken, engine.slots - 2)
+        engine._admit_waiting()
+        result = await asyncio.wait_for(waiting, 10.0)
+        alone = await engine.infer([rows[:1]], 1, {})
+        np.testing.assert_allclose(result.outputs[0][:1], alone.outputs[0], rtol=1e-5, atol=1e-5)
+        assert engine._waiting_rows == 0
+        assert engine._ring.in_use == 0
+
+    run_engine(tmp_path, body)
+
+
+def test_a_waiting_request_that_is_cancelled_gives_its_slots_back(tmp_path: Path) -> None:
+    link_example(tmp_path, "mlp", workers=ONE_WORKER)
+
+    async def body(engine: ModelEngine) -> None:
+        taken = engine._ring.allocate(engine.slots)
+        assert taken is not None
+        rows = np.zeros((2, 784), dtype=np.float32)
+        waiting = asyncio.get_running_loop().create_task(engine.infer([rows], 2, {}))
+        await asyncio.sleep(0.05)
+        waiting.cancel()
+        await asyncio.gather(waiting, return_exceptions=True)
+        assert engine._waiting_rows == 0
+        engine._ring.free(taken, engine.slots)
+        engine._admit_waiting()
+        assert engine._ring.in_use == 0
+        assert (await engine.infer([rows], 2, {})).outputs[0].shape == (2, 10)
+
+    run_engine(tmp_path, body)
