@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tritonclient.utils import InferenceServerException
 
-from adaserve.errors import AdaserveError
+from adaserve.errors import AdaserveError, ConfigError
 
 #: The example repository shipped in the source tree; `adaserve serve` with no arguments serves it.
 EXAMPLE_REPOSITORY = Path(__file__).resolve().parent.parent / "examples" / "models"
@@ -25,6 +25,11 @@ def _serve(args: argparse.Namespace) -> int:
     from adaserve.server.app import ServeOptions, serve
 
     configure_logging(args.log_level)
+    cache = None
+    if args.model_memory_budget is not None:
+        from adaserve.engine.router import CacheSettings
+
+        cache = CacheSettings(args.model_memory_budget, args.cache_policy)
     options = ServeOptions(
         model_repository=args.model_repository,
         host=args.host,
@@ -32,9 +37,23 @@ def _serve(args: argparse.Namespace) -> int:
         grpc_port=args.grpc_port,
         max_request_bytes=args.max_request_bytes,
         models=args.model or None,
+        cache=cache,
     )
     uvloop.run(serve(options))
     return 0
+
+
+def memory_budget(text: str) -> int:
+    """`--model-memory-budget`: bytes with a unit, or a percentage of this machine's memory (host RAM on CPU)."""
+    from adaserve.cache.budget import parse_budget
+
+    total_kib = next(
+        int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemTotal")
+    )
+    try:
+        return parse_budget(text, total_kib * 1024)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _models_list(args: argparse.Namespace) -> int:
@@ -85,6 +104,8 @@ def _infer(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from adaserve.bench.cli import register as register_bench
+    from adaserve.cache.cli import register as register_cache
+    from adaserve.cache.policies import POLICIES, BeladyOracle
     from adaserve.cpu.cli import register as register_cpu
 
     parser = argparse.ArgumentParser(prog="adaserve", description=__doc__)
@@ -102,6 +123,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="largest inference request accepted (413 / RESOURCE_EXHAUSTED beyond)",
     )
     serve.add_argument("--model", action="append", help="load only this model (repeatable; default: all)")
+    serve.add_argument(
+        "--model-memory-budget",
+        type=memory_budget,
+        help="mCache: bytes (2GiB, 500MB) or a percentage of memory the models may hold together; models load on "
+        "demand and are evicted by --cache-policy (default: no budget, every model loaded at start)",
+    )
+    serve.add_argument(
+        "--cache-policy",
+        default="iam",
+        choices=[name for name in POLICIES if name != BeladyOracle.name],  # the oracle needs the future
+        help="eviction policy under a memory budget (default: iam, mCache's importance-aware policy)",
+    )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.set_defaults(func=_serve)
 
@@ -119,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     infer.set_defaults(func=_infer)
 
     register_bench(commands)
+    register_cache(commands)
     register_cpu(commands)
     return parser
 

@@ -57,3 +57,21 @@ class InferenceError(AdaserveError):
 
     http_status = 500
     grpc_code = grpc.StatusCode.INTERNAL
+
+
+class ModelTooLargeError(AdaserveError):
+    """A model larger than the whole model-memory budget: no eviction can make room, so it can never be served."""
+
+    http_status = 507
+    grpc_code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class CacheBusyError(AdaserveError):
+    """No room for a model now: every resident model is in use or loading; the request may be retried."""
+
+    http_status = 503
+    grpc_code = grpc.StatusCode.UNAVAILABLE
+
+
+class ModelLoadError(ModelNotReadyError):
+    """Loading a model on demand failed; every request waiting on that load gets this, the cause chained."""

@@ -11,7 +11,7 @@ from tests.server_utils import (
     ServerHandle,
     link_example,
     running_server,
-    write_config,
+    write_broken_model,
     write_fussy_model,
     write_slow_model,
 )
@@ -30,16 +30,7 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     link_example(root, "mlp", "mlp_none", batching={"policy": "none"}, workers=[{"batch": 1}])
     write_slow_model(root, "slow", rounds=300, max_queue_size=2)
     write_fussy_model(root)
-    broken = root / "broken"
-    write_config(
-        broken,
-        {
-            "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}],
-            "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, 4]}],
-        },
-    )
-    (broken / "1").mkdir()
-    (broken / "1" / "model.pt2").write_bytes(b"this is not a torch.export archive")
+    write_broken_model(root)
     return root
 
 

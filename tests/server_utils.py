@@ -169,3 +169,18 @@ def write_fussy_model(repository: Path, name: str = "fussy", **overrides: object
     (directory / "1").mkdir(exist_ok=True)
     torch.jit.save(torch.jit.script(Fussy()), str(directory / "1" / "model.pt"))
     return directory
+
+
+def write_broken_model(repository: Path, name: str = "broken") -> Path:
+    """A valid config beside an artifact that is not one: the model fails to load with a clear cause."""
+    broken = repository / name
+    write_config(
+        broken,
+        {
+            "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}],
+            "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, 4]}],
+        },
+    )
+    (broken / "1").mkdir()
+    (broken / "1" / "model.pt2").write_bytes(b"this is not a torch.export archive")
+    return broken

@@ -1,19 +1,26 @@
 """The router: which models are loaded, and which engine serves a request.
 
-Models are loaded from the repository at start (all of them, or those named) and through the repository
-extension's load/unload. A reload starts the new version beside the old one and swaps only when it is ready, so a
-reload never interrupts serving. A model that fails to load is recorded with its reason; the others keep serving.
+Without a memory budget, models are loaded from the repository at start (all of them, or those named) and through
+the repository extension's load/unload. With one (mCache), every model of the repository can be served but only
+those that fit are resident: a request for another loads it on demand and the cache's eviction policy picks what
+makes room (`adaserve.cache`); a model is pinned while a request uses it, so it is never evicted mid-request.
+
+A reload starts the new version beside the old one and swaps only when it is ready, so a reload never interrupts
+serving. A model that fails to load is recorded with its reason; the others keep serving.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
+from adaserve.cache import ModelCache
 from adaserve.engine.engine import EngineState, ModelEngine
 from adaserve.errors import AdaserveError, ModelNotFoundError, ModelNotReadyError
-from adaserve.repository import ModelRepository
+from adaserve.repository import ModelRepository, ModelSpec
 
 log = logging.getLogger("adaserve.router")
 
@@ -28,23 +35,81 @@ class IndexEntry:
     reason: str
 
 
+@dataclass(frozen=True)
+class CacheSettings:
+    """mCache: the bytes models may hold together, and the policy that picks what to evict."""
+
+    budget_bytes: int
+    policy: str = "iam"
+
+
 class ModelRouter:
-    def __init__(self, repository: ModelRepository) -> None:
+    def __init__(self, repository: ModelRepository, cache: CacheSettings | None = None) -> None:
         self.repository = repository
         self._engines: dict[str, ModelEngine] = {}
         self._errors: dict[str, str] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        self.cache: ModelCache | None = None
+        if cache is not None:
+            self.cache = ModelCache(
+                cache.budget_bytes,
+                cache.policy,
+                load=self._load_resident,
+                unload=self._unload_resident,
+                size_hint=self._size_hint,
+            )
 
     async def load_all(self, names: list[str] | None = None) -> None:
-        """Load the named models (default: every model in the repository); failures are logged, not raised."""
-        for name in names if names is not None else self.repository.names():
+        """Load the named models (default: every model in the repository, or none when a cache decides residency).
+
+        Failures are logged, not raised.
+        """
+        if names is None:
+            names = [] if self.cache is not None else self.repository.names()
+        for name in names:
             try:
                 await self.load(name)
             except AdaserveError as exc:
                 log.error("model failed to load", extra={"model": name, "error": str(exc)})
 
+    @asynccontextmanager
+    async def serving(self, name: str, version: str = "") -> AsyncIterator[ModelEngine]:
+        """The ready engine for a request, loaded first if a cache manages residency, and pinned while in use."""
+        if self.cache is None:
+            yield self.ready_engine(name, version)
+            return
+        self.check_servable(name, version)
+        async with self.cache.use(name):
+            yield self.ready_engine(name, version)
+
+    def check_servable(self, name: str, version: str = "") -> None:
+        """Fail fast (404 / 503) before a request body is decoded: the model is ready, or the cache can load it."""
+        if self.cache is None or name in self._engines:
+            self.ready_engine(name, version)
+            return
+        spec = self.spec(name, version)
+        if version and version != str(spec.version):
+            raise ModelNotReadyError(f"model '{name}' version {version} is not served (it serves {spec.version})")
+
+    def spec(self, name: str, version: str = "") -> ModelSpec:
+        """What a model is (config, version), whether or not it is resident now."""
+        if self.cache is None or name in self._engines:
+            return self.engine(name, version).model
+        self._check_known(name)
+        return self.repository.read(name)
+
     async def load(self, name: str) -> None:
-        """Load or reload a model from the repository; raises ConfigError / ModelNotFoundError with the cause."""
+        """Load or reload a model from the repository; raises ConfigError / ModelNotFoundError with the cause.
+
+        Under a memory budget the cache loads it, evicting other models by its policy to make room.
+        """
+        if self.cache is not None and name not in self._engines:
+            self._check_known(name)
+            async with self.cache.use(name):
+                return
+        await self._start(name)
+
+    async def _start(self, name: str) -> None:
         async with self._lock(name):
             try:
                 engine = ModelEngine(self.repository.read(name))
@@ -58,11 +123,32 @@ class ModelRouter:
                 await old.stop()
 
     async def unload(self, name: str) -> None:
+        await self._stop(name)
+        if self.cache is not None:
+            self.cache.forget(name)
+
+    async def _stop(self, name: str) -> None:
         async with self._lock(name):
             engine = self._engines.pop(name, None)
             if engine is None:
                 raise ModelNotFoundError(f"model '{name}' is not loaded")
             await engine.stop()
+
+    # -- the cache's view of a model: load and measure, unload, size before the first load -------------------
+    async def _load_resident(self, name: str) -> int:
+        await self._start(name)
+        return self._engines[name].memory_bytes
+
+    async def _unload_resident(self, name: str) -> None:
+        await self._stop(name)
+
+    def _size_hint(self, name: str) -> int:
+        """Before a model's first load its size is unknown; its artifact's bytes are the best guess at hand."""
+        return self.repository.read(name).artifact.stat().st_size
+
+    def _check_known(self, name: str) -> None:
+        if name not in self.repository.names():
+            raise ModelNotFoundError(f"unknown model '{name}'")
 
     async def close(self) -> None:
         engines, self._engines = list(self._engines.values()), {}
@@ -102,7 +188,8 @@ class ModelRouter:
             if engine is not None:
                 entries.append(IndexEntry(name, str(engine.model.version), engine.state.value, ""))
             else:
-                entries.append(IndexEntry(name, "", "UNAVAILABLE", self._errors.get(name, "unloaded")))
+                idle = "not resident: loaded on its next request" if self.cache is not None else "unloaded"
+                entries.append(IndexEntry(name, "", "UNAVAILABLE", self._errors.get(name, idle)))
         return entries
 
     def _lock(self, name: str) -> asyncio.Lock:

@@ -16,7 +16,7 @@ from pathlib import Path
 import grpc
 from tritonclient.grpc import service_pb2_grpc
 
-from adaserve.engine.router import ModelRouter
+from adaserve.engine.router import CacheSettings, ModelRouter
 from adaserve.errors import ConfigError
 from adaserve.repository import ModelRepository
 from adaserve.server.dataplane import DataPlane
@@ -34,7 +34,8 @@ class ServeOptions:
     http_port: int = 8000
     grpc_port: int = 8001
     max_request_bytes: int = 64 * 1024 * 1024
-    models: list[str] | None = None  # None: every model in the repository
+    models: list[str] | None = None  # None: every model in the repository (none under a memory budget)
+    cache: CacheSettings | None = None  # mCache: a memory budget and an eviction policy
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -53,7 +54,7 @@ def _listen(host: str, port: int) -> socket.socket:
 
 
 async def serve(options: ServeOptions) -> None:
-    router = ModelRouter(ModelRepository(options.model_repository))
+    router = ModelRouter(ModelRepository(options.model_repository), options.cache)
     plane = DataPlane(router)
     http_socket = _listen(options.host, options.http_port)
     http = HttpServer(create_app(plane), max_body_bytes=options.max_request_bytes, on_error=error_response)

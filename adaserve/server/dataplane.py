@@ -38,23 +38,25 @@ class DataPlane:
         return {"name": "adaserve", "version": __version__, "extensions": EXTENSIONS}
 
     def model_ready(self, name: str, version: str = "") -> bool:
+        """Ready to answer an inference: loaded and ready, or not resident but loadable by the model cache."""
         try:
-            return self.router.engine(name, version).state is EngineState.READY
+            self.router.check_servable(name, version)
         except ModelNotReadyError:
             return False
+        return True
 
     def check_model(self, name: str, version: str = "") -> None:
         """Fail fast (404 / 503) before a request body is decoded."""
-        self.router.ready_engine(name, version)
+        self.router.check_servable(name, version)
 
     def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
         """`{"name", "versions", "platform", "inputs": [{"name", "datatype", "shape"}], "outputs": [...]}`."""
-        engine = self.router.engine(name, version)
-        config = engine.model.config
+        model = self.router.spec(name, version)
+        config = model.config
         return {
             "name": name,
-            "versions": [str(engine.model.version)],
-            "platform": engine.model.platform,
+            "versions": [str(model.version)],
+            "platform": model.platform,
             "inputs": [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in config.inputs],
             "outputs": [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in config.outputs],
         }
@@ -81,12 +83,12 @@ class DataPlane:
 
     # -- inference -------------------------------------------------------------------------------------------
     async def infer(self, request: InferenceRequest) -> InferenceResponse:
-        engine = self.router.ready_engine(request.model_name, request.model_version)
-        config = engine.model.config
+        config = self.router.spec(request.model_name, request.model_version).config
         arrays, rows = validate_inputs(config, request)
         wanted = requested_outputs(config, request)
         parameters = {**config.parameters, **request.parameters}
-        result = await engine.infer(arrays, rows, parameters)
+        async with self.router.serving(request.model_name, request.model_version) as engine:
+            result = await engine.infer(arrays, rows, parameters)
         outputs, binary = [], []
         for spec, array in zip(config.outputs, result.outputs, strict=True):
             if spec.name in wanted:

@@ -1,6 +1,8 @@
 """Prometheus `/metrics`: the engines' counters rendered at scrape time, per model and version.
 
-Names follow Triton's (`nv_inference_request_success` → `adaserve_inference_request_success`) where one fits.
+Names follow Triton's (`nv_inference_request_success` → `adaserve_inference_request_success`) where one fits, and
+the model cache's follow ModelMesh's and SageMaker multi-model endpoints' (cache hits/misses, loading time, resident
+bytes, capacity and used bytes, loaded model count).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from adaserve.cache import ModelCache
 from adaserve.engine.router import ModelRouter
 from adaserve.engine.stats import Histogram
 
@@ -84,6 +87,58 @@ class EngineCollector:
         yield from histogram_families.values()
 
 
+class CacheCollector:
+    """The model cache's counters (mCache), named after ModelMesh's and SageMaker multi-model endpoints' metrics."""
+
+    def __init__(self, cache: ModelCache) -> None:
+        self.cache = cache
+
+    def collect(self) -> Iterator[Metric]:
+        snapshot = self.cache.snapshot()
+        counters = {
+            "hits": ("model_cache_hits", "Requests that found their model resident"),
+            "misses": ("model_cache_misses", "Requests that had to wait for their model to load"),
+            "loads": ("model_loads", "Loads of a model on demand"),
+            "load_failures": ("model_load_failures", "Loads that failed (the cause is in the logs and the answer)"),
+            "evictions": ("model_evictions", "Times a model was evicted to make room for another"),
+            "load_seconds_total": ("model_loading_seconds", "Time spent loading models, summed"),
+        }
+        families = {
+            attribute: CounterMetricFamily(f"adaserve_{name}", text, labels=["model"])
+            for attribute, (name, text) in counters.items()
+        }
+        resident = GaugeMetricFamily("adaserve_model_resident_bytes", "Bytes a resident model holds", labels=["model"])
+        penalty = GaugeMetricFamily(
+            "adaserve_model_load_penalty_seconds", "Smoothed load time P_i the eviction policy sees", labels=["model"]
+        )
+        for name, model in snapshot.models.items():
+            for attribute, family in families.items():
+                family.add_metric([name], getattr(model.counters, attribute))
+            resident.add_metric([name], model.resident_bytes)
+            if model.smoothed_load_s is not None:
+                penalty.add_metric([name], model.smoothed_load_s)
+        yield from families.values()
+        yield from (resident, penalty)
+        policy = [snapshot.policy]
+        totals = {
+            "model_cache_capacity_bytes": ("The model-memory budget", snapshot.budget_bytes),
+            "model_cache_used_bytes": ("Bytes held by resident and loading models", snapshot.resident_bytes),
+            "loaded_model_count": (
+                "Models resident now",
+                sum(1 for model in snapshot.models.values() if model.state == "LOADED"),
+            ),
+        }
+        for name, (text, value) in totals.items():
+            gauge = GaugeMetricFamily(f"adaserve_{name}", text, labels=["policy"])
+            gauge.add_metric(policy, value)
+            yield gauge
+        busy = CounterMetricFamily(
+            "adaserve_model_cache_busy_timeouts", "Requests refused: no room while every model was in use", labels=[]
+        )
+        busy.add_metric([], snapshot.busy_timeouts)
+        yield busy
+
+
 def _buckets(histogram: Histogram) -> list[tuple[str, float]]:
     cumulative = 0
     buckets: list[tuple[str, float]] = []
@@ -96,4 +151,6 @@ def _buckets(histogram: Histogram) -> list[tuple[str, float]]:
 def render_metrics(router: ModelRouter) -> tuple[bytes, str]:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(EngineCollector(router))
+    if router.cache is not None:
+        registry.register(CacheCollector(router.cache))
     return generate_latest(registry), CONTENT_TYPE_LATEST

@@ -1,0 +1,139 @@
+"""Importance-Aware Model caching (IAM): mCache's eviction algorithm (Mo et al., EAAI 2025, §4.3, Algorithm 1).
+
+Definitions, quoted from the paper:
+
+* Utility (Eq. 1): "Utility(i) = P_i / S_i · 1 / T_i where P_i denotes the cache miss penalty of model i, which is
+  equivalent to the cold start-related latency overhead. S_i denotes the memory usage of model i, and T_i denotes
+  the time to the next incoming invocation request for model i." Here P_i is the smoothed load time, S_i the
+  measured size, and T_i ≈ 1/Δ_i from the request-rate EWMA (`adaserve.cache.stats`), so u_i = P_i · Δ_i / S_i.
+* Rank-based importance (Eq. 2): "rank_i = log(Σ_{j=1, j≠i}^{C} F(u_i > u_j) + b_0) ... b_0 serves as a bias to
+  adjust the range of ranks on a logarithmic scale. F is an indicator function that returns a value of 1 when the
+  condition u_i > u_j is true, and 0 otherwise." C is the set of models in the cache.
+* Importance queue: "a min heap-based importance queue ... the key represents the importance score, and the value
+  is a reference to the model item ... When the cache is full, the least important model at the top of the heap is
+  evicted." A model enters the queue with its importance when it is inserted (Algorithm 1, lines 8-9 and 17-18).
+* Shadow queue (§4.3.3): "mCache implements periodic updates of the importance scores ... a shadow cache with the
+  same structure as the IQ is maintained. After importance updates, the IQ becomes read-only and is utilized only
+  for eviction, while changes are recorded in the shadow cache. Once the shadow cache is fully rebuilt, it becomes a
+  new IQ and the original one is released."
+
+So between refreshes a model keeps the importance it had when it entered the queue, and once every refresh period
+the queue is rebuilt from every resident model's current utility and swapped in. The residency core is synchronous,
+so a rebuild completes within the call that finds it due and no change can arrive while it is built; the old queue
+serves every eviction until then. A model's importance is computed when it is loaded (its P_i and S_i just
+measured), against the models resident at that moment, itself included.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import itertools
+import math
+from collections.abc import Iterable, Set
+
+from adaserve.cache.policies.base import EvictionPolicy
+from adaserve.cache.stats import StatsRegistry
+
+DEFAULT_REFRESH_PERIOD_S = 30.0
+
+
+class ImportanceQueue:
+    """The paper's IQ: a min-heap of (importance, model); removal is lazy, so a pop skips stale entries."""
+
+    def __init__(self, entries: Iterable[tuple[float, str]] = ()) -> None:
+        self._order = itertools.count()
+        self._heap = [(rank, next(self._order), name) for rank, name in entries]
+        heapq.heapify(self._heap)
+        self._live = {name: (rank, order) for rank, order, name in self._heap}
+
+    def set(self, rank: float, name: str) -> None:
+        entry = (rank, next(self._order), name)
+        self._live[name] = entry[:2]
+        heapq.heappush(self._heap, entry)
+
+    def discard(self, name: str) -> None:
+        self._live.pop(name, None)
+
+    def pop_min(self, allowed: Set[str]) -> str:
+        """Remove and return the least important model in `allowed`; ties go to the one queued first."""
+        skipped = []
+        try:
+            while self._heap:
+                rank, order, name = heapq.heappop(self._heap)
+                if self._live.get(name) != (rank, order):
+                    continue  # discarded, or set again since
+                if name in allowed:
+                    del self._live[name]
+                    return name
+                skipped.append((rank, order, name))
+            raise ValueError(f"the importance queue holds none of {sorted(allowed)}")
+        finally:
+            for entry in skipped:
+                heapq.heappush(self._heap, entry)
+
+
+class IAMPolicy(EvictionPolicy):
+    """Evicts the resident model at the top of the importance queue (the smallest rank-based importance)."""
+
+    name = "iam"
+
+    def __init__(
+        self,
+        stats: StatsRegistry,
+        budget_bytes: int,
+        refresh_period_s: float = DEFAULT_REFRESH_PERIOD_S,
+        b0: float = 1.0,
+    ) -> None:
+        super().__init__(stats, budget_bytes)
+        if refresh_period_s <= 0:
+            raise ValueError(f"IAM refresh_period_s must be positive, got {refresh_period_s}")
+        if b0 <= 0:
+            raise ValueError(f"IAM b0 must be positive (log(0) is undefined for the least useful model), got {b0}")
+        self.refresh_period_s = refresh_period_s
+        self.b0 = b0
+        self.queue = ImportanceQueue()
+        self.refreshes = 0
+        self._resident: dict[str, None] = {}  # load order
+        self._next_refresh_s: float | None = None
+
+    def utility(self, name: str, now: float) -> float:
+        """u_i = P_i / S_i · 1 / T_i (Eq. 1); 0 for a model with no recent requests (T_i infinite)."""
+        size = max(1, self.stats.size_bytes(name) or 0)
+        return self.stats.penalty_s(name) / size / self.stats.expected_gap_s(name, now)
+
+    def importance(self, name: str, now: float) -> float:
+        """rank_i = log(Σ_{j≠i} F(u_i > u_j) + b0) over the resident models (Eq. 2)."""
+        return self._ranks([name, *(j for j in self._resident if j != name)], now)[0]
+
+    def on_request(self, name: str, now: float) -> None:
+        self._refresh_if_due(now)
+
+    def on_load(self, name: str, now: float) -> None:
+        self._refresh_if_due(now)
+        self._resident[name] = None
+        self.queue.set(self.importance(name, now), name)
+
+    def on_evict(self, name: str, now: float) -> None:
+        self._resident.pop(name, None)
+        self.queue.discard(name)
+
+    def victim(self, candidates: Set[str], needed_bytes: int, now: float) -> str:
+        self._refresh_if_due(now)
+        return self.queue.pop_min(candidates)
+
+    def _refresh_if_due(self, now: float) -> None:
+        if self._next_refresh_s is None:
+            self._next_refresh_s = now + self.refresh_period_s
+        elif now >= self._next_refresh_s:
+            names = list(self._resident)
+            shadow = ImportanceQueue(zip(self._ranks(names, now), names, strict=True))
+            self.queue = shadow  # the swap: the old queue is released
+            self.refreshes += 1
+            self._next_refresh_s = now + self.refresh_period_s
+
+    def _ranks(self, names: list[str], now: float) -> list[float]:
+        utilities = [self.utility(name, now) for name in names]
+        ordered = sorted(utilities)
+        # Σ_{j≠i} F(u_i > u_j) is the number of utilities strictly below u_i (u_i itself is not below itself).
+        return [math.log(bisect.bisect_left(ordered, u) + self.b0) for u in utilities]

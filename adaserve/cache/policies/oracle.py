@@ -1,0 +1,69 @@
+"""A Belady-style offline oracle: the limit the online policies are measured against (simulation only)."""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import defaultdict
+from collections.abc import Sequence, Set
+
+from adaserve.cache.policies.base import EvictionPolicy
+from adaserve.cache.stats import StatsRegistry
+
+
+class BeladyOracle(EvictionPolicy):
+    """Farthest next use (Belady's MIN), made size-aware by pruning: it is given the whole request sequence.
+
+    Belady's MIN evicts the object whose next request is farthest away, and maximises the hit ratio when objects
+    have one size. Models differ in size, and taking victims one by one in that order evicts small models that did
+    not need to go: to admit a 300 MB model it would drop a 10 MB and a 40 MB model first and the 300 MB one after.
+    So the oracle takes candidates in farthest-next-use order until they free `needed_bytes`, then drops from that
+    set, nearest next use first, every model the others cover without, and evicts the farthest of what is left.
+
+    With sizes and load penalties, choosing victims to minimise misses or load time under a byte budget is NP-hard,
+    so this is a strong reference point, not the exact optimum: an online policy can beat it on load time, and on
+    hit ratio in corner cases. It needs the future, so only the simulator can make one.
+    """
+
+    name = "oracle"
+
+    def __init__(self, stats: StatsRegistry, budget_bytes: int, future: Sequence[str]) -> None:
+        super().__init__(stats, budget_bytes)
+        self._future = list(future)
+        self._positions: dict[str, list[int]] = defaultdict(list)
+        for index, name in enumerate(self._future):
+            self._positions[name].append(index)
+        self._cursor = -1  # index of the latest request
+
+    def on_request(self, name: str, now: float) -> None:
+        self._cursor += 1
+        expected = self._future[self._cursor] if self._cursor < len(self._future) else None
+        if name != expected:
+            raise ValueError(
+                f"the oracle was given a different request sequence: request {self._cursor} is for '{name}', "
+                f"its future says {expected!r}"
+            )
+
+    def next_use(self, name: str) -> float:
+        """Index of the next request for `name` after the latest one; infinite if there is none."""
+        positions = self._positions.get(name, [])
+        found = bisect.bisect_right(positions, self._cursor)
+        return positions[found] if found < len(positions) else math.inf
+
+    def victim(self, candidates: Set[str], needed_bytes: int, now: float) -> str:
+        farthest_first = sorted(candidates, key=lambda name: (self.next_use(name), name), reverse=True)
+        chosen: list[str] = []
+        freed = 0
+        for name in farthest_first:
+            chosen.append(name)
+            freed += self._size(name)
+            if freed >= needed_bytes:
+                break
+        for name in reversed(chosen[:]):  # nearest next use first
+            if freed - self._size(name) >= needed_bytes:
+                chosen.remove(name)
+                freed -= self._size(name)
+        return chosen[0]
+
+    def _size(self, name: str) -> int:
+        return self.stats.size_bytes(name) or 0

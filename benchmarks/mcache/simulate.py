@@ -1,0 +1,258 @@
+"""mCache in simulation: every eviction policy × the paper's four workloads × cache sizes of 20-80%, on measured
+figures of real models, against the paper's bars and the offline oracle.
+
+    .venv/bin/python -m benchmarks.mcache.simulate                    # measures the models first (~5 minutes)
+    .venv/bin/python -m benchmarks.mcache.simulate --models benchmarks/results/mcache_simulate.json   # reuse them
+    .venv/bin/python -m benchmarks.mcache.simulate --quick            # 1 seed, 600 requests, under results/tmp/
+
+The workload is the paper's §6.1 one (`adaserve.cache.workload`): the Azure Functions 2019 sample's HTTP functions
+at or below the 90th popularity percentile, each given a model by random / round-robin / quantile / quantile-r
+assignment, downsampled to --requests requests over the sample's 8 hours. Each cell is replayed twice through
+`adaserve.cache.simulator`, which runs the same residency core and policy objects as the server:
+
+* open loop at the trace's times: hit ratio, mean model-load time per request (the paper's "model loading time",
+  0 for a hit), mean and p99 latency;
+* closed loop, one client sending the same requests back to back: throughput, the requests a second one device
+  sustains on the sequence. With the trace's own timing the device is idle most of the time and every policy's
+  throughput is the arrival rate; the paper's throughput differences are those of a busy server.
+
+Cache size is a share of the models' total size. Every figure is the mean over --seeds workload seeds (each seed
+draws other invocation times, another downsample and another random assignment); the JSON keeps every seed.
+The bars are the paper's, on the random workload as in its §6.3: IAM's throughput ≥ 1.5× LFU's at 40% and ≥ 2.39× at
+80%; IAM's mean load time ≥ 27%, 43%, 62% below LFU's at 40%, 60%, 80%.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from adaserve.cache.policies import POLICIES
+from adaserve.cache.simulator import ModelFigures, models_from, simulate
+from adaserve.cache.workload import ASSIGNMENTS, build_workload
+from benchmarks.common import RESULTS, ROOT, SCRATCH, command_line, figure, load_window, machine, write_json
+from benchmarks.mcache.models import measure_models
+
+TRACE = ROOT.parent / "shared" / "data" / "traces" / "azure-functions-2019" / "500_invocations.csv"
+SHARES = (0.2, 0.4, 0.6, 0.8)
+#: The paper's bars (§6.3, Table 3), random workload: IAM over LFU.
+THROUGHPUT_BARS = {0.4: 1.5, 0.8: 2.39}
+LOAD_TIME_BARS = {0.4: 0.27, 0.6: 0.43, 0.8: 0.62}
+METRICS = ("hit_ratio", "mean_load_wait_s", "throughput_rps", "mean_latency_s", "p99_latency_s")
+
+
+def run_cells(
+    models: dict[str, ModelFigures], requests: int, seeds: list[int], log: Any = print
+) -> list[dict[str, Any]]:
+    """One row per seed × assignment × share × policy, open-loop and closed-loop figures side by side."""
+    total = sum(m.size_bytes for m in models.values())
+    load_s = {name: m.load_s for name, m in models.items()}
+    rows = []
+    for seed in seeds:
+        for assign in ASSIGNMENTS:
+            workload = build_workload(TRACE, load_s, assign=assign, requests=requests, seed=seed)
+            for share in SHARES:
+                budget = int(total * share)
+                for policy in POLICIES:
+                    open_loop = simulate(workload.requests, models, budget, policy)
+                    closed = simulate(workload.requests, models, budget, policy, clients=1)
+                    rows.append(
+                        {
+                            "seed": seed,
+                            "assign": assign,
+                            "share": share,
+                            "policy": policy,
+                            "open_loop": _figures(open_loop.as_dict()),
+                            "closed_loop": _figures(closed.as_dict()),
+                        }
+                    )
+        log(f"seed {seed}: {len(rows)} cells so far")
+    return rows
+
+
+def _figures(result: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in result.items() if key != "policy"}
+
+
+def _metric(row: dict[str, Any], metric: str) -> float:
+    """Throughput from the closed loop, everything else from the open loop at the trace's times."""
+    return float(row["closed_loop" if metric == "throughput_rps" else "open_loop"][metric])
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per assignment / share / policy: the mean of every metric over the seeds, and its range."""
+    cells: dict[tuple[str, float, str], list[dict[str, Any]]] = {}
+    for row in rows:
+        cells.setdefault((row["assign"], row["share"], row["policy"]), []).append(row)
+    summary: dict[str, dict[str, Any]] = {}
+    for (assign, share, policy), group in cells.items():
+        entry = {}
+        for metric in METRICS:
+            values = [_metric(row, metric) for row in group]
+            entry[metric] = statistics.fmean(values)
+            entry[metric + "_range"] = [min(values), max(values)]
+        summary.setdefault(assign, {}).setdefault(f"{share:.0%}", {})[policy] = entry
+    return summary
+
+
+def bars(summary: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    random = summary["random"]
+    checks = []
+    for share, target in THROUGHPUT_BARS.items():
+        iam, lfu = random[f"{share:.0%}"]["iam"], random[f"{share:.0%}"]["lfu"]
+        ratio = iam["throughput_rps"] / lfu["throughput_rps"]
+        checks.append(
+            {
+                "bar": f"IAM vs LFU throughput at {share:.0%}",
+                "target": f">= {target}x",
+                "measured": f"{ratio:.3f}x",
+                "value": ratio,
+                "pass": ratio >= target,
+            }
+        )
+    for share, target in LOAD_TIME_BARS.items():
+        iam, lfu = random[f"{share:.0%}"]["iam"], random[f"{share:.0%}"]["lfu"]
+        reduction = 1 - iam["mean_load_wait_s"] / lfu["mean_load_wait_s"] if lfu["mean_load_wait_s"] else 0.0
+        checks.append(
+            {
+                "bar": f"IAM vs LFU mean load time at {share:.0%}",
+                "target": f">= {target:.0%} lower",
+                "measured": f"{reduction:.1%} lower",
+                "value": reduction,
+                "pass": reduction >= target,
+            }
+        )
+    return checks
+
+
+def oracle_distance(summary: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per policy, averaged over every workload and cache size: hit-ratio points below the oracle, mean load time
+    and throughput as ratios to the oracle's."""
+    gaps: dict[str, dict[str, list[float]]] = {}
+    for shares in summary.values():
+        for policies in shares.values():
+            oracle = policies["oracle"]
+            for policy, entry in policies.items():
+                into = gaps.setdefault(policy, {"hit_ratio_gap": [], "load_time_ratio": [], "throughput_ratio": []})
+                into["hit_ratio_gap"].append(oracle["hit_ratio"] - entry["hit_ratio"])
+                if oracle["mean_load_wait_s"] > 0:
+                    into["load_time_ratio"].append(entry["mean_load_wait_s"] / oracle["mean_load_wait_s"])
+                into["throughput_ratio"].append(entry["throughput_rps"] / oracle["throughput_rps"])
+    return {
+        policy: {key: statistics.fmean(values) if values else float("nan") for key, values in into.items()}
+        for policy, into in gaps.items()
+    }
+
+
+def plot(summary: dict[str, dict[str, Any]], path: Path, title: str) -> None:
+    rows = (
+        ("hit_ratio", "hit ratio", 1.0),
+        ("mean_load_wait_s", "mean load time (ms)", 1e3),
+        ("throughput_rps", "throughput, closed loop (req/s)", 1.0),
+    )
+    fig = figure(16, 10)
+    axes = fig.subplots(len(rows), len(ASSIGNMENTS), squeeze=False)
+    for column, assign in enumerate(ASSIGNMENTS):
+        for line, (metric, label, scale) in enumerate(rows):
+            ax = axes[line][column]
+            for policy in POLICIES:
+                xs = [share * 100 for share in SHARES]
+                ys = [summary[assign][f"{share:.0%}"][policy][metric] * scale for share in SHARES]
+                style = {"linewidth": 2.5} if policy in ("iam", "lfu") else {"linewidth": 1.2}
+                ax.plot(xs, ys, marker="o", label=policy, linestyle="--" if policy == "oracle" else "-", **style)
+            ax.set_xticks([share * 100 for share in SHARES])
+            ax.grid(alpha=0.3)
+            if line == 0:
+                ax.set_title(assign)
+            if line == len(rows) - 1:
+                ax.set_xlabel("cache size (% of the models' total)")
+            if column == 0:
+                ax.set_ylabel(label)
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def format_table(summary: dict[str, dict[str, Any]]) -> str:
+    lines = [f"{'workload':<12}{'size':>5}  " + "".join(f"{p:>20}" for p in POLICIES)]
+    lines.append(" " * 19 + "".join(f"{'hit / load ms / rps':>20}" for _ in POLICIES))
+    for assign, shares in summary.items():
+        for share, policies in shares.items():
+            cells = "".join(
+                f"{e['hit_ratio']:>7.3f}{e['mean_load_wait_s'] * 1e3:>7.1f}{e['throughput_rps']:>6.1f}"
+                for e in (policies[p] for p in POLICIES)
+            )
+            lines.append(f"{assign:<12}{share:>5}  {cells}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", type=Path, help="measured figures to reuse (a models file or a result JSON)")
+    parser.add_argument("--requests", type=int, default=2389, help="requests per workload (the paper's 2,389)")
+    parser.add_argument("--seeds", default="0,1,2,3,4", help="workload seeds, comma-separated")
+    parser.add_argument("--quick", action="store_true", help="1 seed, 600 requests, output under results/tmp/")
+    parser.add_argument("--output", type=Path, help="result JSON (default results/mcache_simulate.json)")
+    args = parser.parse_args()
+    seeds = [0] if args.quick else [int(s) for s in args.seeds.split(",")]
+    requests = 600 if args.quick else args.requests
+    output = args.output or (SCRATCH if args.quick else RESULTS) / "mcache_simulate.json"
+
+    record: dict[str, Any] = {
+        "benchmark": "mcache_simulate",
+        "created": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "command": command_line(),
+        "machine": machine(),
+        "trace": str(TRACE.relative_to(ROOT.parent)),
+        "requests": requests,
+        "seeds": seeds,
+        "shares": list(SHARES),
+        "policies": list(POLICIES),
+        "assignments": list(ASSIGNMENTS),
+    }
+    if args.models is not None:  # figures measured before: keep when and how busy the machine was then
+        source = json.loads(args.models.read_text())
+        raw = source.get("models", source)
+        before = source.get("models_from") or {}
+        record["models_from"] = {
+            "file": str(args.models),
+            "measured": before.get("measured") or source.get("created"),
+            "measured_by": before.get("measured_by") or source.get("command"),
+        }
+        record["measurement"] = source.get("measurement")
+    else:
+        with load_window(record.setdefault("measurement", {})):
+            raw = measure_models(SCRATCH / "mcache")
+    record["models"] = raw
+    models = models_from(raw, str(args.models or "measured figures"))
+    with load_window(record.setdefault("simulation", {})):
+        rows = run_cells(models, requests, seeds)
+    summary = summarize(rows)
+    record["summary"] = summary
+    record["bars"] = bars(summary)
+    record["oracle_distance"] = oracle_distance(summary)
+    record["rows"] = rows
+    write_json(record, output)
+    title = (
+        f"mCache simulator: {len(models)} measured models, {requests} requests, mean of seeds {seeds} "
+        f"(hit ratio and load time open loop at trace times; throughput closed loop, 1 client)"
+    )
+    plot(summary, output.with_suffix(".png"), title)
+    print(format_table(summary))
+    for check in record["bars"]:
+        print(f"{check['bar']}: {check['measured']} (target {check['target']}): {'pass' if check['pass'] else 'MISS'}")
+    for policy, distance in record["oracle_distance"].items():
+        print(
+            f"{policy:<7} vs oracle: hit ratio -{distance['hit_ratio_gap']:.3f}, load time "
+            f"{distance['load_time_ratio']:.2f}x, throughput {distance['throughput_ratio']:.2f}x"
+        )
+    print(f"wrote {output} and {output.with_suffix('.png')}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+import math
+
+import pytest
+
+from adaserve.cache.policies import IAMPolicy, ImportanceQueue
+from adaserve.cache.stats import StatsRegistry
+from tests.cache.factories import Driver, driver
+
+TAU = 100.0
+
+
+def _iam(budget: int = 100, **options: float) -> Driver:
+    return driver("iam", budget, stats=StatsRegistry(rate_time_constant_s=TAU), **options)
+
+
+def _load(cache: Driver, name: str, *, penalty: float, size: int, requests: int, now: float = 0.0) -> None:
+    """`requests` requests at `now` (Δ = requests / τ), then a load taking `penalty` s of `size` bytes."""
+    cache.sizes[name], cache.penalties[name] = size, penalty
+    for _ in range(requests):
+        cache.request(name, now)
+
+
+def test_utility_and_rank_follow_equations_1_and_2() -> None:
+    cache = _iam()
+    iam: IAMPolicy = cache.policy
+    _load(cache, "A", penalty=2.0, size=1, requests=1)  # u = 2 / 1 · 1/τ
+    _load(cache, "B", penalty=1.0, size=1, requests=3)  # u = 1 / 1 · 3/τ
+    _load(cache, "C", penalty=8.0, size=4, requests=1)  # u = 8 / 4 · 1/τ: the same as A
+    _load(cache, "D", penalty=1.0, size=2, requests=1)  # u = 1 / 2 · 1/τ
+    assert iam.utility("A", 0.0) == pytest.approx(2.0 / TAU)
+    assert iam.utility("B", 0.0) == pytest.approx(3.0 / TAU)
+    assert iam.utility("D", 0.0) == pytest.approx(0.5 / TAU)
+    # rank_i = log(#{j != i : u_i > u_j} + b0), b0 = 1
+    assert iam.importance("D", 0.0) == pytest.approx(math.log(1))
+    assert iam.importance("A", 0.0) == pytest.approx(math.log(2))
+    assert iam.importance("C", 0.0) == pytest.approx(math.log(2))
+    assert iam.importance("B", 0.0) == pytest.approx(math.log(4))
+
+
+def test_evicts_in_importance_order_after_a_refresh() -> None:
+    cache = _iam(budget=8, refresh_period_s=1.0)
+    _load(cache, "B", penalty=1.0, size=1, requests=3)
+    _load(cache, "A", penalty=2.0, size=1, requests=1)
+    _load(cache, "C", penalty=8.0, size=4, requests=1)
+    _load(cache, "D", penalty=1.0, size=2, requests=1)
+    # Each entered the queue ranked against the models resident then; at the refresh all are ranked anew.
+    iam, resident = cache.policy, {"A", "B", "C", "D"}
+    order = [iam.victim(resident, 1, now=1.0) for _ in range(4)]
+    assert order == ["D", "A", "C", "B"]  # A and C tie at log 2: A was loaded first
+
+
+def test_the_least_important_model_is_evicted_at_the_refresh() -> None:
+    cache = _iam(budget=3, refresh_period_s=1.0)
+    _load(cache, "hot", penalty=1.0, size=1, requests=5)
+    _load(cache, "cold", penalty=1.0, size=1, requests=1)
+    _load(cache, "mid", penalty=1.0, size=1, requests=2)
+    assert cache.request("new", now=2.0) == ["cold"]
+
+
+def _stale_pair() -> Driver:
+    """A loaded alone (rank log 1), then B, less useful than A, also at rank log 1: A's entry is older."""
+    cache = _iam(budget=2, refresh_period_s=10.0)
+    _load(cache, "A", penalty=1.0, size=1, requests=2, now=0.0)
+    _load(cache, "B", penalty=1.0, size=1, requests=1, now=0.0)
+    return cache
+
+
+def test_the_old_queue_serves_evictions_until_the_period_ends() -> None:
+    cache = _stale_pair()
+    assert cache.request("C", now=5.0) == ["A"]  # the read-only IQ still ranks A with the rank it entered with
+    assert cache.policy.refreshes == 0
+
+
+def test_the_shadow_queue_is_swapped_in_after_the_period() -> None:
+    cache = _stale_pair()
+    assert cache.request("C", now=10.0) == ["B"]  # rebuilt: u_A > u_B, so A ranks log 2 and B log 1
+    assert cache.policy.refreshes == 1
+
+
+def test_a_pinned_model_at_the_top_of_the_queue_is_skipped_and_kept() -> None:
+    queue = ImportanceQueue([(0.0, "a"), (1.0, "b"), (2.0, "c")])
+    assert queue.pop_min({"b", "c"}) == "b"
+    assert queue.pop_min({"a", "c"}) == "a"
+    queue.set(5.0, "c")  # a new importance replaces the old entry
+    queue.set(3.0, "d")
+    assert queue.pop_min({"c", "d"}) == "d"
+    with pytest.raises(ValueError, match="holds none of"):
+        queue.pop_min({"a", "b"})
+
+
+def test_a_model_without_recent_requests_has_no_utility() -> None:
+    iam = IAMPolicy(StatsRegistry(), 10)
+    assert iam.utility("never", 0.0) == 0.0
