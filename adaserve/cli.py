@@ -103,6 +103,7 @@ def _infer(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from adaserve.adaptive.gati.cli import register as register_caches
     from adaserve.bench.cli import register as register_bench
     from adaserve.cache.cli import register as register_cache
     from adaserve.cache.policies import POLICIES, BeladyOracle
@@ -154,6 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_bench(commands)
     register_cache(commands)
     register_cpu(commands)
+    register_caches(commands)
     return parser
 
 

@@ -116,6 +116,78 @@ class PackratSpec(_Strict):
     sample_interval_s: float = Field(default=0.1, gt=0, description="how often the queue depth is observed")
 
 
+class LearnedCachesSpec(_Strict):
+    """`caches:` — GATI's learned caches: where the model may exit early and which built cache set serves it.
+
+    `adaserve caches build` trains a cache set into `<model dir>/caches/v<N>/`; the worker runs the model block by
+    block and consults the chosen caches after their blocks.
+    """
+
+    blocks: tuple[str, ...] | Literal["auto"] = Field(
+        default="auto",
+        description="the model's blocks, module paths in execution order that together run the whole model "
+        "(e.g. [stem, layer1.0, layer1.1, head]); 'auto' detects the sequential chain of top-level modules, "
+        "descending into chains of composite modules",
+    )
+    version: int | Literal["latest"] = Field(
+        default="latest", description="cache set to serve: caches/v<version>/, or the newest one"
+    )
+    targets: tuple[float, ...] = Field(
+        default=(0.99,),
+        min_length=1,
+        description="agreement targets with the base model the set is composed for; the first is the default, a "
+        "request's `accuracy` parameter picks the least target at or above it",
+    )
+    memory_budget_mb: float | None = Field(
+        default=None, gt=0, description="memory all chosen caches of one target may hold (MB); default: no limit"
+    )
+
+    @field_validator("blocks", mode="before")
+    @classmethod
+    def _blocks(cls, value: Any) -> Any:
+        if isinstance(value, str) and value != "auto":
+            raise ValueError(f"expected 'auto' or a list of module paths, got {value!r}")
+        if isinstance(value, list | tuple):
+            if not value:
+                raise ValueError("the block list is empty; name the blocks or use 'auto'")
+            bad = [v for v in value if not isinstance(v, str) or not v or v != v.strip()]
+            if bad:
+                raise ValueError(f"block names are module paths like 'layer1.0', got {bad[0]!r}")
+            repeated = sorted({v for v in value if value.count(v) > 1})
+            if repeated:
+                raise ValueError(f"blocks are named once each; repeated: {', '.join(repeated)}")
+        return value
+
+    @field_validator("version", mode="before")
+    @classmethod
+    def _version(cls, value: Any) -> Any:
+        if value != "latest" and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise ValueError(f"expected 'latest' or a version number (1, 2, ...), got {value!r}")
+        return value
+
+    @field_validator("targets")
+    @classmethod
+    def _targets(cls, value: tuple[float, ...]) -> tuple[float, ...]:
+        for target in value:
+            if not 0 < target < 1:
+                raise ValueError(f"a target is an agreement fraction strictly between 0 and 1, got {target}")
+        return value
+
+
+class ActivatorSpec(_Strict):
+    """SLO-NNs node activator (built by `adaserve activator build`): requests carrying `accuracy` or `latency_ms`
+    compute only the top-k% nodes of each hidden layer; requests without either run the model unchanged."""
+
+    version: int | None = Field(
+        default=None, ge=1, description="activator version under <model>/activator/; default: the newest"
+    )
+    on_mismatch: Literal["dense", "error"] = Field(
+        default="dense",
+        description="an activator built for another model version or weights: 'dense' serves targeted requests "
+        "densely (response mode 'dense'), 'error' fails the model's load",
+    )
+
+
 class ModelConfig(_Strict):
     """The whole `config.yaml` of one model."""
 
@@ -142,6 +214,10 @@ class ModelConfig(_Strict):
     )
     packrat: PackratSpec = PackratSpec()
     parameters: dict[str, Any] = Field(default_factory=dict, description="defaults for per-request parameters")
+    activator: ActivatorSpec | None = Field(default=None, description="SLO-NNs node activator; none by default")
+    caches: LearnedCachesSpec | None = Field(
+        default=None, description="GATI learned caches (early exit); absent: the model always runs whole"
+    )
 
     @field_validator("outputs")
     @classmethod

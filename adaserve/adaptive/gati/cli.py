@@ -1,0 +1,217 @@
+"""`adaserve caches build MODEL --data DATA` and `adaserve caches compose MODEL`: GATI's deployment phase.
+
+`build` explores (trains every predictor variant and its selector after every candidate block), composes for each
+target, and saves the result as a new cache set version in the model's folder. `compose` recomposes an existing set
+for other targets, a memory budget or α without retraining, rewriting that version's manifest. Both print the
+per-variant table and the compositions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from adaserve.config import ModelConfig
+from adaserve.repository import ModelRepository
+
+if TYPE_CHECKING:  # torch is imported only when a command runs, so `adaserve --help` stays fast
+    from adaserve.adaptive.gati.cacheset import Manifest
+
+__all__ = ["format_cache_set", "register"]
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction strictly between 0 and 1, got {value}")
+    return value
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {value}")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _variants(text: str) -> tuple[Any, ...]:
+    from adaserve.adaptive.gati.predictors import VariantSpec
+
+    try:
+        return tuple(VariantSpec.parse(v) for v in text.split(","))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add `caches build` and `caches compose` to the `adaserve` command line."""
+    from adaserve.cli import EXAMPLE_REPOSITORY
+
+    caches = subparsers.add_parser("caches", help="GATI learned caches: build and compose a model's cache set")
+    commands = caches.add_subparsers(dest="caches_command", required=True)
+
+    build = commands.add_parser(
+        "build",
+        help="train learned caches for a model and save them as a new cache set version",
+        description="Run the model over the validation data, train every predictor variant and its selector "
+        "after every candidate block, measure hit rate, agreement, lookup latency and memory, compose for each "
+        "target, and save <model dir>/caches/v<N>/.",
+    )
+    build.add_argument("model")
+    build.add_argument("--data", required=True, help="fashion-mnist (its test split) or an .npz with x (and y)")
+    build.add_argument("--quick", action="store_true", help="3 variants, 4 epochs: about a minute, not ten")
+    build.add_argument(
+        "--variants", type=_variants, help="comma-separated variants, e.g. 'FC(512),Pool(4096),Conv(3,1)'"
+    )
+    build.add_argument("--max-samples", type=_count, help="use at most this many validation rows")
+    build.add_argument("--threads", type=_count, default=1, help="torch threads for training and timing (default 1)")
+    build.add_argument("--seed", type=int, default=0)
+    build.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
+    _composition_arguments(build)
+    build.set_defaults(func=build_command)
+
+    recompose = commands.add_parser(
+        "compose",
+        help="recompose a built cache set for other targets, a memory budget or alpha",
+        description="Choose caches and thresholds again from the per-row scores a build stored, and rewrite the "
+        "set's manifest; nothing is retrained.",
+    )
+    recompose.add_argument("model")
+    recompose.add_argument("--version", type=_count, help="cache set version (default: the newest)")
+    _composition_arguments(recompose)
+    recompose.set_defaults(func=compose_command)
+    for parser in (build, recompose):
+        parser.add_argument("--model-repository", type=Path, default=EXAMPLE_REPOSITORY)
+
+
+def _composition_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--target",
+        type=_fraction,
+        action="append",
+        help="agreement with the base model to compose for (repeatable; default: the config's caches.targets, "
+        "else 0.99)",
+    )
+    parser.add_argument(
+        "--memory-mb", type=_positive, help="memory the chosen caches may hold (default: caches.memory_budget_mb)"
+    )
+    parser.add_argument("--alpha", type=float, default=0.2, help="the MILP's weight of hit rate (default 0.2)")
+    parser.add_argument(
+        "--margin-se",
+        type=float,
+        default=1.0,
+        help="the overall composition aims this many standard errors above the target on the calibrate split",
+    )
+
+
+def _targets_and_budget(args: argparse.Namespace, config: ModelConfig) -> tuple[list[float], int | None]:
+    caches = config.caches
+    targets = args.target or list(caches.targets if caches else (0.99,))
+    memory_mb = args.memory_mb or (caches.memory_budget_mb if caches else None)
+    return targets, int(memory_mb * 1e6) if memory_mb else None
+
+
+def build_command(args: argparse.Namespace) -> int:
+    import torch
+
+    from adaserve.adaptive.gati.explore import ExploreSettings, build_cache_set
+
+    torch.set_num_threads(args.threads)
+    spec = ModelRepository(args.model_repository).read(args.model)
+    targets, budget = _targets_and_budget(args, spec.config)
+    settings = ExploreSettings.for_run(quick=args.quick, seed=args.seed, max_samples=args.max_samples)
+    if args.variants:
+        settings = replace(settings, variants=args.variants)
+    began = time.perf_counter()
+    cache_set = build_cache_set(
+        spec,
+        args.data,
+        settings,
+        targets=targets,
+        alpha=args.alpha,
+        memory_budget_bytes=budget,
+        margin_se=args.margin_se,
+        progress=args.progress,
+    )
+    print(f"wrote {cache_set.directory} in {time.perf_counter() - began:.0f} s")
+    print(format_cache_set(cache_set.manifest))
+    return 0
+
+
+def compose_command(args: argparse.Namespace) -> int:
+    from adaserve.adaptive.gati.cacheset import load_cache_set, rewrite_manifest
+    from adaserve.adaptive.gati.compose import compose
+
+    spec = ModelRepository(args.model_repository).read(args.model)
+    targets, budget = _targets_and_budget(args, spec.config)
+    cache_set = load_cache_set(spec, args.version or "latest")
+    manifest = compose(
+        cache_set.manifest,
+        cache_set.scores(),
+        targets,
+        alpha=args.alpha,
+        memory_budget_bytes=budget,
+        margin_se=args.margin_se,
+    )
+    rewrite_manifest(cache_set.directory, manifest)
+    print(f"rewrote {cache_set.directory / 'manifest.json'}")
+    print(format_cache_set(manifest))
+    return 0
+
+
+def format_cache_set(manifest: Manifest) -> str:
+    """Per-variant measurements at each target and the compositions, as text tables."""
+    base = sum(manifest.block_latency_s)
+    blocks = ", ".join(f"{b} {t * 1e6:.0f} µs" for b, t in zip(manifest.blocks, manifest.block_latency_s, strict=True))
+    lines = [
+        f"{manifest.model} (model version {manifest.model_version}): {manifest.data.rows} rows of "
+        f"{manifest.data.source} ({', '.join(f'{k} {v}' for k, v in manifest.data.splits.items())})",
+        f"blocks (batch 1, 1 thread): {blocks}; all in one run {manifest.base_latency_s * 1e6:.0f} µs",
+    ]
+    for target in sorted({c.target for c in manifest.compositions}, reverse=True):
+        key = f"{target:g}"
+        lines += [
+            "",
+            f"target {key}: each cache alone on the evaluate split (threshold set on calibrate)",
+            f"{'block':>10} {'variant':>11} {'hit':>6} {'agree':>7} {'softmax hit':>11} {'agree':>7} "
+            f"{'lookup µs':>9} {'MB':>7}",
+        ]
+        for v in manifest.variants:
+            if key not in v.targets:
+                continue
+            r = v.targets[key]
+            lines.append(
+                f"{v.block:>10} {v.variant:>11} {r.selector.hit_rate:>6.3f} {r.selector.agreement:>7.4f} "
+                f"{r.softmax.hit_rate:>11.3f} {r.softmax.agreement:>7.4f} {v.lookup_latency_s * 1e6:>9.0f} "
+                f"{v.memory_bytes / 1e6:>7.3f}"
+            )
+        for c in manifest.compositions:
+            if c.target != target:
+                continue
+            exits = ", ".join(f"{e.key}@{e.threshold:.3f}" for e in c.exits) or "none"
+            ev = c.evaluate
+            lines.append(
+                f"{c.method:>8}{'*' if c.default else ' '} α={c.alpha:.1f} agreement {ev.agreement:.4f} "
+                f"({'meets' if c.meets_target else 'BELOW'} target), expected {ev.mean_latency_s * 1e6:.0f} µs "
+                f"= {base / ev.mean_latency_s:.2f}× faster, {c.memory_bytes / 1e6:.2f} MB: {exits}"
+            )
+    return "\n".join(lines)

@@ -1,0 +1,397 @@
+"""GATI's exploration phase (§4, §7): train every predictor variant and its selector after every candidate block,
+and measure what composition needs — hit rate and agreement at a threshold, lookup latency, memory.
+
+The validation data is split four ways (seeded): predictors are fitted on one part, selectors on a second (a
+selector fitted on its own predictor's training data would learn that the predictor is always right), thresholds
+are set on a third (calibrate) and everything reported is measured on the fourth (evaluate), which no choice saw.
+
+Activations come from running the model's own block chain — the callables the worker will run — so a cache is
+trained on exactly what it will read. Memory is bounded: the activations of at most `max_activation_mb` (default
+1 GiB, float32) are held at once; beyond it the data is subsampled at random, and the number used is recorded.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import re
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from adaserve.adaptive.gati.blocks import BlockChain, load_chain
+from adaserve.adaptive.gati.cacheset import (
+    MEASURED_SPLITS,
+    CacheSet,
+    CacheSetError,
+    DataRecord,
+    ExitRecord,
+    LearnedCache,
+    Manifest,
+    VariantRecord,
+    artifact_sha256,
+    write_cache_set,
+)
+from adaserve.adaptive.gati.compose import DEFAULT_ALPHA, compose
+from adaserve.adaptive.gati.predictors import (
+    DEFAULT_VARIANTS,
+    QUICK_VARIANTS,
+    TrainSettings,
+    VariantSpec,
+    build_predictor,
+    train_predictor,
+)
+from adaserve.adaptive.gati.selectors import SELECTOR_STEPS, Selector, train_selector
+from adaserve.config import ModelConfig
+from adaserve.errors import ConfigError
+from adaserve.repository import ModelSpec, weight_bytes
+
+__all__ = ["ExploreResult", "ExploreSettings", "Explored", "build_cache_set", "explore", "load_data", "time_call"]
+
+#: Fractions of the data for fitting predictors, fitting selectors, setting thresholds, and evaluating.
+SPLITS = {"fit_predictor": 0.5, "fit_selector": 0.15, "calibrate": 0.15, "evaluate": 0.2}
+
+
+@dataclass(frozen=True)
+class ExploreSettings:
+    """What to try and how hard; `for_run(quick=True)` is the minutes-not-tens-of-minutes exploration."""
+
+    variants: tuple[VariantSpec, ...] = DEFAULT_VARIANTS
+    train: TrainSettings = field(default_factory=TrainSettings)
+    max_samples: int | None = None
+    max_activation_mb: float = 1024.0
+    selector_steps: int = SELECTOR_STEPS
+    latency_repeats: int = 200
+    seed: int = 0
+    quick: bool = False
+
+    @classmethod
+    def for_run(cls, *, quick: bool, seed: int = 0, max_samples: int | None = None) -> ExploreSettings:
+        if quick:
+            train = TrainSettings(epochs=4, seed=seed)
+            return cls(
+                QUICK_VARIANTS, train, max_samples, selector_steps=1000, latency_repeats=100, seed=seed, quick=True
+            )
+        return cls(DEFAULT_VARIANTS, TrainSettings(epochs=10, seed=seed), max_samples, seed=seed)
+
+
+@dataclass(frozen=True)
+class Explored:
+    """One trained (block, variant): its networks and measurements; scores are per calibrate / evaluate row."""
+
+    block_index: int
+    variant: VariantSpec
+    input_shape: tuple[int, ...]
+    predictor: nn.Module
+    selector: nn.Module
+    lookup_latency_s: float
+    memory_bytes: int
+    scores: dict[str, np.ndarray]  # selector's hit probability
+    softmax: dict[str, np.ndarray]  # max softmax of the predictor (the plain-threshold baseline)
+    agrees: dict[str, np.ndarray]  # predictor's argmax == base model's
+
+    @property
+    def key(self) -> str:
+        return f"{self.block_index}:{self.variant.name}"
+
+
+@dataclass(frozen=True)
+class ExploreResult:
+    """Everything a cache set stores: the trained variants and the measurements composition reads."""
+
+    blocks: tuple[str, ...]
+    block_latency_s: tuple[float, ...]
+    base_latency_s: float
+    num_classes: int
+    split_rows: dict[str, np.ndarray]  # per split, the indices of its rows in the validation data
+    has_labels: bool
+    variants: list[Explored] = field(default_factory=list)
+
+
+def load_data(source: str, config: ModelConfig) -> tuple[np.ndarray, np.ndarray | None]:
+    """`fashion-mnist` (its test split: 10,000 images the example models never trained on) or an .npz holding `x`
+    and optionally `y`; rows are reshaped to the model's input when only the layout differs (784 vs 1×28×28)."""
+    if len(config.inputs) != 1:
+        raise ConfigError(f"model '{config.name}' takes {len(config.inputs)} inputs; caches need exactly one")
+    if source == "fashion-mnist":
+        from adaserve.datasets import load_fashion_mnist
+
+        x, y = load_fashion_mnist("test")
+    else:
+        path = Path(source)
+        try:
+            with np.load(path, allow_pickle=False) as archive:
+                if "x" not in archive:
+                    raise ConfigError(f"{path}: no array named 'x' (found: {', '.join(archive.files) or 'none'})")
+                x = archive["x"]
+                y = archive.get("y")
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"{path}: not a readable .npz of arrays: {exc}") from None
+    spec = config.inputs[0]
+    if x.ndim == 0 or math.prod(x.shape[1:]) != math.prod(spec.row_shape):
+        raise ConfigError(
+            f"validation data {source}: rows shaped {list(x.shape[1:])} do not fit model '{config.name}', whose "
+            f"input '{spec.name}' takes rows of {list(spec.row_shape)}"
+        )
+    if y is not None and y.shape != (len(x),):
+        raise ConfigError(f"validation data {source}: 'y' must hold one label per row, got shape {list(y.shape)}")
+    return x.reshape(len(x), *spec.row_shape).astype(spec.dtype, copy=False), y
+
+
+def explore(
+    chain: BlockChain,
+    x: np.ndarray,
+    y: np.ndarray | None,
+    settings: ExploreSettings,
+    *,
+    batch_size: int,
+    progress: bool = True,
+) -> ExploreResult:
+    """Run the base model over `x`, then train and measure every variant after every exit of `chain`."""
+    exits = chain.exits
+    if not exits:
+        raise ConfigError(f"the model has no block after which a cache could exit (blocks: {', '.join(chain.names)})")
+    shapes = _exit_shapes(chain, x[:1])
+    rows = _rows_within_budget(len(x), shapes, settings)
+    rng = np.random.default_rng(settings.seed)
+    chosen = np.sort(rng.choice(len(x), rows, replace=False)) if rows < len(x) else np.arange(len(x))
+    activations, probs = _collect(chain, x[chosen], shapes, batch_size, progress)
+    labels = torch.from_numpy(y[chosen].astype(np.int64)) if y is not None else probs.argmax(1)
+    splits = _split(rows, rng)
+    result = ExploreResult(
+        blocks=chain.names,
+        block_latency_s=_block_latencies(chain, x[:1], settings.latency_repeats),
+        base_latency_s=time_call(lambda: chain.run(torch.from_numpy(x[:1])), settings.latency_repeats),
+        num_classes=probs.shape[1],
+        split_rows={name: chosen[index.numpy()] for name, index in splits.items()},
+        has_labels=y is not None,
+    )
+    jobs = [(i, spec) for i in exits for spec in settings.variants]
+    seen: set[tuple[int, str]] = set()
+    bar = tqdm(jobs, desc="caches", unit="variant", disable=not progress)
+    for block_index, spec in bar:
+        bar.set_postfix_str(f"{chain.names[block_index]} {spec.name}")
+        torch.manual_seed(settings.seed)
+        predictor = build_predictor(spec, shapes[block_index], result.num_classes)
+        if predictor is None or (block_index, repr(predictor)) in seen:
+            continue  # the variant does not apply to this shape, or equals one already trained
+        seen.add((block_index, repr(predictor)))
+        result.variants.append(
+            _train_variant(block_index, spec, predictor, activations[block_index], probs, labels, splits, settings)
+        )
+    return result
+
+
+def _train_variant(
+    block_index: int,
+    spec: VariantSpec,
+    predictor: nn.Module,
+    activations: torch.Tensor,
+    probs: torch.Tensor,
+    labels: torch.Tensor,
+    splits: dict[str, torch.Tensor],
+    settings: ExploreSettings,
+) -> Explored:
+    fit = splits["fit_predictor"]
+    train_predictor(predictor, activations[fit], probs[fit], labels[fit], settings.train)
+    base_class = probs.argmax(1)
+    outputs = {
+        name: _softmax(predictor, activations[index]) for name, index in splits.items() if name != "fit_predictor"
+    }
+    agrees = {name: out.argmax(1) == base_class[splits[name]] for name, out in outputs.items()}
+    selector = Selector(probs.shape[1])
+    train_selector(selector, outputs["fit_selector"], agrees["fit_selector"], settings.train, settings.selector_steps)
+    measured = ("calibrate", "evaluate")
+    with torch.no_grad():
+        scores = {name: torch.sigmoid(selector(outputs[name])).squeeze(1).numpy() for name in measured}
+    timed = LearnedCache(ExitRecord(key="", block="", block_index=block_index, threshold=0.5), predictor, selector)
+    lookup_s = time_call(partial(timed, activations[:1]), settings.latency_repeats)  # as the runtime calls it
+    return Explored(
+        block_index=block_index,
+        variant=spec,
+        input_shape=tuple(activations.shape[1:]),
+        predictor=predictor,
+        selector=selector,
+        lookup_latency_s=lookup_s,
+        memory_bytes=weight_bytes(predictor) + weight_bytes(selector),
+        scores=scores,
+        softmax={name: outputs[name].max(1).values.numpy() for name in measured},
+        agrees={name: agrees[name].numpy() for name in measured},
+    )
+
+
+def _softmax(predictor: nn.Module, activations: torch.Tensor, batch: int = 1024) -> torch.Tensor:
+    with torch.no_grad():
+        return torch.cat([torch.softmax(predictor(part), 1) for part in activations.split(batch)])
+
+
+def _exit_shapes(chain: BlockChain, first: np.ndarray) -> dict[int, tuple[int, ...]]:
+    shapes, x = {}, torch.from_numpy(first)
+    with torch.no_grad():
+        for index, block in enumerate(chain.blocks):
+            x = block(x)
+            shapes[index] = tuple(x.shape[1:])
+    if len(shapes[len(chain.blocks) - 1]) != 1:
+        raise ConfigError(f"the model's output is shaped {list(x.shape)}; caches need class scores [batch, classes]")
+    return shapes
+
+
+def _rows_within_budget(rows: int, shapes: dict[int, tuple[int, ...]], settings: ExploreSettings) -> int:
+    """Rows whose activations at the exits (and final outputs) fit `max_activation_mb` as float32."""
+    per_row = 4 * sum(math.prod(shape) for shape in shapes.values())
+    budget = int(settings.max_activation_mb * 1e6 // per_row)
+    limit = min(rows, budget, settings.max_samples or rows)
+    if limit < 100:
+        raise ConfigError(f"only {limit} validation rows fit (of {rows}); caches need at least 100")
+    return limit
+
+
+def _collect(
+    chain: BlockChain, x: np.ndarray, shapes: dict[int, tuple[int, ...]], batch_size: int, progress: bool
+) -> tuple[dict[int, torch.Tensor], torch.Tensor]:
+    """Each exit's activations and the base model's softmax for every row, one batch at a time."""
+    last = len(chain.blocks) - 1
+    kept = {i: torch.empty((len(x), *shapes[i])) for i in chain.exits}
+    logits = torch.empty((len(x), *shapes[last]))
+    starts = range(0, len(x), batch_size)
+    with torch.no_grad():
+        for start in tqdm(starts, desc="base model", unit="batch", disable=not progress):
+            out = torch.from_numpy(x[start : start + batch_size])
+            for index, block in enumerate(chain.blocks):
+                out = block(out)
+                if index in kept:
+                    kept[index][start : start + len(out)] = out
+            logits[start : start + len(out)] = out
+    return kept, torch.softmax(logits, 1)
+
+
+def _split(rows: int, rng: np.random.Generator) -> dict[str, torch.Tensor]:
+    order = torch.from_numpy(rng.permutation(rows))
+    bounds = np.cumsum([0, *(round(f * rows) for f in SPLITS.values())])
+    bounds[-1] = rows
+    return {name: order[bounds[i] : bounds[i + 1]] for i, name in enumerate(SPLITS)}
+
+
+def _block_latencies(chain: BlockChain, first: np.ndarray, repeats: int) -> tuple[float, ...]:
+    inputs, x = [], torch.from_numpy(first)
+    with torch.no_grad():
+        for block in chain.blocks:
+            inputs.append(x)
+            x = block(x)
+    return tuple(time_call(partial(block, x), repeats) for block, x in zip(chain.blocks, inputs, strict=True))
+
+
+def time_call(call: Callable[[], object], repeats: int) -> float:
+    """Median seconds of `call()` at batch 1 on this thread, after a warm-up; the median because other work on a
+    shared machine lengthens some runs."""
+    with torch.no_grad():
+        for _ in range(max(3, repeats // 10)):
+            call()
+        times = []
+        for _ in range(repeats):
+            began = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - began)
+    return statistics.median(times)
+
+
+def build_cache_set(
+    spec: ModelSpec,
+    source: str,
+    settings: ExploreSettings,
+    *,
+    targets: Sequence[float],
+    alpha: float = DEFAULT_ALPHA,
+    memory_budget_bytes: int | None = None,
+    margin_se: float = 1.0,
+    progress: bool = True,
+) -> CacheSet:
+    """Explore, compose for `targets`, and save a new cache set version in the model's folder.
+
+    A composition that cannot be made (a memory budget below every cache) still saves the explored set, without
+    compositions, and says how to compose it."""
+    chain = load_chain(spec)
+    x, y = load_data(source, spec.config)
+    result = explore(chain, x, y, settings, batch_size=spec.config.max_batch_size, progress=progress)
+    keys = [
+        f"{result.blocks[v.block_index]}-{re.sub(r'[^A-Za-z0-9]', '', v.variant.name.replace(',', 'x'))}"
+        for v in result.variants
+    ]
+    manifest = Manifest(
+        model=spec.name,
+        model_version=spec.version,
+        artifact=str(spec.artifact.relative_to(spec.directory)),
+        artifact_sha256=artifact_sha256(spec.artifact),
+        created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        torch=torch.__version__,
+        settings=_settings_record(settings),
+        data=DataRecord(
+            source=source,
+            rows=sum(len(rows) for rows in result.split_rows.values()),
+            labels=result.has_labels,
+            splits={name: len(rows) for name, rows in result.split_rows.items()},
+        ),
+        num_classes=result.num_classes,
+        blocks=result.blocks,
+        block_latency_s=result.block_latency_s,
+        base_latency_s=result.base_latency_s,
+        variants=tuple(
+            VariantRecord(
+                key=key,
+                block=result.blocks[v.block_index],
+                block_index=v.block_index,
+                variant=v.variant.name,
+                input_shape=v.input_shape,
+                lookup_latency_s=v.lookup_latency_s,
+                memory_bytes=v.memory_bytes,
+            )
+            for key, v in zip(keys, result.variants, strict=True)
+        ),
+    )
+    arrays = {
+        f"{split}_{kind}": np.stack([getattr(v, kind)[split] for v in result.variants])
+        for split in MEASURED_SPLITS
+        for kind in ("scores", "softmax", "agrees")
+    }
+    arrays |= {f"{split}_rows": rows for split, rows in result.split_rows.items()}
+    weights = {
+        key: {"predictor": v.predictor.state_dict(), "selector": v.selector.state_dict()}
+        for key, v in zip(keys, result.variants, strict=True)
+    }
+    try:
+        composed = compose(
+            manifest, arrays, targets, alpha=alpha, memory_budget_bytes=memory_budget_bytes, margin_se=margin_se
+        )
+    except ConfigError as exc:
+        directory = write_cache_set(spec, manifest, weights, arrays)
+        raise CacheSetError(
+            f"{exc}; the explored caches are saved in {directory}: compose them with "
+            f"`adaserve caches compose {spec.name} --memory-mb M`"
+        ) from None
+    directory = write_cache_set(spec, composed, weights, arrays)
+    return CacheSet(directory, int(directory.name[1:]), composed)
+
+
+def _settings_record(settings: ExploreSettings) -> dict[str, object]:
+    return {
+        "variants": [v.name for v in settings.variants],
+        "epochs": settings.train.epochs,
+        "batch_size": settings.train.batch_size,
+        "lr": settings.train.lr,
+        "selector_steps": settings.selector_steps,
+        "max_samples": settings.max_samples,
+        "max_activation_mb": settings.max_activation_mb,
+        "latency_repeats": settings.latency_repeats,
+        "threads": torch.get_num_threads(),
+        "seed": settings.seed,
+        "quick": settings.quick,
+        "splits": SPLITS,
+    }

@@ -1,0 +1,93 @@
+"""`adaserve caches build` and `compose` end to end: a few hundred Fashion-MNIST rows through the example CNN,
+and the errors a user can cause."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from adaserve.adaptive.gati.blocks import BlocksError
+from adaserve.adaptive.gati.cacheset import load_cache_set
+from adaserve.adaptive.gati.explore import ExploreSettings, build_cache_set
+from adaserve.adaptive.gati.predictors import TrainSettings, VariantSpec
+from adaserve.cli import main
+from adaserve.errors import ConfigError
+from adaserve.repository import ModelRepository
+from tests.server_utils import link_example
+
+QUICKISH = ExploreSettings(
+    variants=(VariantSpec.parse("Pool(4096)"), VariantSpec.parse("Conv(3,1)")),
+    train=TrainSettings(epochs=2),
+    max_samples=400,
+    selector_steps=100,
+    latency_repeats=5,
+)
+
+
+def adaserve(*args: str) -> int:
+    with pytest.raises(SystemExit) as exited:
+        main(list(args))
+    return int(exited.value.code or 0)
+
+
+def test_a_tiny_build_on_fashion_mnist(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    link_example(tmp_path, "cnn")
+    spec = ModelRepository(tmp_path).read("cnn")
+    cache_set = build_cache_set(spec, "fashion-mnist", QUICKISH, targets=[0.97], progress=False)
+    manifest = cache_set.manifest
+    assert manifest.blocks == ("stage1", "stage2", "head") and manifest.data.rows == 400
+    assert [(v.block, v.variant) for v in manifest.variants] == [
+        ("stage1", "Pool(4096)"),
+        ("stage1", "Conv(3,1)"),
+        ("stage2", "Pool(4096)"),
+        ("stage2", "Conv(3,1)"),
+    ]
+    for variant in manifest.variants:
+        assert variant.lookup_latency_s > 0 and variant.memory_bytes > 0
+        record = variant.targets["0.97"]
+        assert 0 <= record.selector.hit_rate <= 1 and 0 <= record.softmax.hit_rate <= 1
+    default = cache_set.composition(0.97)
+    assert default.method == "overall" and default.calibrate.agreement >= 0.97
+    assert default.evaluate.mean_latency_s <= sum(manifest.block_latency_s)
+
+    # Recompose for a second target without retraining; the first target's compositions stay.
+    assert adaserve("caches", "compose", "cnn", "--model-repository", str(tmp_path), "--target", "0.95") == 0
+    assert "rewrote" in capsys.readouterr().out
+    recomposed = load_cache_set(spec).manifest
+    assert sorted({c.target for c in recomposed.compositions}) == [0.95, 0.97]
+    assert all({"0.95", "0.97"} <= set(v.targets) for v in recomposed.variants)
+
+    smallest = min(manifest.variants, key=lambda v: v.memory_bytes)
+    code = adaserve("caches", "compose", "cnn", "--model-repository", str(tmp_path), "--memory-mb", "0.000001")
+    assert code == 2
+    assert (
+        f"memory budget 1e-06 MB is below the smallest cache ({smallest.key}: {smallest.memory_bytes / 1e6:.6g} MB); "
+        "no cache fits" in capsys.readouterr().err
+    )
+
+
+def test_validation_data_that_does_not_fit_the_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    link_example(tmp_path, "cnn")
+    np.savez(tmp_path / "bad.npz", x=np.zeros((10, 5), np.float32))
+    code = adaserve("caches", "build", "cnn", "--model-repository", str(tmp_path), "--data", str(tmp_path / "bad.npz"))
+    assert code == 2
+    assert "rows shaped [5] do not fit model 'cnn', whose input 'image' takes rows of [1, 28, 28]" in (
+        capsys.readouterr().err
+    )
+    assert not (tmp_path / "cnn" / "caches").exists()
+
+
+def test_blocks_that_do_not_exist_stop_the_build(tmp_path: Path) -> None:
+    link_example(tmp_path, "cnn", caches={"blocks": ["stage1", "stage9", "head"]})
+    spec = ModelRepository(tmp_path).read("cnn")
+    with pytest.raises(BlocksError, match=r"model 'cnn' .*block 'stage9' does not exist"):
+        build_cache_set(spec, "fashion-mnist", QUICKISH, targets=[0.97], progress=False)
+
+
+def test_an_archive_without_x(tmp_path: Path) -> None:
+    link_example(tmp_path, "cnn")
+    np.savez(tmp_path / "labels.npz", y=np.zeros(3))
+    with pytest.raises(ConfigError, match=r"labels\.npz: no array named 'x' \(found: y\)"):
+        build_cache_set(ModelRepository(tmp_path).read("cnn"), str(tmp_path / "labels.npz"), QUICKISH, targets=[0.97])

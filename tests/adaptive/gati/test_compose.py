@@ -1,0 +1,111 @@
+"""Composition: the integer program against brute force, the chained-exit simulation, joint threshold tuning."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from adaserve.adaptive.gati.compose import Candidate, latency_gain, simulate, solve_milp, tune_thresholds
+
+
+def brute_force(
+    candidates: list[Candidate],
+    latency: list[float],
+    alpha: float,
+    min_agreement: float,
+    budget: int | None,
+) -> float:
+    """The best total score over every assignment of at most one variant per block that meets the paper's
+    constraints, checked directly: filter, memory, each lookup done before the next chosen exit's block does."""
+    blocks = sorted({c.exit for c in candidates})
+    options = [[None, *[i for i, c in enumerate(candidates) if c.exit == b]] for b in blocks]
+    best = 0.0
+    for pick in itertools.product(*options):
+        chosen = [candidates[i] for i in pick if i is not None]
+        if any(c.agreement < min_agreement or c.hit_rate <= 0 for c in chosen):
+            continue
+        if budget is not None and sum(c.memory_bytes for c in chosen) > budget:
+            continue
+        ends = [c.exit for c in chosen[1:]] + [len(latency) - 1] if chosen else []
+        if any(c.lookup_s > sum(latency[c.exit + 1 : end + 1]) for c, end in zip(chosen, ends, strict=True)):
+            continue
+        best = max(best, sum(alpha * c.hit_rate + (1 - alpha) * latency_gain(c, latency) for c in chosen))
+    return best
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_milp_matches_brute_force(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    blocks = int(rng.integers(3, 6))
+    latency = list(rng.uniform(1.0, 4.0, blocks))
+    candidates = [
+        Candidate(
+            exit=int(rng.integers(0, blocks - 1)),
+            lookup_s=float(rng.uniform(0.2, 5.0)),
+            memory_bytes=int(rng.integers(1, 100)),
+            hit_rate=float(rng.choice([0.0, rng.uniform(0.1, 0.9)], p=[0.1, 0.9])),
+            agreement=float(rng.uniform(0.95, 1.0)),
+        )
+        for _ in range(int(rng.integers(2, 8)))
+    ]
+    alpha = float(rng.uniform(0, 1))
+    budget = None if seed % 4 == 0 else int(rng.integers(20, 200))
+    chosen = solve_milp(candidates, latency, alpha=alpha, min_agreement=0.97, memory_budget_bytes=budget)
+    score = sum(alpha * candidates[i].hit_rate + (1 - alpha) * latency_gain(candidates[i], latency) for i in chosen)
+    assert score == pytest.approx(brute_force(candidates, latency, alpha, 0.97, budget))
+    assert [candidates[i].exit for i in chosen] == sorted({candidates[i].exit for i in chosen})  # block order
+
+
+def test_milp_keeps_one_lookup_in_flight() -> None:
+    latency = [1.0, 1.0, 1.0, 1.0]
+    slow = Candidate(exit=0, lookup_s=1.5, memory_bytes=1, hit_rate=0.5)  # still running when block 1 ends
+    after_one = Candidate(exit=1, lookup_s=0.5, memory_bytes=1, hit_rate=0.5)
+    after_two = Candidate(exit=2, lookup_s=0.5, memory_bytes=1, hit_rate=0.5)
+    too_slow = Candidate(exit=2, lookup_s=1.5, memory_bytes=1, hit_rate=0.9)  # outlasts the last block
+    chosen = solve_milp(
+        [slow, after_one, after_two, too_slow], latency, alpha=1.0, min_agreement=0.9, memory_budget_bytes=None
+    )
+    assert chosen in ((0, 2), (1, 2))  # never 0 with 1, never the lookup longer than the rest of the model
+    assert solve_milp([after_one, after_two], latency, alpha=1.0, min_agreement=0.9, memory_budget_bytes=1) in (
+        (0,),
+        (1,),
+    )
+
+
+def hand_made() -> tuple[list[Candidate], np.ndarray, np.ndarray, list[float]]:
+    """Two exits (after blocks 0 and 1 of three, 1 ms each, lookups 0.5 ms) over five rows."""
+    candidates = [
+        Candidate(exit=0, lookup_s=0.5e-3, memory_bytes=1),
+        Candidate(exit=1, lookup_s=0.5e-3, memory_bytes=1),
+    ]
+    scores = np.array([[0.9, 0.8, 0.2, 0.1, 0.6], [0.1, 0.9, 0.9, 0.3, 0.7]])
+    agrees = np.array([[1, 0, 1, 1, 1], [1, 1, 0, 1, 1]], dtype=bool)
+    return candidates, scores, agrees, [1e-3, 1e-3, 1e-3]
+
+
+def test_chained_exits_by_hand() -> None:
+    candidates, scores, agrees, latency = hand_made()
+    stats = simulate([(1, 0.65), (0, 0.7)], candidates, scores, agrees, latency)
+    # Exit 0 (τ 0.7) takes rows 0 and 1 (row 1 wrong); exit 1 (τ 0.65) takes rows 2 (wrong) and 4; row 3 runs on.
+    assert stats.exit_rates == (0.4, 0.4)
+    assert stats.agreement == pytest.approx(3 / 5)
+    assert stats.mean_latency_s == pytest.approx((2 * 1.5e-3 + 2 * 2.5e-3 + 3e-3) / 5)
+    assert simulate([], candidates, scores, agrees, latency).agreement == 1.0
+
+
+def test_tuned_thresholds_hold_the_overall_agreement() -> None:
+    candidates, scores, agrees, latency = hand_made()
+    # 4/5 overall lets one wrong row exit: exit 0 then takes every row (row 1 wrong), all at 1.5 ms.
+    thresholds = tune_thresholds([0, 1], candidates, scores, agrees, latency, 0.8)
+    stats = simulate(list(zip([0, 1], thresholds, strict=True)), candidates, scores, agrees, latency)
+    assert (stats.agreement, stats.exit_rates) == (0.8, (1.0, 0.0))
+    assert stats.mean_latency_s == pytest.approx(1.5e-3)
+    # No wrong row at all: exit 0 stops above row 1 (0.8) and exit 1 cannot split the tie of rows 1 and 2 (0.9).
+    perfect = tune_thresholds([0, 1], candidates, scores, agrees, latency, 1.0)
+    stats = simulate(list(zip([0, 1], perfect, strict=True)), candidates, scores, agrees, latency)
+    assert (stats.agreement, stats.exit_rates) == (1.0, (0.2, 0.0))
+    assert stats.mean_latency_s == pytest.approx((1.5e-3 + 4 * 3e-3) / 5)
+    assert tune_thresholds([0], [Candidate(0, 5e-3, 1)], scores, agrees, latency, 0.5) == (math.inf,)  # no gain

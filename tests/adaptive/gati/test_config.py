@@ -1,0 +1,60 @@
+"""The `caches:` section of a model config: defaults, and errors that name the field and the problem."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from adaserve.config import LearnedCachesSpec, ModelConfig, load_config
+from adaserve.errors import ConfigError
+
+
+def load(tmp_path: Path, caches: Any) -> ModelConfig:
+    path = tmp_path / "m" / "config.yaml"
+    path.parent.mkdir(exist_ok=True)
+    tensors = {
+        "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}],
+        "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, 2]}],
+    }
+    path.write_text(yaml.safe_dump({**tensors, "caches": caches}))
+    return load_config(path, name="m")
+
+
+def test_caches_are_optional_and_default_to_auto(tmp_path: Path) -> None:
+    assert load(tmp_path, None).caches is None
+    assert load(tmp_path, {}).caches == LearnedCachesSpec(blocks="auto", version="latest", targets=(0.99,))
+    caches = load(
+        tmp_path,
+        {"blocks": ["stem", "layer1.0", "head"], "version": 3, "targets": [0.99, 0.97], "memory_budget_mb": 64},
+    )
+    assert caches.caches == LearnedCachesSpec(
+        blocks=("stem", "layer1.0", "head"), version=3, targets=(0.99, 0.97), memory_budget_mb=64
+    )
+
+
+@pytest.mark.parametrize(
+    ("caches", "problem"),
+    [
+        (
+            {"blocks": "everything"},
+            "field 'caches.blocks': expected 'auto' or a list of module paths, got 'everything'",
+        ),
+        ({"blocks": []}, "field 'caches.blocks': the block list is empty; name the blocks or use 'auto'"),
+        ({"blocks": ["a", "b", "a"]}, "field 'caches.blocks': blocks are named once each; repeated: a"),
+        ({"blocks": ["a", 3]}, "field 'caches.blocks': block names are module paths like 'layer1.0', got 3"),
+        ({"version": "newest"}, "field 'caches.version': expected 'latest' or a version number .*, got 'newest'"),
+        ({"version": 0}, "field 'caches.version': expected 'latest' or a version number .*, got 0"),
+        (
+            {"targets": [0.99, 1.0]},
+            "field 'caches.targets': a target is an agreement fraction strictly between 0 and 1, got 1.0",
+        ),
+        ({"memory_budget_mb": 0}, "field 'caches.memory_budget_mb': Input should be greater than 0"),
+        ({"block": "auto"}, "field 'caches.block': unknown field"),
+    ],
+)
+def test_bad_values_are_named(tmp_path: Path, caches: dict[str, Any], problem: str) -> None:
+    with pytest.raises(ConfigError, match=rf"config\.yaml: {problem}$"):
+        load(tmp_path, caches)
