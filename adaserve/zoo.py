@@ -1,7 +1,9 @@
 """Reference networks shared by examples, tests and benchmarks; defined once so they measure the same thing.
 
-Every network is an `nn.Sequential` of named stages (`stem`, `layer1`, ..., `head`) whose children take and
-return one tensor, so a model can be run block by block by module path (`layer1.0`, `head`).
+The MLP and the CNNs (ResNet, VGG, Inception, Fashion-MNIST) are `nn.Sequential`s of named stages (`stem`,
+`layer1`, ..., `head`) whose children take and return one tensor, so a model can be run block by block by module
+path (`layer1.0`, `head`). The transformers (BERT, GPT-2) are built from `transformers` configs with random weights
+(no hub download) and wrapped whole as `input_ids` → logits; `transformers` is imported only when one is built.
 """
 
 from __future__ import annotations
@@ -179,3 +181,128 @@ def vgg(
 def vgg16_style(num_classes: int = 1000) -> nn.Sequential:
     """VGG-16 (138,357,544 parameters at 1000 classes) for 3×224×224 inputs."""
     return vgg(VGG16_CFG, num_classes=num_classes)
+
+
+class InceptionBlock(nn.Module):
+    """GoogLeNet's Inception module: 1×1, 1×1→3×3, 1×1→3×3 and pool→1×1 branches, concatenated on channels."""
+
+    def __init__(self, n_in: int, c1: int, c3_reduce: int, c3: int, c5_reduce: int, c5: int, pool: int) -> None:
+        super().__init__()
+        self.branch1 = _conv_bn(n_in, c1, 1)
+        self.branch2 = nn.Sequential(_conv_bn(n_in, c3_reduce, 1), _conv_bn(c3_reduce, c3, 3))
+        # torchvision's GoogLeNet uses a 3×3 where the paper has a 5×5 in this branch; so does this one.
+        self.branch3 = nn.Sequential(_conv_bn(n_in, c5_reduce, 1), _conv_bn(c5_reduce, c5, 3))
+        self.branch4 = nn.Sequential(nn.MaxPool2d(3, stride=1, padding=1, ceil_mode=True), _conv_bn(n_in, pool, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([self.branch1(x), self.branch2(x), self.branch3(x), self.branch4(x)], 1)
+
+
+def _conv_bn(n_in: int, n_out: int, kernel: int, stride: int = 1) -> nn.Sequential:
+    return nn.Sequential(
+        nn.Conv2d(n_in, n_out, kernel, stride=stride, padding=kernel // 2, bias=False),
+        nn.BatchNorm2d(n_out, eps=0.001),
+        nn.ReLU(),
+    )
+
+
+#: GoogLeNet's Inception modules per stage (Szegedy et al. 2015, table 1): (c1, c3_reduce, c3, c5_reduce, c5, pool).
+GOOGLENET_STAGES: tuple[tuple[tuple[int, int, int, int, int, int], ...], ...] = (
+    ((64, 96, 128, 16, 32, 32), (128, 128, 192, 32, 96, 64)),
+    ((192, 96, 208, 16, 48, 64), (160, 112, 224, 24, 64, 64), (128, 128, 256, 24, 64, 64),
+     (112, 144, 288, 32, 64, 64), (256, 160, 320, 32, 128, 128)),
+    ((256, 160, 320, 32, 128, 128), (384, 192, 384, 48, 128, 128)),
+)  # fmt: skip
+
+
+def inception_style(num_classes: int = 1000, in_channels: int = 3) -> nn.Sequential:
+    """GoogLeNet / Inception v1 (6,624,904 parameters at 1000 classes, torchvision's form without the auxiliary
+    classifiers) for 3×224×224 inputs: the paper's Inception-v3 is a later member of this family, and at 1.5 GFLOPs
+    a row this one keeps a sweep to B = 256 within minutes on two cores."""
+    stages: OrderedDict[str, nn.Module] = OrderedDict(
+        stem=nn.Sequential(
+            _conv_bn(in_channels, 64, 7, stride=2),
+            nn.MaxPool2d(3, stride=2, ceil_mode=True),
+            _conv_bn(64, 64, 1),
+            _conv_bn(64, 192, 3),
+            nn.MaxPool2d(3, stride=2, ceil_mode=True),
+        )
+    )
+    n_in = 192
+    for index, modules in enumerate(GOOGLENET_STAGES):
+        blocks: list[nn.Module] = []
+        for c1, c3r, c3, c5r, c5, pool in modules:
+            blocks.append(InceptionBlock(n_in, c1, c3r, c3, c5r, c5, pool))
+            n_in = c1 + c3 + c5 + pool
+        if index < len(GOOGLENET_STAGES) - 1:
+            blocks.append(nn.MaxPool2d(2 if index else 3, stride=2, ceil_mode=True))  # torchvision's maxpool3, 4
+        stages[f"stage{index + 1}"] = nn.Sequential(*blocks)
+    stages["head"] = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Dropout(0.2), nn.Linear(n_in, num_classes))
+    return nn.Sequential(stages)
+
+
+# -- transformers (built from `transformers` configs with random weights; imported only when one is built) ---------
+
+
+class LogitsOf(nn.Module):
+    """`input_ids` (INT64 [B, seq]) → the logits of a `transformers` model, one tensor in and one out, as the
+    server's config and `torch.export` want; `last_position` keeps a causal LM's next-token logits only."""
+
+    def __init__(self, model: nn.Module, *, last_position: bool = False) -> None:
+        super().__init__()
+        self.model = model
+        self.last_position = last_position
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.last_position:
+            logits: torch.Tensor = self.model(input_ids=input_ids, use_cache=False, logits_to_keep=1).logits
+            return logits[:, -1]
+        return self.model(input_ids=input_ids).logits
+
+
+def bert_base_style(
+    *,
+    layers: int = 12,
+    hidden: int = 768,
+    heads: int | None = None,
+    num_labels: int = 2,
+    vocab_size: int = 30522,
+    max_positions: int = 512,
+) -> LogitsOf:
+    """BERT (base by default: 12 layers, 768 hidden, 12 heads; 109.5M parameters) with a sequence-classification
+    head and random weights, for `input_ids` of up to `max_positions` tokens; `heads` defaults to hidden / 64."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    config = BertConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads or max(1, hidden // 64),
+        intermediate_size=4 * hidden,
+        max_position_embeddings=max_positions,
+    )
+    config.num_labels = num_labels
+    return LogitsOf(BertForSequenceClassification(config).eval())
+
+
+def gpt2_style(
+    *,
+    layers: int = 6,
+    hidden: int = 768,
+    heads: int | None = None,
+    vocab_size: int = 50257,
+    max_positions: int = 1024,
+) -> LogitsOf:
+    """A GPT-2 (default: GPT-2 small's width with 6 of its 12 layers, 81.9M parameters) with random weights that
+    returns the next-token logits at the last position ([B, vocab_size]) for `input_ids` of up to `max_positions`
+    tokens; `heads` defaults to hidden / 64."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(
+        vocab_size=vocab_size,
+        n_positions=max_positions,
+        n_embd=hidden,
+        n_layer=layers,
+        n_head=heads or max(1, hidden // 64),
+    )
+    return LogitsOf(GPT2LMHeadModel(config).eval(), last_position=True)

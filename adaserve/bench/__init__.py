@@ -23,12 +23,13 @@ from adaserve.bench.schedules import (
     PoissonSpec,
     Schedule,
     ScheduleError,
+    SequenceSpec,
     StepSpec,
     TraceSpec,
     create_schedule,
 )
 from adaserve.bench.summary import summarize
-from adaserve.bench.traces import TraceError, load_trace
+from adaserve.bench.traces import RequestSequence, TraceError, load_sequence, load_trace
 from adaserve.bench.workload import RequestSpec, TensorInput, Workload, WorkloadError, load_workload, parse_workload
 
 __all__ = [
@@ -40,10 +41,12 @@ __all__ = [
     "DiurnalSpec",
     "PoissonSpec",
     "RequestRecord",
+    "RequestSequence",
     "RequestSpec",
     "Row",
     "Schedule",
     "ScheduleError",
+    "SequenceSpec",
     "Status",
     "StepSpec",
     "Summary",
@@ -56,6 +59,7 @@ __all__ = [
     "create_schedule",
     "format_comparison",
     "format_summary",
+    "load_sequence",
     "load_trace",
     "load_workload",
     "parse_workload",

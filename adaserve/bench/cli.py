@@ -67,6 +67,9 @@ def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
     what = parser.add_argument_group("requests (or --workload FILE)")
     what.add_argument("--workload", type=Path, help="YAML/JSON workload file (flags below override its load/bound)")
     what.add_argument("--model", action="append", default=[], help="model to send to (repeatable: an even mix)")
+    what.add_argument(
+        "--sequence", type=Path, help="CSV of time_s,model rows: request i goes to model i (then --model is optional)"
+    )
     what.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy", help="input from .npy")
     what.add_argument("--rows", type=int, help="with --input: send this many rows per request, cycling the file")
     what.add_argument(
@@ -83,6 +86,7 @@ def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
     when.add_argument("--steps", metavar="T:R,T:R", help="open loop, rate R from time T (s), e.g. 0:10,30:50")
     when.add_argument("--burst", metavar="K=V,..", help="base_rate=,burst_rate=,burst_s=,every_s=[,first_s=]")
     when.add_argument("--diurnal", metavar="K=V,..", help="mean_rate=,period_s=[,amplitude=]")
+    when.add_argument("--speedup", type=float, help="with --sequence: open loop at its times, X times faster")
     when.add_argument("--seed", type=int, help="seed of arrivals, mix and random inputs (default 0)")
     bound = parser.add_argument_group("bound (at least one)")
     bound.add_argument("--duration", type=float, help="seconds of sending")
@@ -148,15 +152,19 @@ def build_config(args: argparse.Namespace) -> BenchConfig:
         data = read_workload_file(args.workload)
         base = args.workload.parent
     else:
-        if not args.model:
-            raise UsageError("--model (or --workload) is required")
+        if not args.model and args.sequence is None:
+            raise UsageError("--model (or --workload) is required, or a --sequence")
+        if not args.model and (args.input or args.shape or args.param or args.batch != 1):
+            raise UsageError("--input, --shape, --param and --batch apply to the --model(s) named")
         data = {"requests": [_request(args, model) for model in args.model]}
         base = Path.cwd()
+    if args.sequence is not None:
+        data["sequence"] = args.sequence.absolute()
     load = _load(args)
     if load is not None:
         data["load"] = load
     elif "load" not in data:
-        raise UsageError("say how to send: --concurrency, --rate, --steps, --burst or --diurnal")
+        raise UsageError("say how to send: --concurrency, --rate, --steps, --burst, --diurnal or --speedup")
     elif args.seed is not None and isinstance(data["load"], dict) and data["load"].get("kind") in _SEEDED:
         data["load"]["seed"] = args.seed
     for key, value in (("duration_s", args.duration), ("max_requests", args.requests), ("seed", args.seed)):
@@ -203,6 +211,7 @@ def _load(args: argparse.Namespace) -> dict[str, Any] | None:
             ("--steps", args.steps),
             ("--burst", args.burst),
             ("--diurnal", args.diurnal),
+            ("--speedup", args.speedup),
         )
         if value is not None
     ]
@@ -230,6 +239,8 @@ def _load(args: argparse.Namespace) -> dict[str, Any] | None:
         return {"kind": "burst", **_pairs(args.burst, "--burst"), **seed}
     if args.diurnal is not None:
         return {"kind": "diurnal", **_pairs(args.diurnal, "--diurnal"), **seed}
+    if args.speedup is not None:
+        return {"kind": "sequence", "speedup": args.speedup}
     return None
 
 

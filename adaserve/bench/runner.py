@@ -26,7 +26,8 @@ from adaserve.bench.codec import Payload
 from adaserve.bench.results import BenchResult, RequestRecord, Status, describe_machine
 from adaserve.bench.schedules import ClosedSpec, Schedule, create_schedule
 from adaserve.bench.summary import summarize
-from adaserve.bench.workload import Workload, make_variants
+from adaserve.bench.traces import RequestSequence, load_sequence
+from adaserve.bench.workload import RequestSpec, Workload, make_variants
 
 #: Seconds between progress-bar refreshes; the bar reads counters, so the load loop pays nothing per request.
 _PROGRESS_INTERVAL_S = 0.5
@@ -74,15 +75,17 @@ def run_bench(
 ) -> BenchResult:
     """Run one bounded benchmark and return every record and the summary.
 
-    Bad input raises TraceError (a trace with bad lines) or ScheduleError (a schedule that cannot be bounded); an
-    unreachable server or model comes back as a result with `failure` set and `valid` false. `make_sender` replaces
-    the network (tests steer answers with it); it is called inside the run's event loop.
+    Bad input raises TraceError (a trace or request sequence with bad lines) or ScheduleError (a schedule that
+    cannot be bounded); an unreachable server or model comes back as a result with `failure` set and `valid` false.
+    `make_sender` replaces the network (tests steer answers with it); it is called inside the run's event loop.
     """
-    schedule = None if isinstance(config.workload.load, ClosedSpec) else create_schedule(config.workload.load)
+    workload = config.workload
+    sequence = None if workload.sequence is None else load_sequence(workload.sequence)
+    schedule = None if isinstance(workload.load, ClosedSpec) else create_schedule(workload.load, sequence)
     factory = make_sender or (lambda c: create_sender(c.protocol, c.url, c.timeout_s))
     # The default event loop, not uvloop: uvloop's millisecond timers fire up to ~1 ms early, which would send
     # requests before their scheduled time; asyncio's never do (measured: ~20% more CPU per request).
-    return asyncio.run(_Run(config, schedule, progress).execute(factory, list(command)))
+    return asyncio.run(_Run(config, schedule, sequence, progress).execute(factory, list(command)))
 
 
 @dataclass(frozen=True)
@@ -112,13 +115,34 @@ class _Mix:
         return kind.model, kind.payloads[turn % len(kind.payloads)]
 
 
+class _InOrder:
+    """A request sequence's models in order, each request with its model's kind (cycling through its payloads)."""
+
+    def __init__(self, kinds: dict[str, _Kind], models: tuple[str, ...]) -> None:
+        self._kinds = kinds
+        self._models = iter(models)
+        self._turns = dict.fromkeys(kinds, 0)
+
+    def next(self) -> tuple[str, Payload]:
+        model = next(self._models)  # never runs out: the run's request limit is at most the sequence's length
+        kind, turn = self._kinds[model], self._turns[model]
+        self._turns[model] = turn + 1
+        return model, kind.payloads[turn % len(kind.payloads)]
+
+
 class _Run:
     """The state of one run; `execute` reads as the algorithm: prepare → issue → drain → summarize."""
 
-    def __init__(self, config: BenchConfig, schedule: Schedule | None, progress: bool) -> None:
+    def __init__(
+        self, config: BenchConfig, schedule: Schedule | None, sequence: RequestSequence | None, progress: bool
+    ) -> None:
         self._config = config
         self._workload = config.workload
         self._schedule = schedule
+        self._sequence = sequence
+        # A sequence is a bound of its own: the run sends at most its rows.
+        limit = config.workload.max_requests
+        self._limit = limit if sequence is None else min(limit or len(sequence), len(sequence))
         self._progress = progress
         self._records: list[RequestRecord] = []
         self._inflight: set[asyncio.Task[None]] = set()
@@ -144,7 +168,7 @@ class _Run:
             interrupt = self._catch_interrupt(loop)
             cpu0, self._t0 = time.process_time(), time.perf_counter()
             # 2. Issue requests until the bound, 3. then wait for the outstanding answers, at most drain_s.
-            async with self._progress_bar(len(arrivals) if arrivals is not None else self._workload.max_requests):
+            async with self._progress_bar(len(arrivals) if arrivals is not None else self._limit):
                 window_s = await self._issue(sender, mix, arrivals)
                 await self._drain()
             cpu_s, wall_s = time.process_time() - cpu0, self._now()
@@ -159,26 +183,36 @@ class _Run:
         """Seconds since the run started, from the finest clock there is."""
         return time.perf_counter() - self._t0
 
-    async def _prepare(self, sender: Sender) -> _Mix:
+    async def _prepare(self, sender: Sender) -> _Mix | _InOrder:
         rng = np.random.default_rng(self._workload.seed)
-        kinds = []
-        for spec in self._workload.requests:
-            info = await sender.model_info(spec.model, spec.version)
-            outputs = spec.outputs or tuple(meta.name for meta in info.outputs)
-            payloads = [
-                sender.encode(spec.model, spec.version, tensors, outputs, spec.parameters)
-                for tensors in make_variants(spec, info, rng)
-            ]
-            kinds.append(_Kind(spec.model, payloads))
-        return _Mix(kinds, [spec.weight for spec in self._workload.requests], self._workload.seed)
+        if self._sequence is None:
+            kinds = [await self._encode(sender, spec, rng) for spec in self._workload.requests]
+            return _Mix(kinds, [spec.weight for spec in self._workload.requests], self._workload.seed)
+        listed = {spec.model: spec for spec in self._workload.requests}
+        by_model = {
+            model: await self._encode(sender, listed.get(model, RequestSpec(model=model)), rng)
+            for model in dict.fromkeys(self._sequence.models)
+        }
+        return _InOrder(by_model, self._sequence.models)
+
+    @staticmethod
+    async def _encode(sender: Sender, spec: RequestSpec, rng: np.random.Generator) -> _Kind:
+        """One request kind, checked against the model's metadata and encoded once."""
+        info = await sender.model_info(spec.model, spec.version)
+        outputs = spec.outputs or tuple(meta.name for meta in info.outputs)
+        payloads = [
+            sender.encode(spec.model, spec.version, tensors, outputs, spec.parameters)
+            for tensors in make_variants(spec, info, rng)
+        ]
+        return _Kind(spec.model, payloads)
 
     def _arrivals(self) -> list[float] | None:
         if self._schedule is None:
             return None
-        arrivals = self._schedule.arrivals(self._workload.duration_s, self._workload.max_requests)
+        arrivals = self._schedule.arrivals(self._workload.duration_s, self._limit)
         return [float(t) for t in arrivals]
 
-    async def _issue(self, sender: Sender, mix: _Mix, arrivals: list[float] | None) -> float:
+    async def _issue(self, sender: Sender, mix: _Mix | _InOrder, arrivals: list[float] | None) -> float:
         """Send until the bound or an interrupt; returns the window (s) that the rates are taken over."""
         duration = self._workload.duration_s
         issuer: asyncio.Future[Any]
@@ -201,7 +235,7 @@ class _Run:
             return duration if duration is not None else arrivals[-1]
         return min(duration, elapsed) if duration is not None else elapsed
 
-    async def _open_loop(self, sender: Sender, mix: _Mix, arrivals: list[float]) -> None:
+    async def _open_loop(self, sender: Sender, mix: _Mix | _InOrder, arrivals: list[float]) -> None:
         for index, due in enumerate(arrivals):
             # Yield even when behind schedule, so answers are read and the last request's task starts now.
             await asyncio.sleep(max(0.0, due - self._now()))
@@ -220,8 +254,8 @@ class _Run:
                 continue
             self._launch(self._one(sender, index, model, payload, due))
 
-    async def _closed_client(self, sender: Sender, mix: _Mix) -> None:
-        limit = self._workload.max_requests
+    async def _closed_client(self, sender: Sender, mix: _Mix | _InOrder) -> None:
+        limit = self._limit
         while limit is None or self._issued < limit:
             model, payload = mix.next()
             now = self._now()

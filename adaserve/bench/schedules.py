@@ -16,7 +16,7 @@ from typing import Annotated, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from adaserve.bench.traces import Trace, load_trace
+from adaserve.bench.traces import RequestSequence, Trace, load_trace
 
 #: Longest horizon searched for a count-bounded run of a schedule whose rate may fall to zero.
 _MAX_HORIZON_S = 1e7
@@ -118,7 +118,15 @@ class TraceSpec(_Spec):
     _resolve_path = field_validator("path")(relative_to_file)
 
 
-OpenSpec = ConstantSpec | PoissonSpec | StepSpec | BurstSpec | DiurnalSpec | TraceSpec
+class SequenceSpec(_Spec):
+    """Open loop at the times of the workload's request sequence, divided by `speedup` (a replay compressed in
+    time); the sequence also names each request's model."""
+
+    kind: Literal["sequence"] = "sequence"
+    speedup: float = Field(default=1.0, gt=0)
+
+
+OpenSpec = ConstantSpec | PoissonSpec | StepSpec | BurstSpec | DiurnalSpec | TraceSpec | SequenceSpec
 LoadSpec = Annotated[ClosedSpec | OpenSpec, Field(discriminator="kind")]
 
 
@@ -296,8 +304,24 @@ class TraceReplay(Schedule):
         return times[:max_requests]
 
 
-def create_schedule(spec: OpenSpec) -> Schedule:
-    """The schedule an open-loop spec describes; trace files are read (and checked) here."""
+class SequenceTimes(Schedule):
+    """A request sequence's own times, compressed by a speedup; played once, never looped."""
+
+    def __init__(self, sequence: RequestSequence, speedup: float) -> None:
+        self._times = sequence.offsets_s / speedup
+
+    def expected(self, t: float) -> float:
+        return float(np.searchsorted(self._times, t, side="left"))
+
+    def arrivals(self, duration_s: float | None, max_requests: int | None) -> np.ndarray:
+        _check_bounds(duration_s, max_requests)
+        times = self._times if duration_s is None else self._times[self._times < duration_s]
+        return times[:max_requests]
+
+
+def create_schedule(spec: OpenSpec, sequence: RequestSequence | None = None) -> Schedule:
+    """The schedule an open-loop spec describes; trace files are read (and checked) here. `sequence` is the
+    workload's request sequence, whose times the `sequence` kind replays."""
     match spec:
         case ConstantSpec():
             return ConstantRate(spec.rate, seed=None)
@@ -311,6 +335,10 @@ def create_schedule(spec: OpenSpec) -> Schedule:
             return DiurnalRate(spec)
         case TraceSpec():
             return TraceReplay(load_trace(spec.path, skip_bad_lines=spec.skip_bad_lines), spec.rate)
+        case SequenceSpec():
+            if sequence is None:
+                raise ScheduleError("load kind 'sequence' replays the workload's sequence file; give one")
+            return SequenceTimes(sequence, spec.speedup)
 
 
 def _check_bounds(duration_s: float | None, max_requests: int | None) -> None:

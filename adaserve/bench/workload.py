@@ -9,6 +9,12 @@ compared. Paths inside a file are relative to the file. Example:
         inputs: [{name: image, npy: images.npy, rows: 1}]
     load: {kind: poisson, rate: 50}
     duration_s: 30
+
+With `sequence: FILE` (CSV rows `time_s,model`, see `adaserve.bench.traces`) the file, not the mix, picks each
+request's model: request i goes to m_i, with the request kind listed for m_i (models not listed get the default
+kind: random inputs from metadata, batch 1). `load: {kind: sequence, speedup: 10}` sends it at the file's times
+ten times faster; `load: {kind: closed, concurrency: K}` sends it in order as fast as K clients allow. The sequence
+is a bound: the run ends with its last row.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from adaserve.bench.codec import ModelInfo, Tensor
-from adaserve.bench.schedules import ClosedSpec, LoadSpec, relative_to_file
+from adaserve.bench.schedules import ClosedSpec, LoadSpec, SequenceSpec, relative_to_file
 from adaserve.config import DATATYPES
 
 ParameterValue = bool | int | float | str
@@ -83,16 +89,29 @@ class RequestSpec(_Strict):
 class Workload(_Strict):
     """What to send, when, and the bound that ends the run."""
 
-    requests: tuple[RequestSpec, ...] = Field(min_length=1)
+    requests: tuple[RequestSpec, ...] = Field(default=(), description="the mix; with a sequence, kinds by model")
     load: LoadSpec
+    sequence: Path | None = Field(default=None, description="CSV of time_s,model rows: each request's model")
     duration_s: float | None = Field(default=None, gt=0, description="stop sending after this many seconds")
     max_requests: int | None = Field(default=None, ge=1, description="stop after sending this many requests")
     seed: int = Field(default=0, description="seeds the request mix and the random inputs")
 
+    _resolve_sequence = field_validator("sequence")(relative_to_file)
+
     @model_validator(mode="after")
     def _bounded(self) -> Workload:
-        if self.duration_s is None and self.max_requests is None:
-            raise ValueError("a run needs a bound: duration_s, max_requests or both")
+        if self.sequence is None:
+            if not self.requests:
+                raise ValueError("requests: give at least one request kind (or a sequence)")
+            if isinstance(self.load, SequenceSpec):
+                raise ValueError("load kind 'sequence' needs a sequence file")
+            if self.duration_s is None and self.max_requests is None:
+                raise ValueError("a run needs a bound: duration_s, max_requests or both")
+        else:
+            models = [spec.model for spec in self.requests]
+            repeated = sorted({model for model in models if models.count(model) > 1})
+            if repeated:
+                raise ValueError(f"with a sequence, one request kind per model; {', '.join(repeated)} has several")
         return self
 
     @property

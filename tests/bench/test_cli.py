@@ -9,7 +9,7 @@ import pytest
 
 from adaserve.bench.cli import ExitCode, build_config
 from adaserve.bench.report import write_report
-from adaserve.bench.schedules import BurstSpec, ClosedSpec, DiurnalSpec, StepSpec, TraceSpec
+from adaserve.bench.schedules import BurstSpec, ClosedSpec, DiurnalSpec, SequenceSpec, StepSpec, TraceSpec
 from tests.bench.factories import parse_cli, record, result
 from tests.server_utils import free_port
 
@@ -190,3 +190,32 @@ def test_compare_command(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> 
     assert code == ExitCode.OK and "warning: workloads differ" in err
     code, _, err = _run(capsys, "bench", "compare", str(tmp_path / "a.json"), str(tmp_path / "absent.json"))
     assert code == ExitCode.BAD_INPUT and "cannot read result" in err
+
+
+def test_a_sequence_from_flags(tmp_path: Path) -> None:
+    base = ["bench", "--url", "h:1", "--sequence", str(tmp_path / "s.csv")]
+    closed = build_config(parse_cli(*base, "--concurrency", "2")).workload
+    assert closed.sequence == tmp_path / "s.csv" and closed.requests == () and closed.load == ClosedSpec(concurrency=2)
+    timed = build_config(parse_cli(*base, "--model", "b", "--param", "k=1", "--speedup", "30")).workload
+    assert timed.load == SequenceSpec(speedup=30) and timed.requests[0].parameters == {"k": 1}
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--sequence", "s.csv", "--param", "k=1", "--speedup", "2"], "apply to the --model(s) named"),
+        (["--model", "m", "--speedup", "2", "--duration", "1"], "needs a sequence file"),
+        (["--sequence", "s.csv", "--speedup", "2", "--rate", "3"], "choose one load: --rate and --speedup"),
+    ],
+)
+def test_sequence_flag_errors(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:
+    code, _, err = _run(capsys, "bench", "--url", "h:1", *argv)
+    assert code == ExitCode.BAD_INPUT and message in err
+
+
+def test_a_malformed_sequence_is_refused_before_sending(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    (tmp_path / "s.csv").write_text("time_s,model\n0,a\nlater,b\n")
+    url = f"127.0.0.1:{free_port()}"
+    code, out, err = _run(capsys, "bench", "--url", url, "--sequence", str(tmp_path / "s.csv"), "--concurrency", "1")
+    assert code == ExitCode.BAD_INPUT and out == ""
+    assert f"{tmp_path / 's.csv'}: 1 malformed row(s)" in err and "line 3: time 'later'" in err

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -122,3 +123,56 @@ def test_a_missing_model_fails_before_sending() -> None:
     )
     assert result.failure == "model 'missing' is not ready"
     assert result.records == [] and not result.valid
+
+
+class RecordingSender(ScriptedSender):
+    """Also keeps the parameters each model's requests were encoded with."""
+
+    def __init__(self, delay_s: float | None) -> None:
+        super().__init__(delay_s)
+        self.encoded: dict[str, Mapping[str, Any]] = {}
+
+    def encode(
+        self, model: str, version: str, tensors: Sequence[Tensor], outputs: Sequence[str], params: Mapping[str, Any]
+    ) -> Payload:
+        self.encoded[model] = params
+        return super().encode(model, version, tensors, outputs, params)
+
+
+def _sequence(tmp_path: Path, rows: list[tuple[float, str]]) -> Path:
+    path = tmp_path / "sequence.csv"
+    path.write_text("time_s,model\n" + "".join(f"{t},{m}\n" for t, m in rows))
+    return path
+
+
+ROWS = [(0.0, "a"), (2.0, "b"), (2.5, "a"), (6.0, "c"), (8.0, "b")]
+
+
+def test_a_sequence_sends_each_request_to_its_model_at_its_compressed_time(tmp_path: Path) -> None:
+    sender = RecordingSender(0.0)
+    workload = {"requests": [{"model": "b", "parameters": {"k": 1}}], "sequence": _sequence(tmp_path, ROWS)}
+    result = _run(sender, {"kind": "sequence", "speedup": 20}, workload=workload)
+    assert [r.model for r in result.records] == ["a", "b", "a", "c", "b"]
+    assert [r.parameters for r in result.records] == [{"model": m} for _, m in ROWS]
+    np.testing.assert_allclose([r.scheduled_s for r in result.records], [t / 20 for t, _ in ROWS])
+    assert all(r.sent_s - r.scheduled_s < 0.01 for r in result.records)
+    assert sender.encoded == {"a": {}, "b": {"k": 1}, "c": {}}  # a listed kind for b, the default for a and c
+    assert result.valid and result.summary.asked_rate_rps == pytest.approx(4 / 0.4)  # arrivals in [0, last)
+
+
+def test_a_closed_loop_sends_the_sequence_in_order_as_fast_as_its_clients_allow(tmp_path: Path) -> None:
+    sender = ScriptedSender(0.01)
+    result = _run(sender, {"kind": "closed", "concurrency": 2}, workload={"sequence": _sequence(tmp_path, ROWS)})
+    assert [(r.id, r.model) for r in result.records] == list(enumerate(m for _, m in ROWS))
+    assert sender.most_in_flight == 2 and result.summary.throughput_rps > 50
+
+
+def test_a_request_bound_shortens_a_sequence_and_never_extends_it(tmp_path: Path) -> None:
+    path = _sequence(tmp_path, ROWS)
+    short = _run(
+        ScriptedSender(0.0), {"kind": "closed", "concurrency": 1}, workload={"sequence": path, "max_requests": 3}
+    )
+    assert [r.model for r in short.records] == ["a", "b", "a"]
+    poisson = {"kind": "poisson", "rate": 500}
+    whole = _run(ScriptedSender(0.0), poisson, workload={"sequence": path, "max_requests": 50})
+    assert [r.model for r in whole.records] == [m for _, m in ROWS]  # Poisson times, the sequence's models

@@ -1,4 +1,4 @@
-"""Trace files: parsing, bad lines, and replay scaled to a target mean rate."""
+"""Trace files: parsing, bad lines, and replay scaled to a target mean rate; request sequences (time, model)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from adaserve.bench.schedules import TraceReplay, TraceSpec, create_schedule
-from adaserve.bench.traces import TraceError, load_trace
+from adaserve.bench.schedules import ScheduleError, SequenceSpec, TraceReplay, TraceSpec, create_schedule
+from adaserve.bench.traces import TraceError, load_sequence, load_trace
 from tests.bench.factories import AZURE, needs_azure
 
 
@@ -93,3 +93,50 @@ def test_expected_arrivals_are_plain_floats_the_report_can_write(tmp_path: Path)
     for t in (0.0, 0.3, 2.0, 7.5):
         assert type(replay.expected(t)) is float
     assert json.loads(json.dumps({"expected": replay.expected(7.5)}))["expected"] == replay.expected(7.5)
+
+
+def test_a_request_sequence_keeps_its_order_and_models(tmp_path: Path) -> None:
+    path = tmp_path / "s.csv"
+    path.write_text("time_s,model\n10.0,a\n10.5, b\n\n10.5,a\n12,c\n")
+    sequence = load_sequence(path)
+    np.testing.assert_allclose(sequence.offsets_s, [0.0, 0.5, 0.5, 2.0])
+    assert sequence.models == ("a", "b", "a", "c") and len(sequence) == 4
+
+
+def test_a_sequence_of_date_times(tmp_path: Path) -> None:
+    path = tmp_path / "s.csv"
+    path.write_text("2023-11-16 18:15:46.5,a\n2023-11-16 18:15:48.0,b\n")
+    np.testing.assert_allclose(load_sequence(path).offsets_s, [0.0, 1.5])
+
+
+def test_malformed_sequence_rows_are_an_error_naming_file_line_and_problem(tmp_path: Path) -> None:
+    path = tmp_path / "s.csv"
+    path.write_text("time_s,model\n0,a\nsoon,b\n1,\n2,c,extra\n-1,d\n3,e\n")
+    with pytest.raises(TraceError) as error:
+        load_sequence(path)
+    message = str(error.value)
+    assert message.startswith(f"{path}: 4 malformed row(s) in the request sequence")
+    assert "line 3: time 'soon' is not a number of seconds or a date-time" in message
+    assert "line 4: empty model name" in message
+    assert "line 5: 3 field(s), expected 2: time_s,model" in message
+    assert "line 6: time -1 is before the previous row's 0; rows go in time order" in message
+
+
+@pytest.mark.parametrize(("text", "message"), [("time_s,model\n", "has no rows"), (None, "cannot read request")])
+def test_an_empty_or_missing_sequence_is_refused(tmp_path: Path, text: str | None, message: str) -> None:
+    path = tmp_path / "s.csv"
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises(TraceError, match=message):
+        load_sequence(path)
+
+
+def test_the_sequence_schedule_compresses_its_times_and_plays_once(tmp_path: Path) -> None:
+    path = tmp_path / "s.csv"
+    path.write_text("0,a\n10,b\n30,a\n")
+    schedule = create_schedule(SequenceSpec(speedup=10), load_sequence(path))
+    np.testing.assert_allclose(schedule.arrivals(None, 3), [0.0, 1.0, 3.0])
+    np.testing.assert_allclose(schedule.arrivals(2.0, 3), [0.0, 1.0])
+    assert schedule.expected(1.5) == 2
+    with pytest.raises(ScheduleError, match="sequence file"):
+        create_schedule(SequenceSpec())

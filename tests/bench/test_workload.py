@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from adaserve.bench.codec import ModelInfo, TensorMeta
-from adaserve.bench.schedules import TraceSpec
+from adaserve.bench.schedules import SequenceSpec, TraceSpec
 from adaserve.bench.workload import RequestSpec, WorkloadError, load_workload, make_variants, parse_workload
 
 MLP = ModelInfo("mlp", (TensorMeta("image", "FP32", (-1, 784)),), (TensorMeta("logits", "FP32", (-1, 10)),))
@@ -105,3 +105,26 @@ def test_npy_datatype_mismatch(tmp_path: Path) -> None:
     )
     with pytest.raises(WorkloadError, match="holds FP64 but the workload says FP32"):
         make_variants(spec, MLP, np.random.default_rng(0))
+
+
+def test_a_sequence_workload_needs_no_mix_and_no_bound(tmp_path: Path) -> None:
+    (tmp_path / "w.yaml").write_text("sequence: requests.csv\nload: {kind: sequence, speedup: 60}\n")
+    workload = load_workload(tmp_path / "w.yaml")
+    assert workload.sequence == tmp_path / "requests.csv" and workload.requests == ()
+    assert isinstance(workload.load, SequenceSpec) and workload.load.speedup == 60
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"requests": [{"model": "m"}], "load": {"kind": "sequence"}, "max_requests": 1}, "needs a sequence file"),
+        (
+            {"requests": [{"model": "m"}, {"model": "m"}], "load": {"kind": "sequence"}, "sequence": "s.csv"},
+            "one request kind per model; m has several",
+        ),
+        ({"sequence": "s.csv", "load": {"kind": "sequence", "speedup": 0}}, "load.sequence.speedup"),
+    ],
+)
+def test_bad_sequence_workloads_say_why(data: dict[str, object], message: str) -> None:
+    with pytest.raises(WorkloadError, match=message):
+        parse_workload(data)

@@ -1,0 +1,350 @@
+"""mCache in the real server beside the simulator: the §6.1 request sequence replayed over HTTP through
+`adaserve serve --model-memory-budget B --cache-policy P`, and through `adaserve.cache.simulator` with the figures
+the server itself measured, cell by cell.
+
+    .venv/bin/python -m benchmarks.mcache.server            # 80 requests, 9 cells (~27 min, load average 2-4)
+    .venv/bin/python -m benchmarks.mcache.server --requests 40 --budget-min 30   # the cells that fit in 30 min
+    .venv/bin/python -m benchmarks.mcache.server --quick    # 24 requests, IAM and LFU at 40 and 80%, results/tmp/
+
+Steps:
+
+1. Models: eight of `benchmarks/mcache/models.py`'s catalogue (exported there, reused when already exported), each
+   served by one worker of batch 1 and one thread so that a load stays cheap. Eight, not seven: a 20% budget must
+   hold the largest model, and no seven of the catalogue have their largest under a fifth of their total.
+2. Probe: one server with a roomy budget gets each model twice (a miss, then a hit). From its /metrics: the size the
+   server counts (`adaserve_model_resident_bytes`: weights + the worker's workspace) and the load penalty
+   (`adaserve_model_loading_seconds_total / adaserve_model_loads_total`); the hit's latency is the execution time.
+   Budgets are shares of the total of these sizes.
+3. Workload: `adaserve.cache.workload.build_workload`, random assignment (the paper's comparison), `--requests`
+   requests, written as a request sequence (time_s,model) and replayed by `adaserve bench` as a closed loop of one
+   client: the requests in trace order, each sent when the last is answered. Each request then waits for at most one
+   load and nothing else, so the server's `loading_seconds_total / requests` is the mean model-load time per request,
+   and throughput is that of a busy server, as in the simulator benchmark's throughput figures.
+4. Every cell (policy at a share) is a fresh server; its figures come from the bench records (throughput, latency,
+   failures) and from /metrics (hits, misses, loads, load time, evictions). The simulator replays the same sequence
+   with `clients=1` and the probe's sizes, penalties and execution times, through the same policy objects.
+
+The bars are the paper's (IAM vs LFU: throughput ≥ 1.5× at 40% and ≥ 2.39× at 80%; mean load time ≥ 27/43/62% lower
+at 40/60/80%), computed from the server's figures wherever both cells were run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from adaserve.bench import BenchConfig, BenchResult, Status, parse_workload, run_bench, write_report
+from adaserve.cache.simulator import models_from, simulate
+from adaserve.cache.workload import Request, build_workload
+from benchmarks.common import RESULTS, SCRATCH, command_line, figure, load_window, machine, write_json
+from benchmarks.mcache.models import CATALOGUE, export
+from benchmarks.mcache.simulate import LOAD_TIME_BARS, THROUGHPUT_BARS, TRACE
+from tests.server_utils import ServerHandle, running_server, write_config
+
+#: A small MLP, CNNs (an Inception-style one, ResNet-34 and -50, VGG-11), BERT- and GPT-2-style transformers.
+MODELS = (
+    "mlp_small",
+    "inception",
+    "resnet34",
+    "resnet50",
+    "vgg11_h1024",
+    "bert_l4_h512",
+    "bert_l6_h512",
+    "gpt2_l4_h512",
+)
+WORKERS = [{"batch": 1, "threads": 1}]
+#: IAM at every budget; LFU and LRU where the paper's bars are.
+FULL_CELLS = "iam@20,iam@40,iam@60,iam@80,iam@100,lfu@40,lfu@80,lru@40,lru@80"
+QUICK_CELLS = "iam@40,lfu@40,iam@80,lfu@80"
+ROOMY_BUDGET = "50GiB"
+#: A one-client replay waits for at most one load per request; a load took up to ~12 s on the busy 2-core machine.
+REQUEST_TIMEOUT_S = 120.0
+#: A budget never goes below the largest model's probed size times this: a model's workspace differed by up to 7%
+#: from one load to the next, and a model larger than the budget could not be served at all.
+LARGEST_MARGIN = 1.1
+
+
+def serving_repository(scratch: Path, names: tuple[str, ...]) -> Path:
+    """The models exported by models.py (reused if present) under configs with one small worker each."""
+    exported, served = scratch / "models", scratch / "server" / "models"
+    for candidate in (c for c in CATALOGUE if c.name in names):
+        artifact = exported / candidate.name / "1" / "model.pt2"
+        if not artifact.is_file():
+            export(candidate, exported)
+        config = yaml.safe_load((exported / candidate.name / "config.yaml").read_text())
+        write_config(served / candidate.name, {**config, "workers": WORKERS})
+        link = served / candidate.name / "1" / "model.pt2"
+        link.parent.mkdir(exist_ok=True)
+        link.unlink(missing_ok=True)
+        link.symlink_to(artifact.resolve())
+    return served
+
+
+def model_metrics(server: ServerHandle) -> dict[str, dict[str, float]]:
+    """The per-model samples of /metrics, {metric: {model: value}}, and the cache-wide ones under model ""."""
+    with urllib.request.urlopen(f"http://{server.http_url}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    samples: dict[str, dict[str, float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.startswith(("adaserve_model_", "adaserve_loaded_model")):
+                samples.setdefault(sample.name, {})[sample.labels.get("model", "")] = sample.value
+    return samples
+
+
+def replay(server: ServerHandle, sequence: Path, records: Path) -> BenchResult:
+    """The sequence through `adaserve bench`, one client; the records are kept under `records`."""
+    workload = parse_workload({"sequence": sequence, "load": {"kind": "closed", "concurrency": 1}})
+    result = run_bench(BenchConfig(url=server.http_url, workload=workload, timeout_s=REQUEST_TIMEOUT_S, drain_s=60))
+    write_report(result, records, plots=False)
+    return result
+
+
+def write_sequence(requests: list[Request] | tuple[Request, ...], path: Path) -> Path:
+    """The requests as the CSV `adaserve bench` replays (time_s,model), so a cell can be rerun by hand."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as stream:
+        writer = csv.writer(stream)
+        writer.writerow(["time_s", "model"])
+        writer.writerows((f"{r.time_s:.3f}", r.model) for r in requests)
+    return path
+
+
+def probe(repository: Path, names: tuple[str, ...], scratch: Path) -> dict[str, dict[str, Any]]:
+    """Each model twice in a roomy server: its size and load penalty as the server measures them, and the hit's
+    latency as its execution time."""
+    twice = [name for name in names for _ in range(2)]
+    sequence = write_sequence([Request(float(i), name) for i, name in enumerate(twice)], scratch / "probe.csv")
+    with running_server(repository, "--model-memory-budget", ROOMY_BUDGET, "--cache-policy", "lru") as server:
+        result = replay(server, sequence, scratch / "records" / "probe.json")
+        metrics = model_metrics(server)
+    failed = [r for r in result.records if r.status is not Status.OK]
+    if failed:
+        raise RuntimeError(f"the probe's requests failed: {[(r.model, r.error) for r in failed]}")
+    figures = {}
+    for name in names:
+        hit = [r for r in result.records if r.model == name][1]
+        assert hit.latency_ms is not None
+        figures[name] = {
+            "size_bytes": int(metrics["adaserve_model_resident_bytes"][name]),
+            "load_s": metrics["adaserve_model_loading_seconds_total"][name]
+            / metrics["adaserve_model_loads_total"][name],
+            "exec_s": hit.latency_ms / 1000,
+        }
+    return figures
+
+
+def run_cell(
+    repository: Path, policy: str, share: float, budget: int, total: int, sequence: Path, scratch: Path
+) -> dict[str, Any]:
+    """One fresh server at `budget` bytes under `policy`, the sequence replayed through it."""
+    record: dict[str, Any] = {"policy": policy, "share": share, "budget_bytes": budget}
+    if budget > share * total:
+        record["note"] = f"budget raised to {budget / total:.1%} of the total to hold the largest model"
+    extra = ("--model-memory-budget", str(budget), "--cache-policy", policy)
+    with load_window(record), running_server(repository, *extra) as server:
+        result = replay(server, sequence, scratch / "records" / f"{policy}-{share:.0%}.json")
+        metrics = model_metrics(server)
+    summary = result.summary
+    sums = {name: sum(values.values()) for name, values in metrics.items()}
+    hits, misses = sums["adaserve_model_cache_hits_total"], sums["adaserve_model_cache_misses_total"]
+    record["server"] = {
+        "requests": summary.requests,
+        "ok": summary.ok,
+        "failed": summary.requests - summary.ok,
+        "errors_by_kind": summary.errors_by_kind,
+        "hit_ratio": hits / (hits + misses) if hits + misses else None,
+        "hits": hits,
+        "misses": misses,
+        "loads": sums["adaserve_model_loads_total"],
+        "load_failures": sums.get("adaserve_model_load_failures_total", 0.0),
+        "loading_s": sums["adaserve_model_loading_seconds_total"],
+        "mean_load_wait_s": sums["adaserve_model_loading_seconds_total"] / summary.requests,
+        "evictions": sums["adaserve_model_evictions_total"],
+        "throughput_rps": summary.throughput_rps,
+        "mean_latency_s": _seconds(summary.latency.mean_ms),
+        "p99_latency_s": _seconds(summary.latency.p99_ms),
+        "valid": result.valid,
+        "problems": summary.problems,
+    }
+    return record
+
+
+def _seconds(ms: float | None) -> float | None:
+    return None if ms is None else ms / 1000
+
+
+def bars(cells: dict[tuple[str, float], dict[str, Any]], side: str) -> list[dict[str, Any]]:
+    """The paper's IAM-vs-LFU bars on `side` ("server" or "simulator"), for the shares where both were run."""
+    checks = []
+    for share, target in THROUGHPUT_BARS.items():
+        if ("iam", share) in cells and ("lfu", share) in cells:
+            iam, lfu = cells["iam", share][side], cells["lfu", share][side]
+            ratio = iam["throughput_rps"] / lfu["throughput_rps"]
+            checks.append(
+                _check(
+                    f"IAM vs LFU throughput at {share:.0%}", f">= {target}x", f"{ratio:.2f}x", ratio, ratio >= target
+                )
+            )
+    for share, target in LOAD_TIME_BARS.items():
+        if ("iam", share) in cells and ("lfu", share) in cells:
+            iam, lfu = cells["iam", share][side], cells["lfu", share][side]
+            lower = 1 - iam["mean_load_wait_s"] / lfu["mean_load_wait_s"] if lfu["mean_load_wait_s"] else 0.0
+            checks.append(
+                _check(
+                    f"IAM vs LFU mean load time at {share:.0%}",
+                    f">= {target:.0%} lower",
+                    f"{lower:.1%} lower",
+                    lower,
+                    lower >= target,
+                )
+            )
+    return checks
+
+
+def _check(bar: str, target: str, measured: str, value: float, passed: bool) -> dict[str, Any]:
+    return {"bar": bar, "target": target, "measured": measured, "value": value, "pass": passed}
+
+
+def plot(cells: dict[tuple[str, float], dict[str, Any]], path: Path, title: str) -> None:
+    """Hit ratio, mean load time and throughput against the budget: server solid, simulator dashed."""
+    panels = (
+        ("hit_ratio", "hit ratio", 1.0),
+        ("mean_load_wait_s", "mean load time (s)", 1.0),
+        ("throughput_rps", "throughput, 1 client (req/s)", 1.0),
+    )
+    fig = figure(15, 4.5)
+    axes = fig.subplots(1, len(panels))
+    for ax, (metric, label, scale) in zip(axes, panels, strict=True):
+        for index, policy in enumerate(sorted({policy for policy, _ in cells})):
+            shares = sorted(share for p, share in cells if p == policy)
+            colour = f"C{index}"
+            for side, style in (("server", "-"), ("simulator", "--")):
+                ys = [cells[policy, share][side][metric] * scale for share in shares]
+                ax.plot([s * 100 for s in shares], ys, style, marker="o", color=colour, label=f"{policy} {side}")
+        ax.set_xlabel("budget (% of the models' total, as the server measures them)")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def parse_cells(text: str) -> list[tuple[str, float]]:
+    cells = []
+    for item in text.split(","):
+        policy, sep, percent = item.strip().partition("@")
+        if not sep or not percent.isdigit() or not 0 < int(percent) <= 100:
+            raise argparse.ArgumentTypeError(f"cell {item!r}: expected POLICY@PERCENT, e.g. iam@40")
+        cells.append((policy.lower(), int(percent) / 100))
+    return cells
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=80, help="requests in the sequence (default 80)")
+    parser.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    parser.add_argument("--cells", type=parse_cells, help=f"POLICY@PERCENT,... (default {FULL_CELLS})")
+    parser.add_argument("--quick", action="store_true", help=f"24 requests, {QUICK_CELLS}, under results/tmp/")
+    parser.add_argument("--output", type=Path, help="result JSON (default results/mcache_server.json)")
+    parser.add_argument(
+        "--budget-min", type=float, default=60.0, help="start no cell after this many minutes (default 60)"
+    )
+    parser.add_argument(
+        "--resume", action="store_true", help="keep --output's probe, sequence and cells; run only the missing cells"
+    )
+    args = parser.parse_args()
+    began = time.monotonic()
+    chosen = args.cells or parse_cells(QUICK_CELLS if args.quick else FULL_CELLS)
+    output = args.output or (SCRATCH if args.quick else RESULTS) / "mcache_server.json"
+    scratch = SCRATCH / "mcache"
+    repository = serving_repository(scratch, MODELS)
+    if args.resume:
+        record = json.loads(output.read_text())
+        record.setdefault("resumed", []).append({"at": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "by": command_line()})
+    else:
+        record = new_record(repository, scratch, 24 if args.quick else args.requests, args.seed)
+    measured = record["models"]
+    requests = [Request(time_s, model) for time_s, model in record["sequence"]]
+    sequence = write_sequence(requests, scratch / "sequence.csv")
+    figures = models_from(measured, "the probe")
+    total = record["total_bytes"]
+    cells = {(cell["policy"], cell["share"]): cell for cell in record.get("cells", [])}
+    record["not_run"] = []
+    floor = int(LARGEST_MARGIN * max(entry["size_bytes"] for entry in measured.values()))
+    for policy, share in (cell for cell in chosen if cell not in cells):
+        if time.monotonic() - began > args.budget_min * 60:  # the run's time is spent: say which cells are missing
+            record["not_run"].append(f"{policy}@{share:.0%}")
+            continue
+        budget = max(int(total * share), floor)
+        cell = run_cell(repository, policy, share, budget, total, sequence, scratch)
+        sim = simulate(requests, figures, budget, policy, clients=1).as_dict()
+        cell["simulator"] = {key: value for key, value in sim.items() if key != "policy"}
+        cells[policy, share] = cell
+        server = cell["server"]
+        print(
+            f"{policy}@{share:.0%}: server hit {server['hit_ratio']:.2f} load {server['mean_load_wait_s']:.2f} s "
+            f"{server['throughput_rps']:.3f} req/s failed {server['failed']} | simulator hit {sim['hit_ratio']:.2f} "
+            f"load {sim['mean_load_wait_s']:.2f} s {sim['throughput_rps']:.3f} req/s ({cell['wall_s']:.0f} s)",
+            flush=True,
+        )
+        record["cells"] = list(cells.values())
+        write_json(record, output)  # after every cell, so an interrupted run keeps what it measured
+    record["bars"] = {"server": bars(cells, "server"), "simulator": bars(cells, "simulator")}
+    record["failed_requests"] = sum(cell["server"]["failed"] for cell in cells.values())
+    write_json(record, output)
+    plot(
+        cells,
+        output.with_suffix(".png"),
+        f"mCache, real server vs simulator: {len(MODELS)} models, {len(requests)} requests (random), "
+        "closed loop, 1 client",
+    )
+    for check in record["bars"]["server"]:
+        print(
+            f"server {check['bar']}: {check['measured']} (target {check['target']}): "
+            f"{'pass' if check['pass'] else 'MISS'}"
+        )
+    print(f"failed requests: {record['failed_requests']}; not run: {record['not_run'] or 'none'}; wrote {output}")
+
+
+def new_record(repository: Path, scratch: Path, requests: int, seed: int) -> dict[str, Any]:
+    """The run's header, the probe's figures and the request sequence."""
+    record: dict[str, Any] = {
+        "benchmark": "mcache_server",
+        "created": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "command": command_line(),
+        "machine": machine(),
+        "trace": str(TRACE),
+        "assignment": "random",
+        "requests": requests,
+        "seed": seed,
+        "replay": "closed loop, 1 client, in trace order (adaserve bench, sequence workload)",
+        "workers": WORKERS,
+    }
+    with load_window(record.setdefault("probe", {})):
+        measured = probe(repository, MODELS, scratch)
+    record["models"] = measured
+    record["total_bytes"] = sum(entry["size_bytes"] for entry in measured.values())
+    for name, entry in measured.items():
+        print(
+            f"{name}: {entry['size_bytes'] / 2**20:.1f} MiB, load {entry['load_s']:.2f} s, "
+            f"exec {entry['exec_s'] * 1e3:.0f} ms"
+        )
+    # A random assignment draws each function's model uniformly, so the models go in by name rather than by the
+    # probe's noisy load times: a seed then names one sequence from run to run.
+    workload = build_workload(TRACE, dict.fromkeys(MODELS, 0.0), assign="random", requests=requests, seed=seed)
+    record["sequence"] = [[r.time_s, r.model] for r in workload.requests]
+    return record
+
+
+if __name__ == "__main__":
+    main()
