@@ -90,7 +90,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         cells.setdefault((row["assign"], row["share"], row["policy"]), []).append(row)
     summary: dict[str, dict[str, Any]] = {}
     for (assign, share, policy), group in cells.items():
-        entry = {}
+        entry: dict[str, float | list[float]] = {}
         for metric in METRICS:
             values = [_metric(row, metric) for row in group]
             entry[metric] = statistics.fmean(values)
