@@ -103,6 +103,7 @@ def _infer(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from adaserve.adaptive.activator.cli import register as register_activator
     from adaserve.adaptive.gati.cli import register as register_caches
     from adaserve.bench.cli import register as register_bench
     from adaserve.cache.cli import register as register_cache
@@ -156,6 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_cache(commands)
     register_cpu(commands)
     register_caches(commands)
+    register_activator(commands)
     return parser
 
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from adaserve.adaptive.activator.select import prepare_parameters
 from adaserve.config import WorkerSpec
 from adaserve.engine.batching import WorkerSlot, create_batching_policy
 from adaserve.engine.messages import BatchDone, FrameReader, RowParameters, RunBatch, WorkerFailed, WorkerReady
@@ -249,6 +250,8 @@ class ModelEngine:
         """Run `rows` rows (inputs already validated against the config) and return the outputs."""
         if self.state is not EngineState.READY:
             raise ModelNotReadyError(f"model '{self.model.name}' is {self.state.value.lower()}")
+        if self.model.config.activator is not None:
+            parameters = prepare_parameters(parameters)  # a bad target is a 400 before anything is queued
         queued = self.scheduler.ready + self._waiting_rows
         if queued + rows > self.model.config.max_queue_size:
             self.stats.failures["overloaded"] += 1

@@ -14,13 +14,14 @@ import signal
 import socket
 import sys
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
 from adaserve.config import ModelConfig
 from adaserve.engine.messages import HostFailed, HostLaunch, HostReady, WorkerSpawned, decode_spawn, encode
 from adaserve.engine.pool import PoolLayout, SharedRings
-from adaserve.engine.worker import BatchRunner, serve_worker
+from adaserve.engine.worker import BatchRunner, RowStrategy, serve_worker
 from adaserve.errors import ConfigError
 from adaserve.repository import load_artifact, weight_bytes
 
@@ -30,7 +31,8 @@ def host(launch: HostLaunch) -> int:
     config = ModelConfig.model_validate_json(launch.config_json)
     try:
         model = load_artifact(Path(launch.artifact), config.max_batch_size)
-        runner = BatchRunner(config, model, SharedRings(PoolLayout.for_config(config, launch.slots), launch.pool_fd))
+        rings = SharedRings(PoolLayout.for_config(config, launch.slots), launch.pool_fd)
+        runner = BatchRunner(config, model, rings, _row_strategy(config, Path(launch.artifact), model))
         model_bytes = weight_bytes(model)
     except Exception as exc:
         control.send(encode(HostFailed(str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}")))
@@ -54,6 +56,16 @@ def host(launch: HostLaunch) -> int:
         for fd in fds:
             os.close(fd)
         control.send(encode(WorkerSpawned(spawn.worker_id, pid)))
+
+
+def _row_strategy(config: ModelConfig, artifact: Path, model: Any) -> RowStrategy | None:
+    """The model's SLO-NNs node activator, loaded and compiled once here for every worker (numba is imported only
+    by hosts of models that have one)."""
+    if config.activator is None:
+        return None
+    from adaserve.adaptive.activator.runtime import ActivatorRuntime
+
+    return ActivatorRuntime.load(config, artifact, model)
 
 
 def main() -> None:

@@ -12,8 +12,8 @@ import os
 import sys
 import time
 import traceback
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -21,6 +21,7 @@ import torch
 from adaserve.config import ModelConfig
 from adaserve.engine.messages import (
     BatchDone,
+    RowParameters,
     RunBatch,
     SpawnWorker,
     Stop,
@@ -32,18 +33,59 @@ from adaserve.engine.messages import (
 from adaserve.engine.pool import SharedRings
 
 
-class BatchRunner:
-    """Runs one batch: inputs viewed in place from the rings, outputs checked against the config and written back."""
+class RowStrategy(Protocol):
+    """Computes, instead of the model, the rows of the requests whose parameters it takes (the SLO-NNs node
+    activator takes requests with an `accuracy` or `latency_ms` target) and returns their response parameters."""
 
-    def __init__(self, config: ModelConfig, model: Callable[..., Any], rings: SharedRings) -> None:
+    def takes(self, values: Mapping[str, Any]) -> bool: ...
+
+    def run(self, inputs: list[np.ndarray], outputs: list[np.ndarray], values: Mapping[str, Any]) -> dict[str, Any]: ...
+
+    def warm_up(self) -> None: ...
+
+
+class BatchRunner:
+    """Runs one batch: inputs viewed in place from the rings, outputs checked against the config and written back.
+
+    Requests a `strategy` takes are handed to it (their rows, in place); the other rows run through the model as
+    one batch per contiguous run, exactly as without a strategy."""
+
+    def __init__(
+        self, config: ModelConfig, model: Callable[..., Any], rings: SharedRings, strategy: RowStrategy | None = None
+    ) -> None:
         self.config = config
         # `forward` directly: module hooks (the exported program's input checks) are not needed, the engine has
         # validated every input against the config.
         self.forward: Callable[..., Any] = getattr(model, "forward", model)
         self.rings = rings
+        self.strategy = strategy
 
-    def run(self, start: int, rows: int) -> None:
-        """Compute rows [start, start + rows) in place; the caller holds torch.inference_mode for the worker's life."""
+    def run(self, start: int, rows: int, parameters: Sequence[RowParameters] = ()) -> list[RowParameters]:
+        """Compute rows [start, start + rows) in place; returns the response parameters of the rows a strategy ran.
+        The caller holds torch.inference_mode for the worker's life."""
+        strategy = self.strategy
+        delegated = [p for p in parameters if strategy is not None and strategy.takes(p.values)]
+        if strategy is None or not delegated:
+            self._forward(start, rows)
+            return []
+        responses = []
+        cursor = 0
+        for request in sorted(delegated, key=lambda p: p.offset):
+            if request.offset > cursor:
+                self._forward(start + cursor, request.offset - cursor)
+            low, high = start + request.offset, start + request.offset + request.rows
+            values = strategy.run(
+                [ring[low:high] for ring in self.rings.inputs],
+                [ring[low:high] for ring in self.rings.outputs],
+                request.values,
+            )
+            responses.append(RowParameters(request.offset, request.rows, values))
+            cursor = request.offset + request.rows
+        if cursor < rows:
+            self._forward(start + cursor, rows - cursor)
+        return responses
+
+    def _forward(self, start: int, rows: int) -> None:
         inputs = [torch.from_numpy(ring[start : start + rows]) for ring in self.rings.inputs]
         result = self.forward(*inputs)
         outputs = _as_sequence(result)
@@ -61,6 +103,8 @@ class BatchRunner:
         """One run on zeros outside the pool, so the first real request does not pay for lazy initialisation."""
         zeros = [torch.zeros((rows, *s.row_shape), dtype=_torch_dtype(s.dtype)) for s in self.config.inputs]
         self.forward(*zeros)
+        if self.strategy is not None:
+            self.strategy.warm_up()
 
 
 def _as_sequence(result: Any) -> Sequence[torch.Tensor]:
@@ -116,25 +160,35 @@ def _run(runner: BatchRunner, command: RunBatch) -> BatchDone:
     """Run the batch; if the model raises, run each request's rows alone so only the culprit gets the error."""
     began = time.perf_counter_ns()
     try:
-        runner.run(command.start, command.rows)
+        responses = runner.run(command.start, command.rows, command.parameters)
     except Exception as exc:
         traceback.print_exc(file=sys.stderr)
-        errors: list[str | None] = [_describe(exc)] if len(command.requests) == 1 else _run_alone(runner, command)
-        return BatchDone(command.batch_id, time.perf_counter_ns() - began, errors=errors)
-    return BatchDone(command.batch_id, time.perf_counter_ns() - began)
+        if len(command.requests) == 1:
+            return BatchDone(command.batch_id, time.perf_counter_ns() - began, errors=[_describe(exc)])
+        errors, responses = _run_alone(runner, command)
+        return BatchDone(command.batch_id, time.perf_counter_ns() - began, errors=errors, parameters=responses)
+    return BatchDone(command.batch_id, time.perf_counter_ns() - began, parameters=responses)
 
 
-def _run_alone(runner: BatchRunner, command: RunBatch) -> list[str | None]:
+def _run_alone(runner: BatchRunner, command: RunBatch) -> tuple[list[str | None], list[RowParameters]]:
+    """Each request's rows (and parameters, offsets made relative to them) on their own."""
     errors: list[str | None] = []
-    start = command.start
+    responses: list[RowParameters] = []
+    offset = 0
     for rows in command.requests:
+        mine = [
+            RowParameters(p.offset - offset, p.rows, p.values)
+            for p in command.parameters
+            if offset <= p.offset < offset + rows
+        ]
         try:
-            runner.run(start, rows)
+            for p in runner.run(command.start + offset, rows, mine):
+                responses.append(RowParameters(p.offset + offset, p.rows, p.values))
             errors.append(None)
         except Exception as exc:
             errors.append(_describe(exc))
-        start += rows
-    return errors
+        offset += rows
+    return errors, responses
 
 
 def _describe(exc: Exception) -> str:

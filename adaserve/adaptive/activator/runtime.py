@@ -1,0 +1,119 @@
+"""The activator inside a worker: the strategy `BatchRunner` delegates the rows of targeted requests to.
+
+A request whose parameters carry `accuracy` (ACLO) or `latency_ms` (LCAO) is computed row by row by the sparse
+kernel at the k its target asks for; its response parameters say `mode` (aclo, lcao, or dense on fallback), `k`
+(the grid value used: at least the top k of every hidden layer's nodes are computed, averaged over the request's
+rows) and, for LCAO, `interference` (the β it used). Requests without a target never reach this class.
+
+The host loads it once (weights read from the model it already loaded, tables from the model's directory, kernel
+compiled) before forking workers, which share it copy-on-write; `warm_up` runs in each worker and starts its
+interference probe there.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from adaserve.adaptive.activator.artifact import Activator, ActivatorMismatchError, load_activator
+from adaserve.adaptive.activator.kernel import Kernel, PackedNetwork
+from adaserve.adaptive.activator.latency import InterferenceProbe
+from adaserve.adaptive.activator.layers import extract_layers
+from adaserve.adaptive.activator.select import ARRIVED_NS, aclo_threshold, lcao_index, parse_target
+from adaserve.config import ModelConfig
+from adaserve.errors import ConfigError
+
+__all__ = ["ActivatorRuntime"]
+
+log = logging.getLogger("adaserve.activator")
+
+
+class ActivatorRuntime:
+    """Runs targeted rows through the kernel; without an `activator` (it did not fit the model: the stated
+    fallback) they run at k = 100%, exactly, and report mode `dense`."""
+
+    def __init__(self, kernel: Kernel, activator: Activator | None) -> None:
+        self.kernel = kernel
+        self.activator = activator
+        self.k_grid = activator.k_grid if activator is not None else np.ones(1)
+        self._grid: list[float] = self.k_grid.tolist()
+        self.probe = InterferenceProbe()
+
+    @classmethod
+    def load(cls, config: ModelConfig, artifact: Path, model: Callable[..., Any]) -> ActivatorRuntime:
+        """Bind the model's activator to the loaded model; ConfigError (the model does not load) for a model the
+        activator cannot serve, or for a mismatched activator when `on_mismatch: error`."""
+        spec = config.activator
+        assert spec is not None
+        if len(config.inputs) != 1 or len(config.outputs) != 1:
+            raise ConfigError(f"model '{config.name}': an activator serves models with one input and one output")
+        if config.inputs[0].datatype != "FP32" or config.outputs[0].datatype != "FP32":
+            raise ConfigError(f"model '{config.name}': an activator serves FP32 inputs and outputs")
+        layers = extract_layers(model, config.inputs[0].row_shape, config.name)
+        if config.outputs[0].row_shape != (layers.sizes[-1],):
+            raise ConfigError(f"model '{config.name}': output rows must be ({layers.sizes[-1]},) for an activator")
+        network = PackedNetwork.from_layers(layers)
+        model_version = int(artifact.parent.name)
+        try:
+            activator = load_activator(artifact.parent.parent, spec.version)
+            activator.check(model_version, layers.digest())
+        except ActivatorMismatchError as exc:
+            if spec.on_mismatch == "error":
+                raise ConfigError(f"model '{config.name}': {exc}") from None
+            log.warning("activator does not fit the model; targeted requests run dense: %s", exc)
+            runtime = cls(Kernel.dense(network), None)
+        else:
+            runtime = cls(Kernel.build(network, activator), activator)
+        runtime.compile()
+        return runtime
+
+    def compile(self) -> None:
+        """One call of each kind, so compilation (or loading it from numba's cache) happens before workers fork."""
+        rows = np.zeros((1, int(self.kernel.network.sizes[0])), np.float32)
+        out = np.empty((1, int(self.kernel.network.sizes[-1])), np.float32)
+        for index in range(len(self.k_grid)):
+            self.kernel.run(rows, out, np.full(1, index, np.int64), np.full(1, -1.0))
+        self.kernel.run(rows, out, np.zeros(1, np.int64), np.zeros(1))
+
+    def warm_up(self) -> None:
+        """In the worker: start measuring interference."""
+        self.probe.start()
+
+    def takes(self, values: Mapping[str, Any]) -> bool:
+        """Rows of a request with a target run here (the engine validated it before queueing)."""
+        return parse_target(values) is not None
+
+    def run(self, inputs: list[np.ndarray], outputs: list[np.ndarray], values: Mapping[str, Any]) -> dict[str, Any]:
+        """One request's rows, in place (its single input and output); returns its response parameters."""
+        target = parse_target(values)
+        assert target is not None
+        rows = len(inputs[0])
+        x, out = inputs[0].reshape(rows, -1), outputs[0]
+        if self.activator is None:
+            self.kernel.run(x, out, np.zeros(rows, np.int64), np.full(rows, -1.0))
+            return {"mode": "dense", "k": 1.0}
+        if target.mode == "aclo":
+            k_index = np.zeros(rows, np.int64)
+            calibration = self.activator.calibration
+            threshold = aclo_threshold(calibration.thresholds, calibration.accuracy, target.value)
+            self.kernel.run(x, out, k_index, np.full(rows, threshold))
+            return {"mode": "aclo", "k": self._mean_k(k_index.tolist())}
+        beta = self.probe.busy
+        latency = self.activator.latency.at(beta)
+        arrived = values.get(ARRIVED_NS)
+        chosen = []
+        k_index, no_threshold = np.zeros(1, np.int64), np.full(1, -1.0)
+        for row in range(rows):  # each row's t0 includes the rows before it
+            waited_ms = (time.monotonic_ns() - arrived) / 1e6 if isinstance(arrived, int) else 0.0
+            k_index[0] = lcao_index(latency, target.value - waited_ms)
+            self.kernel.run(x[row : row + 1], out[row : row + 1], k_index, no_threshold)
+            chosen.append(int(k_index[0]))
+        return {"mode": "lcao", "k": self._mean_k(chosen), "interference": round(beta, 2)}
+
+    def _mean_k(self, indexes: list[int]) -> float:
+        return round(sum(self._grid[i] for i in indexes) / len(indexes), 4)

@@ -1,0 +1,66 @@
+"""Storing an activator beside its model, versioned and bound to the model version and weights."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from adaserve.adaptive.activator.artifact import (
+    Activator,
+    ActivatorMismatchError,
+    load_activator,
+    save_activator,
+    versions,
+)
+from adaserve.errors import ConfigError
+
+
+def test_a_saved_activator_loads_back_equal_as_the_next_version(tmp_path: Path, activator: Activator) -> None:
+    bound = replace(activator, model_version=3, weights_sha256="ab" * 32)
+    assert save_activator(tmp_path, bound) == tmp_path / "activator" / "1"
+    assert save_activator(tmp_path, bound) == tmp_path / "activator" / "2"
+    assert versions(tmp_path) == [1, 2]
+    loaded = load_activator(tmp_path)
+    assert loaded.version == 2 and load_activator(tmp_path, 1).version == 1
+    assert loaded.nodes.rank_nodes.dtype == np.int16
+    np.testing.assert_array_equal(loaded.nodes.rank_nodes, bound.nodes.rank_nodes)
+    np.testing.assert_array_equal(loaded.confidence.values, bound.confidence.values)
+    np.testing.assert_array_equal(loaded.calibration.accuracy, bound.calibration.accuracy)
+    np.testing.assert_array_equal(loaded.latency.cpu_p99_ms, bound.latency.cpu_p99_ms)
+    loaded.check(3, "ab" * 32)
+
+
+def test_an_activator_for_another_model_version_or_other_weights_is_refused(
+    tmp_path: Path, activator: Activator
+) -> None:
+    save_activator(tmp_path, replace(activator, model_version=1, weights_sha256="ab" * 32))
+    loaded = load_activator(tmp_path)
+    with pytest.raises(ActivatorMismatchError, match="built for model version 1, not version 2"):
+        loaded.check(2, "ab" * 32)
+    with pytest.raises(ActivatorMismatchError, match="other weights"):
+        loaded.check(1, "cd" * 32)
+
+
+def test_missing_unknown_or_corrupt_activators_name_the_path(tmp_path: Path, activator: Activator) -> None:
+    with pytest.raises(ConfigError, match="no activator"):
+        load_activator(tmp_path)
+    folder = save_activator(tmp_path, replace(activator, model_version=1, weights_sha256="ab" * 32))
+    with pytest.raises(ConfigError, match="no such activator version"):
+        load_activator(tmp_path, 7)
+    tables = dict(np.load(folder / "activator.npz"))
+    tables["rank_nodes"] = tables["rank_nodes"] + 1000  # node ids out of range would crash the compiled kernel
+    np.savez(folder / "activator.npz", **tables)
+    with pytest.raises(ConfigError, match="ranked node ids"):
+        load_activator(tmp_path)
+    meta = json.loads((folder / "activator.json").read_text())
+    (folder / "activator.json").write_text(json.dumps({**meta, "format": 99}))
+    with pytest.raises(ConfigError, match="format 99"):
+        load_activator(tmp_path)
+    (folder / "activator.npz").write_bytes(b"not a zip")
+    (folder / "activator.json").write_text(json.dumps(meta))
+    with pytest.raises(ConfigError, match="unreadable activator"):
+        load_activator(tmp_path)

@@ -1,0 +1,62 @@
+"""`adaserve activator build MODEL --data DATA` end to end on a tiny model and an .npz."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from adaserve.adaptive.activator.artifact import load_activator
+from adaserve.adaptive.activator.cli import load_data
+from adaserve.cli import main
+from adaserve.config import ModelConfig, TensorSpec
+from adaserve.errors import ConfigError
+from adaserve.export import write_model
+from tests.adaptive.activator.conftest import SIZES, tiny_data, tiny_mlp
+
+
+def _repository(tmp_path: Path) -> Path:
+    config = ModelConfig(
+        name="tiny",
+        max_batch_size=4,
+        inputs=(TensorSpec(name="x", datatype="FP32", shape=(-1, SIZES[0])),),
+        outputs=(TensorSpec(name="y", datatype="FP32", shape=(-1, SIZES[-1])),),
+    )
+    write_model(tmp_path / "models", config, tiny_mlp(), (torch.zeros(2, SIZES[0]),))
+    return tmp_path / "models"
+
+
+def _build(repository: Path, data: Path, *extra: str) -> int:
+    args = ["activator", "build", "tiny", "--data", str(data), "--model-repository", str(repository)]
+    with pytest.raises(SystemExit) as exited:
+        main([*args, "--quick", "--busy-levels", "0", "--no-progress", *extra])
+    return int(exited.value.code or 0)
+
+
+def test_build_writes_the_next_version_bound_to_the_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    repository = _repository(tmp_path)
+    x, y = tiny_data(1500)
+    np.savez(tmp_path / "data.npz", x=x, y=y)
+    assert _build(repository, tmp_path / "data.npz", "--bits", "3", "--tables", "4") == 0
+    assert "wrote" in capsys.readouterr().out
+    activator = load_activator(repository / "tiny")
+    assert activator.version == 1 and activator.model_version == 1 and activator.sizes == SIZES
+    assert activator.built["data"].endswith("1200 inputs for the tables, 300 held out")
+
+
+def test_bad_data_or_lsh_shape_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    repository = _repository(tmp_path)
+    x, y = tiny_data(200)
+    np.savez(tmp_path / "data.npz", x=x, y=y)
+    assert _build(repository, tmp_path / "data.npz", "--bits", "8", "--tables", "16") == 2
+    assert "K·L = 8·16 hash nodes do not fit the narrowest hidden layer (48 nodes)" in capsys.readouterr().err
+    np.savez(tmp_path / "wide.npz", x=np.zeros((10, 7), np.float32), y=np.zeros(10))
+    assert _build(repository, tmp_path / "wide.npz") == 2
+    assert "data rows have 7 values, model 'tiny' takes 20" in capsys.readouterr().err
+    np.savez(tmp_path / "unnamed.npz", np.zeros(3))
+    with pytest.raises(ConfigError, match="needs arrays 'x' and 'y'"):
+        load_data(str(tmp_path / "unnamed.npz"))
+    with pytest.raises(ConfigError, match=r"expected 'fashion-mnist' or an \.npz"):
+        load_data("cifar")
