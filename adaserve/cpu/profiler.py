@@ -51,6 +51,7 @@ __all__ = [
     "fingerprint",
     "load_profile",
     "profile_model",
+    "random_inputs",
     "save_profile",
 ]
 
@@ -401,8 +402,11 @@ def _measure(model: Callable[..., Any], inputs: Sequence[Any], settings: Profile
                 return times
 
 
-def _random_inputs(config: ModelConfig, batch: int, seed: int) -> list[Any]:
-    """Random tensors of the config's input shapes: floats in [0, 1), integers and booleans in {0, 1}."""
+def random_inputs(config: ModelConfig, batch: int, seed: int) -> list[Any]:
+    """Random tensors of the config's input shapes: floats in [0, 1), integers and booleans in {0, 1}.
+
+    Public so that a benchmark timing the planned workers feeds them what the profile was measured on.
+    """
     import numpy as np
     import torch
 
@@ -442,7 +446,7 @@ def _measure_all(job: dict[str, Any], report: Callable[[Cell], object]) -> None:
     place(job["threads"], job["cpus"] or None)
     model = load_artifact(Path(job["artifact"]), config.max_batch_size)
     for batch in job["batches"]:
-        times = _measure(model, _random_inputs(config, batch, seed=batch), settings)
+        times = _measure(model, random_inputs(config, batch, seed=batch), settings)
         report(
             Cell(
                 threads=job["threads"],

@@ -11,6 +11,7 @@ The engine asks `initial()` once and, for planners with a `sample_interval_s`, f
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
@@ -80,7 +81,7 @@ class PackratWorkerSet(WorkerSetPlanner):
                 max_batch=self.max_rows_in_flight(),
             ),
             current_batch=self.initial_batch,
-            now=0.0,
+            now=time.monotonic(),  # the engine's clock: the first check is a full timeout after the start
         )
         self.reconfigurator = Reconfigurator(estimator, self._choose)
 
