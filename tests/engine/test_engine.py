@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -74,9 +75,8 @@ def test_a_new_worker_that_dies_before_the_switch_is_started_again(tmp_path: Pat
         engine._spawn = spawn_then_kill_first  # type: ignore[method-assign]
         planned = (WorkerSpec(batch=2, threads=1), WorkerSpec(batch=2, threads=1))
         await engine.switch_workers(WorkerSetChoice(workers=planned, reason="test"))
-        for _ in range(500):
-            if sorted(w.batch for w in engine.workers.values()) == [2, 2]:
-                break
+        deadline = time.monotonic() + 60.0  # a restart forks and warms up a worker: slow on a busy machine
+        while sorted(w.batch for w in engine.workers.values()) != [2, 2] and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         assert sorted(w.batch for w in engine.workers.values()) == [2, 2]
         rows = np.zeros((3, 784), dtype=np.float32)
