@@ -6,6 +6,7 @@ while the load average was well above the core count is a figure about a busy ma
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -104,6 +105,25 @@ def wait_for_quiet(max_wait_s: float, busy_cores: float = 0.3) -> dict[str, floa
 
 def tree_cpu_s(pid: int) -> float:
     """CPU seconds (user + system) used so far by process `pid` and its live descendants (a server's workers)."""
+    return sum(_tree_times(pid).values())
+
+
+class TreeCPU:
+    """CPU seconds used by a process and its descendants, the ones that exited since included: every `sample`
+    remembers each descendant's last reading (a worker retired by a reconfiguration would take its CPU with it,
+    and show up as other people's work)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._last: dict[int, float] = {}
+
+    def sample(self) -> float:
+        self._last.update(_tree_times(self.pid))
+        return sum(self._last.values())
+
+
+def _tree_times(pid: int) -> dict[int, float]:
+    """CPU seconds of `pid` and each of its live descendants."""
     parents: dict[int, int] = {}
     times: dict[int, float] = {}
     for entry in Path("/proc").iterdir():
@@ -122,7 +142,45 @@ def tree_cpu_s(pid: int) -> float:
         children = [child for child, p in parents.items() if p == parent and child not in tree]
         tree.update(children)
         frontier += children
-    return sum(times.get(p, 0.0) for p in tree)
+    return {p: times[p] for p in tree if p in times}
+
+
+def server_stats_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """What the server did during a run: batches by size, mean batch, compute per batch, queue time per request."""
+    old = {b["batch_size"]: b["compute_infer"] for b in before.get("batch_stats", [])}
+    batches, compute_ms = {}, {}
+    for entry in after.get("batch_stats", []):
+        size, now = entry["batch_size"], entry["compute_infer"]
+        count = now["count"] - old.get(size, {"count": 0})["count"]
+        if count > 0:
+            batches[size] = count
+            compute_ms[size] = (now["ns"] - old.get(size, {"ns": 0})["ns"]) / count / 1e6
+    queue = {k: after["inference_stats"]["queue"][k] - before["inference_stats"]["queue"][k] for k in ("count", "ns")}
+    total = sum(batches.values())
+    return {
+        "batches": batches,
+        "compute_ms_per_batch": compute_ms,
+        "mean_batch": sum(size * n for size, n in batches.items()) / total if total else None,
+        "queue_ms_mean": queue["ns"] / queue["count"] / 1e6 if queue["count"] > 0 else None,
+    }
+
+
+def add_noise_arguments(parser: argparse.ArgumentParser, *, run: str) -> None:
+    """`--noise-cores`, `--attempts` and `--quiet-s`: how a benchmark on a shared machine treats a `run` during which
+    other work was busy (made again after a quiet second, the quietest kept)."""
+    parser.add_argument(
+        "--noise-cores",
+        type=float,
+        default=0.25,
+        help=f"a {run} during which other work took more CPU than this (cores) is made again (default 0.25)",
+    )
+    parser.add_argument("--attempts", type=int, default=3, help=f"{run}s made at most (default 3)")
+    parser.add_argument(
+        "--quiet-s",
+        type=float,
+        default=15.0,
+        help=f"before each {run}, wait at most this long for a quiet second (default 15)",
+    )
 
 
 def write_json(data: dict[str, Any], path: Path) -> None:

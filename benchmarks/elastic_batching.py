@@ -50,6 +50,7 @@ from benchmarks.common import (
     load_average,
     load_window,
     machine,
+    server_stats_delta,
     tree_cpu_s,
     wait_for_quiet,
     write_json,
@@ -127,7 +128,7 @@ class Bench:
         # adaserve.bench's trace schedule gives the asked rate as numpy.float64, which the JSON encoder refuses.
         if result.summary.asked_rate_rps is not None:
             result.summary.asked_rate_rps = float(result.summary.asked_rate_rps)
-        record["server"] = _stats_delta(before, self.stats(policy.model))
+        record["server"] = server_stats_delta(before, self.stats(policy.model))
         record["summary"] = _brief(result)
         record["other_cores"] = round(
             record["machine_busy_cores"] - record["server_cores"] - record["summary"]["generator_cores"], 3
@@ -389,26 +390,6 @@ def _phase(result: BenchResult, start_s: float, end_s: float) -> dict[str, Any]:
         "errors": len(records) - int(latencies.size),
         "throughput_rps": latencies.size / (end_s - start_s),
         **{k: float(v) if v is not None else None for k, v in stats.items()},
-    }
-
-
-def _stats_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
-    """What the server did during a run: batches by size, mean batch, compute per batch, queue time per request."""
-    old = {b["batch_size"]: b["compute_infer"] for b in before.get("batch_stats", [])}
-    batches, compute_ms = {}, {}
-    for entry in after.get("batch_stats", []):
-        size, now = entry["batch_size"], entry["compute_infer"]
-        count = now["count"] - old.get(size, {"count": 0})["count"]
-        if count > 0:
-            batches[size] = count
-            compute_ms[size] = (now["ns"] - old.get(size, {"ns": 0})["ns"]) / count / 1e6
-    queue = {k: after["inference_stats"]["queue"][k] - before["inference_stats"]["queue"][k] for k in ("count", "ns")}
-    total = sum(batches.values())
-    return {
-        "batches": batches,
-        "compute_ms_per_batch": compute_ms,
-        "mean_batch": sum(size * n for size, n in batches.items()) / total if total else None,
-        "queue_ms_mean": queue["ns"] / queue["count"] / 1e6 if queue["count"] > 0 else None,
     }
 
 

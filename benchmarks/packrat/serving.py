@@ -60,6 +60,12 @@ def served_worker_set(server: ServerHandle, name: str) -> dict[str, Any]:
     return dict(json.loads(document["parameters"]["worker_set"]["string_value"]))
 
 
+def model_stats(server: ServerHandle, name: str) -> dict[str, Any]:
+    """The model's statistics (Triton's format: inference and per-batch-size compute counts and times)."""
+    with urllib.request.urlopen(f"http://{server.http_url}/v2/models/{name}/stats", timeout=10) as response:
+        return dict(json.load(response)["model_stats"][0])
+
+
 def request_bytes(spec: ModelSpec, rows: int) -> int:
     """A body limit that admits one request of `rows` rows in binary form, with room for the JSON header."""
     return rows * sum(t.row_bytes for t in spec.config.inputs) + (1 << 20)

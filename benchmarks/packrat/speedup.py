@@ -20,8 +20,8 @@ T threads on the CPUs the same allocator gives ⟨1, T, B⟩.
 Fat and Packrat runs alternate per B after one warm-up run each, on identical inputs; the number of repeats follows
 the expected latency (`--budget-s` per B and mode, 1 to `--max-repeats`). The machine is shared: each run records
 the CPU other work took during it; a run of at least 0.25 s during which others took more than `--noise-cores` is
-made again after a quiet second, up to `--attempts` runs, and the quietest kept (all are recorded). A profile is
-measured after a quiet second too, and the profiler's own warning when the machine was busy is kept with it.
+made again after a quiet second, up to `--attempts` runs, and the quietest kept (all are recorded). The profile is
+treated the same way (a whole measurement again, the quietest stored), with the profiler's own busy warning.
 
     .venv/bin/python -m benchmarks.packrat.speedup                # resnet50, inception, bert; see benchmarks/README.md
     .venv/bin/python -m benchmarks.packrat.speedup --quick        # inception, B ≤ 16, minutes; under results/tmp/
@@ -49,19 +49,21 @@ from adaserve.repository import ModelSpec
 from benchmarks.common import (
     RESULTS,
     SCRATCH,
+    add_noise_arguments,
     command_line,
     figure,
     load_average,
     load_window,
     machine,
     machine_busy_s,
+    server_stats_delta,
     tree_cpu_s,
     wait_for_quiet,
     write_json,
 )
 from benchmarks.packrat.inprocess import Instances
 from benchmarks.packrat.models import REFERENCES, ensure_profile, export_model
-from benchmarks.packrat.serving import link_model, reload, request_bytes, served_worker_set
+from benchmarks.packrat.serving import link_model, model_stats, reload, request_bytes, served_worker_set
 from tests.server_utils import ServerHandle, running_server
 
 #: The issue's bar on the 2-core machine: mean latency speedup over B ≥ 8, for the CNNs.
@@ -125,20 +127,7 @@ def _parse_args() -> argparse.Namespace:
     add("--reprofile", action="store_true", help="measure the profile again even if a stored one fits")
     add("--budget-s", type=float, help="per B and mode, repeats ≈ this ÷ expected fat+Packrat latency (default 20)")
     add("--max-repeats", type=int, help="most timed runs per side, B and mode (default 10; --quick 3)")
-    add(
-        "--noise-cores",
-        type=float,
-        default=0.25,
-        help="a run of ≥ 0.25 s during which other work took more CPU than "
-        "this (cores) is made once more and the quieter kept (default 0.25)",
-    )
-    add("--attempts", type=int, default=3, help="runs at most per sample while others are busy (default 3)")
-    add(
-        "--quiet-s",
-        type=float,
-        default=15.0,
-        help="before a repeated run, wait at most this long for a quiet second (default 15)",
-    )
+    add_noise_arguments(parser, run="timed run (of at least 0.25 s)")
     add("--skip-end-to-end", action="store_true", help="in-process only (no server)")
     add(
         "--omp-wait-policy",
@@ -177,11 +166,21 @@ def _model(name: str, args: argparse.Namespace, topology: Topology, threads: int
         "exported_now": exported,
         "profile": {},
     }
-    result["profile"]["quiet"] = wait_for_quiet(args.quiet_s)
     with load_window(result["profile"]):
-        record, how = ensure_profile(spec, threads, args.profile_max_batch, settings, topology, force=args.reprofile)
+        record, measured = ensure_profile(
+            spec,
+            threads,
+            args.profile_max_batch,
+            settings,
+            topology,
+            force=args.reprofile,
+            attempts=args.attempts,
+            noise_cores=args.noise_cores,
+            quiet_s=args.quiet_s,
+        )
     result["profile"].update(
-        how=how,
+        how=measured.how,
+        other_cores_per_attempt=measured.other_cores,
         busy_warning=busy_warning(record),
         created=record.created,
         settings=record.settings.model_dump(),
@@ -189,7 +188,7 @@ def _model(name: str, args: argparse.Namespace, topology: Topology, threads: int
         batches=list(record.batches),
         latency_ms={f"t={c.threads},b={c.batch}": c.mean_s * 1e3 for c in record.cells},
     )
-    print(f"{name}: profile {how}", flush=True)
+    print(f"{name}: profile {measured.how}; others took {measured.other_cores} cores", flush=True)
     planner = AutoPlanner(spec, threads=threads, topology=topology)
     rows = [_plan_row(planner, batch, threads, topology) for batch in args.batches]
     with Instances(spec, args.scratch / f"{stem}-logs", {}) as instances:
@@ -264,7 +263,14 @@ def _end_to_end(
             row["end_to_end_worker_set"] = served
             row["end_to_end_matches_plan"] = served.get("instances") == row["plan"]
             measure = _served(server, {"fat": fat_name, "packrat": packrat_name}, row, args.seed)
+            before = {side: model_stats(server, name) for side, name in (("fat", fat_name), ("packrat", packrat_name))}
             row["end_to_end"] = _pairs(measure, row, args, f"{spec.name} end to end")
+            # What the workers themselves took per batch (and the wait before dispatch), to tell compute from the
+            # serving around it; the warm-up runs are included.
+            row["end_to_end"]["server"] = {
+                side: server_stats_delta(before[side], model_stats(server, name))
+                for side, name in (("fat", fat_name), ("packrat", packrat_name))
+            }
         return {
             "log": str(server.log),
             "fat_worker_set": served_worker_set(server, fat_name),
