@@ -114,6 +114,12 @@ class PackratSpec(_Strict):
     window: int = Field(default=16, ge=1, description="n: B is the mode of the last n estimates")
     reconfigure_timeout_s: float = Field(default=10.0, ge=0, description="how often B is compared with the set's")
     sample_interval_s: float = Field(default=0.1, gt=0, description="how often the queue depth is observed")
+    capacity_headroom: float = Field(
+        default=1.5,
+        ge=0,
+        description="a set for a smaller B is taken only if it plans this × the arrival rate in rows per second "
+        "(0: Packrat's estimator alone)",
+    )
 
 
 class LearnedCachesSpec(_Strict):

@@ -4,6 +4,14 @@ Reconfiguring takes seconds, so the estimate is smoothed twice to avoid flip-flo
 (Q̂_x = α·Q + (1 − α)·Q̂_{x−1}) rounded down to a power of two gives B̂_x, and the mode of the last n such
 estimates gives B̃. Once per reconfiguration timeout, if B̃ differs from the batch size the current worker set was
 planned for, the optimizer is asked for B̃. Pure logic: the caller passes the clock in, so tests steer time.
+
+A capacity floor the paper does not have: the queue depth says nothing about the arrival rate, and a set planned
+for a smaller B is also a set that computes fewer rows per second. Read off a shallow queue, B̃ can fall to a set
+that cannot keep up with the load the larger set was handling; the queue then grows, B̃ climbs, and the sets
+flip-flop (a timeline on ResNet-18 switched 12 times in 160 s, 8 → 4 → 64 → 4 ...). So a move to a smaller B is
+taken only when that set's planned rows per second (B over its expected batch latency) is at least
+`capacity_headroom` × the smoothed arrival rate; otherwise the next larger B that is, if any is below the current.
+The headroom covers what the profile does not see (the server and protocol around the model).
 """
 
 from __future__ import annotations
@@ -13,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-__all__ = ["BatchSizeEstimator", "EstimatorSettings", "Reconfigurator", "power_of_two_floor"]
+__all__ = ["ArrivalRate", "BatchSizeEstimator", "EstimatorSettings", "Reconfigurator", "power_of_two_floor"]
 
 PlanT = TypeVar("PlanT")
 
@@ -31,6 +39,7 @@ class EstimatorSettings:
     window: int = 16  # n: the mode is taken over this many estimates
     reconfigure_timeout_s: float = 10.0  # the estimate is compared with the configured B this often
     max_batch: int | None = None  # B̂ is capped here (T × the largest worker batch), then rounded down
+    capacity_headroom: float = 1.5  # a smaller set must plan this × the arrival rate; 0: no capacity floor
 
     def __post_init__(self) -> None:
         if not 0 < self.alpha <= 1:
@@ -41,6 +50,8 @@ class EstimatorSettings:
             raise ValueError(f"reconfigure_timeout_s must be ≥ 0, got {self.reconfigure_timeout_s}")
         if self.max_batch is not None and self.max_batch < 1:
             raise ValueError(f"max_batch must be ≥ 1, got {self.max_batch}")
+        if self.capacity_headroom < 0:
+            raise ValueError(f"capacity_headroom must be ≥ 0, got {self.capacity_headroom}")
 
 
 class BatchSizeEstimator:
@@ -88,22 +99,58 @@ class BatchSizeEstimator:
         self._last_check = now
 
 
-class Reconfigurator(Generic[PlanT]):
-    """Estimator and optimizer together: `update(queue_depth, now)` returns a new plan when one is due.
+class ArrivalRate:
+    """Rows per second arriving, from a running count of arrived rows, smoothed with the estimator's α."""
 
-    `plan_for(B)` is e.g. `functools.partial(optimizer.plan, T)` or `AutoPlanner.plan` (plan plus pinned workers).
-    Once it returns, B̃ counts as configured; the caller starts the new worker set (active/passive swap).
+    def __init__(self, alpha: float) -> None:
+        self.alpha = alpha
+        self.rate: float | None = None
+        self._last: tuple[int, float] | None = None
+
+    def observe(self, arrived_rows: int, now: float) -> float | None:
+        if self._last is not None and now > self._last[1]:
+            sample = (arrived_rows - self._last[0]) / (now - self._last[1])
+            self.rate = sample if self.rate is None else self.alpha * sample + (1 - self.alpha) * self.rate
+        self._last = (arrived_rows, now)
+        return self.rate
+
+
+class Reconfigurator(Generic[PlanT]):
+    """Estimator and optimizer together: `update(queue_depth, arrived_rows, now)` returns a new plan when one is due.
+
+    `plan_for(B)` is e.g. `functools.partial(optimizer.plan, T)` or `AutoPlanner.plan` (plan plus pinned workers);
+    `rows_per_second(plan)` is what a plan is expected to compute (None: unknown, no capacity floor). Once it
+    returns, the plan's B counts as configured; the caller starts the new worker set (active/passive swap).
     """
 
-    def __init__(self, estimator: BatchSizeEstimator, plan_for: Callable[[int], PlanT]) -> None:
+    def __init__(
+        self,
+        estimator: BatchSizeEstimator,
+        plan_for: Callable[[int], PlanT],
+        rows_per_second: Callable[[PlanT], float | None] = lambda plan: None,
+    ) -> None:
         self.estimator = estimator
         self.plan_for = plan_for
+        self.rows_per_second = rows_per_second
+        self.arrivals = ArrivalRate(estimator.settings.alpha)
 
-    def update(self, queue_depth: float, now: float) -> PlanT | None:
+    def update(self, queue_depth: float, arrived_rows: int, now: float) -> PlanT | None:
         self.estimator.observe(queue_depth)
+        rate = self.arrivals.observe(arrived_rows, now)
         batch = self.estimator.should_reconfigure(now)
         if batch is None:
             return None
+        current = self.estimator.current_batch
         plan = self.plan_for(batch)
+        while batch < current and not self._keeps_up(plan, rate):
+            batch *= 2  # the capacity floor (see the module docstring)
+            plan = self.plan_for(batch)
+        if batch == current:
+            return None
         self.estimator.reconfigured(batch, now)
         return plan
+
+    def _keeps_up(self, plan: PlanT, rate: float | None) -> bool:
+        capacity = self.rows_per_second(plan)
+        headroom = self.estimator.settings.capacity_headroom
+        return capacity is None or rate is None or capacity >= headroom * rate

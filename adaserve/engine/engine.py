@@ -114,6 +114,7 @@ class ModelEngine:
         self._start_failures = 0
         self._waiting: deque[tuple[int, asyncio.Future[int]]] = deque()  # (rows, future of a start slot)
         self._waiting_rows = 0
+        self._arrived_rows = 0  # accepted so far: Packrat's arrival rate
         self._timer: asyncio.TimerHandle | None = None
         self._ids = itertools.count()
         self._host: ModelHost | None = None
@@ -166,7 +167,8 @@ class ModelEngine:
         """Report the queue depth to the worker-set planner; switch sets when it answers with a new one."""
         while self.state is EngineState.READY:
             await asyncio.sleep(interval_s)
-            choice = self.planner.observe(self.scheduler.ready + self.scheduler.inflight, time.monotonic())
+            depth = self.scheduler.ready + self.scheduler.inflight
+            choice = self.planner.observe(depth, self._arrived_rows, time.monotonic())
             if choice is not None and self.state is EngineState.READY:
                 await self.switch_workers(choice)
 
@@ -260,6 +262,7 @@ class ModelEngine:
                 f"{self.model.config.max_queue_size}); retry later"
             )
         arrived_ns = time.perf_counter_ns()
+        self._arrived_rows += rows
         start = self._ring.allocate(rows)
         if start is None:
             start = await self._wait_for_slots(rows)

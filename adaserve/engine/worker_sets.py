@@ -6,7 +6,8 @@
   model's profile for the batch size the estimator reads off the queue depth, pinned to disjoint cores; when the
   smoothed batch size moves, it answers with a new set and the engine swaps sets with no downtime.
 
-The engine asks `initial()` once and, for planners with a `sample_interval_s`, feeds `observe(queue_depth, now)`.
+The engine asks `initial()` once and, for planners with a `sample_interval_s`, feeds
+`observe(queue_depth, arrived_rows, now)`.
 """
 
 from __future__ import annotations
@@ -42,8 +43,9 @@ class WorkerSetPlanner(ABC):
     def max_rows_in_flight(self) -> int:
         """The most rows any set this planner may choose can compute at once (the input pool is sized for it)."""
 
-    def observe(self, queue_depth: float, now: float) -> WorkerSetChoice | None:
-        """A new set when the load calls for one; None to keep the current set."""
+    def observe(self, queue_depth: float, arrived_rows: int, now: float) -> WorkerSetChoice | None:
+        """A new set when the load calls for one (`arrived_rows`: rows accepted so far); None to keep the current
+        set."""
         return None
 
 
@@ -79,11 +81,12 @@ class PackratWorkerSet(WorkerSetPlanner):
                 window=settings.window,
                 reconfigure_timeout_s=settings.reconfigure_timeout_s,
                 max_batch=self.max_rows_in_flight(),
+                capacity_headroom=settings.capacity_headroom,
             ),
             current_batch=self.initial_batch,
             now=time.monotonic(),  # the engine's clock: the first check is a full timeout after the start
         )
-        self.reconfigurator = Reconfigurator(estimator, self._choose)
+        self.reconfigurator = Reconfigurator(estimator, self._choose, _rows_per_second)
 
     def initial(self) -> WorkerSetChoice:
         return self._choose(self.initial_batch)
@@ -92,8 +95,8 @@ class PackratWorkerSet(WorkerSetPlanner):
         """T workers of max_batch_size rows each at most (a plan never uses more than T threads)."""
         return self.planner.threads * self.config.max_batch_size
 
-    def observe(self, queue_depth: float, now: float) -> WorkerSetChoice | None:
-        return self.reconfigurator.update(queue_depth, now)
+    def observe(self, queue_depth: float, arrived_rows: int, now: float) -> WorkerSetChoice | None:
+        return self.reconfigurator.update(queue_depth, arrived_rows, now)
 
     def _choose(self, batch: int) -> WorkerSetChoice:
         chosen = self.planner.plan(batch)
@@ -110,6 +113,14 @@ class PackratWorkerSet(WorkerSetPlanner):
         return WorkerSetChoice(
             tuple(chosen.workers), f"Packrat plan {summary} for B={batch}: {chosen.note}", batch, details
         )
+
+
+def _rows_per_second(choice: WorkerSetChoice) -> float | None:
+    """What a planned set is expected to compute: B rows per expected batch latency (None without a profile)."""
+    latency_ms = choice.details.get("expected_latency_ms")
+    if not choice.details.get("from_profile") or choice.batch is None or not latency_ms:
+        return None
+    return float(choice.batch / (latency_ms / 1e3))
 
 
 def create_worker_set_planner(model: ModelSpec) -> WorkerSetPlanner:

@@ -9,13 +9,17 @@ pin them. Calibration: a closed loop keeping B rows in the server (B / rows-per-
 measures what that set answers per second on this machine now, HTTP and the generator included. The rates are low =
 `--low-fraction` × the B = 8 set's and high = `--high-fraction` × the B = 64 set's: at the high rate the B = 8 set
 falls behind, its queue grows and the estimator moves B. Then `<model>_auto` is loaded afresh and adaserve's load
-generator sends Poisson arrivals stepped low → high → low.
+generator sends Poisson arrivals stepped low → high → low. The estimator runs with the config's defaults
+(`ewma_alpha` 0.3, `window` 16, `reconfigure_timeout_s` 10, `capacity_headroom` 1.5); `--capacity-headroom 0` is
+Packrat's estimator alone, which flip-flops here (see adaserve/cpu/estimator.py).
 
 Recorded: every request's latency and status (adaserve.bench), the server's /metrics every `--poll-s` (rows queued
 and computing, the planned B, reconfigurations, failures), and each "worker set switched" line of the server's log
-(when, to which set, how long the new set took to start). Failed requests are counted, not assumed away.
+(when, to which set, how long the new set took to start). Failed requests are counted, not assumed away. The rates
+sit close to what the sets can take, so other work on the machine changes the picture: a run during which others took
+more than `--noise-cores` is made again (up to `--attempts`), the quietest kept, and the others' failures reported.
 
-    .venv/bin/python -m benchmarks.packrat.reconfiguration           # ~3 minutes
+    .venv/bin/python -m benchmarks.packrat.reconfiguration           # ~4 minutes (up to 3 runs of 160 s if busy)
     .venv/bin/python -m benchmarks.packrat.reconfiguration --quick   # ~1.5 minutes, under results/tmp/
 
 Writes `benchmarks/results/packrat_reconfiguration.json` and `.png` (with --quick: under `benchmarks/results/tmp/`).
@@ -43,7 +47,19 @@ from adaserve.bench import BenchConfig, BenchResult, Status, parse_workload, run
 from adaserve.cpu.profiler import AutoPlanner, ProfileSettings
 from adaserve.cpu.topology import machine_topology
 from adaserve.repository import ModelSpec
-from benchmarks.common import RESULTS, SCRATCH, command_line, figure, load_average, load_window, machine, write_json
+from benchmarks.common import (
+    RESULTS,
+    SCRATCH,
+    TreeCPU,
+    add_noise_arguments,
+    command_line,
+    figure,
+    load_average,
+    load_window,
+    machine,
+    wait_for_quiet,
+    write_json,
+)
 from benchmarks.packrat.models import REFERENCES, ensure_profile, export_model
 from benchmarks.packrat.serving import link_model, reload, served_worker_set
 from tests.server_utils import ServerHandle, running_server
@@ -59,40 +75,68 @@ def main() -> int:
         SCRATCH / "packrat_reconfiguration-quick.json" if args.quick else RESULTS / "packrat_reconfiguration.json"
     )
     report, spec, repository = _prepare(args, output.stem)
-    name, duration_s = report["model"]["name"], sum(args.phases_s)
+    name = report["model"]["name"]
     fixed = [entry for entry, batch in report["entries"].items() if batch is not None]
     with running_server(repository, *(f"--model={entry}" for entry in fixed)) as server:
+        report["quiet_before_calibration"] = wait_for_quiet(args.quiet_s)
         report["calibration"] = _calibrate(server, report["entries"], args)
         steps = _steps(report, args)
-        # Loaded now, and the run starts at once: the estimator's first check is a reconfiguration timeout after the
-        # load, so the timeline begins with the set planned for initial_batch.
-        reload(server, repository, spec, name, report["auto_config"])
-        report["initial_worker_set"] = served_worker_set(server, name)
-        with load_window(report):
-            result, polls, wall_start = _run(server, name, steps, duration_s, args)
-        report["final_worker_set"] = served_worker_set(server, name)
+        attempts: list[dict[str, Any]] = []
+        while len(attempts) < args.attempts and (not attempts or attempts[-1]["other_cores"] > args.noise_cores):
+            wait_for_quiet(args.quiet_s)
+            # Loaded afresh, and the run starts at once: the estimator's first check is a reconfiguration timeout
+            # after the load, so the timeline begins with the set planned for initial_batch.
+            reload(server, repository, spec, name, report["auto_config"])
+            attempts.append(_timeline_run(server, name, steps, args))
+            print(f"run {len(attempts)}: other work took {attempts[-1]['other_cores']:.2f} cores", flush=True)
         report["server_log"] = str(server.log)
+    kept = min(attempts, key=lambda a: a["other_cores"])
+    result: BenchResult = kept.pop("result")
     write_report(result, args.scratch / f"{output.stem}-requests.json", plots=False)
-    report["switches"] = _switches(server.log, name, wall_start)
-    report["polls"] = polls
-    report["phases"] = _phases(result, steps, duration_s)
-    report["failed_requests"] = {
+    report.update(kept)
+    report["switches"] = _switches(server.log, name, kept["wall_start"], kept["wall_end"])
+    report["phases"] = _phases(result, steps, sum(args.phases_s))
+    report["timeline"] = _timeline(result, sum(args.phases_s))
+    # Every attempt counts for failures, not only the one kept.
+    report["noisier_attempts"] = [
+        {"other_cores": a["other_cores"], "failed_requests": a["failed_requests"], "summary": a["summary"]}
+        for a in attempts
+        if a is not kept
+    ]
+    write_json(report, output)
+    _plot(report, output.with_suffix(".png"))
+    _print(report, output)
+    return 0
+
+
+def _timeline_run(
+    server: ServerHandle, name: str, steps: list[list[float]], args: argparse.Namespace
+) -> dict[str, Any]:
+    """One stepped run on the freshly loaded auto entry: the requests, the polls and what other work took."""
+    record: dict[str, Any] = {"initial_worker_set": served_worker_set(server, name)}
+    cpu = TreeCPU(os.getpid())  # the server, its workers (retired ones too) and the generator
+    ours = cpu.sample()
+    with load_window(record):
+        result, polls, record["wall_start"] = _run(server, name, steps, sum(args.phases_s), args, cpu)
+    record["wall_end"] = time.time()
+    ours = (cpu.sample() - ours) / record["wall_s"]
+    record["other_cores"] = round(max(0.0, record["machine_busy_cores"] - ours), 3)
+    record["final_worker_set"] = served_worker_set(server, name)
+    record["polls"] = polls
+    record["failed_requests"] = {
         "client": result.summary.errors + result.summary.not_sent + result.summary.cancelled,
         "by_kind": result.summary.errors_by_kind,
         "server_failures": polls[-1]["failures"] - polls[0]["failures"] if polls else None,
     }
-    report["summary"] = {
+    record["summary"] = {
         "requests": result.summary.requests,
         "ok": result.summary.ok,
         "valid": result.summary.valid,
         "problems": result.summary.problems,
         "generator_cores": result.summary.generator.cpu_utilization,
     }
-    report["timeline"] = _timeline(result, duration_s)
-    write_json(report, output)
-    _plot(report, output.with_suffix(".png"))
-    _print(report, output)
-    return 0
+    record["result"] = result
+    return record
 
 
 def _prepare(args: argparse.Namespace, stem: str) -> tuple[dict[str, Any], ModelSpec, Path]:
@@ -103,7 +147,9 @@ def _prepare(args: argparse.Namespace, stem: str) -> tuple[dict[str, Any], Model
     reference = REFERENCES[args.model]
     spec, _ = export_model(args.scratch / "repo", reference, args.max_batch_size)
     settings = ProfileSettings.for_run(quick=args.quick)
-    record, how = ensure_profile(spec, threads, args.max_batch_size, settings, topology)
+    record, measured = ensure_profile(
+        spec, threads, args.max_batch_size, settings, topology, attempts=3, noise_cores=0.25, quiet_s=15.0
+    )
     planner = AutoPlanner(spec, threads=threads, topology=topology)
     packrat = {
         "threads": threads,
@@ -112,6 +158,7 @@ def _prepare(args: argparse.Namespace, stem: str) -> tuple[dict[str, Any], Model
         "window": args.window,
         "reconfigure_timeout_s": args.reconfigure_timeout_s,
         "sample_interval_s": args.sample_interval_s,
+        "capacity_headroom": args.capacity_headroom,
     }
     repository = args.scratch / f"{stem}-serve"
     shutil.rmtree(repository, ignore_errors=True)
@@ -141,7 +188,8 @@ def _prepare(args: argparse.Namespace, stem: str) -> tuple[dict[str, Any], Model
         "load_start": load_average(),
         "model": {"name": name, "description": reference.description, "max_batch_size": args.max_batch_size},
         "profile": {
-            "how": how,
+            "how": measured.how,
+            "other_cores_per_attempt": measured.other_cores,
             "created": record.created,
             "load_average": record.load_average,
             "latency_ms": {f"t={c.threads},b={c.batch}": c.mean_s * 1e3 for c in record.cells},
@@ -217,15 +265,22 @@ def _parse_args() -> argparse.Namespace:
         help="low,high,low phase lengths (default 40,80,40; --quick 15,40,15)",
     )
     add("--low-fraction", type=float, default=0.8, help="low rate as a fraction of the B=8 set's calibrated rate")
-    add("--high-fraction", type=float, default=0.9, help="high rate as a fraction of the B=64 set's calibrated rate")
+    add("--high-fraction", type=float, default=0.85, help="high rate as a fraction of the B=64 set's calibrated rate")
     add("--calibration-s", type=float, help="length of each calibration run (default 5 s; --quick 3)")
     add("--rows-per-request", type=int, default=1, help="rows each request carries (default 1)")
     add("--low-rate", type=float, help="low rate (req/s); default from --low-fraction")
     add("--high-rate", type=float, help="high rate (req/s); default from --high-fraction")
-    add("--ewma-alpha", type=float, default=0.3, help="packrat.ewma_alpha (default 0.3)")
+    add("--ewma-alpha", type=float, default=0.3, help="packrat.ewma_alpha (default 0.3, the config's)")
     add("--window", type=int, default=16, help="packrat.window: the mode of this many estimates (default 16)")
+    add(
+        "--capacity-headroom",
+        type=float,
+        default=1.5,
+        help="packrat.capacity_headroom (default 1.5, the config's; 0: Packrat's estimator alone)",
+    )
     add("--reconfigure-timeout-s", type=float, default=10.0, help="packrat.reconfigure_timeout_s (default 10)")
     add("--sample-interval-s", type=float, default=0.1, help="packrat.sample_interval_s (default 0.1)")
+    add_noise_arguments(parser, run="timeline run")
     add("--poll-s", type=float, default=0.25, help="how often /metrics is read during the run")
     add("--omp-wait-policy", choices=["PASSIVE", "ACTIVE"], default=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"))
     add("--seed", type=int, default=1, help="seeds arrivals and inputs")
@@ -240,10 +295,16 @@ def _parse_args() -> argparse.Namespace:
 
 
 def _run(
-    server: ServerHandle, name: str, steps: list[list[float]], duration_s: float, args: argparse.Namespace
+    server: ServerHandle,
+    name: str,
+    steps: list[list[float]],
+    duration_s: float,
+    args: argparse.Namespace,
+    cpu: TreeCPU,
 ) -> tuple[BenchResult, list[dict[str, Any]], float]:
-    """The stepped open-loop run with /metrics read every `poll_s` beside it; returns the poll times on the run's
-    clock (they start just before the generator's own, which first fetches the model's metadata: milliseconds)."""
+    """The stepped open-loop run with /metrics read (and `cpu` sampled) every `poll_s` beside it; returns the poll
+    times on the run's clock (they start just before the generator's own, which first fetches the model's metadata:
+    milliseconds)."""
     workload = parse_workload(
         {
             "requests": [{"model": name, "batch": args.rows_per_request}],
@@ -259,6 +320,7 @@ def _run(
     def poll() -> None:
         while not done.wait(args.poll_s):
             polls.append({"t_s": round(time.perf_counter() - began, 3), **_metrics(server, name)})
+            cpu.sample()
 
     poller = threading.Thread(target=poll, daemon=True)
     poller.start()
@@ -292,7 +354,7 @@ def _metrics(server: ServerHandle, name: str) -> dict[str, Any]:
     return values
 
 
-def _switches(log: Path, name: str, wall_start: float) -> list[dict[str, Any]]:
+def _switches(log: Path, name: str, wall_start: float, wall_end: float) -> list[dict[str, Any]]:
     """Each "worker set switched" line of the server's log during the run, on the run's clock: activated at `t_s`,
     after the new set took `switch_s` to start beside the old one."""
     switches = []
@@ -304,7 +366,7 @@ def _switches(log: Path, name: str, wall_start: float) -> list[dict[str, Any]]:
         if entry.get("msg") != "worker set switched" or entry.get("model") != name:
             continue
         at = datetime.fromisoformat(entry["ts"].replace("Z", "+00:00")).timestamp() - wall_start
-        if at < 0:
+        if not 0 <= at <= wall_end - wall_start:
             continue
         details = entry.get("details", {})
         switches.append(
@@ -419,7 +481,8 @@ def _plot(report: dict[str, Any], path: Path) -> None:
     failed = report["failed_requests"]["client"]
     fig.suptitle(
         f"{report['model']['name']}: {report['model']['description']}\n{len(report['switches'])} worker-set switches "
-        f"(green: the new set starting beside the old, then taking over), {failed} failed requests",
+        f"(green: the new set starting beside the old, then taking over), {failed} failed requests; other work "
+        f"took {report['other_cores']:.2f} cores",
         fontsize=9,
     )
     fig.tight_layout()
@@ -437,7 +500,9 @@ def _print(report: dict[str, Any], output: Path) -> None:
             f"switch at {switch['t_s']:.1f} s to B={switch['batch']} {switch['instances']} "
             f"(new set started in {switch['switch_s']} s)"
         )
-    print(f"failed requests: {report['failed_requests']}; wrote {output}")
+    print(
+        f"failed requests: {report['failed_requests']}; other work took {report['other_cores']} cores; wrote {output}"
+    )
 
 
 if __name__ == "__main__":

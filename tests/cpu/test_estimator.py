@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from adaserve.cpu.estimator import BatchSizeEstimator, EstimatorSettings, Reconfigurator, power_of_two_floor
+from adaserve.cpu.estimator import (
+    ArrivalRate,
+    BatchSizeEstimator,
+    EstimatorSettings,
+    Reconfigurator,
+    power_of_two_floor,
+)
 from adaserve.cpu.optimizer import Optimizer, Plan, Profile
 
 
@@ -77,15 +83,49 @@ def test_reconfigurator_asks_the_optimizer_for_the_smoothed_batch() -> None:
 
     settings = EstimatorSettings(alpha=0.5, window=4, reconfigure_timeout_s=5.0)
     reconfigurator = Reconfigurator(BatchSizeEstimator(settings, current_batch=1, now=0.0), plan_for)
-    plans = [reconfigurator.update(depth, now=float(second)) for second, depth in enumerate([1] * 5 + [9] * 15)]
+    depths = [1] * 5 + [9] * 15
+    plans = [reconfigurator.update(depth, 100 * second, float(second)) for second, depth in enumerate(depths)]
     changes = [(second, plan.batch) for second, plan in enumerate(plans) if plan is not None]
     assert changes == [(10, 8)]
     assert asked == [8]
     assert reconfigurator.estimator.current_batch == 8
 
 
+def test_the_arrival_rate_is_a_smoothed_count_per_second() -> None:
+    rate = ArrivalRate(alpha=0.5)
+    assert rate.observe(0, now=0.0) is None
+    assert rate.observe(100, now=1.0) == 100.0
+    assert rate.observe(400, now=2.0) == 0.5 * 300 + 0.5 * 100
+
+
+def test_a_smaller_set_that_cannot_keep_up_is_not_taken() -> None:
+    """B̃ falls from 8 to 2 on a shallow queue; at 100 rows/s the B=2 set (planned 40 rows/s) and the B=4 set
+    (80 rows/s) cannot keep up with 1.5× headroom, so the set stays; at 10 rows/s B=2 is taken."""
+    latency_s = {1: 0.025, 2: 0.05, 4: 0.05, 8: 0.05}  # B=2: 40 rows/s, B=4: 80, B=8: 160
+
+    def run(rows_per_second: int) -> list[tuple[int, int]]:
+        settings = EstimatorSettings(alpha=1.0, window=1, reconfigure_timeout_s=5.0, capacity_headroom=1.5)
+        reconfigurator = Reconfigurator(
+            BatchSizeEstimator(settings, current_batch=8, now=0.0), lambda b: b, lambda b: b / latency_s[b]
+        )
+        plans = [reconfigurator.update(2, rows_per_second * second, float(second)) for second in range(12)]
+        return [(second, plan) for second, plan in enumerate(plans) if plan is not None]
+
+    assert run(100) == []
+    assert run(50) == [(5, 4)]  # B=2 plans 40 < 75 rows/s, B=4 plans 80 ≥ 75
+    assert run(10) == [(5, 2)]
+
+
 @pytest.mark.parametrize(
-    "kwargs", [{"alpha": 0}, {"alpha": 1.5}, {"window": 0}, {"reconfigure_timeout_s": -1}, {"max_batch": 0}]
+    "kwargs",
+    [
+        {"alpha": 0},
+        {"alpha": 1.5},
+        {"window": 0},
+        {"reconfigure_timeout_s": -1},
+        {"max_batch": 0},
+        {"capacity_headroom": -1},
+    ],
 )
 def test_bad_settings_are_refused(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError):
