@@ -1,9 +1,11 @@
 """An activator on disk, in its model's directory: `<model>/activator/<v>/activator.npz` + `activator.json`.
 
 Each build writes the next version. The JSON holds the format version, what the activator is bound to (the model
-version and the sha256 of its weights), the k grid, the calibration, the latency profile and how it was built; the
+version, the sha256 of its MLP head's weights and that of the operations and tensors before the head, '' for a
+pure MLP), the k grid, the calibration, the latency profile and how it was built; the
 npz holds the tables (int16 ranked node lists in CSR form, int32 bucket maps, float32 confidence rows) and is read
-with `allow_pickle=False`. An activator built for other weights is refused with `ActivatorMismatchError`, which
+with `allow_pickle=False`. Format 1 (before MLP heads) is read as an activator of a pure MLP. An activator built
+for other weights is refused with `ActivatorMismatchError`, which
 names both versions; the runtime then falls back to dense or fails the load, as the model's config says.
 """
 
@@ -24,7 +26,9 @@ from adaserve.errors import ConfigError
 
 __all__ = ["FORMAT", "Activator", "ActivatorMismatchError", "load_activator", "save_activator", "versions"]
 
-FORMAT = 1
+FORMAT = 2
+#: Format 1 has no `prefix_sha256`: it was written for pure MLPs only.
+_READS = (1, FORMAT)
 FOLDER = "activator"
 _TABLES = "activator.npz"
 _META = "activator.json"
@@ -47,10 +51,12 @@ class Activator:
     calibration: Calibration
     latency: LatencyProfile
     built: dict[str, Any] = field(default_factory=dict)  # provenance: when, data, inputs, command
+    prefix_sha256: str = ""  # `Prefix.digest()` of the operations before the MLP head; '' for a pure MLP
     version: int = 0  # its folder under <model>/activator/, set when saved or loaded
 
-    def check(self, model_version: int, weights_sha256: str) -> None:
-        """Raise ActivatorMismatchError unless this activator was built for exactly these weights."""
+    def check(self, model_version: int, weights_sha256: str, prefix_sha256: str = "") -> None:
+        """Raise ActivatorMismatchError unless this activator was built for exactly these weights (the head's, and
+        the prefix's its tables were built on)."""
         if model_version != self.model_version:
             raise ActivatorMismatchError(
                 f"activator v{self.version} was built for model version {self.model_version}, not version "
@@ -60,6 +66,12 @@ class Activator:
             raise ActivatorMismatchError(
                 f"activator v{self.version} was built for other weights of model version {model_version} "
                 f"(sha256 {self.weights_sha256[:12]}…, the model's is {weights_sha256[:12]}…); rebuild it"
+            )
+        if prefix_sha256 != self.prefix_sha256:
+            raise ActivatorMismatchError(
+                f"activator v{self.version} was built for other layers before the MLP head of model version "
+                f"{model_version} (sha256 {self.prefix_sha256[:12] or 'none'}…, the model's is "
+                f"{prefix_sha256[:12] or 'none'}…); rebuild it"
             )
 
 
@@ -93,6 +105,7 @@ def save_activator(model_dir: Path, activator: Activator) -> Path:
         "format": FORMAT,
         "model_version": activator.model_version,
         "weights_sha256": activator.weights_sha256,
+        "prefix_sha256": activator.prefix_sha256,
         "sizes": list(activator.sizes),
         "bits": nodes.bits,
         "tables": nodes.tables,
@@ -127,8 +140,10 @@ def load_activator(model_dir: Path, version: int | None = None) -> Activator:
         raise ConfigError(f"{folder}: no such activator version (found {', '.join(map(str, found))})")
     try:
         meta = json.loads((folder / _META).read_text())
-        if meta.get("format") != FORMAT:
-            raise ConfigError(f"{folder}: activator format {meta.get('format')}, this server reads {FORMAT}")
+        if meta.get("format") not in _READS:
+            raise ConfigError(
+                f"{folder}: activator format {meta.get('format')}, this server reads {' and '.join(map(str, _READS))}"
+            )
         with np.load(folder / _TABLES, allow_pickle=False) as arrays:
             tables = {name: arrays[name] for name in arrays.files}
         activator = _from_parts(meta, tables, chosen)
@@ -145,6 +160,7 @@ def _from_parts(meta: dict[str, Any], tables: dict[str, np.ndarray], version: in
     return Activator(
         model_version=int(meta["model_version"]),
         weights_sha256=str(meta["weights_sha256"]),
+        prefix_sha256=str(meta.get("prefix_sha256", "")),
         sizes=tuple(int(s) for s in meta["sizes"]),
         k_grid=np.asarray(meta["k_grid"], np.float64),
         nodes=NodeTables(

@@ -1,12 +1,19 @@
 """`adaserve activator build`: train a model's node activator from data and store it beside the model.
 
+Everything below is computed on the MLP head's inputs: for a model with layers before its head (a CNN's
+convolutions), the prefix runs over the data first, in chunks of `_CHUNK` rows, so only the sampled rows' head
+inputs are held at once.
+
 1. Inputs for the tables, and labelled held-out inputs the model never saw for the calibration (`BuildData`).
 2. FreeHash nodes per hidden layer, sampled by activation variance.
 3. Node Importance tables (Algorithm 1) over the table inputs, streamed in chunks.
 4. Confidence tables: c(k, x) = −KL(full ‖ top-k) for every k of the grid, computed with the runtime's own kernel
    (so hashing on sparse inputs and the chosen nodes are exactly what serving will do), averaged per bucket.
 5. Calibration on the held-out part: the ACLO rule's accuracy at each confidence threshold.
-6. Latency profile T(k, β) for β = 0 … N co-located busy processes.
+6. Latency profile T(k, β) for β = 0 … N co-located busy processes. T is the head's sparse kernel alone, without
+   the prefix: k does not change the prefix's cost, and at run time LCAO measures the time a request has already
+   spent (its t0) after its prefix ran, so the prefix is counted exactly rather than predicted. The busy processes
+   run the head densely.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from adaserve.adaptive.activator.confidence import (
 )
 from adaserve.adaptive.activator.kernel import LSH, SERVE, Kernel, PackedNetwork, node_counts
 from adaserve.adaptive.activator.latency import measure_latency
-from adaserve.adaptive.activator.layers import MLPLayers, extract_layers
+from adaserve.adaptive.activator.layers import NO_PREFIX, MLPLayers, Prefix, extract_head
 from adaserve.adaptive.activator.lsh import (
     LayerTableBuilder,
     NodeTables,
@@ -77,7 +84,8 @@ class BuildData:
     description: str
 
     def flat(self, width: int, model: str) -> BuildData:
-        """The inputs as contiguous float32 rows of `width` values; ConfigError when they do not fit the model."""
+        """The inputs as contiguous float32 rows of `width` values (the model's input rows, not its head's);
+        ConfigError when they do not fit the model."""
         table_x = np.ascontiguousarray(self.table_x.reshape(len(self.table_x), -1), dtype=np.float32)
         held_x = np.ascontiguousarray(self.held_x.reshape(len(self.held_x), -1), dtype=np.float32)
         if table_x.shape[1] != width or held_x.shape[1] != width:
@@ -103,11 +111,17 @@ def build_activator(
 ) -> tuple[Path, Activator]:
     """Build the activator of the served version of `spec` and save it as the next version in its directory."""
     model = load_artifact(spec.artifact, spec.config.max_batch_size)
-    layers = extract_layers(model, spec.config.inputs[0].row_shape, spec.name)
-    data = data.flat(layers.sizes[0], spec.name)
+    row_shape = spec.config.inputs[0].row_shape
+    head = extract_head(model, row_shape, spec.name)
+    data = data.flat(int(np.prod(row_shape)), spec.name)
     began = time.monotonic()
-    activator = build_tables(layers, data, options, progress=progress)
-    activator = replace(activator, model_version=spec.version, weights_sha256=layers.digest())
+    activator = build_tables(head.layers, data, options, progress=progress, prefix=head.prefix)
+    activator = replace(
+        activator,
+        model_version=spec.version,
+        weights_sha256=head.layers.digest(),
+        prefix_sha256=head.prefix.digest(),
+    )
     activator.built.update(
         {
             "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -119,8 +133,11 @@ def build_activator(
     return save_activator(spec.directory, activator), activator
 
 
-def build_tables(layers: MLPLayers, data: BuildData, options: BuildOptions, *, progress: bool = False) -> Activator:
-    """Steps 2-6 on flat float32 inputs; the result is bound to no model version yet (0, no digest)."""
+def build_tables(
+    layers: MLPLayers, data: BuildData, options: BuildOptions, *, progress: bool = False, prefix: Prefix = NO_PREFIX
+) -> Activator:
+    """Steps 2-6 on flat float32 inputs of the model (`prefix` gives the head's); the result is bound to no model
+    version yet (0, no digests)."""
     narrowest = min(layers.sizes[1:-1])
     if options.bits * options.tables > narrowest:
         raise ConfigError(
@@ -129,7 +146,8 @@ def build_tables(layers: MLPLayers, data: BuildData, options: BuildOptions, *, p
         )
     rng = np.random.default_rng(options.seed)
     x = data.table_x
-    held_x, held_y = data.held_x[: options.max_calibration_inputs], data.held_y[: options.max_calibration_inputs]
+    held_x = _head_inputs(prefix, data.held_x[: options.max_calibration_inputs])
+    held_y = data.held_y[: options.max_calibration_inputs]
     grid = np.asarray(options.k_grid, np.float64)
     network = PackedNetwork.from_layers(layers)
     counts = node_counts(grid, network.sizes)
@@ -138,7 +156,7 @@ def build_tables(layers: MLPLayers, data: BuildData, options: BuildOptions, *, p
     total = 1 + chunks + (len(grid) - 1) * 2 + 1 + levels + 1
     with tqdm(total=total, disable=not progress, unit="step", desc="activator") as bar:
         steps = _Progress(bar)
-        sample = x[rng.permutation(len(x))[:10_000]]
+        sample = _head_inputs(prefix, x[rng.permutation(len(x))[:10_000]])
         hash_nodes = [
             sample_hash_nodes(np.maximum(pre, 0).var(axis=0), options.bits, options.tables, rng)
             for pre in layers.pre_activations(sample)[:-1]
@@ -149,7 +167,7 @@ def build_tables(layers: MLPLayers, data: BuildData, options: BuildOptions, *, p
             for layer, n in enumerate(layers.sizes[1:-1])
         ]
         for start in range(0, len(x), _CHUNK):
-            for layer, pre in enumerate(layers.pre_activations(x[start : start + _CHUNK])[:-1]):
+            for layer, pre in enumerate(layers.pre_activations(prefix(x[start : start + _CHUNK]))[:-1]):
                 builders[layer].add(pre)
             steps.step("node tables")
         deepest = counts[-2] if len(grid) > 1 else counts[-1]  # lists need not reach k = 100%
@@ -178,6 +196,13 @@ def build_tables(layers: MLPLayers, data: BuildData, options: BuildOptions, *, p
         latency=latency,
         built={"table_inputs": len(x), "confidence_inputs": len(conf_x), "held_out": len(held_x)},
     )
+
+
+def _head_inputs(prefix: Prefix, x: np.ndarray) -> np.ndarray:
+    """The head's inputs for rows of the model's input, the prefix run `_CHUNK` rows at a time."""
+    if prefix.empty:
+        return x
+    return np.concatenate([prefix(x[start : start + _CHUNK]) for start in range(0, len(x), _CHUNK)])
 
 
 def _first_layer_keys(layers: MLPLayers, nodes: NodeTables, x: np.ndarray) -> np.ndarray:

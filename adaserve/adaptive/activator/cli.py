@@ -35,7 +35,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     build = commands.add_parser(
         "build",
         help="build a model's node activator from data and store it as the next version in its directory",
-        description="Train the Node Importance and confidence LSH tables of an MLP (Linear + ReLU layers), "
+        description="Train the Node Importance and confidence LSH tables of an MLP or a model's MLP head "
+        "(Linear + ReLU layers), "
         "calibrate the confidence threshold on held-out data, and profile T(k, β) on this machine.",
     )
     build.add_argument("model")

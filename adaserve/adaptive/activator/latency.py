@@ -1,10 +1,11 @@
 """Interference-aware latency (SLO-NNs §3.2): the profile T(k, β) and the live β a worker reads.
 
-The profile is measured at build time: the one-row forward at every k of the grid, with β = 0 … N co-located busy
-processes running the same model densely in a bounded loop (real processes, started and stopped by PID). At run
-time, `InterferenceProbe` measures β as the cores the rest of the machine keeps busy (other workers, the server,
-other programs), from /proc/stat minus this process's own CPU time, smoothed over a few sampling periods, and the
-profile is interpolated linearly in β (held at its last row beyond N).
+The profile is measured at build time: the one-row forward of the kernel (for a model with an MLP head, the head's
+alone: the runtime counts the prefix in t0, see `build`) at every k of the grid, with β = 0 … N co-located busy
+processes running the same model (its MLP head alone) densely in a bounded loop (real processes, started and stopped
+by PID). At run time, `InterferenceProbe` measures β as the cores the rest of the machine keeps busy (other workers,
+the server, other programs), from /proc/stat minus this process's own CPU time, smoothed over a few sampling
+periods, and the profile is interpolated linearly in β (held at its last row beyond N).
 
 T is the p99 of the call's *CPU time* (the thread's own clock): it grows with k and with what co-located work does
 to caches and memory bandwidth, which is what choosing k can trade. Wall-clock p50 and p99 are stored beside it.

@@ -5,6 +5,11 @@ kernel at the k its target asks for; its response parameters say `mode` (aclo, l
 (the grid value used: at least the top k of every hidden layer's nodes are computed, averaged over the request's
 rows) and, for LCAO, `interference` (the β it used). Requests without a target never reach this class.
 
+A model with an MLP head runs its prefix first, in torch, on all the request's rows at once (with the worker's
+intra-op threads, as the model itself would), then the head through the kernel. LCAO measures each row's t0 after
+that, so the prefix's time counts as time already spent, and the profile's T(k, β), which is the head's alone,
+only has to cover what k changes.
+
 The host loads it once (weights read from the model it already loaded, tables from the model's directory, kernel
 compiled) before forking workers, which share it copy-on-write; `warm_up` runs in each worker and starts its
 interference probe there.
@@ -23,7 +28,7 @@ import numpy as np
 from adaserve.adaptive.activator.artifact import Activator, ActivatorMismatchError, load_activator
 from adaserve.adaptive.activator.kernel import Kernel, PackedNetwork
 from adaserve.adaptive.activator.latency import InterferenceProbe
-from adaserve.adaptive.activator.layers import extract_layers
+from adaserve.adaptive.activator.layers import NO_PREFIX, Prefix, extract_head
 from adaserve.adaptive.activator.select import ARRIVED_NS, aclo_threshold, lcao_index, parse_target
 from adaserve.config import ModelConfig
 from adaserve.errors import ConfigError
@@ -37,9 +42,10 @@ class ActivatorRuntime:
     """Runs targeted rows through the kernel; without an `activator` (it did not fit the model: the stated
     fallback) they run at k = 100%, exactly, and report mode `dense`."""
 
-    def __init__(self, kernel: Kernel, activator: Activator | None) -> None:
+    def __init__(self, kernel: Kernel, activator: Activator | None, prefix: Prefix = NO_PREFIX) -> None:
         self.kernel = kernel
         self.activator = activator
+        self.prefix = prefix
         self.k_grid = activator.k_grid if activator is not None else np.ones(1)
         self._grid: list[float] = self.k_grid.tolist()
         self.probe = InterferenceProbe()
@@ -54,21 +60,22 @@ class ActivatorRuntime:
             raise ConfigError(f"model '{config.name}': an activator serves models with one input and one output")
         if config.inputs[0].datatype != "FP32" or config.outputs[0].datatype != "FP32":
             raise ConfigError(f"model '{config.name}': an activator serves FP32 inputs and outputs")
-        layers = extract_layers(model, config.inputs[0].row_shape, config.name)
-        if config.outputs[0].row_shape != (layers.sizes[-1],):
-            raise ConfigError(f"model '{config.name}': output rows must be ({layers.sizes[-1]},) for an activator")
-        network = PackedNetwork.from_layers(layers)
+        head = extract_head(model, config.inputs[0].row_shape, config.name)
+        width = head.layers.sizes[-1]
+        if config.outputs[0].row_shape != (width,):
+            raise ConfigError(f"model '{config.name}': output rows must be ({width},) for an activator")
+        network = PackedNetwork.from_layers(head.layers)
         model_version = int(artifact.parent.name)
         try:
             activator = load_activator(artifact.parent.parent, spec.version)
-            activator.check(model_version, layers.digest())
+            activator.check(model_version, head.layers.digest(), head.prefix.digest())
         except ActivatorMismatchError as exc:
             if spec.on_mismatch == "error":
                 raise ConfigError(f"model '{config.name}': {exc}") from None
             log.warning("activator does not fit the model; targeted requests run dense: %s", exc)
-            runtime = cls(Kernel.dense(network), None)
+            runtime = cls(Kernel.dense(network), None, head.prefix)
         else:
-            runtime = cls(Kernel.build(network, activator), activator)
+            runtime = cls(Kernel.build(network, activator), activator, head.prefix)
         runtime.compile()
         return runtime
 
@@ -93,7 +100,7 @@ class ActivatorRuntime:
         target = parse_target(values)
         assert target is not None
         rows = len(inputs[0])
-        x, out = inputs[0].reshape(rows, -1), outputs[0]
+        x, out = self.prefix(inputs[0]), outputs[0]
         if self.activator is None:
             self.kernel.run(x, out, np.zeros(rows, np.int64), np.full(rows, -1.0))
             return {"mode": "dense", "k": 1.0}
@@ -108,7 +115,7 @@ class ActivatorRuntime:
         arrived = values.get(ARRIVED_NS)
         chosen = []
         k_index, no_threshold = np.zeros(1, np.int64), np.full(1, -1.0)
-        for row in range(rows):  # each row's t0 includes the rows before it
+        for row in range(rows):  # each row's t0 includes the prefix and the rows before it
             waited_ms = (time.monotonic_ns() - arrived) / 1e6 if isinstance(arrived, int) else 0.0
             k_index[0] = lcao_index(latency, target.value - waited_ms)
             self.kernel.run(x[row : row + 1], out[row : row + 1], k_index, no_threshold)

@@ -1,4 +1,4 @@
-"""Small MLPs and activators built in seconds, shared by the activator's unit tests."""
+"""Small MLPs, a small CNN with an MLP head, and activators built in seconds, shared by the activator's unit tests."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from adaserve.adaptive.activator.artifact import Activator
 from adaserve.adaptive.activator.build import BuildData, BuildOptions, build_tables
 from adaserve.adaptive.activator.layers import MLPLayers, extract_layers
-from adaserve.zoo import mlp
+from adaserve.zoo import FashionCNN, mlp
 
 SIZES = (20, 48, 48, 4)
 GRID = (0.1, 0.25, 0.5, 1.0)
@@ -18,6 +18,24 @@ GRID = (0.1, 0.25, 0.5, 1.0)
 def tiny_mlp(seed: int = 0) -> torch.nn.Sequential:
     torch.manual_seed(seed)
     return mlp(list(SIZES)).eval()
+
+
+#: The small CNN: 1×28×28 rows, two conv stages of 2 and 4 channels, then a 196-32-10 MLP head.
+CNN_ROW = (1, 28, 28)
+CNN_SIZES = (196, 32, 10)
+
+
+def tiny_cnn(seed: int = 0) -> FashionCNN:
+    torch.manual_seed(seed)
+    return FashionCNN(channels=(2, 4), hidden=32).eval()
+
+
+def tiny_images(rows: int, seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """Random images and the small CNN's own argmax as labels."""
+    x = np.random.default_rng(seed).random((rows, *CNN_ROW), dtype=np.float32)
+    with torch.inference_mode():
+        y = tiny_cnn()(torch.from_numpy(x)).argmax(1).numpy()
+    return x, y
 
 
 def tiny_data(rows: int, seed: int = 1) -> tuple[np.ndarray, np.ndarray]:

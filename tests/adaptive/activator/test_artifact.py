@@ -64,3 +64,23 @@ def test_missing_unknown_or_corrupt_activators_name_the_path(tmp_path: Path, act
     (folder / "activator.json").write_text(json.dumps(meta))
     with pytest.raises(ConfigError, match="unreadable activator"):
         load_activator(tmp_path)
+
+
+def test_an_activator_for_other_layers_before_the_head_is_refused(tmp_path: Path, activator: Activator) -> None:
+    save_activator(tmp_path, replace(activator, model_version=1, weights_sha256="ab" * 32, prefix_sha256="ef" * 32))
+    loaded = load_activator(tmp_path)
+    loaded.check(1, "ab" * 32, "ef" * 32)
+    with pytest.raises(ActivatorMismatchError, match="other layers before the MLP head"):
+        loaded.check(1, "ab" * 32, "12" * 32)
+    with pytest.raises(ActivatorMismatchError, match="other layers before the MLP head"):
+        loaded.check(1, "ab" * 32)  # the model became a pure MLP
+
+
+def test_a_format_1_activator_still_loads_as_one_for_a_pure_mlp(tmp_path: Path, activator: Activator) -> None:
+    folder = save_activator(tmp_path, replace(activator, model_version=1, weights_sha256="ab" * 32))
+    meta = json.loads((folder / "activator.json").read_text())
+    del meta["prefix_sha256"]
+    (folder / "activator.json").write_text(json.dumps({**meta, "format": 1}))
+    loaded = load_activator(tmp_path)
+    assert loaded.prefix_sha256 == ""
+    loaded.check(1, "ab" * 32)

@@ -1,5 +1,6 @@
 """Through a real server with tritonclient: targeted requests get k and the mode back, plain requests are
-unchanged, bad targets are 400s, and a stale activator falls back to dense or fails the load as configured."""
+unchanged, bad targets are 400s, a stale activator falls back to dense or fails the load as configured, and a CNN
+is served through its MLP head."""
 
 from __future__ import annotations
 
@@ -38,6 +39,11 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
     data = BuildData(train_x[:4000], test_x[:1000], test_y[:1000], "fashion-mnist subset")
     options = BuildOptions(bits=6, tables=8, max_confidence_inputs=1000, busy_levels=1, latency_repeats=20)
     folder, _ = build_activator(ModelRepository(root).read("mlp_slo"), data, options, progress=False)
+    link_example(root, "cnn", workers=[{"batch": 4, "threads": 1}])
+    link_example(root, "cnn", "cnn_slo", activator={}, workers=[{"batch": 4, "threads": 1}])
+    cnn_data = BuildData(train_x[:1000], test_x[:300], test_y[:300], "fashion-mnist subset")
+    cnn_options = BuildOptions(bits=4, tables=8, max_confidence_inputs=300, busy_levels=1, latency_repeats=20)
+    build_activator(ModelRepository(root).read("cnn_slo"), cnn_data, cnn_options, progress=False)
     for name, on_mismatch in (("mlp_stale", "dense"), ("mlp_strict", "error")):
         target = link_example(root, "mlp", name, activator={"on_mismatch": on_mismatch}, workers=[{"batch": 1}])
         shutil.copytree(folder, target / "activator" / "1")
@@ -78,6 +84,22 @@ def test_plain_requests_are_unchanged_and_targeted_ones_report_k_and_mode(
     np.testing.assert_allclose(exact, reference, rtol=1e-4, atol=1e-4)
 
     _, parameters = _infer(server, "mlp_slo", images[:2], {"latency_ms": 50})
+    assert parameters["mode"] == "lcao" and 0 < parameters["k"] <= 1 and parameters["interference"] >= 0
+
+
+def test_a_cnn_is_served_through_its_mlp_head(server: ServerHandle, images: np.ndarray) -> None:
+    pictures = np.ascontiguousarray(images.reshape(-1, 1, 28, 28))
+    reference, _ = _infer(server, "cnn", pictures[:4])
+    plain, parameters = _infer(server, "cnn_slo", pictures[:4])
+    np.testing.assert_array_equal(plain, reference)
+    assert "mode" not in parameters
+
+    exact, parameters = _infer(server, "cnn_slo", pictures[:4], {"latency_ms": 1e6})  # every k fits: k = 100%
+    assert parameters["mode"] == "lcao" and parameters["k"] == 1.0
+    np.testing.assert_allclose(exact, reference, rtol=1e-4, atol=1e-4)
+    _, parameters = _infer(server, "cnn_slo", pictures[:1], {"accuracy": 0.8})
+    assert parameters["mode"] == "aclo" and parameters["k"] in DEFAULT_GRID
+    _, parameters = _infer(server, "cnn_slo", pictures[:2], {"latency_ms": 50})
     assert parameters["mode"] == "lcao" and 0 < parameters["k"] <= 1 and parameters["interference"] >= 0
 
 
