@@ -147,6 +147,13 @@ class LearnedCachesSpec(_Strict):
     memory_budget_mb: float | None = Field(
         default=None, gt=0, description="memory all chosen caches of one target may hold (MB); default: no limit"
     )
+    verify_fraction: float = Field(
+        default=0.02,
+        ge=0,
+        le=1,
+        description="fraction of hits that also run to the end (still answered at once from the cache), so the "
+        "agreement with the base model is measured live",
+    )
 
     @field_validator("blocks", mode="before")
     @classmethod
@@ -224,6 +231,16 @@ class ModelConfig(_Strict):
     caches: LearnedCachesSpec | None = Field(
         default=None, description="GATI learned caches (early exit); absent: the model always runs whole"
     )
+
+    @field_validator("caches")
+    @classmethod
+    def _one_adaptation(cls, caches: LearnedCachesSpec | None, info: ValidationInfo) -> LearnedCachesSpec | None:
+        if caches is not None and info.data.get("activator") is not None:
+            raise ValueError(
+                "a model serves either a node activator (SLO-NNs) or learned caches (GATI), not both: both read "
+                "the request's `accuracy` parameter"
+            )
+        return caches
 
     @field_validator("outputs")
     @classmethod

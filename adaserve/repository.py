@@ -75,8 +75,10 @@ def _find_artifact(folder: Path, config: ModelConfig) -> Path:
     raise ConfigError(f"{folder}: no model file; expected one of {', '.join(wanted)}")
 
 
-def load_artifact(path: Path, max_batch_size: int) -> Callable[..., Any]:
-    """Load a model for execution (worker side). Raises ConfigError naming the path on a corrupt or unfit file."""
+def read_artifact(path: Path, max_batch_size: int) -> Any:
+    """The artifact as stored: a `torch.export.ExportedProgram` (batch dimension checked) or a TorchScript module.
+    ConfigError naming the path on a corrupt or unfit file. GATI splits this object into blocks; `load_artifact`
+    makes it callable whole."""
     import torch
 
     os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"
@@ -84,16 +86,29 @@ def load_artifact(path: Path, max_batch_size: int) -> Callable[..., Any]:
         if path.suffix == ".pt2":
             program = torch.export.load(str(path))
             _check_batch_dimension(path, program, max_batch_size)
-            # The engine validates every input against the config before it reaches a worker, so the program's own
-            # per-call input checks (about 100 µs a call on an MLP) are switched off.
-            module: Any = program.module(check_guards=False)
-            module.validate_inputs = False
-        else:
-            module = torch.jit.load(str(path), map_location="cpu").eval()
+            return program
+        return torch.jit.load(str(path), map_location="cpu").eval()
     except ConfigError:
         raise
     except Exception as exc:
         raise ConfigError(f"{path}: cannot load model: {type(exc).__name__}: {exc}") from exc
+
+
+def load_artifact(path: Path, max_batch_size: int) -> Callable[..., Any]:
+    """Load a model for execution (worker side). Raises ConfigError naming the path on a corrupt or unfit file."""
+    return executable(read_artifact(path, max_batch_size))
+
+
+def executable(artifact: Any) -> Callable[..., Any]:
+    """The callable model of an artifact `read_artifact` returned."""
+    import torch
+
+    if not isinstance(artifact, torch.export.ExportedProgram):
+        return artifact
+    # The engine validates every input against the config before it reaches a worker, so the program's own per-call
+    # input checks (about 100 µs a call on an MLP) are switched off.
+    module: Any = artifact.module(check_guards=False)
+    module.validate_inputs = False
     return module
 
 

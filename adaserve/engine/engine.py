@@ -25,9 +25,18 @@ from typing import Any
 import numpy as np
 
 from adaserve.adaptive.activator.select import prepare_parameters
+from adaserve.adaptive.gati.requests import exit_target
 from adaserve.config import WorkerSpec
 from adaserve.engine.batching import WorkerSlot, create_batching_policy
-from adaserve.engine.messages import BatchDone, FrameReader, RowParameters, RunBatch, WorkerFailed, WorkerReady
+from adaserve.engine.messages import (
+    BatchDone,
+    FrameReader,
+    RowParameters,
+    RowsDone,
+    RunBatch,
+    WorkerFailed,
+    WorkerReady,
+)
 from adaserve.engine.pool import PoolLayout, SharedRings, SlotRing
 from adaserve.engine.processes import ModelHost, WorkerProcess
 from adaserve.engine.scheduler import Batch, Scheduler
@@ -68,6 +77,7 @@ class PendingRequest:
     future: asyncio.Future[EngineResult]
     outstanding: int
     dispatched_ns: int = 0
+    answered: bool = False  # a learned cache answered it while its batch ran on
     runs: int = 0  # how many times a worker died holding its rows, plus one
     error: str | None = None
     reason: str = ""
@@ -104,7 +114,9 @@ class ModelEngine:
         self.stats = ModelStats()
         self.state = EngineState.LOADING
         self.workers: dict[int, WorkerInfo] = {}
-        self.model_bytes = 0  # the weights, measured by the host once it has loaded them
+        self.model_bytes = 0  # the weights (and learned caches), measured by the host once it has loaded them
+        self.cache_bytes = 0  # GATI's learned caches
+        self.early_exit: str | None = None  # the learned caches serving, as the host described them
         self._loop = asyncio.get_running_loop()
         self._owners: list[PendingRequest | None] = [None] * self.slots
         self._processes: dict[int, WorkerProcess] = {}
@@ -146,6 +158,7 @@ class ModelEngine:
                 "worker_set": self.worker_set.reason,
                 "policy": self.scheduler.policy.name,
                 "slots": self.slots,
+                "early_exit": self.early_exit,
             },
         )
         if self.planner.sample_interval_s is not None:
@@ -158,7 +171,13 @@ class ModelEngine:
 
     async def _start_processes(self) -> None:
         self._host = ModelHost(self.model, pool_fd=self._pool_fd, slots=self.slots)
-        self.model_bytes = (await self._host.ready()).model_bytes
+        ready = await self._host.ready()
+        self.model_bytes, self.cache_bytes, self.early_exit = ready.model_bytes, ready.cache_bytes, ready.early_exit
+        if ready.early_exit_error is not None:
+            log.error(
+                "learned caches cannot serve; the model serves without early exit",
+                extra={"model": self.model.name, "error": ready.early_exit_error},
+            )
         starts = [await self._spawn(worker) for worker in self.worker_set.workers]
         await asyncio.gather(*starts)
 
@@ -254,6 +273,8 @@ class ModelEngine:
             raise ModelNotReadyError(f"model '{self.model.name}' is {self.state.value.lower()}")
         if self.model.config.activator is not None:
             parameters = prepare_parameters(parameters)  # a bad target is a 400 before anything is queued
+        if self.model.config.caches is not None:
+            exit_target(parameters, 1.0)  # the same: a bad `early_exit` or `accuracy` is refused here
         queued = self.scheduler.ready + self._waiting_rows
         if queued + rows > self.model.config.max_queue_size:
             self.stats.failures["overloaded"] += 1
@@ -367,6 +388,8 @@ class ModelEngine:
         for message in self._readers[process.id].feed(data):
             if isinstance(message, BatchDone):
                 self._on_batch_done(message)
+            elif isinstance(message, RowsDone):
+                self._on_rows_done(message)
             elif isinstance(message, WorkerReady):
                 self._on_ready(process, message)
             elif isinstance(message, WorkerFailed):
@@ -387,6 +410,8 @@ class ModelEngine:
         if batch.worker_id in self._retiring:
             self._processes[batch.worker_id].stop()  # its set was replaced while it ran this batch
         self.stats.record_batch(batch.rows, message.compute_ns)
+        if message.early_exit is not None:
+            self.stats.early_exit.add(message.early_exit)
         for row_parameters in message.parameters:
             owner = self._owners[batch.start + row_parameters.offset]
             if owner is not None:
@@ -398,6 +423,19 @@ class ModelEngine:
             if pending.outstanding == 0:
                 self._complete(pending)
         self._pump()
+
+    def _on_rows_done(self, message: RowsDone) -> None:
+        """Requests a learned cache answered while the rest of their batch runs on: answer them now (their slots
+        are freed with the batch). A request with rows in another batch too waits for all of them."""
+        batch = self.scheduler.running(message.batch_id)
+        if batch is None:
+            return  # abandoned: its worker died, and its rows run again
+        for answered in message.answered:
+            pending = self._owners[batch.start + answered.offset]
+            if pending is None or (pending.start, pending.rows) != (batch.start + answered.offset, answered.rows):
+                continue
+            pending.response_parameters.update(answered.values)
+            self._answer(pending)
 
     def _on_exit(self, process: WorkerProcess) -> None:
         """A worker's pipe closed: it stopped or died. Re-run what it held and replace it if serving."""
@@ -471,7 +509,18 @@ class ModelEngine:
 
     # -- answers ---------------------------------------------------------------------------------------------
     def _complete(self, pending: PendingRequest) -> None:
+        """All the request's rows are done: answer it (unless a learned cache did already) and free its slots."""
+        if not pending.answered:
+            self._answer(pending)
+        self._owners[pending.start : pending.start + pending.rows] = [None] * pending.rows
+        self._ring.free(pending.start, pending.rows)
+        if self._ring.in_use == 0:
+            self._idle.set()
+        self._admit_waiting()
+
+    def _answer(self, pending: PendingRequest) -> None:
         now_ns = time.perf_counter_ns()
+        pending.answered = True
         ok = pending.error is None
         if not pending.future.done():
             if ok:
@@ -487,11 +536,6 @@ class ModelEngine:
             reason=pending.reason,
         )
         self.stats.last_inference_ms = int(time.time() * 1000)
-        self._owners[pending.start : pending.start + pending.rows] = [None] * pending.rows
-        self._ring.free(pending.start, pending.rows)
-        if self._ring.in_use == 0:
-            self._idle.set()
-        self._admit_waiting()
 
     def _fail_everything(self, reason: str) -> None:
         for pending in {p for p in self._owners if p is not None}:

@@ -14,7 +14,7 @@ import signal
 import socket
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -23,22 +23,34 @@ from adaserve.engine.messages import HostFailed, HostLaunch, HostReady, WorkerSp
 from adaserve.engine.pool import PoolLayout, SharedRings
 from adaserve.engine.worker import BatchRunner, RowStrategy, serve_worker
 from adaserve.errors import ConfigError
-from adaserve.repository import load_artifact, weight_bytes
+from adaserve.repository import executable, read_artifact, weight_bytes
+
+if TYPE_CHECKING:
+    from adaserve.adaptive.gati.runtime import EarlyExit
 
 
 def host(launch: HostLaunch) -> int:
     control = socket.socket(fileno=launch.control_fd)
     config = ModelConfig.model_validate_json(launch.config_json)
+    artifact = Path(launch.artifact)
     try:
-        model = load_artifact(Path(launch.artifact), config.max_batch_size)
+        stored = read_artifact(artifact, config.max_batch_size)
+        early_exit, early_exit_error = _early_exit(config, artifact, stored)
         rings = SharedRings(PoolLayout.for_config(config, launch.slots), launch.pool_fd)
-        runner = BatchRunner(config, model, rings, _row_strategy(config, Path(launch.artifact), model))
-        model_bytes = weight_bytes(model)
+        if early_exit is not None:
+            runner = BatchRunner(config, early_exit.chain.run, rings, early_exit=early_exit)
+            cache_bytes = early_exit.cache_bytes
+            model_bytes = sum(early_exit.chain.weight_bytes) + cache_bytes
+        else:
+            model = executable(stored)
+            runner = BatchRunner(config, model, rings, _row_strategy(config, artifact, model))
+            cache_bytes, model_bytes = 0, weight_bytes(model)
     except Exception as exc:
         control.send(encode(HostFailed(str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}")))
         return 1
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # workers are reaped by the kernel; the server watches pipes
-    control.send(encode(HostReady(os.getpid(), model_bytes)))
+    description = early_exit.description if early_exit is not None else None
+    control.send(encode(HostReady(os.getpid(), model_bytes, description, early_exit_error, cache_bytes)))
     while True:
         data, fds, _, _ = socket.recv_fds(control, 1 << 16, 2)
         if not data:
@@ -66,6 +78,19 @@ def _row_strategy(config: ModelConfig, artifact: Path, model: Any) -> RowStrateg
     from adaserve.adaptive.activator.runtime import ActivatorRuntime
 
     return ActivatorRuntime.load(config, artifact, model)
+
+
+def _early_exit(config: ModelConfig, artifact: Path, stored: Any) -> tuple[EarlyExit | None, str | None]:
+    """The model's GATI caches, loaded once here for every worker; when they cannot serve, why not (the model then
+    serves whole, through the same artifact)."""
+    if config.caches is None:
+        return None, None
+    from adaserve.adaptive.gati.runtime import EarlyExit
+
+    try:
+        return EarlyExit.load(config, artifact, stored), None
+    except ConfigError as exc:
+        return None, str(exc)
 
 
 def main() -> None:

@@ -36,7 +36,10 @@ class SpawnWorker(msgspec.Struct, frozen=True, tag="spawn"):
 
 class HostReady(msgspec.Struct, frozen=True, tag="host_ready"):
     pid: int
-    model_bytes: int  # parameters, buffers and constants of the loaded model, shared by its workers
+    model_bytes: int  # parameters, buffers and constants of the loaded model (and its learned caches)
+    early_exit: str | None = None  # GATI: the learned caches serving (None: the model runs whole)
+    early_exit_error: str | None = None  # why a model configured with caches serves without them
+    cache_bytes: int = 0  # the learned caches' parameters, included in model_bytes
 
 
 class HostFailed(msgspec.Struct, frozen=True, tag="host_failed"):
@@ -85,15 +88,35 @@ class WorkerFailed(msgspec.Struct, frozen=True, tag="failed"):
     error: str
 
 
+class ExitCounts(msgspec.Struct, frozen=True):
+    """What GATI's learned caches did in one batch."""
+
+    lookups: dict[str, int]  # exit block → rows looked up there
+    hits: dict[str, int]  # exit block → rows answered there
+    whole: int  # rows with early exit on that ran to the end
+    verified: int  # hits also run to the end to check them
+    agreed: int  # of those, the ones whose answer was the base model's (argmax)
+
+
 class BatchDone(msgspec.Struct, frozen=True, tag="done"):
     batch_id: int
     compute_ns: int
     errors: list[str | None] | None = None  # None: all rows computed; else one entry per request of the batch
     parameters: list[RowParameters] = []
+    early_exit: ExitCounts | None = None
+
+
+class RowsDone(msgspec.Struct, frozen=True, tag="rows_done"):
+    """Requests of a running batch answered before it ends (a learned cache hit): their outputs are in the pool.
+    Each entry is a whole request (offset in the batch, its rows, its response parameters); its slots stay held
+    until the batch's `BatchDone`."""
+
+    batch_id: int
+    answered: list[RowParameters]
 
 
 ToWorker = RunBatch | Stop
-FromWorker = WorkerReady | WorkerFailed | BatchDone
+FromWorker = WorkerReady | WorkerFailed | BatchDone | RowsDone
 
 FromHost = HostReady | HostFailed | WorkerSpawned
 

@@ -112,6 +112,10 @@ class Scheduler:
             started.append(self._start(worker, rows, now))
         return started
 
+    def running(self, batch_id: int) -> Batch | None:
+        """The batch with this id if a worker is computing it now."""
+        return self._batches.get(batch_id)
+
     def finish(self, batch_id: int, *, worker_back: bool = True) -> Batch:
         """A batch is done (or abandoned); its rows leave the in-flight count and its worker is idle again."""
         batch = self._batches.pop(batch_id)

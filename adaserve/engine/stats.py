@@ -10,6 +10,8 @@ import bisect
 from collections import Counter
 from dataclasses import dataclass, field
 
+from adaserve.engine.messages import ExitCounts
+
 #: Bucket bounds (seconds) for queue, compute and request latency histograms.
 LATENCY_BUCKETS_S = (
     0.0001,
@@ -55,6 +57,25 @@ class DurationCount:
 
 
 @dataclass
+class ExitStats:
+    """GATI's learned caches, summed over batches: lookups and hits per exit block (hits/lookups is the block's
+    hit rate; hits and `whole` are the exit histogram) and the live agreement of verified hits."""
+
+    lookups: Counter[str] = field(default_factory=Counter)
+    hits: Counter[str] = field(default_factory=Counter)
+    whole: int = 0
+    verified: int = 0
+    agreed: int = 0
+
+    def add(self, counts: ExitCounts) -> None:
+        self.lookups.update(counts.lookups)
+        self.hits.update(counts.hits)
+        self.whole += counts.whole
+        self.verified += counts.verified
+        self.agreed += counts.agreed
+
+
+@dataclass
 class ModelStats:
     success: DurationCount = field(default_factory=DurationCount)
     fail: DurationCount = field(default_factory=DurationCount)
@@ -71,6 +92,7 @@ class ModelStats:
     worker_restarts: int = 0
     reconfigurations: int = 0  # worker sets switched (Packrat)
     last_inference_ms: int = 0
+    early_exit: ExitStats = field(default_factory=ExitStats)
 
     def record_batch(self, rows: int, compute_ns: int) -> None:
         self.execution_count += 1

@@ -21,7 +21,9 @@ import torch
 from adaserve.config import ModelConfig
 from adaserve.engine.messages import (
     BatchDone,
+    ExitCounts,
     RowParameters,
+    RowsDone,
     RunBatch,
     SpawnWorker,
     Stop,
@@ -44,14 +46,35 @@ class RowStrategy(Protocol):
     def warm_up(self) -> None: ...
 
 
+#: Reports requests answered before their batch ends (each a whole request: offset, rows, response parameters).
+Answer = Callable[[list[RowParameters]], None]
+
+
+class EarlyExitStrategy(Protocol):
+    """Runs every row of a batch block by block, answering rows early from learned caches (GATI's `EarlyExit`)."""
+
+    def run(
+        self, inputs: np.ndarray, outputs: np.ndarray, requests: Sequence[RowParameters], answer: Answer
+    ) -> list[RowParameters]: ...
+
+    def warm_up(self, rows: int, row_shape: tuple[int, ...], dtype: torch.dtype) -> None: ...
+
+    def take_counts(self) -> ExitCounts: ...
+
+
 class BatchRunner:
     """Runs one batch: inputs viewed in place from the rings, outputs checked against the config and written back.
 
     Requests a `strategy` takes are handed to it (their rows, in place); the other rows run through the model as
-    one batch per contiguous run, exactly as without a strategy."""
+    one batch per contiguous run, exactly as without a strategy. With `early_exit` every row runs through it."""
 
     def __init__(
-        self, config: ModelConfig, model: Callable[..., Any], rings: SharedRings, strategy: RowStrategy | None = None
+        self,
+        config: ModelConfig,
+        model: Callable[..., Any],
+        rings: SharedRings,
+        strategy: RowStrategy | None = None,
+        early_exit: EarlyExitStrategy | None = None,
     ) -> None:
         self.config = config
         # `forward` directly: module hooks (the exported program's input checks) are not needed, the engine has
@@ -59,10 +82,26 @@ class BatchRunner:
         self.forward: Callable[..., Any] = getattr(model, "forward", model)
         self.rings = rings
         self.strategy = strategy
+        self.early_exit = early_exit
 
-    def run(self, start: int, rows: int, parameters: Sequence[RowParameters] = ()) -> list[RowParameters]:
-        """Compute rows [start, start + rows) in place; returns the response parameters of the rows a strategy ran.
+    def run(
+        self,
+        start: int,
+        rows: int,
+        parameters: Sequence[RowParameters] = (),
+        requests: Sequence[int] | None = None,
+        answer: Answer | None = None,
+    ) -> list[RowParameters]:
+        """Compute rows [start, start + rows) in place, `requests` the rows of each request (default: one request);
+        returns the response parameters of the rows a strategy ran, and gives `answer` the requests answered early.
         The caller holds torch.inference_mode for the worker's life."""
+        if self.early_exit is not None:
+            return self.early_exit.run(
+                self.rings.inputs[0][start : start + rows],
+                self.rings.outputs[0][start : start + rows],
+                _request_rows(rows, requests, parameters),
+                answer or (lambda answered: None),
+            )
         strategy = self.strategy
         delegated = [p for p in parameters if strategy is not None and strategy.takes(p.values)]
         if strategy is None or not delegated:
@@ -101,10 +140,30 @@ class BatchRunner:
 
     def warm_up(self, rows: int) -> None:
         """One run on zeros outside the pool, so the first real request does not pay for lazy initialisation."""
+        if self.early_exit is not None:
+            spec = self.config.inputs[0]
+            self.early_exit.warm_up(rows, spec.row_shape, _torch_dtype(spec.dtype))
+            return
         zeros = [torch.zeros((rows, *s.row_shape), dtype=_torch_dtype(s.dtype)) for s in self.config.inputs]
         self.forward(*zeros)
         if self.strategy is not None:
             self.strategy.warm_up()
+
+    def exit_counts(self) -> ExitCounts | None:
+        """What the learned caches did since the last call (None without them)."""
+        return self.early_exit.take_counts() if self.early_exit is not None else None
+
+
+def _request_rows(
+    rows: int, requests: Sequence[int] | None, parameters: Sequence[RowParameters]
+) -> list[RowParameters]:
+    """Each request's rows in the batch with its parameters (empty when it sent none)."""
+    values = {p.offset: p.values for p in parameters}
+    result, offset = [], 0
+    for count in requests if requests is not None else (rows,):
+        result.append(RowParameters(offset, count, values.get(offset, {})))
+        offset += count
+    return result
 
 
 def _as_sequence(result: Any) -> Sequence[torch.Tensor]:
@@ -153,24 +212,26 @@ def _serve(spawn: SpawnWorker, runner: BatchRunner, command_fd: int, result_fd: 
         command = read_to_worker(command_fd)
         if command is None or isinstance(command, Stop):
             return 0
-        write_message(result_fd, _run(runner, command))
+        write_message(result_fd, _run(runner, command, result_fd))
 
 
-def _run(runner: BatchRunner, command: RunBatch) -> BatchDone:
+def _run(runner: BatchRunner, command: RunBatch, result_fd: int) -> BatchDone:
     """Run the batch; if the model raises, run each request's rows alone so only the culprit gets the error."""
     began = time.perf_counter_ns()
+    answer = _answer_to(result_fd, command.batch_id, 0)
     try:
-        responses = runner.run(command.start, command.rows, command.parameters)
+        responses = runner.run(command.start, command.rows, command.parameters, command.requests, answer)
     except Exception as exc:
         traceback.print_exc(file=sys.stderr)
         if len(command.requests) == 1:
-            return BatchDone(command.batch_id, time.perf_counter_ns() - began, errors=[_describe(exc)])
-        errors, responses = _run_alone(runner, command)
-        return BatchDone(command.batch_id, time.perf_counter_ns() - began, errors=errors, parameters=responses)
-    return BatchDone(command.batch_id, time.perf_counter_ns() - began, parameters=responses)
+            errors: list[str | None] = [_describe(exc)]
+            return BatchDone(command.batch_id, time.perf_counter_ns() - began, errors, [], runner.exit_counts())
+        errors, responses = _run_alone(runner, command, result_fd)
+        return BatchDone(command.batch_id, time.perf_counter_ns() - began, errors, responses, runner.exit_counts())
+    return BatchDone(command.batch_id, time.perf_counter_ns() - began, None, responses, runner.exit_counts())
 
 
-def _run_alone(runner: BatchRunner, command: RunBatch) -> tuple[list[str | None], list[RowParameters]]:
+def _run_alone(runner: BatchRunner, command: RunBatch, result_fd: int) -> tuple[list[str | None], list[RowParameters]]:
     """Each request's rows (and parameters, offsets made relative to them) on their own."""
     errors: list[str | None] = []
     responses: list[RowParameters] = []
@@ -181,14 +242,25 @@ def _run_alone(runner: BatchRunner, command: RunBatch) -> tuple[list[str | None]
             for p in command.parameters
             if offset <= p.offset < offset + rows
         ]
+        answer = _answer_to(result_fd, command.batch_id, offset)
         try:
-            for p in runner.run(command.start + offset, rows, mine):
+            for p in runner.run(command.start + offset, rows, mine, None, answer):
                 responses.append(RowParameters(p.offset + offset, p.rows, p.values))
             errors.append(None)
         except Exception as exc:
             errors.append(_describe(exc))
         offset += rows
     return errors, responses
+
+
+def _answer_to(result_fd: int, batch_id: int, offset: int) -> Answer:
+    """Send requests answered early to the engine at once (offsets `offset` rows into the batch)."""
+
+    def answer(answered: list[RowParameters]) -> None:
+        moved = [RowParameters(p.offset + offset, p.rows, p.values) for p in answered]
+        write_message(result_fd, RowsDone(batch_id, moved))
+
+    return answer
 
 
 def _describe(exc: Exception) -> str:

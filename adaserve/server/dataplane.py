@@ -181,6 +181,7 @@ def triton_config(engine: ModelEngine) -> dict[str, Any]:
             "max_queue_size": {"string_value": str(config.max_queue_size)},
             "pool_slots": {"string_value": str(engine.slots)},
             "workers": {"string_value": json.dumps(workers)},
+            "early_exit": {"string_value": engine.early_exit or "off"},
         },
     }
     if config.batching.policy == "fixed-timeout":

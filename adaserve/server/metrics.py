@@ -85,6 +85,41 @@ class EngineCollector:
         yield from families.values()
         yield from (failures, batches, inflight, queued, planned, workers)
         yield from histogram_families.values()
+        yield from self._early_exit()
+
+    def _early_exit(self) -> Iterator[Metric]:
+        """GATI's learned caches: hit rate per block (hits / lookups), the exit histogram (hits per block and rows
+        that ran whole), live agreement of verified hits, and the caches' memory."""
+        block = [*LABELS, "block"]
+        lookups = CounterMetricFamily("adaserve_early_exit_lookups", "Rows a learned cache looked up", labels=block)
+        hits = CounterMetricFamily("adaserve_early_exit_hits", "Rows a learned cache answered", labels=block)
+        whole = CounterMetricFamily(
+            "adaserve_early_exit_whole", "Rows with early exit on that ran the whole model", labels=LABELS
+        )
+        verified = CounterMetricFamily(
+            "adaserve_early_exit_verified", "Hits also run to the end to check them", labels=LABELS
+        )
+        agreed = CounterMetricFamily(
+            "adaserve_early_exit_agreed", "Verified hits whose class was the base model's", labels=LABELS
+        )
+        agreement = GaugeMetricFamily(
+            "adaserve_early_exit_live_agreement", "Agreed / verified hits since the model loaded", labels=LABELS
+        )
+        memory = GaugeMetricFamily("adaserve_early_exit_cache_bytes", "Parameters of the learned caches", labels=LABELS)
+        for name, engine in self.router.engines.items():
+            if engine.early_exit is None:
+                continue
+            labels, stats = [name, str(engine.model.version)], engine.stats.early_exit
+            for exit_block, count in stats.lookups.items():
+                lookups.add_metric([*labels, exit_block], count)
+                hits.add_metric([*labels, exit_block], stats.hits[exit_block])
+            whole.add_metric(labels, stats.whole)
+            verified.add_metric(labels, stats.verified)
+            agreed.add_metric(labels, stats.agreed)
+            if stats.verified:
+                agreement.add_metric(labels, stats.agreed / stats.verified)
+            memory.add_metric(labels, engine.cache_bytes)
+        yield from (lookups, hits, whole, verified, agreed, agreement, memory)
 
 
 class CacheCollector:

@@ -15,7 +15,6 @@ The three artifact forms are split the same way:
 
 from __future__ import annotations
 
-import os
 import warnings
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -26,7 +25,7 @@ import torch
 from torch import nn
 
 from adaserve.errors import ConfigError
-from adaserve.repository import ModelSpec, load_artifact, weight_bytes
+from adaserve.repository import ModelSpec, read_artifact, weight_bytes
 
 __all__ = ["BlockChain", "BlocksError", "load_chain", "split_model"]
 
@@ -73,14 +72,8 @@ def split_model(model: Any, blocks: BlockNames = "auto") -> BlockChain:
 def load_chain(spec: ModelSpec) -> BlockChain:
     """Load a repository model's artifact and split it along `caches.blocks` (default `auto`)."""
     blocks = spec.config.caches.blocks if spec.config.caches else "auto"
-    if spec.artifact.suffix != ".pt2":
-        return _named(spec, lambda: split_model(load_artifact(spec.artifact, spec.config.max_batch_size), blocks))
-    os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"  # as the workers load: tensors only, never arbitrary objects
-    try:
-        program = torch.export.load(str(spec.artifact))
-    except Exception as exc:
-        raise ConfigError(f"{spec.artifact}: cannot load model: {type(exc).__name__}: {exc}") from exc
-    return _named(spec, lambda: split_model(program, blocks))
+    artifact = read_artifact(spec.artifact, spec.config.max_batch_size)
+    return _named(spec, lambda: split_model(artifact, blocks))
 
 
 def _named(spec: ModelSpec, split: Callable[[], BlockChain]) -> BlockChain:

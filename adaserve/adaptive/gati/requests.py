@@ -1,0 +1,36 @@
+"""What a request asks of a model's learned caches, read from its parameters (no torch: the server validates here).
+
+- `early_exit` (bool, default true): false runs the request's rows through the whole model.
+- `accuracy` (a number in (0, 1]): the agreement with the base model it needs; the worker serves it with the cache
+  set composed for the least configured target at or above it (the config's first target when absent).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from adaserve.errors import InvalidInputError
+
+EARLY_EXIT = "early_exit"
+ACCURACY = "accuracy"
+
+
+def exit_target(parameters: Mapping[str, Any], default: float) -> float | None:
+    """The agreement target a request asks for (`default` when it names none), or None when it turned early exit
+    off; InvalidInputError (400) names a bad parameter."""
+    early_exit = parameters.get(EARLY_EXIT, True)
+    if not isinstance(early_exit, bool):
+        raise InvalidInputError(f"parameter '{EARLY_EXIT}' must be true or false, got {early_exit!r}")
+    accuracy = parameters.get(ACCURACY)
+    if accuracy is not None and (
+        isinstance(accuracy, bool)
+        or not isinstance(accuracy, int | float)
+        or not math.isfinite(accuracy)
+        or not 0 < accuracy <= 1
+    ):
+        raise InvalidInputError(f"parameter '{ACCURACY}' must be a number in (0, 1], got {accuracy!r}")
+    if not early_exit:
+        return None
+    return default if accuracy is None else float(accuracy)

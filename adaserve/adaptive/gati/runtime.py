@@ -1,0 +1,274 @@
+"""GATI's early exit inside a worker: the model runs block by block and its learned caches answer rows on the way.
+
+After each block that a composition chose, the block's output goes to that block's cache while the model goes on
+with the next block. A row the cache's selector accepts is answered at once with the cache's prediction (its request
+is reported to the engine the moment all its rows are answered) and leaves the batch: the next blocks run on the
+rows that are left. At most one lookup is in flight, as composition assumed.
+
+Where the lookup runs: the paper gives it its own core. When the worker may run on more CPUs than it has intra-op
+threads, the lookup runs on a thread of its own while the main thread computes the next block (torch releases the
+GIL inside operators); when the worker is pinned to as many CPUs as it has threads, there is no idle core, and the
+lookup runs inline, before the next block.
+
+The worker runs every row through this chain, the rows with `early_exit: false` too (all blocks, no lookup): one
+execution path. A small `verify_fraction` of hits is answered from the cache and also run to the end, so the live
+agreement with the base model is counted.
+
+The host loads everything once (`EarlyExit.load`) before forking workers; a cache set that cannot serve (missing,
+corrupt, built for other blocks or another artifact) is reported, and the model serves whole.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import Counter
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from adaserve.adaptive.gati.blocks import BlockChain, split_model
+from adaserve.adaptive.gati.cacheset import CacheSetError, LearnedCache, load_cache_set
+from adaserve.adaptive.gati.requests import exit_target
+from adaserve.config import ModelConfig
+from adaserve.engine.messages import ExitCounts, RowParameters
+from adaserve.engine.worker import Answer
+from adaserve.errors import ConfigError
+from adaserve.repository import ModelSpec, weight_bytes
+
+__all__ = ["EarlyExit", "ExitPlan"]
+
+log = logging.getLogger("adaserve.gati")
+
+
+@dataclass(frozen=True, eq=False)
+class ExitPlan:
+    """A composition as the worker runs it: block index → the cache consulted after that block."""
+
+    target: float
+    caches: dict[int, LearnedCache]
+
+
+class EarlyExit:
+    """Runs a batch's rows through the block chain with the plans' caches (see the module docstring)."""
+
+    def __init__(self, chain: BlockChain, plans: Sequence[ExitPlan], verify_fraction: float, description: str) -> None:
+        self.chain = chain
+        self.plans = sorted(plans, key=lambda plan: plan.target)
+        self.default_target = plans[0].target  # the config's first target
+        self.verify_fraction = verify_fraction
+        self.description = description
+        self._lookups: ThreadPoolExecutor | None = None  # started in the worker: threads do not survive fork
+        self._rng = np.random.default_rng()
+        self._counts = _Counts()
+
+    @classmethod
+    def load(cls, config: ModelConfig, artifact: Path, stored: Any) -> EarlyExit:
+        """The model's chain (from the artifact as stored: `read_artifact`) with the compositions of every configured
+        target loaded; ConfigError naming the cause when the caches cannot serve it."""
+        spec = config.caches
+        assert spec is not None
+        if len(config.inputs) != 1 or len(config.outputs) != 1:
+            raise ConfigError("learned caches serve models with one input and one output")
+        chain = split_model(stored, spec.blocks)
+        model = ModelSpec(config=config, version=int(artifact.parent.name), artifact=artifact, versions=())
+        cache_set = load_cache_set(model, spec.version)
+        if cache_set.manifest.blocks != chain.names:
+            raise CacheSetError(
+                f"{cache_set.directory}: built for blocks {list(cache_set.manifest.blocks)}, but the model is split "
+                f"into {list(chain.names)}"
+            )
+        classes = config.outputs[0].row_shape
+        if classes != (cache_set.manifest.num_classes,):
+            raise CacheSetError(
+                f"{cache_set.directory}: caches predict {cache_set.manifest.num_classes} classes, the output rows "
+                f"are {list(classes)}"
+            )
+        plans = []
+        for target in spec.targets:
+            composition = cache_set.composition(target)
+            caches = cache_set.caches(composition)
+            plans.append(ExitPlan(target, {cache.exit.block_index: cache for cache in caches}))
+        exits = "; ".join(
+            f"target {plan.target}: after {', '.join(chain.names[i] for i in sorted(plan.caches)) or 'no block'}"
+            for plan in plans
+        )
+        return cls(chain, plans, spec.verify_fraction, f"cache set v{cache_set.version} ({exits})")
+
+    @property
+    def cache_bytes(self) -> int:
+        """Parameters of every loaded cache (a cache two targets share is counted once)."""
+        caches = {id(cache): cache for plan in self.plans for cache in plan.caches.values()}
+        return sum(weight_bytes(cache) for cache in caches.values())
+
+    # -- in the worker ---------------------------------------------------------------------------------------
+    def warm_up(self, rows: int, row_shape: tuple[int, ...], dtype: torch.dtype) -> None:
+        """Start the lookup thread if there is a core for it, and run every plan once on zeros."""
+        self.start_lookups(thread=len(os.sched_getaffinity(0)) > torch.get_num_threads())
+        zeros = torch.zeros((rows, *row_shape), dtype=dtype)
+        self.chain.run(zeros)
+        for plan in self.plans:
+            for index, cache in plan.caches.items():
+                cache(self.chain.run(zeros, 0, index + 1))
+
+    def start_lookups(self, *, thread: bool) -> None:
+        """Lookups on a thread of their own (beside the next block) or inline; in the worker, after the fork."""
+        self._lookups = ThreadPoolExecutor(1, thread_name_prefix="gati-lookup") if thread else None
+
+    def take_counts(self) -> ExitCounts:
+        """What the caches did since the last call."""
+        counts, self._counts = self._counts, _Counts()
+        return counts.message()
+
+    def run(
+        self,
+        inputs: np.ndarray,
+        outputs: np.ndarray,
+        requests: Sequence[RowParameters],
+        answer: Answer,
+    ) -> list[RowParameters]:
+        """Compute a batch's rows in place (`inputs` and `outputs` are its slices of the pool; `requests` each
+        request's rows and parameters); requests answered early go to `answer`; returns the response parameters of
+        the others."""
+        groups: dict[ExitPlan | None, list[RowParameters]] = {}
+        for request in requests:
+            groups.setdefault(self._plan(exit_target(request.values, self.default_target)), []).append(request)
+        responses: list[RowParameters] = []
+        for plan, members in groups.items():
+            rows = np.concatenate([np.arange(r.offset, r.offset + r.rows) for r in members])
+            whole = len(members) == len(requests)  # every row: use the pool's slices as they are, no gather
+            x = torch.from_numpy(inputs if whole else inputs[rows])
+            if plan is None:
+                result = self.chain.run(x)
+                _write(outputs, slice(None) if whole else rows, result)
+                continue
+            responses += _Pass(self, plan, rows, members, outputs, answer).run(x)
+        return responses
+
+    def _plan(self, target: float | None) -> ExitPlan | None:
+        """The plan for the least target at or above the asked one (the highest when none is that high)."""
+        if target is None:
+            return None
+        return next((plan for plan in self.plans if plan.target >= target), self.plans[-1])
+
+
+class _Pass:
+    """One group of a batch's rows through the chain with one plan; the bookkeeping of who is answered."""
+
+    def __init__(
+        self,
+        runtime: EarlyExit,
+        plan: ExitPlan,
+        rows: np.ndarray,
+        requests: list[RowParameters],
+        outputs: np.ndarray,
+        answer: Answer,
+    ) -> None:
+        self.runtime = runtime
+        self.plan = plan
+        self.rows = rows  # batch row of each row of this pass
+        self.outputs = outputs
+        self.answer = answer
+        self.requests = requests
+        self.owner = np.repeat(np.arange(len(requests)), [r.rows for r in requests])  # request of each row
+        self.open_rows = [r.rows for r in requests]  # rows not answered yet, per request
+        self.deepest = [-1] * len(requests)  # deepest exit block of each request's answered rows
+        self.answered = np.zeros(len(rows), dtype=bool)
+        self.verify_label: dict[int, int] = {}  # row → the cache's class, for rows answered and still running
+        self.counts = runtime._counts
+
+    def run(self, x: torch.Tensor) -> list[RowParameters]:
+        chain, last = self.runtime.chain, len(self.runtime.chain.blocks) - 1
+        lookups = self.runtime._lookups
+        alive = np.arange(len(self.rows))  # rows of this pass still in the batch, in x's order
+        pending: Future[np.ndarray] | None = None
+        for index, block in enumerate(chain.blocks):
+            x = block(x)
+            if pending is not None:  # the lookup after the previous exit ran beside this block: its hits leave now
+                keep = pending.result()
+                x, alive, pending = x[torch.from_numpy(keep)], alive[keep], None
+            cache = self.plan.caches.get(index)
+            if cache is None or index == last or not len(alive):
+                continue
+            if lookups is not None:
+                pending = lookups.submit(self._look_up, cache, x, alive)
+            else:
+                keep = self._look_up(cache, x, alive)
+                x, alive = x[torch.from_numpy(keep)], alive[keep]
+        assert pending is None  # the last block is never an exit
+        return self._finish(x, alive)
+
+    def _look_up(self, cache: LearnedCache, activation: torch.Tensor, alive: np.ndarray) -> np.ndarray:
+        """Consult one cache; answer its hits at once; return which of `alive` stay in the batch."""
+        with torch.inference_mode():  # thread-local: the lookup thread needs its own
+            found = cache(activation)
+        hit = found.hit.numpy()
+        name = cache.exit.block
+        self.counts.lookups[name] += len(alive)
+        keep = ~hit
+        if not hit.any():
+            return keep
+        self.counts.hits[name] += int(hit.sum())
+        hits = alive[hit]
+        logits = found.logits[torch.from_numpy(hit)]
+        _write(self.outputs, self.rows[hits], logits)
+        self.answered[hits] = True
+        verify = self.runtime._rng.random(len(hits)) < self.runtime.verify_fraction
+        labels = logits.argmax(1).numpy()
+        for row, label in zip(hits[verify], labels[verify], strict=True):
+            self.verify_label[int(row)] = int(label)
+        keep[np.flatnonzero(hit)[verify]] = True
+        done = []
+        for row in hits:
+            request = int(self.owner[row])
+            self.open_rows[request] -= 1
+            self.deepest[request] = max(self.deepest[request], cache.exit.block_index)
+            if self.open_rows[request] == 0:
+                done.append(self._response(request))
+        if done:
+            self.answer(done)
+        return keep
+
+    def _finish(self, x: torch.Tensor, alive: np.ndarray) -> list[RowParameters]:
+        """Write the rows that ran to the end; count the verified ones; the responses of requests not yet answered."""
+        running = ~self.answered[alive]
+        _write(self.outputs, self.rows[alive[running]], x[torch.from_numpy(running)])
+        self.counts.whole += int(running.sum())
+        if self.verify_label:
+            labels = x.argmax(1).numpy()
+            for position, row in enumerate(alive):
+                if int(row) in self.verify_label:
+                    self.counts.verified += 1
+                    self.counts.agreed += int(labels[position] == self.verify_label[int(row)])
+        return [self._response(i) for i, open_rows in enumerate(self.open_rows) if open_rows > 0]
+
+    def _response(self, request: int) -> RowParameters:
+        """`exit_block`: where the request's answer came from (the last block when any row ran to the end);
+        `exited_rows`: its rows a cache answered."""
+        names, rows = self.runtime.chain.names, self.requests[request].rows
+        exited = rows - self.open_rows[request]
+        block = names[self.deepest[request]] if exited == rows else names[-1]
+        return RowParameters(self.requests[request].offset, rows, {"exit_block": block, "exited_rows": exited})
+
+
+class _Counts:
+    def __init__(self) -> None:
+        self.lookups: Counter[str] = Counter()
+        self.hits: Counter[str] = Counter()
+        self.whole = self.verified = self.agreed = 0
+
+    def message(self) -> ExitCounts:
+        return ExitCounts(dict(self.lookups), dict(self.hits), self.whole, self.verified, self.agreed)
+
+
+def _write(outputs: np.ndarray, rows: np.ndarray | slice, values: torch.Tensor) -> None:
+    """Rows of the output ring; a cache's or the model's logits must have the output's row shape."""
+    expected = outputs.shape[1:]
+    if tuple(values.shape[1:]) != expected:
+        raise ValueError(f"the model returned rows shaped {list(values.shape[1:])}, the output's are {list(expected)}")
+    outputs[rows] = values.detach().numpy()

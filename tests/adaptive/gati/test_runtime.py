@@ -1,0 +1,148 @@
+"""GATI's early exit as a worker runs it, on the example CNN with hand-made caches (thresholds chosen so that some,
+all or no rows hit): rows a cache answers carry its prediction and leave the batch, the rest are the model's
+output exactly, requests answered early are reported at once, and the counts add up — inline and on the lookup
+thread alike."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from adaserve.adaptive.gati.blocks import BlockChain, load_chain
+from adaserve.adaptive.gati.cacheset import CacheSetError, ExitRecord, LearnedCache
+from adaserve.adaptive.gati.predictors import VariantSpec, build_predictor
+from adaserve.adaptive.gati.runtime import EarlyExit, ExitPlan
+from adaserve.adaptive.gati.selectors import Selector
+from adaserve.datasets import load_fashion_mnist
+from adaserve.engine.messages import RowParameters
+from adaserve.errors import InvalidInputError
+from adaserve.repository import ModelRepository, read_artifact
+from tests.server_utils import link_example
+
+ALWAYS, NEVER = 0.0, 2.0  # selector thresholds: a sigmoid score is always >= 0 and never >= 2
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory: pytest.TempPathFactory) -> BlockChain:
+    root = tmp_path_factory.mktemp("runtime")
+    link_example(root, "cnn")
+    return load_chain(ModelRepository(root).read("cnn"))
+
+
+@pytest.fixture(scope="module")
+def images() -> np.ndarray:
+    x, _ = load_fashion_mnist("test")
+    return np.ascontiguousarray(x[:12].reshape(12, 1, 28, 28), dtype=np.float32)
+
+
+def cache_after(chain: BlockChain, block: int, threshold: float, seed: int = 0) -> LearnedCache:
+    """A cache with random weights after `block` (what it predicts does not matter here, which rows hit does)."""
+    torch.manual_seed(seed)
+    shape = tuple(chain.run(torch.zeros(1, 1, 28, 28), 0, block + 1).shape[1:])
+    predictor = build_predictor(VariantSpec.parse("Pool(64)"), shape, 10)
+    assert predictor is not None
+    exit = ExitRecord(key=f"b{block}", block=chain.names[block], block_index=block, threshold=threshold)
+    return LearnedCache(exit, predictor.eval(), Selector(10).eval()).eval()
+
+
+def runtime(chain: BlockChain, *plans: ExitPlan, thread: bool, verify: float = 0.0) -> EarlyExit:
+    early_exit = EarlyExit(chain, plans, verify, "test")
+    early_exit.start_lookups(thread=thread)
+    return early_exit
+
+
+def run(
+    early_exit: EarlyExit, images: np.ndarray, requests: list[RowParameters]
+) -> tuple[np.ndarray, list[RowParameters], list[RowParameters]]:
+    """The outputs, the requests answered early, and the others' response parameters."""
+    outputs = np.full((len(images), 10), np.nan, np.float32)
+    early: list[RowParameters] = []
+    with torch.inference_mode():
+        rest = early_exit.run(images, outputs, requests, early.extend)
+    return outputs, early, rest
+
+
+def requests_of(*sizes: int, **values: object) -> list[RowParameters]:
+    offsets = np.cumsum([0, *sizes])
+    return [RowParameters(int(o), size, dict(values)) for o, size in zip(offsets, sizes, strict=False)]
+
+
+@pytest.mark.parametrize("thread", [False, True])
+def test_hits_leave_the_batch_and_the_rest_is_the_model_exactly(
+    chain: BlockChain, images: np.ndarray, thread: bool
+) -> None:
+    x = torch.from_numpy(images)
+    with torch.inference_mode():
+        base = chain.run(x).numpy()
+        probe = cache_after(chain, 1, NEVER)(chain.run(x, 0, 2))
+    threshold = float(np.median(probe.score.numpy()))  # about half the rows hit after stage2
+    cache = cache_after(chain, 1, threshold)
+    early_exit = runtime(chain, ExitPlan(0.99, {1: cache}), thread=thread, verify=1.0)
+    requests = requests_of(1, 1, 2, 3, 5)
+    outputs, early, rest = run(early_exit, images, requests)
+
+    hit = probe.score.numpy() >= threshold
+    assert 0 < hit.sum() < len(hit)
+    np.testing.assert_array_equal(outputs[~hit], base[~hit])
+    np.testing.assert_allclose(outputs[hit], probe.logits.numpy()[hit], rtol=1e-5, atol=1e-6)
+    for request in requests:
+        rows = slice(request.offset, request.offset + request.rows)
+        exited = int(hit[rows].sum())
+        answered_early = exited == request.rows
+        found = [p for p in (early if answered_early else rest) if p.offset == request.offset]
+        assert len(found) == 1 and found[0].rows == request.rows
+        assert found[0].values == {"exit_block": "stage2" if answered_early else "head", "exited_rows": exited}
+    counts = early_exit.take_counts()
+    assert counts.lookups == {"stage2": len(images)} and counts.hits == {"stage2": int(hit.sum())}
+    assert counts.whole == int((~hit).sum())
+    # verify_fraction 1: every hit also ran to the end and was compared with the model
+    agree = probe.logits.numpy()[hit].argmax(1) == base[hit].argmax(1)
+    assert counts.verified == int(hit.sum()) and counts.agreed == int(agree.sum())
+    assert early_exit.take_counts().lookups == {}  # taken: the next batch starts from zero
+
+
+def test_rows_that_hit_at_the_first_exit_skip_the_second(chain: BlockChain, images: np.ndarray) -> None:
+    early_exit = runtime(
+        chain, ExitPlan(0.9, {0: cache_after(chain, 0, ALWAYS), 1: cache_after(chain, 1, ALWAYS)}), thread=False
+    )
+    _, early, rest = run(early_exit, images, requests_of(4, 8))
+    assert rest == [] and [p.values["exit_block"] for p in early] == ["stage1", "stage1"]
+    counts = early_exit.take_counts()
+    assert counts.lookups == {"stage1": 12} and counts.hits == {"stage1": 12} and counts.whole == 0
+
+
+def test_early_exit_false_and_accuracy_pick_the_plan(chain: BlockChain, images: np.ndarray) -> None:
+    never, always = cache_after(chain, 1, NEVER), cache_after(chain, 1, ALWAYS)
+    # The config's first target (0.99) is the default; accuracy picks the least target at or above it.
+    early_exit = runtime(chain, ExitPlan(0.99, {1: never}), ExitPlan(0.9, {1: always}), thread=True)
+    with torch.inference_mode():
+        base = chain.run(torch.from_numpy(images)).numpy()
+    requests = [
+        RowParameters(0, 3, {}),  # default 0.99: never hits
+        RowParameters(3, 3, {"accuracy": 0.8}),  # → 0.9: always hits
+        RowParameters(6, 3, {"accuracy": 0.995}),  # above every target → the highest, 0.99
+        RowParameters(9, 3, {"early_exit": False, "accuracy": 0.8}),  # off: the whole model, no parameters
+    ]
+    outputs, early, rest = run(early_exit, images, requests)
+    assert [p.offset for p in early] == [3]
+    assert sorted(p.offset for p in rest) == [0, 6]
+    np.testing.assert_array_equal(outputs[[0, 1, 2, 6, 7, 8, 9, 10, 11]], base[[0, 1, 2, 6, 7, 8, 9, 10, 11]])
+    assert early_exit.take_counts().lookups == {"stage2": 9}
+
+
+def test_bad_parameters_are_refused(chain: BlockChain, images: np.ndarray) -> None:
+    early_exit = runtime(chain, ExitPlan(0.99, {}), thread=False)
+    for values, name in (({"early_exit": "yes"}, "early_exit"), ({"accuracy": 1.5}, "accuracy")):
+        with pytest.raises(InvalidInputError, match=name):
+            run(early_exit, images, [RowParameters(0, 12, values)])
+
+
+def test_a_missing_or_mismatched_cache_set_is_named(tmp_path: Path) -> None:
+    link_example(tmp_path, "cnn", caches={"blocks": ["stage1", "stage2", "head"]})
+    spec = ModelRepository(tmp_path).read("cnn")
+    stored = read_artifact(spec.artifact, spec.config.max_batch_size)
+    with pytest.raises(CacheSetError, match="has no cache set; build one with `adaserve caches build cnn`"):
+        EarlyExit.load(spec.config, spec.artifact, stored)

@@ -1,0 +1,129 @@
+"""GATI through a real server with tritonclient: the example CNN with a small cache set built on Fashion-MNIST.
+
+Requests come back with the block their answer came from; a row that ran to the end is the base model's output
+exactly; `early_exit: false` is the base model; bad parameters are 400s; the caches show in /metrics and in the model
+configuration; a model whose cache set is missing keeps serving without early exit."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from prometheus_client.parser import text_string_to_metric_families
+from tritonclient.utils import InferenceServerException
+
+from adaserve.adaptive.gati.explore import ExploreSettings, build_cache_set
+from adaserve.adaptive.gati.predictors import TrainSettings, VariantSpec
+from adaserve.datasets import load_fashion_mnist
+from adaserve.repository import ModelRepository
+from tests.server_utils import ServerHandle, link_example, running_server
+
+SMALL = ExploreSettings(
+    variants=(VariantSpec.parse("Pool(4096)"),),
+    train=TrainSettings(epochs=2),
+    max_samples=600,
+    selector_steps=100,
+    latency_repeats=3,
+)
+WORKERS = {"workers": [{"batch": 4, "threads": 1}]}
+#: A low agreement target, so the composition surely exits early on some rows.
+CACHES = {"targets": [0.8], "verify_fraction": 1.0}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
+    root = tmp_path_factory.mktemp("gati") / "models"
+    root.mkdir()
+    link_example(root, "cnn", **WORKERS)
+    link_example(root, "cnn", "cnn_gati", caches=CACHES, **WORKERS)
+    link_example(root, "cnn", "cnn_nocache", caches=CACHES, **WORKERS)
+    build_cache_set(ModelRepository(root).read("cnn_gati"), "fashion-mnist", SMALL, targets=[0.8], progress=False)
+    with running_server(root, "--model=cnn", "--model=cnn_gati", "--model=cnn_nocache") as handle:
+        yield handle
+
+
+def infer(
+    client: httpclient.InferenceServerClient, model: str, image: np.ndarray, **parameters: object
+) -> tuple[np.ndarray, dict[str, object]]:
+    tensor = httpclient.InferInput("image", list(image.shape), "FP32")
+    tensor.set_data_from_numpy(image, binary_data=True)
+    result = client.infer(model, [tensor], parameters=parameters or None)
+    response = result.get_response()
+    return result.as_numpy("logits"), dict(response.get("parameters", {}))
+
+
+def test_answers_name_their_exit_and_rows_that_ran_whole_are_the_model(server: ServerHandle) -> None:
+    images, _ = load_fashion_mnist("test")
+    images = images[:40].reshape(40, 1, 1, 28, 28).astype(np.float32)
+    client = httpclient.InferenceServerClient(server.http_url)
+    exits = []
+    for image in images:
+        base, _ = infer(client, "cnn", image)
+        logits, parameters = infer(client, "cnn_gati", image)
+        exits.append(parameters["exit_block"])
+        assert parameters["exited_rows"] == (0 if parameters["exit_block"] == "head" else 1)
+        if parameters["exit_block"] == "head":
+            np.testing.assert_allclose(logits, base, rtol=1e-5, atol=1e-5)
+        off, off_parameters = infer(client, "cnn_gati", image, early_exit=False)
+        np.testing.assert_allclose(off, base, rtol=1e-5, atol=1e-5)
+        assert "exit_block" not in off_parameters
+    assert set(exits) <= {"stage1", "stage2", "head"} and set(exits) - {"head"}, exits
+
+    # A batch of 4 rows in one request: rows that hit leave the batch; the request reports how many.
+    logits, parameters = infer(client, "cnn_gati", images[:4, 0])
+    assert logits.shape == (4, 10) and 0 <= parameters["exited_rows"] <= 4  # type: ignore[operator]
+
+    # gRPC carries the same parameters.
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    tensor = grpcclient.InferInput("image", [1, 1, 28, 28], "FP32")
+    tensor.set_data_from_numpy(images[0])
+    response = grpc.infer("cnn_gati", [tensor], parameters={"accuracy": 0.8}).get_response(as_json=True)
+    assert response["parameters"]["exit_block"]["string_param"] in {"stage1", "stage2", "head"}
+
+
+def test_bad_parameters_are_400s(server: ServerHandle) -> None:
+    client = httpclient.InferenceServerClient(server.http_url)
+    image = np.zeros((1, 1, 28, 28), np.float32)
+    for parameters, name in (({"early_exit": "yes"}, "early_exit"), ({"accuracy": 2}, "accuracy")):
+        with pytest.raises(InferenceServerException, match=name) as raised:
+            infer(client, "cnn_gati", image, **parameters)
+        assert raised.value.status() == "400"
+    assert infer(client, "cnn_gati", image)[0].shape == (1, 10)  # and the model keeps serving
+
+
+def test_metrics_and_configuration_show_the_caches(server: ServerHandle) -> None:
+    client = httpclient.InferenceServerClient(server.http_url)
+    images, _ = load_fashion_mnist("test")
+    for image in images[:10].reshape(10, 1, 1, 28, 28):
+        infer(client, "cnn_gati", image.astype(np.float32))
+    with urllib.request.urlopen(f"http://{server.http_url}/metrics") as response:
+        families = {f.name: f for f in text_string_to_metric_families(response.read().decode())}
+    lookups = {
+        s.labels["block"]: s.value
+        for s in families["adaserve_early_exit_lookups"].samples
+        if "cnn_gati" in s.labels.values()
+    }
+    hits = {
+        s.labels["block"]: s.value
+        for s in families["adaserve_early_exit_hits"].samples
+        if "cnn_gati" in s.labels.values()
+    }
+    assert lookups and all(0 <= hits[block] <= count for block, count in lookups.items())
+    verified = sum(s.value for s in families["adaserve_early_exit_verified"].samples if s.name.endswith("_total"))
+    assert verified == sum(hits.values())  # verify_fraction 1: every hit also ran to the end
+    cache_bytes = [s.value for s in families["adaserve_early_exit_cache_bytes"].samples]
+    assert cache_bytes and cache_bytes[0] > 0
+
+    config = client.get_model_config("cnn_gati")
+    assert config["parameters"]["early_exit"]["string_value"].startswith("cache set v1 (target 0.8: after ")
+    missing = client.get_model_config("cnn_nocache")
+    assert missing["parameters"]["early_exit"]["string_value"] == "off"
+    logits, parameters = infer(client, "cnn_nocache", images[:1].reshape(1, 1, 28, 28).astype(np.float32))
+    assert logits.shape == (1, 10) and "exit_block" not in parameters
+    log = server.log.read_text()
+    assert "learned caches cannot serve" in log and "has no cache set" in json.dumps(log)
