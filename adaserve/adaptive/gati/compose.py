@@ -247,9 +247,11 @@ def compose(
     alpha: float = DEFAULT_ALPHA,
     memory_budget_bytes: int | None = None,
     margin_se: float = 1.0,
+    min_required: float = 0.0,
 ) -> Manifest:
     """The manifest with per-variant thresholds and both compositions for each target (replacing earlier ones for
-    the same targets); `arrays` are the set's per-row scores (`CacheSet.scores()`)."""
+    the same targets); `arrays` are the set's per-row scores (`CacheSet.scores()`). The overall compositions hold at
+    least `min_required` on the calibrate split too (adaptation passes the deployed caches' agreement there)."""
     variants = manifest.variants
     if memory_budget_bytes is not None:
         smallest = min(variants, key=lambda v: v.memory_bytes)
@@ -287,6 +289,7 @@ def compose(
             _record("milp", target, alpha, memory_budget_bytes, exits, manifest, candidates, cal, ev, False)
         )
         required = min(1.0, target + margin_se * math.sqrt(target * (1 - target) / cal[0].shape[1]))
+        required = max(required, min_required)
         best_alpha, best = _overall(candidates, latency, cal, target, required, memory_budget_bytes)
         compositions.append(
             _record("overall", target, best_alpha, memory_budget_bytes, best, manifest, candidates, cal, ev, True)

@@ -54,7 +54,20 @@ from adaserve.config import ModelConfig
 from adaserve.errors import ConfigError
 from adaserve.repository import ModelSpec, weight_bytes
 
-__all__ = ["ExploreResult", "ExploreSettings", "Explored", "build_cache_set", "explore", "load_data", "time_call"]
+__all__ = [
+    "ExploreResult",
+    "ExploreSettings",
+    "Explored",
+    "Fitted",
+    "build_cache_set",
+    "collect_activations",
+    "exit_shapes",
+    "explore",
+    "fit_cache",
+    "load_data",
+    "split_rows",
+    "time_call",
+]
 
 #: Fractions of the data for fitting predictors, fitting selectors, setting thresholds, and evaluating.
 SPLITS = {"fit_predictor": 0.5, "fit_selector": 0.15, "calibrate": 0.15, "evaluate": 0.2}
@@ -159,13 +172,13 @@ def explore(
     exits = chain.exits
     if not exits:
         raise ConfigError(f"the model has no block after which a cache could exit (blocks: {', '.join(chain.names)})")
-    shapes = _exit_shapes(chain, x[:1])
+    shapes = exit_shapes(chain, x[:1])
     rows = _rows_within_budget(len(x), shapes, settings)
     rng = np.random.default_rng(settings.seed)
     chosen = np.sort(rng.choice(len(x), rows, replace=False)) if rows < len(x) else np.arange(len(x))
-    activations, probs = _collect(chain, x[chosen], shapes, batch_size, progress)
+    activations, probs = collect_activations(chain, x[chosen], shapes, batch_size, progress)
     labels = torch.from_numpy(y[chosen].astype(np.int64)) if y is not None else probs.argmax(1)
-    splits = _split(rows, rng)
+    splits = split_rows(rows, rng)
     result = ExploreResult(
         blocks=chain.names,
         block_latency_s=_block_latencies(chain, x[:1], settings.latency_repeats),
@@ -200,18 +213,8 @@ def _train_variant(
     splits: dict[str, torch.Tensor],
     settings: ExploreSettings,
 ) -> Explored:
-    fit = splits["fit_predictor"]
-    train_predictor(predictor, activations[fit], probs[fit], labels[fit], settings.train)
-    base_class = probs.argmax(1)
-    outputs = {
-        name: _softmax(predictor, activations[index]) for name, index in splits.items() if name != "fit_predictor"
-    }
-    agrees = {name: out.argmax(1) == base_class[splits[name]] for name, out in outputs.items()}
     selector = Selector(probs.shape[1])
-    train_selector(selector, outputs["fit_selector"], agrees["fit_selector"], settings.train, settings.selector_steps)
-    measured = ("calibrate", "evaluate")
-    with torch.no_grad():
-        scores = {name: torch.sigmoid(selector(outputs[name])).squeeze(1).numpy() for name in measured}
+    fitted = fit_cache(predictor, selector, activations, probs, labels, splits, settings.train, settings.selector_steps)
     timed = LearnedCache(ExitRecord(key="", block="", block_index=block_index, threshold=0.5), predictor, selector)
     lookup_s = time_call(partial(timed, activations[:1]), settings.latency_repeats)  # as the runtime calls it
     return Explored(
@@ -222,9 +225,48 @@ def _train_variant(
         selector=selector,
         lookup_latency_s=lookup_s,
         memory_bytes=weight_bytes(predictor) + weight_bytes(selector),
+        scores=fitted.scores,
+        softmax=fitted.softmax,
+        agrees=fitted.agrees,
+    )
+
+
+@dataclass(frozen=True)
+class Fitted:
+    """A trained cache measured on the calibrate and evaluate rows, per row."""
+
+    scores: dict[str, np.ndarray]  # selector's hit probability
+    softmax: dict[str, np.ndarray]  # max softmax of the predictor
+    agrees: dict[str, np.ndarray]  # predictor's argmax == base model's
+
+
+def fit_cache(
+    predictor: nn.Module,
+    selector: Selector,
+    activations: torch.Tensor,
+    probs: torch.Tensor,
+    labels: torch.Tensor,
+    splits: dict[str, torch.Tensor],
+    train: TrainSettings,
+    selector_steps: int,
+) -> Fitted:
+    """Train `predictor` on the `fit_predictor` rows, then `selector` on the `fit_selector` rows (which the predictor
+    never saw), both in place, and measure them on the calibrate and evaluate rows. Exploration passes fresh
+    networks, adaptation may pass the deployed ones' weights (a warm start)."""
+    fit = splits["fit_predictor"]
+    train_predictor(predictor, activations[fit], probs[fit], labels[fit], train)
+    base_class = probs.argmax(1)
+    outputs = {
+        name: _softmax(predictor, activations[index]) for name, index in splits.items() if name != "fit_predictor"
+    }
+    agrees = {name: out.argmax(1) == base_class[splits[name]] for name, out in outputs.items()}
+    train_selector(selector, outputs["fit_selector"], agrees["fit_selector"], train, selector_steps)
+    with torch.no_grad():
+        scores = {name: torch.sigmoid(selector(outputs[name])).squeeze(1).numpy() for name in MEASURED_SPLITS}
+    return Fitted(
         scores=scores,
-        softmax={name: outputs[name].max(1).values.numpy() for name in measured},
-        agrees={name: agrees[name].numpy() for name in measured},
+        softmax={name: outputs[name].max(1).values.numpy() for name in MEASURED_SPLITS},
+        agrees={name: agrees[name].numpy() for name in MEASURED_SPLITS},
     )
 
 
@@ -233,7 +275,8 @@ def _softmax(predictor: nn.Module, activations: torch.Tensor, batch: int = 1024)
         return torch.cat([torch.softmax(predictor(part), 1) for part in activations.split(batch)])
 
 
-def _exit_shapes(chain: BlockChain, first: np.ndarray) -> dict[int, tuple[int, ...]]:
+def exit_shapes(chain: BlockChain, first: np.ndarray) -> dict[int, tuple[int, ...]]:
+    """Each block's output shape (no batch dimension), from one row; the last must be class scores."""
     shapes, x = {}, torch.from_numpy(first)
     with torch.no_grad():
         for index, block in enumerate(chain.blocks):
@@ -254,7 +297,7 @@ def _rows_within_budget(rows: int, shapes: dict[int, tuple[int, ...]], settings:
     return limit
 
 
-def _collect(
+def collect_activations(
     chain: BlockChain, x: np.ndarray, shapes: dict[int, tuple[int, ...]], batch_size: int, progress: bool
 ) -> tuple[dict[int, torch.Tensor], torch.Tensor]:
     """Each exit's activations and the base model's softmax for every row, one batch at a time."""
@@ -273,7 +316,8 @@ def _collect(
     return kept, torch.softmax(logits, 1)
 
 
-def _split(rows: int, rng: np.random.Generator) -> dict[str, torch.Tensor]:
+def split_rows(rows: int, rng: np.random.Generator) -> dict[str, torch.Tensor]:
+    """A random partition of `rows` rows into the `SPLITS`, in their proportions."""
     order = torch.from_numpy(rng.permutation(rows))
     bounds = np.cumsum([0, *(round(f * rows) for f in SPLITS.values())])
     bounds[-1] = rows

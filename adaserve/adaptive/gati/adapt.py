@@ -1,0 +1,454 @@
+"""GATI's cache adaptation (§5.3, §6 "Retraining Learned Caches", §7.2): keep a sample of recent requests, and
+when the caches hit less often than composition expected (or a period has passed), retrain the composition's
+predictors and selectors on that sample mixed with the validation data, re-tune their thresholds, and deploy the
+result as a new cache set version only if it does not lower agreement on rows no part of it was trained on.
+
+The pieces are kept apart from the server so they can be driven in one process: `SampleWindow` (what the inference
+service samples), `HitRateMonitor` (the retraining trigger), `adapt` (the retraining, pure: it writes nothing) and
+`deploy` (a new `caches/v<N>/` through `write_cache_set`, which `load_cache_set(spec, "latest")` then serves).
+
+Choices, and why:
+
+- **Recency.** The window keeps the newest `capacity` sampled rows; a training sample is drawn from it without
+  replacement with weights 2^(−age / (half_life · capacity)), age counted in sampled rows (newest: 0). The paper
+  "weigh[s] recent samples more heavily" without saying how; an exponential in age keeps the newest rows likelier
+  than the oldest by a fixed factor (4× at the default half-life of half the window) while an old row still shows up.
+- **Data.** The window sample is split like the validation data (fit predictors / fit selectors / calibrate /
+  evaluate, 50/15/15/20); each training split is mixed with as many rows (`validation_per_window_row`) drawn from
+  the same split of the validation data, and the calibrate and evaluate splits with all of theirs (measuring costs
+  only a forward pass, and a few hundred rows cannot tell 0.99 from 0.995): predictors and selectors never see the
+  rows their thresholds are set on or the rows they are judged on. Labels are the base model's argmax (stream rows
+  have no true labels).
+- **Warm start.** The networks start from the deployed caches' weights (`warm_start`), so a few epochs suffice;
+  `benchmarks/gati/adaptation.py` measures it against training from scratch.
+- **Thresholds.** The adapted composition keeps the same exits (one may drop out when it can no longer hit at the
+  target) and is re-composed with `compose` on the mixed calibrate split, for the same target and at least the
+  deployed caches' agreement on those rows (`hold_agreement`): a version never trades agreement for hits.
+- **Acceptance.** On the held-out rows (validation and window alike) the new caches must not lower the chained
+  agreement of the deployed ones at their thresholds, and, when the deployed ones meet the target there, must not
+  hit less often (else it is no better). The retraining time is wall time in this process.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+
+from adaserve.adaptive.gati.blocks import BlockChain
+from adaserve.adaptive.gati.cacheset import (
+    MEASURED_SPLITS,
+    CacheSet,
+    CacheSetError,
+    ChainRecord,
+    CompositionRecord,
+    LearnedCache,
+    Manifest,
+    VariantRecord,
+    write_cache_set,
+)
+from adaserve.adaptive.gati.compose import Candidate, compose, simulate
+from adaserve.adaptive.gati.explore import SPLITS, Fitted, collect_activations, exit_shapes, fit_cache, split_rows
+from adaserve.adaptive.gati.predictors import TrainSettings, VariantSpec, build_predictor
+from adaserve.adaptive.gati.selectors import Selector
+from adaserve.engine.messages import ExitCounts
+from adaserve.errors import InvalidInputError
+from adaserve.repository import ModelSpec
+
+__all__ = ["AdaptResult", "AdaptSettings", "HitRateMonitor", "SampleWindow", "acceptance", "adapt", "deploy"]
+
+#: Fewer window rows than this leave some split empty.
+MIN_WINDOW_ROWS = 20
+
+
+class SampleWindow:
+    """A bounded sample of recent input rows: `offer` keeps about `fraction` of the rows it is given (seeded), the
+    newest `capacity` kept rows stay, and `draw` samples them weighted by recency (see the module docstring)."""
+
+    def __init__(self, capacity: int, *, fraction: float = 0.2, half_life: float = 0.5, seed: int = 0) -> None:
+        if capacity < 1:
+            raise ValueError(f"window capacity must be at least 1 row, got {capacity}")
+        if not 0 < fraction <= 1:
+            raise ValueError(f"window sampling fraction must be in (0, 1], got {fraction}")
+        if half_life <= 0:
+            raise ValueError(f"window half-life must be positive, got {half_life}")
+        self.capacity = capacity
+        self.fraction = fraction
+        self.half_life = half_life
+        self._rng = np.random.default_rng(seed)
+        self._rows: np.ndarray | None = None  # ring buffer, allocated at the first offer (its row shape)
+        self._kept = 0  # rows ever kept; the newest sits at (kept − 1) % capacity
+
+    def __len__(self) -> int:
+        return min(self._kept, self.capacity)
+
+    def offer(self, rows: np.ndarray) -> int:
+        """Keep about `fraction` of `rows` (a batch of inputs); returns how many were kept."""
+        if self._rows is None:
+            self._rows = np.empty((self.capacity, *rows.shape[1:]), dtype=rows.dtype)
+        if rows.shape[1:] != self._rows.shape[1:]:
+            raise InvalidInputError(
+                f"window rows are shaped {list(self._rows.shape[1:])}, offered rows {list(rows.shape[1:])}"
+            )
+        kept = rows[self._rng.random(len(rows)) < self.fraction][-self.capacity :]
+        slots = (self._kept + np.arange(len(kept))) % self.capacity
+        self._rows[slots] = kept
+        self._kept += len(kept)
+        return len(kept)
+
+    def draw(self, count: int) -> np.ndarray:
+        """`count` rows (all, when it holds fewer) without replacement, newer rows likelier; oldest first."""
+        held = len(self)
+        if self._rows is None or held == 0:
+            raise InvalidInputError("the sample window is empty: offer it rows first")
+        age = (self._kept - 1 - np.arange(self._kept - held, self._kept)).astype(float)  # oldest first
+        weights = np.exp2(-age / (self.half_life * self.capacity))
+        chosen = self._rng.choice(held, min(count, held), replace=False, p=weights / weights.sum())
+        slots = (self._kept - held + np.sort(chosen)) % self.capacity
+        return self._rows[slots].copy()
+
+
+class HitRateMonitor:
+    """The retraining trigger: live hit rates per exit against the rates the composition expected.
+
+    Counts from the runtime (`EarlyExit.take_counts`) are judged in windows of at least `min_rows` rows: when an
+    exit's share of rows falls more than `margin` below its expected share (`evaluate.exit_rates` of the deployed
+    composition), or `period_s` has passed since the last retraining, `check` says why. The paper's trigger alone
+    misses a drift on which the caches keep hitting but answer wrongly (brightened images in
+    `benchmarks/gati/adaptation.py`), so the verified hits (`verify_fraction`) are judged too, once `min_verified`
+    are in: their agreement must not fall more than `margin` below the agreement among hits the composition
+    expected, 1 − (1 − agreement) / hit rate."""
+
+    def __init__(
+        self,
+        composition: CompositionRecord,
+        *,
+        now: float,
+        period_s: float = 900.0,
+        margin: float = 0.05,
+        min_rows: int = 500,
+        min_verified: int = 50,
+    ) -> None:
+        self.period_s = period_s
+        self.margin = margin
+        self.min_rows = min_rows
+        self.min_verified = min_verified
+        self.reset(composition, now)
+
+    def reset(self, composition: CompositionRecord, now: float) -> None:
+        """Start over for the composition now deployed (after a retraining, accepted or not)."""
+        self.expected = {
+            e.block: rate for e, rate in zip(composition.exits, composition.evaluate.exit_rates, strict=True)
+        }
+        hit_rate = sum(composition.evaluate.exit_rates)
+        self.hit_agreement = 1 - (1 - composition.evaluate.agreement) / hit_rate if hit_rate else 1.0
+        self.since = now
+        self.rows = self.verified = self.agreed = 0
+        self.hits = dict.fromkeys(self.expected, 0)
+
+    def observe(self, counts: ExitCounts) -> None:
+        self.verified += counts.verified
+        self.agreed += counts.agreed
+        self.rows += counts.whole + sum(counts.hits.values())
+        for block, hits in counts.hits.items():
+            self.hits[block] = self.hits.get(block, 0) + hits
+
+    def check(self, now: float) -> str | None:
+        """Why to retrain now, or None; a judged window of rows is then forgotten."""
+        if now - self.since >= self.period_s:
+            return f"period of {self.period_s:g} s passed"
+        if self.verified >= self.min_verified:
+            agreement, self.verified, self.agreed = self.agreed / self.verified, 0, 0
+            if agreement < self.hit_agreement - self.margin:
+                return f"verified hits agree {agreement:.3f} < expected {self.hit_agreement:.3f} − {self.margin:g}"
+        if self.rows < self.min_rows:
+            return None
+        rates = {block: self.hits.get(block, 0) / self.rows for block in self.expected}
+        self.rows, self.hits = 0, dict.fromkeys(self.expected, 0)
+        low = [b for b, rate in rates.items() if rate < self.expected[b] - self.margin]
+        if not low:
+            return None
+        return "hit rate " + ", ".join(
+            f"after {b} {rates[b]:.3f} < expected {self.expected[b]:.3f} − {self.margin:g}" for b in low
+        )
+
+
+@dataclass(frozen=True)
+class AdaptSettings:
+    """How to retrain; the defaults are the paper's (§7.2.1: learning rate 0.002, 5 epochs)."""
+
+    train: TrainSettings = field(default_factory=lambda: TrainSettings(epochs=5))
+    selector_steps: int = 500
+    warm_start: bool = True
+    hold_agreement: bool = True
+    validation_per_window_row: float = 1.0
+    margin_se: float = 1.0
+    batch_size: int = 256
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class AdaptResult:
+    """A retraining's outcome: the candidate version (deployable with `deploy` when accepted) and its evidence."""
+
+    accepted: bool
+    reason: str  # why it was refused, or what it gained
+    source_version: int
+    before: ChainRecord  # the deployed caches on the held-out rows
+    after: ChainRecord  # the retrained caches on the same rows
+    composition: CompositionRecord  # the retrained caches' default composition
+    manifest: Manifest
+    weights: dict[str, dict[str, dict[str, torch.Tensor]]]
+    scores: dict[str, np.ndarray]
+    rows: dict[str, dict[str, int]]  # per split: validation and window rows used
+    forward_s: float  # the base model over every row used (activations and softmax)
+    retrain_s: float  # predictors, selectors and thresholds
+
+
+def adapt(
+    chain: BlockChain,
+    cache_set: CacheSet,
+    composition: CompositionRecord,
+    window_rows: np.ndarray,
+    validation_x: np.ndarray,
+    settings: AdaptSettings | None = None,
+) -> AdaptResult:
+    """Retrain `composition`'s caches on `window_rows` mixed with `validation_x` (the data `cache_set` was built
+    from) and judge the result against the deployed caches; writes nothing (see `deploy`)."""
+    settings = settings or AdaptSettings()
+    began = time.perf_counter()
+    manifest = cache_set.manifest
+    window_rows = _checked_window(window_rows, validation_x)
+    variants = _variants(manifest, composition)
+    validation_splits = _validation_splits(cache_set, len(validation_x))
+    rng = np.random.default_rng(settings.seed)
+    x, splits, counts = _mixed_rows(validation_splits, validation_x, window_rows, settings, rng)
+    activations, probs = collect_activations(chain, x, exit_shapes(chain, x[:1]), settings.batch_size, False)
+    forward_s = time.perf_counter() - began
+
+    began = time.perf_counter()
+    deployed = cache_set.caches(composition)
+    networks = [
+        _retrain(variant, cache, activations[variant.block_index], probs, splits, manifest.num_classes, settings)
+        for variant, cache in zip(variants, deployed, strict=True)
+    ]
+    arrays = _stack([fitted for _, _, fitted in networks]) | {
+        f"{s}_rows": rows for s, rows in validation_splits.items()
+    }
+    current = _stack([_measure(cache, activations[cache.exit.block_index], probs, splits) for cache in deployed])
+    candidates = [Candidate(v.block_index, v.lookup_latency_s, v.memory_bytes) for v in variants]
+    exits = [(i, cache.exit.threshold) for i, cache in enumerate(deployed)]
+    before = {
+        split: simulate(
+            exits, candidates, current[f"{split}_scores"], current[f"{split}_agrees"], manifest.block_latency_s
+        )
+        for split in MEASURED_SPLITS
+    }
+    composed = compose(
+        manifest.model_copy(
+            update={"variants": tuple(v.model_copy(update={"targets": {}}) for v in variants), "compositions": ()}
+        ),
+        arrays,
+        [composition.target],
+        alpha=composition.alpha,
+        memory_budget_bytes=composition.memory_budget_bytes,
+        margin_se=settings.margin_se,
+        min_required=before["calibrate"].agreement if settings.hold_agreement else 0.0,
+    )
+    retrain_s = time.perf_counter() - began
+
+    new = composed.default_for(composition.target)
+    assert new is not None  # compose makes a default composition for every target
+    refused = acceptance(before["evaluate"], new.evaluate, composition.target)
+    record = _settings_record(settings, cache_set.version, counts, retrain_s)
+    return AdaptResult(
+        accepted=refused is None,
+        reason=refused or _gain(before["evaluate"], new.evaluate),
+        source_version=cache_set.version,
+        before=before["evaluate"],
+        after=new.evaluate,
+        composition=new,
+        manifest=composed.model_copy(
+            update={
+                "settings": record,
+                "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                "torch": torch.__version__,
+            }
+        ),
+        weights={
+            v.key: {"predictor": predictor.state_dict(), "selector": selector.state_dict()}
+            for v, (predictor, selector, _) in zip(variants, networks, strict=True)
+        },
+        scores=arrays,
+        rows=counts,
+        forward_s=forward_s,
+        retrain_s=retrain_s,
+    )
+
+
+def acceptance(before: ChainRecord, after: ChainRecord, target: float) -> str | None:
+    """Why retrained caches (`after`) must not replace the deployed ones (`before`), both measured on the same
+    held-out rows; None when they may."""
+    if after.agreement < before.agreement:
+        return f"held-out agreement would fall from {before.agreement:.4f} to {after.agreement:.4f}"
+    hits_before, hits_after = sum(before.exit_rates), sum(after.exit_rates)
+    if before.agreement >= target and hits_after < hits_before:
+        return (
+            f"held-out hit rate would fall from {hits_before:.3f} to {hits_after:.3f} while the deployed caches "
+            f"meet the target {target:g} ({before.agreement:.4f})"
+        )
+    return None
+
+
+def deploy(spec: ModelSpec, result: AdaptResult) -> CacheSet:
+    """Write an accepted adaptation as the model's newest cache set version (atomically, beside the others)."""
+    if not result.accepted:
+        raise CacheSetError(f"a refused adaptation of v{result.source_version} cannot be deployed: {result.reason}")
+    directory = write_cache_set(spec, result.manifest, result.weights, result.scores)
+    return CacheSet(directory, int(directory.name[1:]), result.manifest)
+
+
+def _gain(before: ChainRecord, after: ChainRecord) -> str:
+    return (
+        f"held-out agreement {before.agreement:.4f} → {after.agreement:.4f}, "
+        f"hit rate {sum(before.exit_rates):.3f} → {sum(after.exit_rates):.3f}"
+    )
+
+
+def _checked_window(window_rows: np.ndarray, validation_x: np.ndarray) -> np.ndarray:
+    if window_rows.ndim != validation_x.ndim or window_rows.shape[1:] != validation_x.shape[1:]:
+        raise InvalidInputError(
+            f"window rows are shaped {list(window_rows.shape[1:])}, but the validation data's rows (the model's "
+            f"input) are {list(validation_x.shape[1:])}"
+        )
+    if len(window_rows) < MIN_WINDOW_ROWS:
+        raise InvalidInputError(
+            f"the window holds {len(window_rows)} rows; adaptation needs at least {MIN_WINDOW_ROWS}"
+        )
+    if not np.isfinite(window_rows).all():
+        raise InvalidInputError("window rows hold NaN or infinite values")
+    return window_rows.astype(validation_x.dtype, copy=False)
+
+
+def _variants(manifest: Manifest, composition: CompositionRecord) -> list[VariantRecord]:
+    """The composition's variants, in its exits' (block) order."""
+    variants = {v.key: v for v in manifest.variants}
+    missing = [e.key for e in composition.exits if e.key not in variants]
+    if missing or not composition.exits:
+        raise CacheSetError(
+            f"cannot adapt a composition of target {composition.target:g} "
+            + (f"naming unknown caches {missing}" if missing else "without exits: there is no cache to retrain")
+        )
+    return [variants[e.key] for e in composition.exits]
+
+
+def _validation_splits(cache_set: CacheSet, rows: int) -> dict[str, np.ndarray]:
+    """Which validation rows each split of the set holds, checked against the validation data given."""
+    arrays = cache_set.scores()
+    missing = [split for split in SPLITS if f"{split}_rows" not in arrays]
+    if missing:
+        raise CacheSetError(f"{cache_set.directory}: no split rows for {missing}; rebuild the set to adapt it")
+    splits = {split: arrays[f"{split}_rows"] for split in SPLITS}
+    highest = max(int(r.max(initial=-1)) for r in splits.values())
+    if highest >= rows:
+        raise InvalidInputError(
+            f"the validation data has {rows} rows, but {cache_set.directory} was built from at least {highest + 1}: "
+            "pass the data the set was built from"
+        )
+    return splits
+
+
+def _mixed_rows(
+    validation_splits: dict[str, np.ndarray],
+    validation_x: np.ndarray,
+    window_rows: np.ndarray,
+    settings: AdaptSettings,
+    rng: np.random.Generator,
+) -> tuple[np.ndarray, dict[str, torch.Tensor], dict[str, dict[str, int]]]:
+    """All rows in one array, each split's indices into it, and per split how many validation and window rows."""
+    window_splits = split_rows(len(window_rows), rng)
+    parts, splits, counts, start = [], {}, {}, 0
+    for split, window_index in window_splits.items():
+        available = validation_splits[split]
+        wanted = len(available)  # measuring rows costs a forward pass; more of them steady thresholds and verdicts
+        if split not in MEASURED_SPLITS:
+            wanted = min(wanted, math.ceil(settings.validation_per_window_row * len(window_index)))
+        chosen = np.sort(rng.choice(available, wanted, replace=False))
+        rows = np.concatenate([validation_x[chosen], window_rows[window_index.numpy()]])
+        parts.append(rows)
+        splits[split] = torch.arange(start, start + len(rows))
+        counts[split] = {"validation": wanted, "window": len(window_index)}
+        start += len(rows)
+    return np.concatenate(parts), splits, counts
+
+
+def _retrain(
+    variant: VariantRecord,
+    deployed: LearnedCache,
+    activations: torch.Tensor,
+    probs: torch.Tensor,
+    splits: dict[str, torch.Tensor],
+    num_classes: int,
+    settings: AdaptSettings,
+) -> tuple[nn.Module, Selector, Fitted]:
+    """A copy of the deployed cache's networks (or fresh ones) trained on the mixed rows."""
+    torch.manual_seed(settings.seed)
+    predictor = build_predictor(VariantSpec.parse(variant.variant), variant.input_shape, num_classes)
+    assert predictor is not None  # the deployed cache was built from the same record
+    selector = Selector(num_classes)
+    if settings.warm_start:
+        predictor.load_state_dict(deployed.predictor.state_dict())
+        selector.load_state_dict(deployed.selector.state_dict())
+    fitted = fit_cache(
+        predictor, selector, activations, probs, probs.argmax(1), splits, settings.train, settings.selector_steps
+    )
+    return predictor, selector, fitted
+
+
+def _measure(
+    cache: LearnedCache, activations: torch.Tensor, probs: torch.Tensor, splits: dict[str, torch.Tensor]
+) -> Fitted:
+    """The deployed cache on the calibrate and evaluate rows, as `fit_cache` measures a trained one."""
+    measured: dict[str, dict[str, np.ndarray]] = {"scores": {}, "softmax": {}, "agrees": {}}
+    with torch.no_grad():
+        for split in MEASURED_SPLITS:
+            index = splits[split]
+            lookup = cache(activations[index])
+            measured["scores"][split] = lookup.score.numpy()
+            measured["softmax"][split] = torch.softmax(lookup.logits, 1).max(1).values.numpy()
+            measured["agrees"][split] = (lookup.logits.argmax(1) == probs[index].argmax(1)).numpy()
+    return Fitted(**measured)
+
+
+def _stack(fitted: list[Fitted]) -> dict[str, np.ndarray]:
+    """Per-row arrays [cache, row] as `scores.npz` holds them."""
+    return {
+        f"{split}_{kind}": np.stack([getattr(f, kind)[split] for f in fitted])
+        for split in MEASURED_SPLITS
+        for kind in ("scores", "softmax", "agrees")
+    }
+
+
+def _settings_record(
+    settings: AdaptSettings, source: int, counts: dict[str, dict[str, int]], retrain_s: float
+) -> dict[str, object]:
+    return {
+        "adapted_from": f"v{source}",
+        "rows": counts,
+        "warm_start": settings.warm_start,
+        "hold_agreement": settings.hold_agreement,
+        "epochs": settings.train.epochs,
+        "batch_size": settings.train.batch_size,
+        "lr": settings.train.lr,
+        "selector_steps": settings.selector_steps,
+        "validation_per_window_row": settings.validation_per_window_row,
+        "margin_se": settings.margin_se,
+        "seed": settings.seed,
+        "retrain_s": retrain_s,
+        "threads": torch.get_num_threads(),
+    }

@@ -1,0 +1,319 @@
+"""GATI's cache adaptation on a drifting stream: static caches against caches retrained online (issue 6, item 5).
+
+The example CNN (copied to benchmarks/results/tmp/gati-adapt/, so examples/ stays untouched) gets a cache set built
+as `adaserve caches build` builds one, on 4,000 of Fashion-MNIST's 10,000 test images. The other 6,000 become a
+stream that drifts through Fashion-MNIST-C style corruptions the base model was never trained on — clean, then
+brightness, contrast, Gaussian blur and rotation, each at rising severity — processed in chunks (one chunk stands
+for one minute of traffic). Both sides run every chunk through the runtime's `EarlyExit` (batches of the model's
+`max_batch_size`, lookups inline), as a worker would:
+
+- static: cache set v1, never changed;
+- adapted: the newest version. About 20% of the stream is offered to a `SampleWindow`; after each chunk the
+  `HitRateMonitor` is checked (hit rate below what composition expected, or the period passed), and on a trigger
+  `adapt` retrains the composition's caches on a recency-weighted draw from the window mixed with the validation
+  data; an accepted version is written with `deploy` and loaded through `EarlyExit.load` for the next chunk.
+
+Per chunk: hit rate and agreement with the base model (argmax) of both, and the base model's accuracy on the true
+labels (how hard the drift is). Per retraining: the trigger, the rows, held-out agreement and hit rate before and
+after, accepted or why not, and the time (base model forward pass, and retraining proper); each retraining is also
+run from scratch (no warm start) beside it, to compare. The bar: adapted agreement never below static's, per chunk.
+
+Usage: .venv/bin/python -m benchmarks.gati.adaptation [--quick] [--target 0.99]
+Writes benchmarks/results/gati_adaptation.json and .png (--quick: under benchmarks/results/tmp/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import time
+from dataclasses import replace
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from scipy import ndimage
+
+from adaserve.adaptive.gati.adapt import AdaptResult, AdaptSettings, HitRateMonitor, SampleWindow, adapt, deploy
+from adaserve.adaptive.gati.cacheset import CacheSet, ChainRecord
+from adaserve.adaptive.gati.explore import ExploreSettings, build_cache_set, load_data
+from adaserve.adaptive.gati.runtime import EarlyExit
+from adaserve.config import LearnedCachesSpec
+from adaserve.datasets import load_fashion_mnist
+from adaserve.engine.messages import ExitCounts, RowParameters
+from adaserve.repository import ModelRepository, ModelSpec, read_artifact
+from benchmarks.common import RESULTS, ROOT, SCRATCH, command_line, figure, load_window, machine, write_json
+
+EXAMPLES = ROOT / "examples" / "models"
+#: Corruption → parameter per severity 1–5 (Fashion-MNIST-C / ImageNet-C style ladders, on [0, 1] pixels).
+SEVERITIES: dict[str, tuple[float, ...]] = {
+    "brightness": (0.1, 0.2, 0.3, 0.4, 0.5),  # added to every pixel
+    "contrast": (0.6, 0.45, 0.3, 0.2, 0.1),  # factor on the distance from the image's mean
+    "blur": (0.5, 0.75, 1.0, 1.25, 1.5),  # Gaussian sigma, pixels
+    "rotation": (10.0, 20.0, 30.0, 40.0, 50.0),  # degrees, sign at random per image
+}
+BUILD_ROWS = 4000
+
+
+def corrupt(images: np.ndarray, kind: str, severity: int, rng: np.random.Generator) -> np.ndarray:
+    """Images [N, 1, 28, 28] in [0, 1] with one corruption at severity 1–5 (0: clean)."""
+    if severity == 0:
+        return images
+    level = SEVERITIES[kind][severity - 1]
+    if kind == "brightness":
+        out = images + level
+    elif kind == "contrast":
+        mean = images.mean(axis=(1, 2, 3), keepdims=True)
+        out = (images - mean) * level + mean
+    elif kind == "blur":
+        out = ndimage.gaussian_filter(images, sigma=(0, 0, level, level))
+    else:
+        angles = level * rng.choice([-1.0, 1.0], len(images))
+        out = np.stack(
+            [
+                ndimage.rotate(image, angle, axes=(1, 2), reshape=False, order=1)
+                for image, angle in zip(images, angles, strict=True)
+            ]
+        )
+    return np.clip(out, 0.0, 1.0).astype(np.float32)
+
+
+def schedule(quick: bool) -> list[tuple[str, int]]:
+    """(corruption, severity) per chunk: clean first, then each corruption at rising severity."""
+    clean, severities = (1, (2, 4)) if quick else (4, (1, 2, 3, 4, 5))
+    return [("clean", 0)] * clean + [(kind, s) for kind in SEVERITIES for s in severities]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a small stream and quick exploration; under tmp/")
+    parser.add_argument("--target", type=float, default=0.99)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    out = (SCRATCH if args.quick else RESULTS) / "gati_adaptation.json"
+    chunk_rows = 100 if args.quick else 250
+    plan = schedule(args.quick)
+    record: dict[str, Any] = {
+        "benchmark": "gati_adaptation",
+        "command": command_line(),
+        "machine": machine(),
+        "settings": {
+            "quick": args.quick,
+            "target": args.target,
+            "build_rows": BUILD_ROWS,
+            "chunk_rows": chunk_rows,
+            "chunk_s": CHUNK_S,
+            "severities": SEVERITIES,
+            "threads": 1,
+        },
+    }
+    with load_window(record):
+        record |= run(args.target, args.quick, chunk_rows, plan)
+    write_json(record, out)
+    plot(record, out.with_suffix(".png"))
+    print(f"wrote {out} and {out.with_suffix('.png')}")
+
+
+#: Simulated seconds per chunk, and the monitor's period.
+CHUNK_S = 60.0
+PERIOD_S = 600.0
+VERIFY_FRACTION = 0.2
+#: The window: rows it holds, rows drawn for a retraining, the share of the stream offered rows it keeps, and the
+#: fewest rows it must hold before a trigger is acted on.
+WINDOW = {"capacity": 600, "draw": 400, "fraction": 0.2, "min_rows": 100}
+
+
+def run(target: float, quick: bool, chunk_rows: int, plan: list[tuple[str, int]]) -> dict[str, Any]:
+    spec = scratch_model()
+    began = time.perf_counter()
+    settings = ExploreSettings.for_run(quick=quick, max_samples=BUILD_ROWS)
+    built = build_cache_set(spec, "fashion-mnist", settings, targets=[target], progress=False)
+    build_s = time.perf_counter() - began
+    validation_x, _ = load_data("fashion-mnist", spec.config)
+    images, labels = load_fashion_mnist("test")
+    used = np.concatenate([rows for name, rows in built.scores().items() if name.endswith("_rows")])
+    stream = np.setdiff1d(np.arange(len(images)), used)[: len(plan) * chunk_rows]
+    rng = np.random.default_rng(0)
+    rng.shuffle(stream)
+
+    static = load_runtime(spec, target, built.version)
+    adapted, current = static, built
+    monitor = HitRateMonitor(built.composition(target), now=0.0, period_s=PERIOD_S, min_rows=chunk_rows)
+    window = SampleWindow(int(WINDOW["capacity"]), fraction=WINDOW["fraction"], seed=0)
+    adapt_settings = AdaptSettings(train=replace(AdaptSettings().train, epochs=2 if quick else 5))
+    chunks, retrains = [], []
+    for index, (kind, severity) in enumerate(plan):
+        rows = stream[index * chunk_rows : (index + 1) * chunk_rows]
+        x = corrupt(images[rows], kind, severity, rng)
+        base = static.chain.run(torch.from_numpy(x)).argmax(1).numpy()
+        static_side, _ = serve(static, x, base, spec.config.max_batch_size)
+        adapted_side, counts = serve(adapted, x, base, spec.config.max_batch_size)
+        monitor.observe(counts)
+        window.offer(x)
+        chunks.append(
+            {
+                "chunk": index,
+                "corruption": kind,
+                "severity": severity,
+                "rows": len(x),
+                "base_accuracy": float(np.mean(base == labels[rows])),
+                "static": static_side,
+                "adapted": adapted_side | {"version": current.version},
+            }
+        )
+        print(f"chunk {index:2d} {kind:>10} {severity}: static {static_side} adapted {adapted_side}", flush=True)
+        now = (index + 1) * CHUNK_S
+        reason = monitor.check(now)
+        if reason is None or len(window) < WINDOW["min_rows"]:
+            continue
+        drawn = window.draw(int(WINDOW["draw"]))
+        result = adapt(adapted.chain, current, current.composition(target), drawn, validation_x, adapt_settings)
+        scratch = adapt(
+            adapted.chain,
+            current,
+            current.composition(target),
+            drawn,
+            validation_x,
+            replace(adapt_settings, warm_start=False),
+        )
+        if result.accepted:
+            current = deploy(spec, result)
+            adapted = load_runtime(spec, target, "latest")
+        monitor.reset(current.composition(target), now)
+        retrains.append(
+            {"after_chunk": index, "trigger": reason, "window_rows": len(drawn), "new_version": current.version}
+            | {"warm": adaptation_record(result), "scratch": adaptation_record(scratch)}
+        )
+        print(f"  retrain ({reason}): {retrains[-1]['warm']}", flush=True)
+    return {
+        "cache_set": summary(built, target, build_s),
+        "window": WINDOW,
+        "monitor": {
+            "period_s": PERIOD_S,
+            "margin": monitor.margin,
+            "min_rows": monitor.min_rows,
+            "min_verified": monitor.min_verified,
+            "verify_fraction": VERIFY_FRACTION,
+        },
+        "adapt_settings": {
+            "epochs": adapt_settings.train.epochs,
+            "lr": adapt_settings.train.lr,
+            "selector_steps": adapt_settings.selector_steps,
+            "validation_per_window_row": adapt_settings.validation_per_window_row,
+            "hold_agreement": adapt_settings.hold_agreement,
+        },
+        "chunks": chunks,
+        "retrains": retrains,
+        "bar": bar(chunks),
+        "warm_vs_scratch": warm_vs_scratch(retrains),
+    }
+
+
+def scratch_model() -> ModelSpec:
+    repository = SCRATCH / "gati-adapt" / "models"
+    shutil.rmtree(repository / "cnn", ignore_errors=True)
+    shutil.copytree(EXAMPLES / "cnn", repository / "cnn")
+    return ModelRepository(repository).read("cnn")
+
+
+def load_runtime(spec: ModelSpec, target: float, version: int | Literal["latest"]) -> EarlyExit:
+    """The runtime a worker would load for the model with `caches: {targets: [target], version: version}`; a
+    `VERIFY_FRACTION` of hits also runs to the end, for the monitor (answers are the cache's all the same)."""
+    caches = LearnedCachesSpec(targets=(target,), version=version, verify_fraction=VERIFY_FRACTION)
+    config = spec.config.model_copy(update={"caches": caches})
+    early_exit = EarlyExit.load(config, spec.artifact, read_artifact(spec.artifact, config.max_batch_size))
+    early_exit.start_lookups(thread=False)
+    return early_exit
+
+
+def serve(early_exit: EarlyExit, x: np.ndarray, base: np.ndarray, batch: int) -> tuple[dict[str, float], ExitCounts]:
+    """One chunk through the runtime in batches, one request per row: hit rate and agreement with `base`."""
+    outputs = np.empty((len(x), 10), np.float32)
+    answered: list[RowParameters] = []
+    with torch.inference_mode():
+        for start in range(0, len(x), batch):
+            part = slice(start, min(start + batch, len(x)))
+            requests = [RowParameters(i, 1, {}) for i in range(part.stop - part.start)]
+            early_exit.run(x[part], outputs[part], requests, answered.extend)
+    counts = early_exit.take_counts()
+    return {
+        "hit_rate": sum(counts.hits.values()) / len(x),
+        "agreement": float(np.mean(outputs.argmax(1) == base)),
+    }, counts
+
+
+def adaptation_record(result: AdaptResult) -> dict[str, Any]:
+    return {
+        "accepted": result.accepted,
+        "reason": result.reason,
+        "before": chain_record(result.before),
+        "after": chain_record(result.after),
+        "exits": [{"block": e.block, "threshold": e.threshold} for e in result.composition.exits],
+        "rows": result.rows,
+        "forward_s": round(result.forward_s, 3),
+        "retrain_s": round(result.retrain_s, 3),
+    }
+
+
+def chain_record(chain: ChainRecord) -> dict[str, float]:
+    return {"agreement": chain.agreement, "hit_rate": sum(chain.exit_rates)}
+
+
+def summary(cache_set: CacheSet, target: float, build_s: float) -> dict[str, Any]:
+    composition = cache_set.composition(target)
+    return {
+        "directory": str(cache_set.directory.relative_to(ROOT)),
+        "build_s": round(build_s, 1),
+        "rows": cache_set.manifest.data.splits,
+        "exits": [{"key": e.key, "threshold": e.threshold} for e in composition.exits],
+        "expected": chain_record(composition.evaluate),
+    }
+
+
+def bar(chunks: list[dict[str, Any]]) -> dict[str, Any]:
+    below = [c["chunk"] for c in chunks if c["adapted"]["agreement"] < c["static"]["agreement"]]
+    return {"adapted_never_below_static": not below, "chunks_below": below}
+
+
+def warm_vs_scratch(retrains: list[dict[str, Any]]) -> dict[str, Any]:
+    """Means over the retrainings of each start: held-out agreement and hit rate after, times, acceptances."""
+    result = {}
+    for side in ("warm", "scratch"):
+        runs = [r[side] for r in retrains]
+        means = {key: [run["after"][key] for run in runs] for key in ("agreement", "hit_rate")}
+        means |= {key: [run[key] for run in runs] for key in ("retrain_s", "forward_s")}
+        result[side] = {key: float(np.mean(v)) if v else None for key, v in means.items()}
+        result[side]["accepted"] = sum(run["accepted"] for run in runs)
+    return result
+
+
+def plot(record: dict[str, Any], path: Any) -> None:
+    chunks, target = record["chunks"], record["settings"]["target"]
+    index = [c["chunk"] for c in chunks]
+    fig = figure(11, 7.5)
+    axes = fig.subplots(3, 1, sharex=True)
+    for side, style in (("static", "o-"), ("adapted", "s-")):
+        axes[0].plot(index, [c[side]["agreement"] for c in chunks], style, label=side, markersize=4)
+        axes[1].plot(index, [c[side]["hit_rate"] for c in chunks], style, label=side, markersize=4)
+    axes[0].axhline(target, color="grey", linestyle=":", label=f"target {target:g}")
+    axes[0].set_ylabel("agreement with base")
+    axes[1].set_ylabel("hit rate")
+    axes[2].plot(index, [c["base_accuracy"] for c in chunks], "k^-", markersize=4)
+    axes[2].set_ylabel("base model accuracy")
+    for retrain in record["retrains"]:
+        colour = "tab:green" if retrain["warm"]["accepted"] else "tab:red"
+        for ax in axes:
+            ax.axvline(retrain["after_chunk"] + 0.5, color=colour, alpha=0.4, linewidth=1)
+    axes[2].set_xticks(index, [f"{c['corruption'][:5]}{c['severity'] or ''}" for c in chunks], rotation=60)
+    axes[0].legend(loc="lower left", fontsize=8)
+    axes[0].set_title(
+        "GATI adaptation on a drifting Fashion-MNIST stream (example CNN); "
+        "vertical lines: retraining (green accepted, red refused)",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    main()

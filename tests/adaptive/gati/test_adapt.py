@@ -1,0 +1,204 @@
+"""Cache adaptation: the sample window, the retraining trigger, the acceptance rule, and `adapt` end to end on the
+example CNN — an accepted version that the worker's `EarlyExit.load` serves, a refused one, and bad input."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from adaserve.adaptive.gati.adapt import AdaptSettings, HitRateMonitor, SampleWindow, acceptance, adapt, deploy
+from adaserve.adaptive.gati.blocks import BlockChain, load_chain
+from adaserve.adaptive.gati.cacheset import (
+    CacheSet,
+    CacheSetError,
+    ChainRecord,
+    CompositionRecord,
+    ExitRecord,
+    load_cache_set,
+)
+from adaserve.adaptive.gati.explore import ExploreSettings, build_cache_set, load_data
+from adaserve.adaptive.gati.predictors import TrainSettings, VariantSpec
+from adaserve.adaptive.gati.runtime import EarlyExit
+from adaserve.config import LearnedCachesSpec
+from adaserve.engine.messages import ExitCounts
+from adaserve.errors import InvalidInputError
+from adaserve.repository import ModelRepository, ModelSpec, read_artifact
+from tests.server_utils import link_example
+
+FAST = AdaptSettings(train=TrainSettings(epochs=3), selector_steps=200)
+
+
+def rows(count: int, start: int = 0) -> np.ndarray:
+    """Rows whose single value is their position in a stream, to see which ones a window kept."""
+    return np.arange(start, start + count, dtype=np.float32).reshape(count, 1)
+
+
+def test_the_window_keeps_a_fraction_of_what_it_is_offered_up_to_its_capacity() -> None:
+    window = SampleWindow(10_000, fraction=0.2, seed=1)
+    kept = sum(window.offer(rows(1000, start)) for start in range(0, 20_000, 1000))
+    assert 3700 < kept < 4300 and len(window) == kept
+
+    small = SampleWindow(100, fraction=0.5, seed=1)
+    for start in range(0, 10_000, 1000):
+        small.offer(rows(1000, start))
+    held = small.draw(1000)
+    assert len(small) == 100 and held.shape == (100, 1)
+    assert held.min() > 9000  # only the newest kept rows stay
+    assert np.all(np.diff(held[:, 0]) > 0)  # oldest first
+
+
+def test_draws_favour_recent_rows() -> None:
+    window = SampleWindow(1000, fraction=1.0, half_life=0.25, seed=2)
+    window.offer(rows(1000))
+    drawn = np.concatenate([window.draw(100)[:, 0] for _ in range(50)])
+    # Weights halve every 250 rows of age: the newest quarter is drawn about 8× as often as the oldest.
+    assert np.mean(drawn >= 750) > 4 * np.mean(drawn < 250)
+    assert len(np.unique(window.draw(100))) == 100  # without replacement
+
+
+def test_bad_window_use_is_named() -> None:
+    window = SampleWindow(10)
+    with pytest.raises(InvalidInputError, match="the sample window is empty"):
+        window.draw(5)
+    window.offer(np.zeros((5, 1, 28, 28), np.float32))
+    with pytest.raises(InvalidInputError, match=r"window rows are shaped \[1, 28, 28\], offered rows \[784\]"):
+        window.offer(np.zeros((5, 784), np.float32))
+    with pytest.raises(ValueError, match="sampling fraction must be in"):
+        SampleWindow(10, fraction=0.0)
+
+
+def chain_record(agreement: float, *exit_rates: float) -> ChainRecord:
+    return ChainRecord(agreement=agreement, mean_latency_s=1e-3, exit_rates=exit_rates)
+
+
+def composition(*exit_rates: float) -> CompositionRecord:
+    exits = tuple(
+        ExitRecord(key=f"k{i}", block=f"stage{i + 1}", block_index=i, threshold=0.5) for i in range(len(exit_rates))
+    )
+    record = chain_record(0.99, *exit_rates)
+    return CompositionRecord(
+        method="overall",
+        target=0.99,
+        alpha=0.0,
+        memory_budget_bytes=None,
+        exits=exits,
+        memory_bytes=1,
+        calibrate=record,
+        evaluate=record,
+        default=True,
+    )
+
+
+def counts(rows: int, verified: int = 0, agreed: int = 0, **hits: int) -> ExitCounts:
+    return ExitCounts(dict(hits), dict(hits), rows - sum(hits.values()), verified, agreed)
+
+
+def test_the_trigger_fires_on_a_low_hit_rate_or_when_the_period_passes() -> None:
+    monitor = HitRateMonitor(composition(0.5, 0.2), now=0.0, period_s=900, margin=0.05, min_rows=200)
+    monitor.observe(counts(100, stage1=10, stage2=5))
+    assert monitor.check(now=10) is None  # too few rows to judge
+    monitor.observe(counts(100, stage1=80, stage2=27))
+    assert monitor.check(now=20) is None  # 0.45 and 0.16: within the margin
+    monitor.observe(counts(200, stage1=100, stage2=20))
+    assert monitor.check(now=30) == "hit rate after stage2 0.100 < expected 0.200 − 0.05"
+    assert monitor.check(now=40) is None  # the judged rows are forgotten
+    assert monitor.check(now=900) == "period of 900 s passed"
+    monitor.reset(composition(0.5, 0.2), now=900)
+    assert monitor.check(now=901) is None
+
+
+def test_the_trigger_fires_when_verified_hits_disagree() -> None:
+    # Expected among hits: 1 − 0.01 / 0.7 ≈ 0.986; judged once 50 hits were verified.
+    monitor = HitRateMonitor(composition(0.5, 0.2), now=0.0, min_rows=10_000, min_verified=50)
+    monitor.observe(counts(100, verified=30, agreed=25, stage1=50, stage2=20))
+    assert monitor.check(now=1) is None
+    monitor.observe(counts(100, verified=30, agreed=30, stage1=50, stage2=20))
+    assert monitor.check(now=2) == "verified hits agree 0.917 < expected 0.986 − 0.05"
+    monitor.observe(counts(100, verified=60, agreed=59, stage1=50, stage2=20))
+    assert monitor.check(now=3) is None
+
+
+def test_the_acceptance_rule() -> None:
+    assert acceptance(chain_record(0.99, 0.5), chain_record(0.99, 0.6), 0.99) is None
+    assert acceptance(chain_record(0.95, 0.5), chain_record(0.99, 0.3), 0.99) is None  # back to the target
+    assert acceptance(chain_record(0.99, 0.5), chain_record(0.985, 0.7), 0.99) == (
+        "held-out agreement would fall from 0.9900 to 0.9850"
+    )
+    assert acceptance(chain_record(0.99, 0.5), chain_record(1.0, 0.1), 0.99) == (
+        "held-out hit rate would fall from 0.500 to 0.100 while the deployed caches meet the target 0.99 (0.9900)"
+    )
+
+
+@dataclass(frozen=True)
+class Built:
+    spec: ModelSpec
+    chain: BlockChain
+    cache_set: CacheSet
+    validation_x: np.ndarray
+    stream: np.ndarray  # rows the set was not built from
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
+    root = tmp_path_factory.mktemp("adapt")
+    link_example(root, "cnn")
+    spec = ModelRepository(root).read("cnn")
+    settings = ExploreSettings(
+        variants=(VariantSpec.parse("Pool(4096)"),),
+        train=TrainSettings(epochs=2),
+        max_samples=600,
+        selector_steps=100,
+        latency_repeats=5,
+    )
+    cache_set = build_cache_set(spec, "fashion-mnist", settings, targets=[0.97], progress=False)
+    x, _ = load_data("fashion-mnist", spec.config)
+    used = np.concatenate([r for name, r in cache_set.scores().items() if name.endswith("_rows")])
+    stream = x[np.setdiff1d(np.arange(len(x)), used)[:300]]
+    return Built(spec, load_chain(spec), cache_set, x, np.clip(stream + 0.4, 0, 1))  # a brightness shift
+
+
+def test_an_accepted_adaptation_is_a_new_version_the_runtime_loads(built: Built) -> None:
+    deployed = built.cache_set.composition(0.97)
+    result = adapt(built.chain, built.cache_set, deployed, built.stream, built.validation_x, FAST)
+    assert result.accepted, result.reason
+    assert result.after.agreement >= result.before.agreement
+    assert result.rows["evaluate"] == {"validation": 120, "window": 60}  # all held-out validation rows
+    assert result.rows["fit_predictor"] == {"validation": 150, "window": 150}
+    assert result.retrain_s > 0 and result.forward_s > 0
+
+    cache_set = deploy(built.spec, result)
+    latest = load_cache_set(built.spec, "latest")
+    assert latest.version == cache_set.version == built.cache_set.version + 1
+    assert latest.manifest.settings["adapted_from"] == f"v{built.cache_set.version}"
+    assert latest.composition(0.97).exits == result.composition.exits
+    config = built.spec.config.model_copy(update={"caches": LearnedCachesSpec(targets=(0.97,))})
+    early_exit = EarlyExit.load(config, built.spec.artifact, read_artifact(built.spec.artifact, 16))
+    assert early_exit.description.startswith(f"cache set v{latest.version} ")
+    for block, cache in early_exit.plans[0].caches.items():
+        assert cache.exit.threshold == next(e.threshold for e in result.composition.exits if e.block_index == block)
+
+
+def test_an_adaptation_that_lowers_held_out_agreement_is_refused(built: Built) -> None:
+    # Re-tuned for a far looser target, without holding the deployed agreement: the new caches hit almost every
+    # row and many of those hits disagree, which the held-out check must catch.
+    original = load_cache_set(built.spec, built.cache_set.version)
+    loose = original.composition(0.97).model_copy(update={"target": 0.5})
+    settings = AdaptSettings(train=FAST.train, selector_steps=FAST.selector_steps, hold_agreement=False)
+    result = adapt(built.chain, original, loose, built.stream, built.validation_x, settings)
+    assert not result.accepted
+    assert result.reason.startswith("held-out agreement would fall from")
+    with pytest.raises(CacheSetError, match="a refused adaptation of v1 cannot be deployed: held-out agreement"):
+        deploy(built.spec, result)
+
+
+def test_bad_input_is_named(built: Built, tmp_path: Path) -> None:
+    deployed = built.cache_set.composition(0.97)
+    with pytest.raises(InvalidInputError, match=r"window rows are shaped \[784\], but the validation data's rows"):
+        adapt(built.chain, built.cache_set, deployed, built.stream.reshape(-1, 784), built.validation_x, FAST)
+    with pytest.raises(InvalidInputError, match="the window holds 5 rows; adaptation needs at least 20"):
+        adapt(built.chain, built.cache_set, deployed, built.stream[:5], built.validation_x, FAST)
+    with pytest.raises(InvalidInputError, match=r"the validation data has 100 rows, but .* was built from at least"):
+        adapt(built.chain, built.cache_set, deployed, built.stream, built.validation_x[:100], FAST)
