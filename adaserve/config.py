@@ -122,6 +122,22 @@ class PackratSpec(_Strict):
     )
 
 
+class AdaptationSpec(_Strict):
+    """`caches.adaptation:` — retrain the learned caches online (GATI's cache adaptation service)."""
+
+    sample_fraction: float = Field(default=0.2, gt=0, le=1, description="share of requests' rows kept in the window")
+    window_rows: int = Field(default=2000, ge=20, description="the window keeps the newest this many sampled rows")
+    check_interval_s: float = Field(default=5.0, gt=0, description="how often the trigger is checked")
+    period_s: float = Field(default=900.0, gt=0, description="retrain at least this often")
+    margin: float = Field(
+        default=0.05, ge=0, le=1, description="retrain when an exit's hit rate (or verified agreement) falls this far"
+    )
+    min_rows: int = Field(default=500, ge=1, description="rows judged at once by the hit-rate trigger")
+    min_window_rows: int = Field(default=200, ge=20, description="no retraining before the window holds this many")
+    epochs: int = Field(default=5, ge=1, description="predictor training epochs per retraining (the paper's 5)")
+    selector_steps: int = Field(default=500, ge=1, description="selector training steps per retraining")
+
+
 class LearnedCachesSpec(_Strict):
     """`caches:` — GATI's learned caches: where the model may exit early and which built cache set serves it.
 
@@ -146,6 +162,10 @@ class LearnedCachesSpec(_Strict):
     )
     memory_budget_mb: float | None = Field(
         default=None, gt=0, description="memory all chosen caches of one target may hold (MB); default: no limit"
+    )
+    adaptation: AdaptationSpec | None = Field(
+        default=None,
+        description="retrain the caches online and deploy a better version with no downtime; off by default",
     )
     verify_fraction: float = Field(
         default=0.02,
@@ -176,6 +196,13 @@ class LearnedCachesSpec(_Strict):
     def _version(cls, value: Any) -> Any:
         if value != "latest" and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
             raise ValueError(f"expected 'latest' or a version number (1, 2, ...), got {value!r}")
+        return value
+
+    @field_validator("adaptation")
+    @classmethod
+    def _latest(cls, value: AdaptationSpec | None, info: ValidationInfo) -> AdaptationSpec | None:
+        if value is not None and info.data.get("version", "latest") != "latest":
+            raise ValueError("adaptation deploys new cache set versions: it needs `version: latest`")
         return value
 
     @field_validator("targets")

@@ -17,16 +17,16 @@ import logging
 import os
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from adaserve.adaptive.activator.select import prepare_parameters
 from adaserve.adaptive.gati.requests import exit_target
-from adaserve.config import WorkerSpec
+from adaserve.config import AdaptationSpec, WorkerSpec
 from adaserve.engine.batching import WorkerSlot, create_batching_policy
 from adaserve.engine.messages import (
     BatchDone,
@@ -44,6 +44,9 @@ from adaserve.engine.stats import ModelStats
 from adaserve.engine.worker_sets import WorkerSetChoice, create_worker_set_planner
 from adaserve.errors import ConfigError, InferenceError, ModelNotReadyError, OverloadedError
 from adaserve.repository import ModelSpec
+
+if TYPE_CHECKING:
+    from adaserve.adaptive.gati.service import CacheAdaptation
 
 log = logging.getLogger("adaserve.engine")
 
@@ -97,9 +100,12 @@ class WorkerInfo:
 
 
 class ModelEngine:
-    def __init__(self, model: ModelSpec) -> None:
+    def __init__(self, model: ModelSpec, *, reload: Callable[[], None] | None = None) -> None:
+        """`reload`: asks the router to load the model again (GATI's adaptation deployed a new cache set)."""
         config = model.config
         self.model = model
+        self._reload = reload
+        self.adaptation: CacheAdaptation | None = None
         self.planner = create_worker_set_planner(model)
         self.worker_set = self.planner.initial()
         self.slots = config.max_queue_size + self.planner.max_rows_in_flight() + config.max_batch_size
@@ -163,6 +169,16 @@ class ModelEngine:
         )
         if self.planner.sample_interval_s is not None:
             self._keep(self._loop.create_task(self._follow_load(self.planner.sample_interval_s)))
+        caches = self.model.config.caches
+        if caches is not None and caches.adaptation is not None and self.early_exit is not None:
+            self._start_adaptation(caches.adaptation)
+
+    def _start_adaptation(self, settings: AdaptationSpec) -> None:
+        """GATI's cache adaptation service (torch is imported into the server only for models that use it)."""
+        from adaserve.adaptive.gati.service import CacheAdaptation
+
+        self.adaptation = CacheAdaptation(self.model, settings, self._reload or (lambda: None))
+        self._keep(self._loop.create_task(self.adaptation.follow(lambda: self.state is EngineState.READY)))
 
     @property
     def memory_bytes(self) -> int:
@@ -289,6 +305,8 @@ class ModelEngine:
             start = await self._wait_for_slots(rows)
         for ring, array in zip(self.rings.inputs, inputs, strict=True):
             ring[start : start + rows] = array
+        if self.adaptation is not None:
+            self.adaptation.offer(inputs[0])
         pending = PendingRequest(start, rows, arrived_ns, parameters, self._loop.create_future(), outstanding=rows)
         self._owners[start : start + rows] = [pending] * rows
         self._idle.clear()
@@ -412,6 +430,8 @@ class ModelEngine:
         self.stats.record_batch(batch.rows, message.compute_ns)
         if message.early_exit is not None:
             self.stats.early_exit.add(message.early_exit)
+            if self.adaptation is not None:
+                self.adaptation.observe(message.early_exit)
         for row_parameters in message.parameters:
             owner = self._owners[batch.start + row_parameters.offset]
             if owner is not None:

@@ -49,6 +49,7 @@ class ModelRouter:
         self._engines: dict[str, ModelEngine] = {}
         self._errors: dict[str, str] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        self._reloads: set[asyncio.Task[None]] = set()
         self.cache: ModelCache | None = None
         if cache is not None:
             self.cache = ModelCache(
@@ -112,7 +113,7 @@ class ModelRouter:
     async def _start(self, name: str) -> None:
         async with self._lock(name):
             try:
-                engine = ModelEngine(self.repository.read(name))
+                engine = ModelEngine(self.repository.read(name), reload=lambda: self._reload_soon(name))
                 await engine.start()
             except AdaserveError as exc:
                 self._errors[name] = str(exc)
@@ -121,6 +122,21 @@ class ModelRouter:
             old, self._engines[name] = self._engines.get(name), engine
             if old is not None:
                 await old.stop()
+
+    def _reload_soon(self, name: str) -> None:
+        """Load the model again in a task of the router's own (the engine asking is the one being replaced)."""
+
+        async def reload() -> None:
+            try:
+                await self._start(name)
+            except AdaserveError as exc:
+                log.error(
+                    "model failed to reload; the old engine keeps serving", extra={"model": name, "error": str(exc)}
+                )
+
+        task = asyncio.get_running_loop().create_task(reload())
+        self._reloads.add(task)
+        task.add_done_callback(self._reloads.discard)
 
     async def unload(self, name: str) -> None:
         await self._stop(name)

@@ -106,6 +106,14 @@ class EngineCollector:
             "adaserve_early_exit_live_agreement", "Agreed / verified hits since the model loaded", labels=LABELS
         )
         memory = GaugeMetricFamily("adaserve_early_exit_cache_bytes", "Parameters of the learned caches", labels=LABELS)
+        retrainings = CounterMetricFamily(
+            "adaserve_early_exit_retrainings",
+            "Cache adaptations by outcome (accepted: deployed as a new version)",
+            labels=[*LABELS, "outcome"],
+        )
+        retrain_s = GaugeMetricFamily(
+            "adaserve_early_exit_retrain_seconds", "The last cache retraining's duration", labels=LABELS
+        )
         for name, engine in self.router.engines.items():
             if engine.early_exit is None:
                 continue
@@ -119,7 +127,12 @@ class EngineCollector:
             if stats.verified:
                 agreement.add_metric(labels, stats.agreed / stats.verified)
             memory.add_metric(labels, engine.cache_bytes)
-        yield from (lookups, hits, whole, verified, agreed, agreement, memory)
+            if engine.adaptation is not None:
+                for outcome, count in engine.adaptation.retrainings.items():
+                    retrainings.add_metric([*labels, outcome], count)
+                if engine.adaptation.last_retrain_s is not None:
+                    retrain_s.add_metric(labels, engine.adaptation.last_retrain_s)
+        yield from (lookups, hits, whole, verified, agreed, agreement, memory, retrainings, retrain_s)
 
 
 class CacheCollector:

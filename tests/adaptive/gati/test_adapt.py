@@ -29,6 +29,14 @@ from adaserve.repository import ModelRepository, ModelSpec, read_artifact
 from tests.server_utils import link_example
 
 FAST = AdaptSettings(train=TrainSettings(epochs=3), selector_steps=200)
+#: The small cache set adapted here (and in test_adaptation_server.py).
+BUILD = ExploreSettings(
+    variants=(VariantSpec.parse("Pool(4096)"),),
+    train=TrainSettings(epochs=2),
+    max_samples=600,
+    selector_steps=100,
+    latency_repeats=5,
+)
 
 
 def rows(count: int, start: int = 0) -> np.ndarray:
@@ -146,14 +154,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
     root = tmp_path_factory.mktemp("adapt")
     link_example(root, "cnn")
     spec = ModelRepository(root).read("cnn")
-    settings = ExploreSettings(
-        variants=(VariantSpec.parse("Pool(4096)"),),
-        train=TrainSettings(epochs=2),
-        max_samples=600,
-        selector_steps=100,
-        latency_repeats=5,
-    )
-    cache_set = build_cache_set(spec, "fashion-mnist", settings, targets=[0.97], progress=False)
+    cache_set = build_cache_set(spec, "fashion-mnist", BUILD, targets=[0.97], progress=False)
     x, _ = load_data("fashion-mnist", spec.config)
     used = np.concatenate([r for name, r in cache_set.scores().items() if name.endswith("_rows")])
     stream = x[np.setdiff1d(np.arange(len(x)), used)[:300]]

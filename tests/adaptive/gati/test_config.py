@@ -53,8 +53,28 @@ def test_caches_are_optional_and_default_to_auto(tmp_path: Path) -> None:
         ),
         ({"memory_budget_mb": 0}, "field 'caches.memory_budget_mb': Input should be greater than 0"),
         ({"block": "auto"}, "field 'caches.block': unknown field"),
+        (
+            {"version": 2, "adaptation": {}},
+            "field 'caches.adaptation': adaptation deploys new cache set versions: it needs `version: latest`",
+        ),
+        (
+            {"adaptation": {"sample_fraction": 0}},
+            "field 'caches.adaptation.sample_fraction': Input should be greater than 0",
+        ),
+        ({"adaptation": {"window": 10}}, "field 'caches.adaptation.window': unknown field"),
     ],
 )
 def test_bad_values_are_named(tmp_path: Path, caches: dict[str, Any], problem: str) -> None:
     with pytest.raises(ConfigError, match=rf"config\.yaml: {problem}$"):
         load(tmp_path, caches)
+
+
+def test_adaptation_is_off_unless_asked_and_the_activator_excludes_caches(tmp_path: Path) -> None:
+    assert load(tmp_path, {}).caches.adaptation is None  # type: ignore[union-attr]
+    adaptation = load(tmp_path, {"adaptation": {"period_s": 60}}).caches.adaptation  # type: ignore[union-attr]
+    assert adaptation is not None and adaptation.period_s == 60 and adaptation.sample_fraction == 0.2
+    path = tmp_path / "m" / "config.yaml"
+    config = yaml.safe_load(path.read_text())
+    path.write_text(yaml.safe_dump({**config, "activator": {}}))
+    with pytest.raises(ConfigError, match=r"either a node activator .* or learned caches"):
+        load_config(path, name="m")

@@ -17,19 +17,12 @@ import tritonclient.http as httpclient
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
-from adaserve.adaptive.gati.explore import ExploreSettings, build_cache_set
-from adaserve.adaptive.gati.predictors import TrainSettings, VariantSpec
+from adaserve.adaptive.gati.explore import build_cache_set
 from adaserve.datasets import load_fashion_mnist
 from adaserve.repository import ModelRepository
+from tests.adaptive.gati.test_adapt import BUILD
 from tests.server_utils import ServerHandle, link_example, running_server
 
-SMALL = ExploreSettings(
-    variants=(VariantSpec.parse("Pool(4096)"),),
-    train=TrainSettings(epochs=2),
-    max_samples=600,
-    selector_steps=100,
-    latency_repeats=3,
-)
 WORKERS = {"workers": [{"batch": 4, "threads": 1}]}
 #: A low agreement target, so the composition surely exits early on some rows.
 CACHES = {"targets": [0.8], "verify_fraction": 1.0}
@@ -42,7 +35,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
     link_example(root, "cnn", **WORKERS)
     link_example(root, "cnn", "cnn_gati", caches=CACHES, **WORKERS)
     link_example(root, "cnn", "cnn_nocache", caches=CACHES, **WORKERS)
-    build_cache_set(ModelRepository(root).read("cnn_gati"), "fashion-mnist", SMALL, targets=[0.8], progress=False)
+    build_cache_set(ModelRepository(root).read("cnn_gati"), "fashion-mnist", BUILD, targets=[0.8], progress=False)
     with running_server(root, "--model=cnn", "--model=cnn_gati", "--model=cnn_nocache") as handle:
         yield handle
 

@@ -1,0 +1,108 @@
+"""The server side of GATI's cache adaptation service, one per model with `caches.adaptation`.
+
+The engine offers it every request's input rows (it keeps about `sample_fraction` of them in a recency-weighted
+window) and what the caches did in every batch (the trigger's counts). Every `check_interval_s` it asks the trigger;
+when it fires and the window holds enough rows, the window goes to a retraining process (`retrain.py`: seconds of
+CPU, off the event loop). An accepted result is written as the next cache set version, and `on_deployed` reloads
+the model, which the router does with no downtime (the new engine starts beside the old one, which drains), so the
+new caches are swapped in atomically without dropping requests. Nothing here blocks the loop but the sampling copy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from adaserve.adaptive.gati.adapt import HitRateMonitor, SampleWindow
+from adaserve.adaptive.gati.cacheset import load_cache_set
+from adaserve.config import AdaptationSpec
+from adaserve.engine.messages import ExitCounts
+from adaserve.repository import ModelSpec
+
+log = logging.getLogger("adaserve.gati")
+
+
+class CacheAdaptation:
+    """Samples, watches and retrains one model's caches (see the module docstring)."""
+
+    def __init__(self, model: ModelSpec, settings: AdaptationSpec, on_deployed: Callable[[], None]) -> None:
+        assert model.config.caches is not None
+        self.model = model
+        self.settings = settings
+        self.on_deployed = on_deployed
+        self.cache_set = load_cache_set(model, "latest")
+        self.composition = self.cache_set.composition(model.config.caches.targets[0])
+        self.window = SampleWindow(settings.window_rows, fraction=settings.sample_fraction)
+        self.monitor = HitRateMonitor(
+            self.composition,
+            now=time.monotonic(),
+            period_s=settings.period_s,
+            margin=settings.margin,
+            min_rows=settings.min_rows,
+        )
+        self.retrainings: Counter[str] = Counter()  # outcome (accepted, refused, failed) → retrainings
+        self.last_retrain_s: float | None = None
+
+    def offer(self, rows: np.ndarray) -> None:
+        self.window.offer(rows)
+
+    def observe(self, counts: ExitCounts) -> None:
+        self.monitor.observe(counts)
+
+    async def follow(self, serving: Callable[[], bool]) -> None:
+        """Check the trigger every `check_interval_s` while `serving()`; retrain when it fires."""
+        if not self.composition.exits:
+            log.warning(
+                "learned caches not adapted: the served composition has no exit to retrain",
+                extra={"model": self.model.name, "target": self.composition.target},
+            )
+            return
+        while serving():
+            await asyncio.sleep(self.settings.check_interval_s)
+            reason = self.monitor.check(time.monotonic())
+            if reason is None or len(self.window) < self.settings.min_window_rows or not serving():
+                continue
+            accepted = await self.retrain(reason)
+            self.monitor.reset(self.composition, time.monotonic())
+            if accepted:
+                self.on_deployed()
+                return  # the reloaded model has a service of its own
+
+    async def retrain(self, reason: str) -> bool:
+        """One retraining in a child process; True when a new version was deployed."""
+        extra = {"model": self.model.name, "trigger": reason, "window_rows": len(self.window)}
+        log.info("retraining learned caches", extra=extra)
+        with tempfile.TemporaryDirectory(prefix="adaserve-window-") as folder:
+            window = Path(folder) / "window.npy"
+            np.save(window, self.window.draw(len(self.window)))
+            process = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "adaserve.adaptive.gati.retrain",
+                str(self.model.directory.parent),
+                self.model.name,
+                str(window),
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )
+            out, err = await process.communicate()
+        try:
+            result = json.loads(out.decode().strip().splitlines()[-1])
+        except (IndexError, ValueError):
+            self.retrainings["failed"] += 1
+            log.error("cache retraining failed", extra={**extra, "error": err.decode()[-2000:]})
+            return False
+        self.last_retrain_s = result["retrain_s"]
+        outcome = "accepted" if result["accepted"] else "refused"
+        self.retrainings[outcome] += 1
+        log.info(f"cache retraining {outcome}", extra={**extra, **result})
+        return bool(result["accepted"])
