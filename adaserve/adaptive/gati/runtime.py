@@ -24,7 +24,7 @@ import logging
 import os
 from collections import Counter
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -188,7 +188,12 @@ class _Pass:
         alive = np.arange(len(self.rows))  # rows of this pass still in the batch, in x's order
         pending: Future[np.ndarray] | None = None
         for index, block in enumerate(chain.blocks):
-            x = block(x)
+            try:
+                x = block(x)
+            except BaseException:
+                if pending is not None:  # it may be writing an answer: let it finish before the batch's error
+                    wait([pending])
+                raise
             if pending is not None:  # the lookup after the previous exit ran beside this block: its hits leave now
                 keep = pending.result()
                 x, alive, pending = x[torch.from_numpy(keep)], alive[keep], None

@@ -146,3 +146,18 @@ def test_a_missing_or_mismatched_cache_set_is_named(tmp_path: Path) -> None:
     stored = read_artifact(spec.artifact, spec.config.max_batch_size)
     with pytest.raises(CacheSetError, match="has no cache set; build one with `adaserve caches build cnn`"):
         EarlyExit.load(spec.config, spec.artifact, stored)
+
+
+def test_a_block_that_raises_waits_for_the_lookup_beside_it(chain: BlockChain, images: np.ndarray) -> None:
+    """The lookup thread may be writing an early answer when the next block fails: the batch's error is raised
+    only after it finished, so the worker never writes two messages at once."""
+
+    def fails(x: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("block failed")
+
+    broken = BlockChain(chain.names, (chain.blocks[0], fails, chain.blocks[2]), chain.weight_bytes)
+    early_exit = runtime(broken, ExitPlan(0.9, {0: cache_after(chain, 0, ALWAYS)}), thread=True)
+    early: list[RowParameters] = []
+    with pytest.raises(RuntimeError, match="block failed"), torch.inference_mode():
+        early_exit.run(images, np.empty((len(images), 10), np.float32), requests_of(12), early.extend)
+    assert [p.values["exit_block"] for p in early] == ["stage1"]
