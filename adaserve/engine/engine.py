@@ -454,6 +454,8 @@ class ModelEngine:
             pending = self._owners[batch.start + answered.offset]
             if pending is None or (pending.start, pending.rows) != (batch.start + answered.offset, answered.rows):
                 continue
+            if pending.answered:
+                continue  # answered already (its rows ran again after an error in their batch)
             pending.response_parameters.update(answered.values)
             self._answer(pending)
 
