@@ -198,13 +198,14 @@ class _Pass:
                 keep = pending.result()
                 x, alive, pending = x[torch.from_numpy(keep)], alive[keep], None
             cache = self.plan.caches.get(index)
-            if cache is None or index == last or not len(alive):
-                continue
-            if lookups is not None:
-                pending = lookups.submit(self._look_up, cache, x, alive)
-            else:
-                keep = self._look_up(cache, x, alive)
-                x, alive = x[torch.from_numpy(keep)], alive[keep]
+            if cache is not None and index != last and len(alive):
+                if lookups is not None:
+                    pending = lookups.submit(self._look_up, cache, x, alive)
+                else:
+                    keep = self._look_up(cache, x, alive)
+                    x, alive = x[torch.from_numpy(keep)], alive[keep]
+            if not len(alive):
+                break  # every row is answered: the blocks left would run on an empty batch
         assert pending is None  # the last block is never an exit
         return self._finish(x, alive)
 
@@ -240,7 +241,10 @@ class _Pass:
         return keep
 
     def _finish(self, x: torch.Tensor, alive: np.ndarray) -> list[RowParameters]:
-        """Write the rows that ran to the end; count the verified ones; the responses of requests not yet answered."""
+        """Write the rows that ran to the end; count the verified ones; the responses of requests not yet answered.
+        With no row left, `x` is where the loop stopped (not the model's output) and there is nothing to write."""
+        if not len(alive):
+            return []
         running = ~self.answered[alive]
         _write(self.outputs, self.rows[alive[running]], x[torch.from_numpy(running)])
         self.counts.whole += int(running.sum())

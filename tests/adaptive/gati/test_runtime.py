@@ -161,3 +161,13 @@ def test_a_block_that_raises_waits_for_the_lookup_beside_it(chain: BlockChain, i
     with pytest.raises(RuntimeError, match="block failed"), torch.inference_mode():
         early_exit.run(images, np.empty((len(images), 10), np.float32), requests_of(12), early.extend)
     assert [p.values["exit_block"] for p in early] == ["stage1"]
+
+
+def test_once_every_row_is_answered_no_block_runs(chain: BlockChain, images: np.ndarray) -> None:
+    def never(x: torch.Tensor) -> torch.Tensor:
+        raise AssertionError("a block ran on an empty batch")
+
+    cut = BlockChain(chain.names, (chain.blocks[0], never, never), chain.weight_bytes)
+    early_exit = runtime(cut, ExitPlan(0.9, {0: cache_after(chain, 0, ALWAYS)}), thread=False)
+    outputs, early, rest = run(early_exit, images, requests_of(5, 7))
+    assert rest == [] and len(early) == 2 and not np.isnan(outputs).any()
