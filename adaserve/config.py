@@ -163,6 +163,11 @@ class LearnedCachesSpec(_Strict):
     memory_budget_mb: float | None = Field(
         default=None, gt=0, description="memory all chosen caches of one target may hold (MB); default: no limit"
     )
+    lookup: Literal["auto", "thread", "inline"] = Field(
+        default="auto",
+        description="where a cache lookup runs: on a thread of its own beside the next block, inline before it, or "
+        "auto: a thread when the worker may use more CPUs than its intra-op threads",
+    )
     adaptation: AdaptationSpec | None = Field(
         default=None,
         description="retrain the caches online and deploy a better version with no downtime; off by default",

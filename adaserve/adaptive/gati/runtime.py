@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -57,8 +57,16 @@ class ExitPlan:
 class EarlyExit:
     """Runs a batch's rows through the block chain with the plans' caches (see the module docstring)."""
 
-    def __init__(self, chain: BlockChain, plans: Sequence[ExitPlan], verify_fraction: float, description: str) -> None:
+    def __init__(
+        self,
+        chain: BlockChain,
+        plans: Sequence[ExitPlan],
+        verify_fraction: float,
+        description: str,
+        lookup: Literal["auto", "thread", "inline"] = "auto",
+    ) -> None:
         self.chain = chain
+        self.lookup = lookup
         self.plans = sorted(plans, key=lambda plan: plan.target)
         self.default_target = plans[0].target  # the config's first target
         self.verify_fraction = verify_fraction
@@ -98,7 +106,8 @@ class EarlyExit:
             f"target {plan.target}: after {', '.join(chain.names[i] for i in sorted(plan.caches)) or 'no block'}"
             for plan in plans
         )
-        return cls(chain, plans, spec.verify_fraction, f"cache set v{cache_set.version} ({exits})")
+        description = f"cache set v{cache_set.version} ({exits})"
+        return cls(chain, plans, spec.verify_fraction, description, spec.lookup)
 
     @property
     def cache_bytes(self) -> int:
@@ -108,13 +117,19 @@ class EarlyExit:
 
     # -- in the worker ---------------------------------------------------------------------------------------
     def warm_up(self, rows: int, row_shape: tuple[int, ...], dtype: torch.dtype) -> None:
-        """Start the lookup thread if there is a core for it, and run every plan once on zeros."""
-        self.start_lookups(thread=len(os.sched_getaffinity(0)) > torch.get_num_threads())
+        """Start the lookup thread (`auto`: if there is a core for it), and run every plan once on zeros."""
+        spare = len(os.sched_getaffinity(0)) > torch.get_num_threads()
+        self.start_lookups(thread=self.lookup == "thread" or (self.lookup == "auto" and spare))
         zeros = torch.zeros((rows, *row_shape), dtype=dtype)
         self.chain.run(zeros)
         for plan in self.plans:
             for index, cache in plan.caches.items():
                 cache(self.chain.run(zeros, 0, index + 1))
+
+    @property
+    def lookup_thread(self) -> bool:
+        """Lookups run on a thread of their own (else inline)."""
+        return self._lookups is not None
 
     def start_lookups(self, *, thread: bool) -> None:
         """Lookups on a thread of their own (beside the next block) or inline; in the worker, after the fork."""

@@ -171,3 +171,11 @@ def test_once_every_row_is_answered_no_block_runs(chain: BlockChain, images: np.
     early_exit = runtime(cut, ExitPlan(0.9, {0: cache_after(chain, 0, ALWAYS)}), thread=False)
     outputs, early, rest = run(early_exit, images, requests_of(5, 7))
     assert rest == [] and len(early) == 2 and not np.isnan(outputs).any()
+
+
+@pytest.mark.parametrize(("lookup", "thread"), [("thread", True), ("inline", False)])
+def test_the_lookup_runs_where_the_config_says(chain: BlockChain, lookup: str, thread: bool) -> None:
+    early_exit = EarlyExit(chain, [ExitPlan(0.99, {1: cache_after(chain, 1, NEVER)})], 0.0, "test", lookup)  # type: ignore[arg-type]
+    with torch.inference_mode():
+        early_exit.warm_up(2, (1, 28, 28), torch.float32)
+    assert early_exit.lookup_thread is thread
