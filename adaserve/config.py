@@ -166,7 +166,7 @@ class LearnedCachesSpec(_Strict):
     lookup: Literal["auto", "thread", "inline"] = Field(
         default="auto",
         description="where a cache lookup runs: on a thread of its own beside the next block, inline before it, or "
-        "auto: a thread when the worker may use more CPUs than its intra-op threads",
+        "auto: inline on CPU (a thread cost more than it hid in the GATI benchmark)",
     )
     adaptation: AdaptationSpec | None = Field(
         default=None,

@@ -173,7 +173,7 @@ def test_once_every_row_is_answered_no_block_runs(chain: BlockChain, images: np.
     assert rest == [] and len(early) == 2 and not np.isnan(outputs).any()
 
 
-@pytest.mark.parametrize(("lookup", "thread"), [("thread", True), ("inline", False)])
+@pytest.mark.parametrize(("lookup", "thread"), [("thread", True), ("inline", False), ("auto", False)])
 def test_the_lookup_runs_where_the_config_says(chain: BlockChain, lookup: str, thread: bool) -> None:
     early_exit = EarlyExit(chain, [ExitPlan(0.99, {1: cache_after(chain, 1, NEVER)})], 0.0, "test", lookup)  # type: ignore[arg-type]
     with torch.inference_mode():
