@@ -112,22 +112,28 @@ def resnet(
     in_channels: int = 3,
     num_classes: int = 1000,
     bottleneck: bool = False,
+    small_input: bool = False,
 ) -> nn.Sequential:
     """A ResNet: 7×7/2 stem + max-pool, four stages (`layer1`..`layer4`) doubling width, pooled linear head.
 
-    The defaults are ResNet-18; `resnet50_style()` is ResNet-50. Any input of 32×32 or more works.
+    The defaults are ResNet-18; `resnet50_style()` is ResNet-50. Any input of 32×32 or more works. `small_input`
+    makes the stem a 3×3 stride-1 conv without max-pool (the CIFAR form): a 28×28 image would otherwise be 7×7
+    before `layer1` and 1×1 by `layer4`.
     """
     if len(stage_blocks) != 4:
         raise ValueError(f"a ResNet has 4 stages, got stage_blocks={list(stage_blocks)}")
     block = Bottleneck if bottleneck else BasicBlock
-    stages: OrderedDict[str, nn.Module] = OrderedDict(
-        stem=nn.Sequential(
+    stem: list[nn.Module] = (
+        [nn.Conv2d(in_channels, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU()]
+        if small_input
+        else [
             nn.Conv2d(in_channels, width, 7, stride=2, padding=3, bias=False),
             nn.BatchNorm2d(width),
             nn.ReLU(),
             nn.MaxPool2d(3, stride=2, padding=1),
-        )
+        ]
     )
+    stages: OrderedDict[str, nn.Module] = OrderedDict(stem=nn.Sequential(*stem))
     n_in = width
     for i, blocks in enumerate(stage_blocks):
         stage_width = width * 2**i

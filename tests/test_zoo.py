@@ -65,10 +65,11 @@ def test_resnet50_style_module_paths() -> None:
     [
         (zoo.resnet(width=8, num_classes=5), (3, 32, 32)),
         (zoo.resnet((1, 1, 1, 1), width=4, in_channels=1, num_classes=5, bottleneck=True), (1, 40, 40)),
+        (zoo.resnet(width=4, in_channels=1, num_classes=5, small_input=True), (1, 28, 28)),
         (zoo.vgg([8, "M", 16, 16, "M", 16], in_channels=3, num_classes=5, hidden=32), (3, 32, 32)),
         (zoo.FashionCNN(num_classes=5), (1, 28, 28)),
     ],
-    ids=["resnet-basic", "resnet-bottleneck", "vgg", "fashion-cnn"],
+    ids=["resnet-basic", "resnet-bottleneck", "resnet-small-input", "vgg", "fashion-cnn"],
 )
 def test_block_by_block_equals_whole(model: nn.Sequential, input_shape: tuple[int, ...]) -> None:
     """Running the blocks one level below the stages (`layer1.0`, `head.2`) in order is the whole forward."""
@@ -82,6 +83,17 @@ def test_block_by_block_equals_whole(model: nn.Sequential, input_shape: tuple[in
             staged = model.get_submodule(path)(staged)
     assert whole.shape == (2, 5)
     torch.testing.assert_close(staged, whole, rtol=0, atol=0)
+
+
+def test_resnet_small_input_keeps_the_resolution_to_layer1() -> None:
+    """The 3×3 stride-1 stem without max-pool: 28×28 stays 28×28 through `layer1` and is 4×4 at `layer4`."""
+    model = zoo.resnet(width=4, in_channels=1, num_classes=10, small_input=True).eval()
+    assert [name for name, _ in model.named_children()] == ["stem", "layer1", "layer2", "layer3", "layer4", "head"]
+    x = torch.randn(1, 1, 28, 28)
+    with torch.no_grad():
+        after_layer1 = model.layer1(model.stem(x))
+        assert after_layer1.shape == (1, 4, 28, 28)
+        assert model.layer4(model.layer3(model.layer2(after_layer1))).shape == (1, 32, 4, 4)
 
 
 def test_resnet_needs_four_stages() -> None:

@@ -1,0 +1,345 @@
+"""GATI's early exit on a ResNet-style and a VGG-style CNN (Fashion-MNIST, batch 1, CPU) against the base model and
+the paper's baselines, in-process and through the server.
+
+Per network (`benchmarks/gati/models.py`; trained on the train split, weights kept and reused by setting):
+
+1. **Methods side by side** on the cache set's evaluate rows (held out from every fit and threshold), one request
+   per row, the methods interleaved in a fresh random order per row, one intra-op thread each: the base model as a
+   worker runs it whole, the base model's block chain, GATI as the worker runs it (`EarlyExit`, lookups inline, the
+   CPU default; and on their own thread, `lookup: thread`), dynamic int8 (Linear only), FX static int8, 50% channel
+   pruning (fine-tuned), the distilled student, and the student→base cascade (threshold set on the calibrate rows
+   for the target plus one standard error, the margin GATI's default composition uses). Mean / p50 / p99,
+   agreement with the base model, accuracy.
+2. **Sweeps**: the same cache set recomposed (`compose`, from its stored scores) for memory budgets (the default,
+   overall-target composition) and for α (the paper's MILP composition), each composition measured the same way.
+3. **Batching**: GATI and the base model at batch 1, 2, 4, 8 (one request per row): speedup of the mean
+   per-request latency over the base model at the same batch.
+4. **Server**: `adaserve serve` (one worker, batch 1, one thread) on 127.0.0.1; tritonclient.http, binary data,
+   one request at a time, early exit on and `early_exit: false` alternating in random order on the same images.
+
+Adaptation under distribution shift (the issue's item 5) is measured by `benchmarks/gati/adaptation.py`.
+
+Usage: .venv/bin/python -m benchmarks.gati.early_exit [--quick] [--models resnet vgg]
+Writes benchmarks/results/gati_early_exit.json and gati_early_exit.{latency,sweeps}.png (--quick: under tmp/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import shutil
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from adaserve.adaptive.gati.cacheset import CacheSet, CompositionRecord
+from adaserve.adaptive.gati.compose import compose
+from adaserve.adaptive.gati.explore import ExploreSettings, build_cache_set
+from adaserve.adaptive.gati.runtime import EarlyExit, ExitPlan
+from adaserve.datasets import load_fashion_mnist
+from adaserve.repository import ModelSpec, executable, read_artifact
+from benchmarks.common import RESULTS, ROOT, SCRATCH, command_line, machine, wait_for_quiet, write_json
+from benchmarks.gati import baselines, plots
+from benchmarks.gati.models import CLASSES, NETS, Net, Teacher, export, predict, trained
+from benchmarks.gati.runs import Method, Model, cpu_window, early_exit, interleave, plain, summary
+from benchmarks.gati.server import measure_server
+
+TARGET = 0.99
+#: The bars of the issue (ResNet-style CNN): mean-latency speedup over the base model at this overall agreement.
+BAR_SPEEDUP, BAR_AGREEMENT = 2.5, 0.99
+PRUNE_FRACTION = 0.5
+#: Training rows the student learns from the base (2 epochs) and the pruned network is fine-tuned on (1 epoch).
+DISTILL_ROWS, FINE_TUNE_ROWS = 30_000, 10_000
+ALPHAS = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+BATCHES = (1, 2, 4, 8)
+#: The longest wait for a quiet second before each measured part (the wait and the reading are recorded).
+QUIET_WAIT_S = 5.0
+#: Memory budgets as fractions of what the unconstrained default composition holds (None: no limit).
+BUDGET_FRACTIONS = (0.1, 0.25, 0.5, None)
+Data = tuple[np.ndarray, np.ndarray]
+
+
+@dataclass(frozen=True)
+class Rows:
+    """How many evaluate rows each part measures (None: all)."""
+
+    methods: int | None
+    sweeps: int
+    batches: int
+    server: int
+
+
+FULL, QUICK = Rows(None, 1000, 1000, 1000), Rows(300, 150, 160, 150)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="the --quick exploration, fewer rows; under tmp/")
+    parser.add_argument("--models", nargs="+", default=list(NETS), choices=list(NETS))
+    args = parser.parse_args(argv)
+    out = (SCRATCH if args.quick else RESULTS) / "gati_early_exit.json"
+    rows = QUICK if args.quick else FULL
+    record: dict[str, Any] = {
+        "benchmark": "gati_early_exit",
+        "command": command_line(),
+        "machine": machine(),
+        "settings": {
+            "quick": args.quick,
+            "target": TARGET,
+            "threads": 1,
+            "distill_rows": DISTILL_ROWS,
+            "fine_tune_rows": FINE_TUNE_ROWS,
+            "rows": dataclasses.asdict(rows),
+            "prune_fraction": PRUNE_FRACTION,
+            "alphas": ALPHAS,
+            "budget_fractions": BUDGET_FRACTIONS,
+            "batches": BATCHES,
+        },
+        "adaptation": "under distribution shift (issue item 5): measured by benchmarks/gati/adaptation.py",
+        "models": {},
+    }
+    train, test = load_fashion_mnist("train"), load_fashion_mnist("test")
+    with cpu_window(record):
+        for name in args.models:
+            record["models"][name] = run_model(NETS[name], train, test, rows, args.quick)
+    record["bars"] = bars(record["models"].get("resnet"))
+    write_json(record, out)
+    written = plots.plot(record, out)
+    print("wrote", out, *written)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A network ready to measure: its trained forms, the exported base and its cache set, and their record."""
+
+    spec: ModelSpec
+    cache_set: CacheSet
+    base: nn.Module
+    student: nn.Module
+    pruned: nn.Module
+    record: dict[str, Any]
+
+
+def run_model(net: Net, train: Data, test: Data, rows: Rows, quick: bool) -> dict[str, Any]:
+    prepared = prepare(net, train, test, quick)
+    result = prepared.record
+    evaluate = prepared.cache_set.scores()["evaluate_rows"]
+    images, labels = test[0][evaluate], test[1][evaluate]
+    spec = prepared.spec
+    stored = read_artifact(spec.artifact, spec.config.max_batch_size)
+    whole = executable(stored)  # the program as a worker without caches runs it
+    runtime = EarlyExit.load(spec.config, spec.artifact, stored)  # its blocks share the program's weights
+    runtime.start_lookups(thread=False)  # as a worker runs it: `lookup: auto` is inline on CPU
+    methods, result["cascade_threshold"] = build_methods(whole, runtime, prepared, test[0], train[0][:512])
+    part = images[: rows.methods]
+    result["methods"] = measure(methods, part, labels[: len(part)])
+    print(f"{net.name}: measured the methods in {result['methods']['window']['wall_s']:.0f} s", flush=True)
+    result["sweeps"] = sweeps(whole, runtime, prepared.cache_set, images[: rows.sweeps])
+    result["batching"] = batching(whole, runtime, images[: rows.batches])
+    result["server"] = measure_server(spec, images[: rows.server])
+    print_model(net.name, result)
+    return result
+
+
+def prepare(net: Net, train: Data, test: Data, quick: bool) -> Prepared:
+    """Train (or reuse) the base, student and pruned networks; export the base with a `caches:` section into a
+    fresh scratch repository and build its cache set there. Everything runs on one thread: the exploration as
+    `adaserve caches build` does, because it times the blocks and lookups that composition weighs."""
+    torch.set_num_threads(1)  # two threads beside other work on two cores ran ten times slower, not faster
+    base, base_record = trained(f"{net.name}-base", net.base, train, net.epochs)
+    distill = (train[0][:DISTILL_ROWS], train[1][:DISTILL_ROWS])
+    teacher = Teacher(base, str(base_record["weights"]), distill[0])
+    student, student_record = trained(f"{net.name}-student", net.student, distill, 2, teacher=teacher)
+    tune = (train[0][:FINE_TUNE_ROWS], train[1][:FINE_TUNE_ROWS])
+    pruned, pruned_record = trained(
+        f"{net.name}-pruned", lambda: baselines.prune_channels(base, PRUNE_FRACTION), tune, 1, teacher=teacher
+    )
+    repository = SCRATCH / "gati" / ("repo-quick" if quick else "repo")
+    shutil.rmtree(repository / net.name, ignore_errors=True)
+    caches = {"targets": [TARGET], "verify_fraction": 0.0}
+    spec = export(repository, net.name, base, caches=caches, workers=[{"batch": 1, "threads": 1}])
+    # The --quick variant set (one per family, 4 epochs) in both modes: the six variants for 10 epochs after the
+    # ResNet's nine exits take longer than the whole run may on two shared cores. The full mode keeps every test row
+    # (a larger evaluate split than the default 1 GiB of activations allows); --quick keeps 3,000.
+    settings = ExploreSettings.for_run(quick=True, max_samples=3000 if quick else None)
+    settings = dataclasses.replace(settings, max_activation_mb=4096.0)
+    build: dict[str, Any] = {}
+    with cpu_window(build):
+        cache_set = build_cache_set(spec, "fashion-mnist", settings, targets=[TARGET], progress=False)
+    print(f"{net.name}: built {cache_set.directory} in {build['wall_s']:.0f} s", flush=True)
+    forms = {"base": base, "student": student, "pruned": pruned}
+    record = {
+        "description": net.description,
+        "parameters": {name: sum(p.numel() for p in m.parameters()) for name, m in forms.items()},
+        "training": {"base": base_record, "student": student_record, "pruned": pruned_record},
+        "test_accuracy": {name: float(np.mean(predict(m, test[0]) == test[1])) for name, m in forms.items()},
+        "cache_set": {"directory": str(cache_set.directory.relative_to(ROOT)), "build": build} | _manifest(cache_set),
+    }
+    return Prepared(spec, cache_set, base, student, pruned, record)
+
+
+def build_methods(
+    whole: Model, runtime: EarlyExit, prepared: Prepared, test_images: np.ndarray, calibration: np.ndarray
+) -> tuple[dict[str, Method], float | None]:
+    """Every method of part 1 by name, and the cascade's threshold (None: the student never answers)."""
+    threaded = EarlyExit(runtime.chain, runtime.plans, 0.0, "lookups on their own thread")
+    threaded.start_lookups(thread=True)
+    calibrate = prepared.cache_set.scores()["calibrate_rows"]
+    with torch.inference_mode():
+        x = torch.from_numpy(test_images[calibrate])
+        student = prepared.student(x)
+        confidence = torch.softmax(student, 1).amax(1).numpy()
+        agrees = student.argmax(1).numpy() == whole(x).argmax(1).numpy()
+    required = min(1.0, TARGET + math.sqrt(TARGET * (1 - TARGET) / len(calibrate)))
+    threshold = baselines.cascade_threshold(confidence, agrees, required)
+    methods = {
+        "base": plain(whole),
+        "base chain": plain(runtime.chain.run),
+        "gati": early_exit(runtime, CLASSES),
+        "gati thread": early_exit(threaded, CLASSES),
+        "int8 dynamic": plain(baselines.dynamic_int8(prepared.base)),
+        "int8 static": plain(baselines.static_int8(prepared.base, calibration)),
+        f"pruned {PRUNE_FRACTION:.0%}": plain(prepared.pruned),
+        "distilled": plain(prepared.student),
+        "cascade": plain(baselines.Cascade(prepared.student, whole, threshold)),
+    }
+    return methods, threshold if math.isfinite(threshold) else None
+
+
+def measure(methods: dict[str, Method], images: np.ndarray, labels: np.ndarray) -> dict[str, Any]:
+    """Part 1: every method on every row; summaries against the base model, and each one's latencies (µs)."""
+    wait = wait_for_quiet(QUIET_WAIT_S)
+    window: dict[str, Any] = {"quiet_wait": wait}
+    with cpu_window(window):
+        samples = interleave(methods, images)
+    reference = np.array(samples["base"].label)
+    base_mean = float(np.mean(samples["base"].latency_s))
+    result: dict[str, Any] = {"window": window, "rows": len(images)}
+    for name, s in samples.items():
+        result[name] = summary(s, reference, base_mean) | {
+            "accuracy": float(np.mean(np.array(s.label) == labels)),
+            "latency_us": [round(t * 1e6) for t in s.latency_s],
+        }
+    return result
+
+
+def sweeps(whole: Any, runtime: EarlyExit, cache_set: CacheSet, images: np.ndarray) -> dict[str, Any]:
+    """Part 2: the cache set recomposed for memory budgets (default composition) and α (MILP), each measured."""
+    manifest, arrays = cache_set.manifest, cache_set.scores()
+    unlimited = cache_set.composition(TARGET).memory_bytes
+    smallest = min(v.memory_bytes for v in manifest.variants)
+    compositions: dict[str, CompositionRecord] = {}
+    for fraction in BUDGET_FRACTIONS:
+        budget = None if fraction is None else max(smallest, int(fraction * unlimited))
+        composed = compose(manifest, arrays, [TARGET], memory_budget_bytes=budget)
+        label = "no limit" if budget is None else f"{budget / 1e6:.3g} MB"
+        compositions[f"budget {label}"] = next(c for c in composed.compositions if c.default)
+    for alpha in ALPHAS:
+        composed = compose(manifest, arrays, [TARGET], alpha=alpha)
+        compositions[f"alpha {alpha:g}"] = next(c for c in composed.compositions if c.method == "milp")
+    methods: dict[str, Method] = {"base": plain(whole)}
+    for label, composition in compositions.items():
+        plan = ExitPlan(TARGET, {c.exit.block_index: c for c in cache_set.caches(composition)})
+        composed_runtime = EarlyExit(runtime.chain, [plan], 0.0, label)
+        composed_runtime.start_lookups(thread=False)
+        methods[label] = early_exit(composed_runtime, CLASSES)
+    with cpu_window(window := {"quiet_wait": wait_for_quiet(QUIET_WAIT_S)}):
+        samples = interleave(methods, images)
+    reference, base_mean = np.array(samples["base"].label), float(np.mean(samples["base"].latency_s))
+    result: dict[str, Any] = {"window": window, "rows": len(images), "base": summary(samples["base"])}
+    for label, composition in compositions.items():
+        result[label] = summary(samples[label], reference, base_mean) | _composition(composition, manifest)
+    return result
+
+
+def batching(whole: Any, runtime: EarlyExit, images: np.ndarray) -> dict[str, Any]:
+    """Part 3: GATI and the base model on the same batches of B rows (one request per row)."""
+    methods = {"base": plain(whole), "base chain": plain(runtime.chain.run), "gati": early_exit(runtime, CLASSES)}
+    result: dict[str, Any] = {}
+    for batch in BATCHES:
+        with cpu_window(window := {"quiet_wait": wait_for_quiet(QUIET_WAIT_S)}):
+            samples = interleave(methods, images, batch)
+        reference, base_mean = np.array(samples["base"].label), float(np.mean(samples["base"].latency_s))
+        result[str(batch)] = {"window": window} | {
+            name: summary(s, reference, base_mean) for name, s in samples.items()
+        }
+    return result
+
+
+def bars(resnet: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The issue's bars on the ResNet-style CNN, in-process: against the faster of the two forms of the base model
+    (whole program, block chain), so a slow baseline cannot make the speedup."""
+    if resnet is None:
+        return []
+    methods = resnet["methods"]
+    base = min((methods["base"], methods["base chain"]), key=lambda m: m["mean_ms"])
+    gati = methods["gati"]
+    speedup = base["mean_ms"] / gati["mean_ms"]
+    return [
+        {
+            "bar": f"mean latency ≥ {BAR_SPEEDUP}× lower than the base model at ≥ {BAR_AGREEMENT:.0%} agreement",
+            "measured": f"{speedup:.2f}× ({gati['mean_ms']:.3f} vs {base['mean_ms']:.3f} ms), agreement "
+            f"{gati['agreement']:.4f}",
+            "pass": speedup >= BAR_SPEEDUP and gati["agreement"] >= BAR_AGREEMENT,
+        },
+        {
+            "bar": "p99 no worse than the base model's",
+            "measured": f"{gati['p99_ms']:.3f} vs {base['p99_ms']:.3f} ms",
+            "pass": gati["p99_ms"] <= base["p99_ms"],
+        },
+    ]
+
+
+def _manifest(cache_set: CacheSet) -> dict[str, Any]:
+    m = cache_set.manifest
+    default = cache_set.composition(TARGET)
+    return {
+        "blocks": list(m.blocks),
+        "block_latency_us": [round(t * 1e6, 1) for t in m.block_latency_s],
+        "splits": m.data.splits,
+        "settings": m.settings,
+        "variants": [
+            {"key": v.key, "lookup_us": round(v.lookup_latency_s * 1e6, 1), "memory_mb": v.memory_bytes / 1e6}
+            for v in m.variants
+        ],
+        "default_composition": _composition(default, m),
+    }
+
+
+def _composition(c: CompositionRecord, manifest: Any) -> dict[str, Any]:
+    return {
+        "method": c.method,
+        "alpha": c.alpha,
+        "memory_budget_mb": None if c.memory_budget_bytes is None else c.memory_budget_bytes / 1e6,
+        "memory_mb": c.memory_bytes / 1e6,
+        "exits": [{"cache": e.key, "threshold": e.threshold} for e in c.exits],
+        "expected": c.evaluate.model_dump() | {"speedup": sum(manifest.block_latency_s) / c.evaluate.mean_latency_s},
+    }
+
+
+def print_model(name: str, result: dict[str, Any]) -> None:
+    methods = result["methods"]
+    print(f"\n== {name}: {methods['rows']} evaluate rows, other cores {methods['window']['other_cores']}")
+    print(f"{'method':>16} {'mean ms':>8} {'p50':>7} {'p99':>7} {'agree':>7} {'acc':>6} {'speedup':>7}")
+    for method, s in methods.items():
+        if isinstance(s, dict) and "mean_ms" in s:
+            print(
+                f"{method:>16} {s['mean_ms']:8.3f} {s['p50_ms']:7.3f} {s['p99_ms']:7.3f} {s['agreement']:7.4f} "
+                f"{s['accuracy']:6.4f} {s['speedup']:6.2f}×"
+            )
+    for label, s in result["sweeps"].items():
+        if isinstance(s, dict) and "speedup" in s:
+            print(f"  {label:>18}: {s['speedup']:.2f}× agree {s['agreement']:.4f}, {s['memory_mb']:.2f} MB")
+    for batch, b in result["batching"].items():
+        print(f"  batch {batch}: gati {b['gati']['speedup']:.2f}× agree {b['gati']['agreement']:.4f}")
+    server = result["server"]
+    on, off = server["on"], server["off"]
+    print(f"  server: early exit {on['mean_ms']:.3f} vs off {off['mean_ms']:.3f} ms, agree {on['agreement']:.4f}")
+
+
+if __name__ == "__main__":
+    main()
