@@ -225,12 +225,14 @@ class _Pass:
         return self._finish(x, alive)
 
     def _look_up(self, cache: LearnedCache, activation: torch.Tensor, alive: np.ndarray) -> np.ndarray:
-        """Consult one cache; answer its hits at once; return which of `alive` stay in the batch."""
+        """Consult one cache; answer its hits at once; return which of `alive` stay in the batch. Rows answered
+        already (hits kept running to verify them) are not looked up again."""
         with torch.inference_mode():  # thread-local: the lookup thread needs its own
             found = cache(activation)
-        hit = found.hit.numpy()
+        open_rows = ~self.answered[alive]
+        hit = found.hit.numpy() & open_rows
         name = cache.exit.block
-        self.counts.lookups[name] += len(alive)
+        self.counts.lookups[name] += int(open_rows.sum())
         keep = ~hit
         if not hit.any():
             return keep

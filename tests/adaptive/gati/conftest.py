@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from adaserve.adaptive.gati.explore import ExploreSettings
+from adaserve.adaptive.gati.cacheset import CacheSet, load_cache_set, rewrite_manifest
+from adaserve.adaptive.gati.compose import compose
+from adaserve.adaptive.gati.explore import ExploreSettings, build_cache_set
 from adaserve.adaptive.gati.predictors import TrainSettings, VariantSpec
 from adaserve.config import ModelConfig, TensorSpec
 from adaserve.export import ArtifactFormat, write_model
@@ -62,3 +64,20 @@ def tiny_data(tmp_path: Path) -> Path:
     path = tmp_path / "tiny.npz"
     np.savez(path, x=x, y=y)
     return path
+
+
+def build_timed_alike(spec: ModelSpec, settings: ExploreSettings, targets: list[float]) -> CacheSet:
+    """`build_cache_set`, then composed again as if every block took 1 ms and every lookup 0.1 ms: composition weighs
+    latencies measured while building, so on a busy machine the same seeded build could choose other exits (or
+    none); tests that need known exits fix the latencies."""
+    cache_set = build_cache_set(spec, "fashion-mnist", settings, targets=targets, progress=False)
+    manifest = cache_set.manifest
+    timed_alike = manifest.model_copy(
+        update={
+            "block_latency_s": tuple(1e-3 for _ in manifest.block_latency_s),
+            "base_latency_s": 1e-3 * len(manifest.block_latency_s),
+            "variants": tuple(v.model_copy(update={"lookup_latency_s": 1e-4}) for v in manifest.variants),
+        }
+    )
+    rewrite_manifest(cache_set.directory, compose(timed_alike, cache_set.scores(), targets))
+    return load_cache_set(spec, cache_set.version)

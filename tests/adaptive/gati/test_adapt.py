@@ -19,13 +19,14 @@ from adaserve.adaptive.gati.cacheset import (
     ExitRecord,
     load_cache_set,
 )
-from adaserve.adaptive.gati.explore import ExploreSettings, build_cache_set, load_data
+from adaserve.adaptive.gati.explore import ExploreSettings, load_data
 from adaserve.adaptive.gati.predictors import TrainSettings, VariantSpec
 from adaserve.adaptive.gati.runtime import EarlyExit
 from adaserve.config import LearnedCachesSpec
 from adaserve.engine.messages import ExitCounts
 from adaserve.errors import InvalidInputError
 from adaserve.repository import ModelRepository, ModelSpec, read_artifact
+from tests.adaptive.gati.conftest import build_timed_alike
 from tests.server_utils import link_example
 
 FAST = AdaptSettings(train=TrainSettings(epochs=3), selector_steps=200)
@@ -154,7 +155,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
     root = tmp_path_factory.mktemp("adapt")
     link_example(root, "cnn")
     spec = ModelRepository(root).read("cnn")
-    cache_set = build_cache_set(spec, "fashion-mnist", BUILD, targets=[0.97], progress=False)
+    cache_set = build_timed_alike(spec, BUILD, [0.97])
     x, _ = load_data("fashion-mnist", spec.config)
     used = np.concatenate([r for name, r in cache_set.scores().items() if name.endswith("_rows")])
     stream = x[np.setdiff1d(np.arange(len(x)), used)[:300]]

@@ -17,9 +17,9 @@ import pytest
 import tritonclient.http as httpclient
 from prometheus_client.parser import text_string_to_metric_families
 
-from adaserve.adaptive.gati.explore import build_cache_set
 from adaserve.datasets import load_fashion_mnist
 from adaserve.repository import ModelRepository
+from tests.adaptive.gati.conftest import build_timed_alike
 from tests.adaptive.gati.test_adapt import BUILD, FAST
 from tests.adaptive.gati.test_server import WORKERS, infer
 from tests.server_utils import ServerHandle, link_example, running_server
@@ -41,9 +41,7 @@ def server_and_stream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tupl
     root = tmp_path_factory.mktemp("gati-adapt") / "models"
     root.mkdir()
     link_example(root, "cnn", "cnn_adapt", caches={"targets": [0.8], "adaptation": ADAPTATION}, **WORKERS)
-    cache_set = build_cache_set(
-        ModelRepository(root).read("cnn_adapt"), "fashion-mnist", BUILD, targets=[0.8], progress=False
-    )
+    cache_set = build_timed_alike(ModelRepository(root).read("cnn_adapt"), BUILD, [0.8])
     used = np.concatenate([rows for name, rows in cache_set.scores().items() if name.endswith("_rows")])
     images, _ = load_fashion_mnist("test")
     stream = images[np.setdiff1d(np.arange(len(images)), used)[:300]]
@@ -63,7 +61,7 @@ def test_drifting_requests_are_retrained_on_and_an_accepted_version_swapped_in(
 ) -> None:
     server, stream = server_and_stream
     client = httpclient.InferenceServerClient(server.http_url)
-    served, deadline, outcome = 0, time.monotonic() + 240, None
+    served, deadline, outcome = 0, time.monotonic() + 120, None
     while time.monotonic() < deadline:
         logits, _ = infer(client, "cnn_adapt", stream[served % len(stream)][np.newaxis])
         assert logits.shape == (1, 10)  # every request is answered, before, during and after a swap
@@ -80,6 +78,6 @@ def test_drifting_requests_are_retrained_on_and_an_accepted_version_swapped_in(
         if description.startswith("cache set v2"):
             break
     else:
-        pytest.fail(f"no retraining was judged and deployed within 240 s ({served} requests, {outcome=})")
+        pytest.fail(f"no retraining was judged and deployed within 120 s ({served} requests, {outcome=})")
     log = server.log.read_text()
     assert "retraining learned caches" in log and f"cache retraining {outcome or 'accepted'}" in log

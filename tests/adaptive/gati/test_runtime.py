@@ -179,3 +179,18 @@ def test_the_lookup_runs_where_the_config_says(chain: BlockChain, lookup: str, t
     with torch.inference_mode():
         early_exit.warm_up(2, (1, 28, 28), torch.float32)
     assert early_exit.lookup_thread is thread
+
+
+def test_a_verified_hit_is_not_looked_up_again(chain: BlockChain, images: np.ndarray) -> None:
+    """With verify_fraction 1, rows answered after stage1 run on to be checked; stage2's cache must not answer them
+    a second time (their answer is out already)."""
+    first, second = cache_after(chain, 0, ALWAYS), cache_after(chain, 1, ALWAYS, seed=1)
+    early_exit = runtime(chain, ExitPlan(0.9, {0: first, 1: second}), thread=False, verify=1.0)
+    outputs, early, rest = run(early_exit, images, requests_of(12))
+    with torch.inference_mode():
+        expected = first(chain.run(torch.from_numpy(images), 0, 1)).logits.numpy()
+    np.testing.assert_allclose(outputs, expected, rtol=1e-5, atol=1e-6)
+    assert [p.values for p in early] == [{"exit_block": "stage1", "exited_rows": 12}] and rest == []
+    counts = early_exit.take_counts()
+    assert counts.lookups == {"stage1": 12, "stage2": 0} and counts.hits == {"stage1": 12}
+    assert counts.verified == 12 and counts.whole == 0

@@ -17,9 +17,9 @@ import tritonclient.http as httpclient
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
-from adaserve.adaptive.gati.explore import build_cache_set
 from adaserve.datasets import load_fashion_mnist
 from adaserve.repository import ModelRepository
+from tests.adaptive.gati.conftest import build_timed_alike
 from tests.adaptive.gati.test_adapt import BUILD
 from tests.server_utils import ServerHandle, link_example, running_server
 
@@ -35,7 +35,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
     link_example(root, "cnn", **WORKERS)
     link_example(root, "cnn", "cnn_gati", caches=CACHES, **WORKERS)
     link_example(root, "cnn", "cnn_nocache", caches=CACHES, **WORKERS)
-    build_cache_set(ModelRepository(root).read("cnn_gati"), "fashion-mnist", BUILD, targets=[0.8], progress=False)
+    build_timed_alike(ModelRepository(root).read("cnn_gati"), BUILD, [0.8])
     with running_server(root, "--model=cnn", "--model=cnn_gati", "--model=cnn_nocache") as handle:
         yield handle
 
