@@ -10,8 +10,9 @@ for a smaller B is also a set that computes fewer rows per second. Read off a sh
 that cannot keep up with the load the larger set was handling; the queue then grows, B̃ climbs, and the sets
 flip-flop (a timeline on ResNet-18 switched 12 times in 160 s, 8 → 4 → 64 → 4 ...). So a move to a smaller B is
 taken only when that set's planned rows per second (B over its expected batch latency) is at least
-`capacity_headroom` × the smoothed arrival rate; otherwise the next larger B that is, if any is below the current.
-The headroom covers what the profile does not see (the server and protocol around the model).
+`capacity_headroom` × the rows per second that arrived over the last reconfiguration timeout; otherwise the next
+larger B that is, if any is below the current. The headroom covers what the profile does not see (the server and
+protocol around the model).
 """
 
 from __future__ import annotations
@@ -100,19 +101,20 @@ class BatchSizeEstimator:
 
 
 class ArrivalRate:
-    """Rows per second arriving, from a running count of arrived rows, smoothed with the estimator's α."""
+    """Rows per second that arrived over the last `window_s` (the reconfiguration timeout: the span each decision
+    covers), from a running count of arrived rows. A window, not an EWMA of 0.1 s samples: a Poisson dip of a
+    second must not let the floor pass a set too small for the load."""
 
-    def __init__(self, alpha: float) -> None:
-        self.alpha = alpha
-        self.rate: float | None = None
-        self._last: tuple[int, float] | None = None
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self._counts: deque[tuple[float, int]] = deque()  # (time, rows arrived so far), oldest first
 
     def observe(self, arrived_rows: int, now: float) -> float | None:
-        if self._last is not None and now > self._last[1]:
-            sample = (arrived_rows - self._last[0]) / (now - self._last[1])
-            self.rate = sample if self.rate is None else self.alpha * sample + (1 - self.alpha) * self.rate
-        self._last = (arrived_rows, now)
-        return self.rate
+        self._counts.append((now, arrived_rows))
+        while len(self._counts) > 2 and now - self._counts[1][0] >= self.window_s:
+            self._counts.popleft()  # keep one sample at or beyond the window's start
+        began, first = self._counts[0]
+        return (arrived_rows - first) / (now - began) if now > began else None
 
 
 class Reconfigurator(Generic[PlanT]):
@@ -132,7 +134,7 @@ class Reconfigurator(Generic[PlanT]):
         self.estimator = estimator
         self.plan_for = plan_for
         self.rows_per_second = rows_per_second
-        self.arrivals = ArrivalRate(estimator.settings.alpha)
+        self.arrivals = ArrivalRate(max(estimator.settings.reconfigure_timeout_s, 1.0))
 
     def update(self, queue_depth: float, arrived_rows: int, now: float) -> PlanT | None:
         self.estimator.observe(queue_depth)

@@ -91,11 +91,14 @@ def test_reconfigurator_asks_the_optimizer_for_the_smoothed_batch() -> None:
     assert reconfigurator.estimator.current_batch == 8
 
 
-def test_the_arrival_rate_is_a_smoothed_count_per_second() -> None:
-    rate = ArrivalRate(alpha=0.5)
+def test_the_arrival_rate_is_counted_over_the_window() -> None:
+    rate = ArrivalRate(window_s=10.0)
     assert rate.observe(0, now=0.0) is None
     assert rate.observe(100, now=1.0) == 100.0
-    assert rate.observe(400, now=2.0) == 0.5 * 300 + 0.5 * 100
+    for second in range(2, 12):
+        rate.observe(100 * second, now=float(second))  # 100 rows/s for 11 s
+    assert rate.observe(1110, now=12.0) == (1110 - 200) / 10  # over 2..12 s, the last second at 10 rows/s
+    assert rate.observe(1110, now=25.0) == 0.0  # nothing arrived for more than a window
 
 
 def test_a_smaller_set_that_cannot_keep_up_is_not_taken() -> None:
