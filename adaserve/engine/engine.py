@@ -264,6 +264,8 @@ class ModelEngine:
     async def stop(self, drain_timeout_s: float = 30.0) -> None:
         """Finish what was accepted (up to `drain_timeout_s`), then stop the workers and release the pool."""
         self.state = EngineState.UNLOADING
+        if self.adaptation is not None:
+            self.adaptation.close()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._idle.wait(), drain_timeout_s)
         for process in list(self._processes.values()):

@@ -167,6 +167,8 @@ class ModelRouter:
             raise ModelNotFoundError(f"unknown model '{name}'")
 
     async def close(self) -> None:
+        for task in self._reloads:
+            task.cancel()  # a reload must not start an engine after the server has stopped
         engines, self._engines = list(self._engines.values()), {}
         await asyncio.gather(*(engine.stop(drain_timeout_s=5.0) for engine in engines))
 

@@ -51,6 +51,12 @@ class CacheAdaptation:
         )
         self.retrainings: Counter[str] = Counter()  # outcome (accepted, refused, failed) → retrainings
         self.last_retrain_s: float | None = None
+        self._process: asyncio.subprocess.Process | None = None  # the retraining running now
+
+    def close(self) -> None:
+        """The model is unloading: end the retraining it started, if one is running (by its PID)."""
+        if self._process is not None and self._process.returncode is None:
+            self._process.kill()
 
     def offer(self, rows: np.ndarray) -> None:
         self.window.offer(rows)
@@ -84,7 +90,7 @@ class CacheAdaptation:
         with tempfile.TemporaryDirectory(prefix="adaserve-window-") as folder:
             window = Path(folder) / "window.npy"
             np.save(window, self.window.draw(len(self.window)))
-            process = await asyncio.create_subprocess_exec(
+            self._process = process = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",
                 "adaserve.adaptive.gati.retrain",
@@ -95,6 +101,7 @@ class CacheAdaptation:
                 stderr=asyncio.subprocess.PIPE,
             )
             out, err = await process.communicate()
+            self._process = None
         try:
             result = json.loads(out.decode().strip().splitlines()[-1])
         except (IndexError, ValueError):
