@@ -15,7 +15,6 @@ This module is light (no compiled code): the engine imports it to refuse a bad t
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from adaserve.adaptive.parameters import accuracy_target, number
 from adaserve.errors import InvalidInputError
 
 __all__ = ["ARRIVED_NS", "Target", "aclo_threshold", "lcao_index", "parse_target", "prepare_parameters"]
@@ -40,10 +40,8 @@ class Target:
 
 def parse_target(parameters: Mapping[str, Any]) -> Target | None:
     """The request's SLO target, or None for a plain dense request; InvalidInputError (400) names a bad one."""
-    accuracy = _number(parameters, "accuracy")
-    latency = _number(parameters, "latency_ms")
-    if accuracy is not None and not 0 < accuracy <= 1:
-        raise InvalidInputError(f"parameter 'accuracy' must be in (0, 1], got {accuracy}")
+    accuracy = accuracy_target(parameters)
+    latency = number(parameters, "latency_ms")
     if latency is not None and not latency > 0:
         raise InvalidInputError(f"parameter 'latency_ms' must be a positive number of milliseconds, got {latency}")
     if accuracy is not None:
@@ -51,15 +49,6 @@ def parse_target(parameters: Mapping[str, Any]) -> Target | None:
     if latency is not None:
         return Target("lcao", latency)
     return None
-
-
-def _number(parameters: Mapping[str, Any], name: str) -> float | None:
-    value = parameters.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise InvalidInputError(f"parameter '{name}' must be a finite number, got {value!r}")
-    return float(value)
 
 
 def prepare_parameters(parameters: dict[str, Any]) -> dict[str, Any]:

@@ -7,14 +7,13 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
+from adaserve.adaptive.parameters import accuracy_target
 from adaserve.errors import InvalidInputError
 
 EARLY_EXIT = "early_exit"
-ACCURACY = "accuracy"
 
 
 def exit_target(parameters: Mapping[str, Any], default: float) -> float | None:
@@ -23,14 +22,7 @@ def exit_target(parameters: Mapping[str, Any], default: float) -> float | None:
     early_exit = parameters.get(EARLY_EXIT, True)
     if not isinstance(early_exit, bool):
         raise InvalidInputError(f"parameter '{EARLY_EXIT}' must be true or false, got {early_exit!r}")
-    accuracy = parameters.get(ACCURACY)
-    if accuracy is not None and (
-        isinstance(accuracy, bool)
-        or not isinstance(accuracy, int | float)
-        or not math.isfinite(accuracy)
-        or not 0 < accuracy <= 1
-    ):
-        raise InvalidInputError(f"parameter '{ACCURACY}' must be a number in (0, 1], got {accuracy!r}")
+    accuracy = accuracy_target(parameters)  # checked even when early exit is off: a bad parameter is a 400
     if not early_exit:
         return None
-    return default if accuracy is None else float(accuracy)
+    return default if accuracy is None else accuracy
