@@ -58,8 +58,9 @@ class DurationCount:
 
 @dataclass
 class ExitStats:
-    """GATI's learned caches, summed over batches: lookups and hits per exit block (hits/lookups is the block's
-    hit rate; hits and `whole` are the exit histogram) and the live agreement of verified hits."""
+    """GATI's learned caches, summed over batches (the engine) or counted in one batch (the worker): lookups and
+    hits per exit block (hits/lookups is the block's hit rate; hits and `whole` are the exit histogram) and the live
+    agreement of verified hits."""
 
     lookups: Counter[str] = field(default_factory=Counter)
     hits: Counter[str] = field(default_factory=Counter)
@@ -73,6 +74,10 @@ class ExitStats:
         self.whole += counts.whole
         self.verified += counts.verified
         self.agreed += counts.agreed
+
+    def message(self) -> ExitCounts:
+        """These counts as the worker reports them with a batch."""
+        return ExitCounts(dict(self.lookups), dict(self.hits), self.whole, self.verified, self.agreed)
 
 
 @dataclass

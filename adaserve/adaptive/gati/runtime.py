@@ -23,7 +23,6 @@ corrupt, built for other blocks or another artifact) is reported, and the model 
 from __future__ import annotations
 
 import logging
-from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -38,6 +37,7 @@ from adaserve.adaptive.gati.cacheset import CacheSetError, LearnedCache, load_ca
 from adaserve.adaptive.gati.requests import exit_target
 from adaserve.config import ModelConfig
 from adaserve.engine.messages import ExitCounts, RowParameters
+from adaserve.engine.stats import ExitStats
 from adaserve.engine.worker import Answer
 from adaserve.errors import ConfigError
 from adaserve.repository import ModelSpec, weight_bytes
@@ -74,7 +74,7 @@ class EarlyExit:
         self.description = description
         self._lookups: ThreadPoolExecutor | None = None  # started in the worker: threads do not survive fork
         self._rng = np.random.default_rng()
-        self._counts = _Counts()
+        self._counts = ExitStats()
 
     @classmethod
     def load(cls, config: ModelConfig, artifact: Path, stored: Any) -> EarlyExit:
@@ -137,7 +137,7 @@ class EarlyExit:
 
     def take_counts(self) -> ExitCounts:
         """What the caches did since the last call."""
-        counts, self._counts = self._counts, _Counts()
+        counts, self._counts = self._counts, ExitStats()
         return counts.message()
 
     def run(
@@ -280,16 +280,6 @@ class _Pass:
         exited = rows - self.open_rows[request]
         block = names[self.deepest[request]] if exited == rows else names[-1]
         return RowParameters(self.requests[request].offset, rows, {"exit_block": block, "exited_rows": exited})
-
-
-class _Counts:
-    def __init__(self) -> None:
-        self.lookups: Counter[str] = Counter()
-        self.hits: Counter[str] = Counter()
-        self.whole = self.verified = self.agreed = 0
-
-    def message(self) -> ExitCounts:
-        return ExitCounts(dict(self.lookups), dict(self.hits), self.whole, self.verified, self.agreed)
 
 
 def _write(outputs: np.ndarray, rows: np.ndarray | slice, values: torch.Tensor) -> None:
