@@ -171,13 +171,13 @@ class ModelEngine:
             self._keep(self._loop.create_task(self._follow_load(self.planner.sample_interval_s)))
         caches = self.model.config.caches
         if caches is not None and caches.adaptation is not None and self.early_exit is not None:
-            self._start_adaptation(caches.adaptation)
+            await self._start_adaptation(caches.adaptation)
 
-    def _start_adaptation(self, settings: AdaptationSpec) -> None:
-        """GATI's cache adaptation service (torch is imported into the server only for models that use it)."""
-        from adaserve.adaptive.gati.service import CacheAdaptation
-
-        self.adaptation = CacheAdaptation(self.model, settings, self._reload or (lambda: None))
+    async def _start_adaptation(self, settings: AdaptationSpec) -> None:
+        """GATI's cache adaptation service. Torch is imported into the server only for models that use it, and
+        that import and the cache set's loading (the artifact's digest) run off the event loop."""
+        reload = self._reload or (lambda: None)
+        self.adaptation = await self._loop.run_in_executor(None, _adaptation_service, self.model, settings, reload)
         self._keep(self._loop.create_task(self.adaptation.follow(lambda: self.state is EngineState.READY)))
 
     @property
@@ -569,3 +569,9 @@ class ModelEngine:
             if not future.done():
                 future.set_exception(ModelNotReadyError(f"model '{self.model.name}': {reason}"))
         self._waiting.clear()
+
+
+def _adaptation_service(model: ModelSpec, settings: AdaptationSpec, reload: Callable[[], None]) -> CacheAdaptation:
+    from adaserve.adaptive.gati.service import CacheAdaptation
+
+    return CacheAdaptation(model, settings, reload)

@@ -21,6 +21,7 @@ from adaserve.adaptive.gati.blocks import load_chain
 from adaserve.adaptive.gati.cacheset import load_cache_set
 from adaserve.adaptive.gati.explore import load_data
 from adaserve.adaptive.gati.predictors import TrainSettings
+from adaserve.config import AdaptationSpec
 from adaserve.repository import ModelRepository
 
 
@@ -30,11 +31,8 @@ def retrain(root: Path, name: str, window: Path) -> dict[str, object]:
     cache_set = load_cache_set(spec, "latest")
     composition = cache_set.composition(spec.config.caches.targets[0])
     validation_x, _ = load_data(cache_set.manifest.data.source, spec.config)
-    adaptation = spec.config.caches.adaptation
-    settings = AdaptSettings(
-        train=TrainSettings(epochs=adaptation.epochs) if adaptation else AdaptSettings().train,
-        selector_steps=adaptation.selector_steps if adaptation else AdaptSettings().selector_steps,
-    )
+    adaptation = spec.config.caches.adaptation or AdaptationSpec()  # run by hand on a model without the section
+    settings = AdaptSettings(train=TrainSettings(epochs=adaptation.epochs), selector_steps=adaptation.selector_steps)
     rows = np.load(window, allow_pickle=False)
     result = adapt(load_chain(spec), cache_set, composition, rows, validation_x, settings)
     deployed = deploy(spec, result).version if result.accepted else None
