@@ -219,16 +219,16 @@ def _run(runner: BatchRunner, command: RunBatch, result_fd: int) -> BatchDone:
     """Run the batch; if the model raises, run each request's rows alone so only the culprit gets the error."""
     began = time.perf_counter_ns()
     answer = _answer_to(result_fd, command.batch_id, 0)
+    errors: list[str | None] | None = None  # None: every request's rows were computed
     try:
         responses = runner.run(command.start, command.rows, command.parameters, command.requests, answer)
     except Exception as exc:
         traceback.print_exc(file=sys.stderr)
         if len(command.requests) == 1:
-            errors: list[str | None] = [_describe(exc)]
-            return BatchDone(command.batch_id, time.perf_counter_ns() - began, errors, [], runner.exit_counts())
-        errors, responses = _run_alone(runner, command, result_fd)
-        return BatchDone(command.batch_id, time.perf_counter_ns() - began, errors, responses, runner.exit_counts())
-    return BatchDone(command.batch_id, time.perf_counter_ns() - began, None, responses, runner.exit_counts())
+            errors, responses = [_describe(exc)], []
+        else:
+            errors, responses = _run_alone(runner, command, result_fd)
+    return BatchDone(command.batch_id, time.perf_counter_ns() - began, errors, responses, runner.exit_counts())
 
 
 def _run_alone(runner: BatchRunner, command: RunBatch, result_fd: int) -> tuple[list[str | None], list[RowParameters]]:
