@@ -184,3 +184,12 @@ def write_broken_model(repository: Path, name: str = "broken") -> Path:
     (broken / "1").mkdir()
     (broken / "1" / "model.pt2").write_bytes(b"this is not a torch.export archive")
     return broken
+
+
+def renice_tree(pid: int, niceness: int) -> None:
+    """Set the niceness of every thread of `pid` and of its descendants (Linux nice values are per thread)."""
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(ProcessLookupError, FileNotFoundError):
+            os.setpriority(os.PRIO_PROCESS, int(task.name), niceness)
+            for child in (task / "children").read_text().split():
+                renice_tree(int(child), niceness)

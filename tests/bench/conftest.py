@@ -3,14 +3,12 @@ factories for records and results so the report math is tested without a server.
 
 from __future__ import annotations
 
-import contextlib
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.server_utils import ServerHandle, link_example, running_server, write_slow_model
+from tests.server_utils import ServerHandle, link_example, renice_tree, running_server, write_slow_model
 
 #: Niceness of the server under test (the tests run at 0).
 SERVER_NICENESS = 10
@@ -36,12 +34,3 @@ def bench_server(bench_repository: Path) -> Iterator[ServerHandle]:
     with running_server(bench_repository) as handle:
         renice_tree(handle.pid, SERVER_NICENESS)
         yield handle
-
-
-def renice_tree(pid: int, niceness: int) -> None:
-    """Set the niceness of every thread of `pid` and of its descendants (Linux nice values are per thread)."""
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        with contextlib.suppress(ProcessLookupError, FileNotFoundError):
-            os.setpriority(os.PRIO_PROCESS, int(task.name), niceness)
-            for child in (task / "children").read_text().split():
-                renice_tree(int(child), niceness)

