@@ -38,6 +38,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_request_bytes=args.max_request_bytes,
         models=args.model or None,
         cache=cache,
+        spare_hosts=args.spare_hosts if args.spare_hosts is not None else int(cache is not None),
     )
     uvloop.run(serve(options))
     return 0
@@ -54,6 +55,13 @@ def memory_budget(text: str) -> int:
         return parse_budget(text, total_kib * 1024)
     except ConfigError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def spare_hosts(text: str) -> int:
+    """`--spare-hosts`: a count, 0 or more."""
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a whole number of host processes, 0 or more; got {text!r}")
+    return int(text)
 
 
 def _models_list(args: argparse.Namespace) -> int:
@@ -136,6 +144,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="iam",
         choices=[name for name in POLICIES if name != BeladyOracle.name],  # the oracle needs the future
         help="eviction policy under a memory budget (default: iam, mCache's importance-aware policy)",
+    )
+    serve.add_argument(
+        "--spare-hosts",
+        type=spare_hosts,
+        help="model host processes kept started ahead of loads, Python and torch already imported, so a load "
+        "skips that start (default: 1 with --model-memory-budget, where models load on demand; else 0)",
     )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.set_defaults(func=_serve)

@@ -60,3 +60,5 @@ def test_errors_are_plain_and_exit_non_zero(tmp_path: Path) -> None:
         port = str(busy.getsockname()[1])
         taken = adaserve("serve", "--model-repository", str(EXAMPLES), "--http-port", port, "--grpc-port", "0")
     assert taken.returncode == 2 and f"cannot listen for HTTP on 127.0.0.1:{port}" in taken.stderr
+    negative = adaserve("serve", "--spare-hosts", "-1")
+    assert negative.returncode == 2 and "--spare-hosts" in negative.stderr and "0 or more" in negative.stderr

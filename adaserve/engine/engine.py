@@ -38,7 +38,7 @@ from adaserve.engine.messages import (
     WorkerReady,
 )
 from adaserve.engine.pool import PoolLayout, SharedRings, SlotRing
-from adaserve.engine.processes import ModelHost, WorkerProcess
+from adaserve.engine.processes import HostLauncher, ModelHost, WorkerProcess
 from adaserve.engine.scheduler import Batch, Scheduler
 from adaserve.engine.stats import ModelStats
 from adaserve.engine.worker_sets import WorkerSetChoice, create_worker_set_planner
@@ -100,11 +100,15 @@ class WorkerInfo:
 
 
 class ModelEngine:
-    def __init__(self, model: ModelSpec, *, reload: Callable[[], None] | None = None) -> None:
-        """`reload`: asks the router to load the model again (GATI's adaptation deployed a new cache set)."""
+    def __init__(
+        self, model: ModelSpec, *, reload: Callable[[], None] | None = None, hosts: HostLauncher | None = None
+    ) -> None:
+        """`reload`: asks the router to load the model again (GATI's adaptation deployed a new cache set);
+        `hosts`: where the model's host process comes from (default: one started for it, no spares)."""
         config = model.config
         self.model = model
         self._reload = reload
+        self._hosts = hosts or HostLauncher()
         self.adaptation: CacheAdaptation | None = None
         self.planner = create_worker_set_planner(model)
         self.worker_set = self.planner.initial()
@@ -186,7 +190,7 @@ class ModelEngine:
         return self.model_bytes + sum(worker.workspace_bytes for worker in self.workers.values())
 
     async def _start_processes(self) -> None:
-        self._host = ModelHost(self.model, pool_fd=self._pool_fd, slots=self.slots)
+        self._host = self._hosts.launch(self.model, pool_fd=self._pool_fd, slots=self.slots)
         ready = await self._host.ready()
         self.model_bytes, self.cache_bytes, self.early_exit = ready.model_bytes, ready.cache_bytes, ready.early_exit
         if ready.early_exit_error is not None:

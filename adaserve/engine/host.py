@@ -1,10 +1,11 @@
 """A model host: the process that loads one model once and forks its workers on request (a zygote).
 
-Started by the server as `python -m adaserve.engine.host '<HostLaunch as JSON>'`. Importing torch and loading a
-program take seconds; forking a worker from a host that has done both takes milliseconds, and the workers share
-the weights copy-on-write instead of each holding a copy. The host never computes, so no intra-op thread pool
-exists at fork time. When the server's end of the control socket closes, the host exits; its workers exit when
-their command pipes close.
+Started by the server as `python -m adaserve.engine.host CONTROL_FD`, possibly long before it has a model (a spare,
+`processes.HostLauncher`): it imports torch and the engine, then waits for a HostLaunch on its control socket, with
+the model's shared pool beside it. Importing torch and loading a program take seconds; forking a worker from a host
+that has done both takes milliseconds, and the workers share the weights copy-on-write instead of each holding a
+copy. The host never computes, so no intra-op thread pool exists at fork time. When the server's end of the control
+socket closes, the host exits (a spare too); its workers exit when their command pipes close.
 """
 
 from __future__ import annotations
@@ -16,10 +17,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import msgspec
-
 from adaserve.config import ModelConfig
-from adaserve.engine.messages import HostFailed, HostLaunch, HostReady, WorkerSpawned, decode_spawn, encode
+from adaserve.engine.messages import HostFailed, HostReady, WorkerSpawned, decode_launch, decode_spawn, encode
 from adaserve.engine.pool import PoolLayout, SharedRings
 from adaserve.engine.worker import BatchRunner, RowStrategy, serve_worker
 from adaserve.errors import ConfigError
@@ -29,14 +28,18 @@ if TYPE_CHECKING:
     from adaserve.adaptive.gati.runtime import EarlyExit
 
 
-def host(launch: HostLaunch) -> int:
-    control = socket.socket(fileno=launch.control_fd)
+def host(control: socket.socket) -> int:
+    """Wait for a model, load it, report, then fork a worker per spawn request until the server hangs up."""
+    data, fds, _, _ = socket.recv_fds(control, 1 << 20, 1)
+    if not data:
+        return 0  # a spare the server no longer needs
+    launch = decode_launch(data)
     config = ModelConfig.model_validate_json(launch.config_json)
     artifact = Path(launch.artifact)
     try:
         stored = read_artifact(artifact, config.max_batch_size)
         early_exit, early_exit_error = _early_exit(config, artifact, stored)
-        rings = SharedRings(PoolLayout.for_config(config, launch.slots), launch.pool_fd)
+        rings = SharedRings(PoolLayout.for_config(config, launch.slots), fds[0])
         if early_exit is not None:
             runner = BatchRunner(config, early_exit.chain.run, rings, early_exit=early_exit)
             cache_bytes = early_exit.cache_bytes
@@ -94,7 +97,7 @@ def _early_exit(config: ModelConfig, artifact: Path, stored: Any) -> tuple[Early
 
 
 def main() -> None:
-    sys.exit(host(msgspec.json.decode(sys.argv[1], type=HostLaunch)))
+    sys.exit(host(socket.socket(fileno=int(sys.argv[1]))))
 
 
 if __name__ == "__main__":

@@ -15,14 +15,13 @@ import msgspec
 _LENGTH = struct.Struct("<I")
 
 
-class HostLaunch(msgspec.Struct, frozen=True):
-    """Everything a model host (the zygote that forks workers) needs; given on its command line."""
+class HostLaunch(msgspec.Struct, frozen=True, tag="launch"):
+    """Everything a model host (the zygote that forks workers) needs; the first message on its control socket, with
+    the shared pool's fd beside it (SCM_RIGHTS). Spawn requests follow on the same socket."""
 
     config_json: str  # the validated ModelConfig, so no process re-reads a file that may have changed
     artifact: str  # path of model.pt2 / model.pt
     slots: int  # pool size; with the config it fixes the shared memory layout
-    pool_fd: int
-    control_fd: int  # a unix socket: spawn requests in (with the worker's two pipe fds), replies out
 
 
 class SpawnWorker(msgspec.Struct, frozen=True, tag="spawn"):
@@ -125,6 +124,7 @@ _to_worker = msgspec.msgpack.Decoder(ToWorker)
 _from_worker = msgspec.msgpack.Decoder(FromWorker)
 _from_host = msgspec.msgpack.Decoder(FromHost)
 _spawn = msgspec.msgpack.Decoder(SpawnWorker)
+_launch = msgspec.msgpack.Decoder(HostLaunch)
 
 
 def encode(message: msgspec.Struct) -> bytes:
@@ -138,6 +138,10 @@ def decode_from_host(data: bytes) -> FromHost:
 
 def decode_spawn(data: bytes) -> SpawnWorker:
     return _spawn.decode(data)
+
+
+def decode_launch(data: bytes) -> HostLaunch:
+    return _launch.decode(data)
 
 
 def frame(message: msgspec.Struct) -> bytes:

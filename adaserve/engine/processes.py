@@ -12,8 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
-
-import msgspec
+from collections import deque
 
 from adaserve.config import WorkerSpec
 from adaserve.engine.messages import (
@@ -68,33 +67,15 @@ class WorkerProcess:
 
 
 class ModelHost:
-    """The host process of one model: it loads the model once, then forks a worker per `spawn`."""
+    """The host process of one model: it loads the model once, then forks a worker per `spawn`.
 
-    def __init__(self, model: ModelSpec, *, pool_fd: int, slots: int) -> None:
+    Made by `HostLauncher.launch`, which hands the model to a host process that has already started.
+    """
+
+    def __init__(self, model: ModelSpec, process: subprocess.Popen[bytes], control: socket.socket) -> None:
         self.model = model
-        self._control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        launch = HostLaunch(
-            config_json=model.config.model_dump_json(),
-            artifact=str(model.artifact),
-            slots=slots,
-            pool_fd=pool_fd,
-            control_fd=theirs.fileno(),
-        )
-        # Passive OpenMP waiting unless the operator chose otherwise: workers share cores with each other and with
-        # the server, and spinning idle OpenMP threads took them (a 2-thread worker beside others ran ~9× slower).
-        env = {
-            **os.environ,
-            "OMP_NUM_THREADS": "1",
-            "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
-            "TORCH_FORCE_WEIGHTS_ONLY_LOAD": "1",
-        }
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "adaserve.engine.host", msgspec.json.encode(launch).decode()],
-            pass_fds=(pool_fd, theirs.fileno()),
-            stdin=subprocess.DEVNULL,
-            env=env,
-        )
-        theirs.close()
+        self.process = process
+        self._control = control
         self._control.setblocking(False)
         self._lock = asyncio.Lock()
 
@@ -135,9 +116,81 @@ class ModelHost:
     async def stop(self) -> None:
         """Close the control socket; the host exits at once (workers are stopped separately)."""
         self._control.close()
-        loop = asyncio.get_running_loop()
-        try:
-            await asyncio.wait_for(loop.run_in_executor(None, self.process.wait), 10.0)
-        except TimeoutError:
-            self.process.kill()
-            await loop.run_in_executor(None, self.process.wait)
+        await _wait_or_kill(self.process)
+
+
+class HostLauncher:
+    """Starts model hosts, keeping `spares` of them started ahead: a spare has started Python, imported torch and
+    adaserve's engine (about 2.5 s of CPU on the 2-core machine, more than half of loading a small model) and waits
+    on its control socket for a model. A load takes a spare, if one is alive, and a new spare starts behind it.
+
+    With `spares=0` every load starts its host then; the host code is the same either way.
+    """
+
+    def __init__(self, spares: int = 0) -> None:
+        if spares < 0:
+            raise ConfigError(f"spare hosts must be 0 or more, got {spares}")
+        self.spares = spares
+        self._waiting: deque[tuple[subprocess.Popen[bytes], socket.socket]] = deque()
+        self._refill()
+
+    def launch(self, model: ModelSpec, *, pool_fd: int, slots: int) -> ModelHost:
+        """Give `model` (its shared pool and slot count) to a spare, or to a host started now when none is alive."""
+        launch = encode(
+            HostLaunch(config_json=model.config.model_dump_json(), artifact=str(model.artifact), slots=slots)
+        )
+        while True:
+            process, control = self._waiting.popleft() if self._waiting else _start_host()
+            try:
+                socket.send_fds(control, [launch], [pool_fd])
+                break
+            except OSError:  # a spare that died while it waited (killed from outside): discard it, take the next
+                control.close()
+                process.wait()
+        self._refill()
+        return ModelHost(model, process, control)
+
+    @property
+    def waiting_pids(self) -> list[int]:
+        return [process.pid for process, _ in self._waiting]
+
+    async def close(self) -> None:
+        """End the spares: each exits when its control socket closes."""
+        waiting, self._waiting = list(self._waiting), deque()
+        for _, control in waiting:
+            control.close()
+        await asyncio.gather(*(_wait_or_kill(process) for process, _ in waiting))
+
+    def _refill(self) -> None:
+        while len(self._waiting) < self.spares:
+            self._waiting.append(_start_host())
+
+
+def _start_host() -> tuple[subprocess.Popen[bytes], socket.socket]:
+    """A host process, told its model later over the returned control socket (`adaserve/engine/host.py`)."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    # Passive OpenMP waiting unless the operator chose otherwise: workers share cores with each other and with
+    # the server, and spinning idle OpenMP threads took them (a 2-thread worker beside others ran ~9× slower).
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
+        "TORCH_FORCE_WEIGHTS_ONLY_LOAD": "1",
+    }
+    process = subprocess.Popen(
+        [sys.executable, "-m", "adaserve.engine.host", str(theirs.fileno())],
+        pass_fds=(theirs.fileno(),),
+        stdin=subprocess.DEVNULL,
+        env=env,
+    )
+    theirs.close()
+    return process, ours
+
+
+async def _wait_or_kill(process: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
+    loop = asyncio.get_running_loop()
+    try:
+        await asyncio.wait_for(loop.run_in_executor(None, process.wait), timeout_s)
+    except TimeoutError:
+        process.kill()
+        await loop.run_in_executor(None, process.wait)

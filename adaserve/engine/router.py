@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from adaserve.cache import ModelCache
 from adaserve.engine.engine import EngineState, ModelEngine
+from adaserve.engine.processes import HostLauncher
 from adaserve.errors import AdaserveError, ModelNotFoundError, ModelNotReadyError
 from adaserve.repository import ModelRepository, ModelSpec
 
@@ -44,8 +45,12 @@ class CacheSettings:
 
 
 class ModelRouter:
-    def __init__(self, repository: ModelRepository, cache: CacheSettings | None = None) -> None:
+    def __init__(
+        self, repository: ModelRepository, cache: CacheSettings | None = None, *, spare_hosts: int = 0
+    ) -> None:
+        """`spare_hosts`: model host processes kept started ahead of loads (`HostLauncher`)."""
         self.repository = repository
+        self.hosts = HostLauncher(spare_hosts)
         self._engines: dict[str, ModelEngine] = {}
         self._errors: dict[str, str] = {}
         self._locks: dict[str, asyncio.Lock] = {}
@@ -113,7 +118,8 @@ class ModelRouter:
     async def _start(self, name: str) -> None:
         async with self._lock(name):
             try:
-                engine = ModelEngine(self.repository.read(name), reload=lambda: self._reload_soon(name))
+                spec = self.repository.read(name)
+                engine = ModelEngine(spec, reload=lambda: self._reload_soon(name), hosts=self.hosts)
                 await engine.start()
             except AdaserveError as exc:
                 self._errors[name] = str(exc)
@@ -171,6 +177,7 @@ class ModelRouter:
             task.cancel()  # a reload must not start an engine after the server has stopped
         engines, self._engines = list(self._engines.values()), {}
         await asyncio.gather(*(engine.stop(drain_timeout_s=5.0) for engine in engines))
+        await self.hosts.close()
 
     def engine(self, name: str, version: str = "") -> ModelEngine:
         """The engine serving `name` (and `version`, when one is asked for)."""

@@ -36,6 +36,7 @@ class ServeOptions:
     max_request_bytes: int = 64 * 1024 * 1024
     models: list[str] | None = None  # None: every model in the repository (none under a memory budget)
     cache: CacheSettings | None = None  # mCache: a memory budget and an eviction policy
+    spare_hosts: int = 0  # model host processes started ahead of loads (see HostLauncher)
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -54,7 +55,7 @@ def _listen(host: str, port: int) -> socket.socket:
 
 
 async def serve(options: ServeOptions) -> None:
-    router = ModelRouter(ModelRepository(options.model_repository), options.cache)
+    router = ModelRouter(ModelRepository(options.model_repository), options.cache, spare_hosts=options.spare_hosts)
     plane = DataPlane(router)
     http_socket = _listen(options.host, options.http_port)
     http = HttpServer(create_app(plane), max_body_bytes=options.max_request_bytes, on_error=error_response)
