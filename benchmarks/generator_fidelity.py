@@ -45,7 +45,6 @@ from adaserve.bench.client import Protocol, create_sender
 from adaserve.bench.workload import make_variants
 from benchmarks.common import (
     RESULTS,
-    ROOT,
     SCRATCH,
     command_line,
     figure,
@@ -54,9 +53,9 @@ from benchmarks.common import (
     wait_for_quiet,
     write_json,
 )
+from tests.bench.factories import AZURE
 from tests.server_utils import link_example, renice_tree, running_server, write_slow_model
 
-AZURE = ROOT.parent / "shared/data/traces/azure-llm-2023/AzureLLMInferenceTrace_conv.csv"
 #: Rounds of the slow model's matmul loop: about 15 ms per request on the 2-core machine.
 SLOW_ROUNDS = 3000
 SERVER_NICENESS = 10
