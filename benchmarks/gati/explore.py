@@ -195,14 +195,14 @@ def chain_study(manifest: Manifest, arrays: dict[str, np.ndarray], target: float
         best[variant.block_index] = max(best.get(variant.block_index, (-1.0, i)), (hit_rate, i))
     chosen = [i for _, (_, i) in sorted(best.items())]
     required = target + math.sqrt(target * (1 - target) / cal[0].shape[1])
-    tuned = tune_thresholds(chosen, free, *cal, manifest.block_latency_s, required)
+    tuned = tune_thresholds(chosen, free, *cal, manifest.block_latency_s, required, inline=False)  # lookups free
     result: dict[str, Any] = {"exits": [manifest.variants[i].key for i in chosen]}
     for label, thresholds in (("per_cache", [own[i] for i in chosen]), ("overall", list(tuned))):
         exits = list(zip(chosen, thresholds, strict=True))
         result[label] = {
             "thresholds": [t if math.isfinite(t) else None for t in thresholds],
-            "calibrate": simulate(exits, free, *cal, manifest.block_latency_s).model_dump(),
-            "evaluate": simulate(exits, free, *ev, manifest.block_latency_s).model_dump(),
+            "calibrate": simulate(exits, free, *cal, manifest.block_latency_s, inline=False).model_dump(),
+            "evaluate": simulate(exits, free, *ev, manifest.block_latency_s, inline=False).model_dump(),
         }
     return result
 

@@ -245,7 +245,12 @@ def adapt(
     exits = [(i, cache.exit.threshold) for i, cache in enumerate(deployed)]
     before = {
         split: simulate(
-            exits, candidates, current[f"{split}_scores"], current[f"{split}_agrees"], manifest.block_latency_s
+            exits,
+            candidates,
+            current[f"{split}_scores"],
+            current[f"{split}_agrees"],
+            manifest.block_latency_s,
+            inline=manifest.lookups == "inline",
         )
         for split in MEASURED_SPLITS
     }

@@ -99,7 +99,7 @@ class ChainRecord(_Record):
     """The chained exits simulated on one split: each row leaves at the first exit whose selector says hit."""
 
     agreement: float
-    mean_latency_s: float = Field(description="expected, with lookups off the critical path (the paper's model)")
+    mean_latency_s: float = Field(description="expected, with the lookups where the manifest's `lookups` puts them")
     exit_rates: tuple[float, ...] = Field(description="fraction of all rows leaving at each exit, in order")
 
 
@@ -140,6 +140,11 @@ class Manifest(_Record):
     blocks: tuple[str, ...]
     block_latency_s: tuple[float, ...] = Field(description="each block at batch 1, one thread, median")
     base_latency_s: float = Field(description="all blocks in one run (the model, no exit), batch 1, one thread, median")
+    lookups: Literal["inline", "async"] = Field(
+        default="inline",
+        description="how composition costs the lookups: on the rows' path (the runtime's CPU default) or beside the "
+        "model (the paper's model; `caches.lookup: thread`)",
+    )
     variants: tuple[VariantRecord, ...]
     compositions: tuple[CompositionRecord, ...] = ()
 

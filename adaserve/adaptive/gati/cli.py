@@ -159,13 +159,14 @@ def build_command(args: argparse.Namespace) -> int:
 
 def compose_command(args: argparse.Namespace) -> int:
     from adaserve.adaptive.gati.cacheset import load_cache_set, rewrite_manifest
-    from adaserve.adaptive.gati.compose import compose
+    from adaserve.adaptive.gati.compose import compose, lookup_cost
 
     spec = ModelRepository(args.model_repository).read(args.model)
     targets, budget = _targets_and_budget(args, spec.config)
     cache_set = load_cache_set(spec, args.version or "latest")
+    lookups = lookup_cost(spec.config.caches.lookup if spec.config.caches else "auto")  # as the config runs them now
     manifest = compose(
-        cache_set.manifest,
+        cache_set.manifest.model_copy(update={"lookups": lookups}),
         cache_set.scores(),
         targets,
         alpha=args.alpha,

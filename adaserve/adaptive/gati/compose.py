@@ -21,8 +21,14 @@ agreement reaches the target plus a margin of `margin_se` standard errors of tha
 fastest set wins. Its agreement and latency are then measured on the evaluate split, which set nothing. This one is
 the default: per-cache thresholds ignore that a later cache only sees the rows earlier ones missed.
 
-Expected latency follows the paper's model of asynchronous lookups: a row leaving at block i costs Σ_{k≤i} L_k + T_c,
-a row that never hits costs Σ_k L_k (its lookups ran beside the model).
+Expected latency follows how the runtime will run the lookups (`Manifest.lookups`):
+  - `async`, the paper's model (lookups beside the model: `caches.lookup: thread`): a row leaving at block i costs
+    Σ_{k≤i} L_k + T_c, a row that never hits costs Σ_k L_k;
+  - `inline` (the CPU default): every lookup a row reaches is on its path, so a row leaving at block i costs
+    Σ_{k≤i} L_k plus every lookup up to and including that one, and a row that never hits pays them all. Under this
+    model an exit whose hits save less than its misses cost slows the model down, so the overall composition also
+    tries every subset of each chosen set and keeps the fastest (on the ResNet-style benchmark CNN the async model
+    kept a late exit whose lookup cost every row reaching it more than its hits saved).
 """
 
 from __future__ import annotations
@@ -30,6 +36,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import combinations
+from typing import Literal
 
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
@@ -45,12 +53,18 @@ from adaserve.adaptive.gati.cacheset import (
 from adaserve.adaptive.gati.selectors import HitRates, choose_threshold
 from adaserve.errors import ConfigError
 
-__all__ = ["ALPHAS", "Candidate", "compose", "simulate", "solve_milp", "tune_thresholds"]
+__all__ = ["ALPHAS", "Candidate", "compose", "lookup_cost", "simulate", "solve_milp", "tune_thresholds"]
 
 #: The α values the overall composition tries (the paper sweeps α and picks one, Fig. 25).
 ALPHAS = tuple(round(0.1 * i, 1) for i in range(11))
 #: The paper's choice for ResNet-50 (Fig. 25), the `milp` composition's default.
 DEFAULT_ALPHA = 0.2
+
+
+def lookup_cost(lookup: str) -> Literal["inline", "async"]:
+    """How composition costs lookups for a model config's `caches.lookup`: only a thread of their own takes them
+    off the rows' path (`auto` is inline on CPU)."""
+    return "async" if lookup == "thread" else "inline"
 
 
 @dataclass(frozen=True)
@@ -122,10 +136,13 @@ def simulate(
     scores: np.ndarray,
     agrees: np.ndarray,
     block_latency_s: Sequence[float],
+    *,
+    inline: bool,
 ) -> ChainRecord:
-    """Chained exits (candidate index, threshold) over one split's rows (`scores`, `agrees`: [candidate, row])."""
+    """Chained exits (candidate index, threshold) over one split's rows (`scores`, `agrees`: [candidate, row]);
+    `inline`: lookups on the rows' path (see the module docstring)."""
     ordered = sorted(exits, key=lambda e: candidates[e[0]].exit)
-    position, correct, latency = _run_chain(ordered, candidates, scores, agrees, block_latency_s)
+    position, correct, latency = _run_chain(ordered, candidates, scores, agrees, block_latency_s, inline)
     return ChainRecord(
         agreement=float(correct.mean()),
         mean_latency_s=float(latency.mean()),
@@ -139,19 +156,29 @@ def _run_chain(
     scores: np.ndarray,
     agrees: np.ndarray,
     block_latency_s: Sequence[float],
+    inline: bool,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per row, for exits in block order: the position of the exit it leaves at (−1: none), whether its answer
-    agrees with the base model, and its latency."""
+    agrees with the base model, and its latency. An exit that never hits (threshold +inf) is not deployed and costs
+    nothing."""
     rows = scores.shape[1]
     prefix = np.cumsum(block_latency_s)
     position = np.full(rows, -1)
     correct = np.ones(rows, dtype=bool)
     latency = np.full(rows, prefix[-1])
+    waited = np.zeros(rows)  # inline: the lookups each row has gone through so far
     for p, (index, threshold) in enumerate(exits):
-        hit = (position < 0) & (scores[index] >= threshold)
+        if not math.isfinite(threshold):
+            continue
+        lookup_s = candidates[index].lookup_s
+        reach = position < 0
+        hit = reach & (scores[index] >= threshold)
+        waited[reach] += lookup_s
         position[hit] = p
         correct[hit] = agrees[index][hit]
-        latency[hit] = prefix[candidates[index].exit] + candidates[index].lookup_s
+        latency[hit] = prefix[candidates[index].exit] + (waited[hit] if inline else lookup_s)
+    if inline:
+        latency[position < 0] += waited[position < 0]
     return position, correct, latency
 
 
@@ -162,6 +189,8 @@ def tune_thresholds(
     agrees: np.ndarray,
     block_latency_s: Sequence[float],
     required: float,
+    *,
+    inline: bool,
 ) -> tuple[float, ...]:
     """Thresholds for the chained exits `chosen` (in block order) with the lowest expected latency found whose
     simulated agreement on these rows is at least `required` (+inf: the exit never hits).
@@ -172,7 +201,12 @@ def tune_thresholds(
     result that holds `required` is then filled: exit by exit, the threshold is lowered as far as the agreement
     still holds. The fastest result is kept."""
     prefix = np.cumsum(block_latency_s)
-    gains = [prefix[-1] - prefix[candidates[c].exit] - candidates[c].lookup_s for c in chosen]
+    lookups = [candidates[c].lookup_s for c in chosen]
+    # What a hit saves against running to the end: inline, the lookups after this one (its own is paid either way).
+    gains = [
+        prefix[-1] - prefix[candidates[c].exit] + (sum(lookups[p + 1 :]) if inline else -lookups[p])
+        for p, c in enumerate(chosen)
+    ]
     positive = [g for g in gains if g > 0]
     best = tuple(math.inf for _ in chosen)
     if not positive:
@@ -180,8 +214,9 @@ def tune_thresholds(
     best_latency = prefix[-1]
     for price in np.geomspace(min(positive) * 1e-3, max(positive) * scores.shape[1] * 2, 64):
         thresholds = _priced_thresholds(price, chosen, gains, scores, agrees)
-        thresholds = _fill(thresholds, chosen, gains, candidates, scores, agrees, block_latency_s, required)
-        stats = simulate(list(zip(chosen, thresholds, strict=True)), candidates, scores, agrees, block_latency_s)
+        thresholds = _fill(thresholds, chosen, gains, candidates, scores, agrees, block_latency_s, required, inline)
+        exits = list(zip(chosen, thresholds, strict=True))
+        stats = simulate(exits, candidates, scores, agrees, block_latency_s, inline=inline)
         if stats.agreement >= required and stats.mean_latency_s < best_latency:
             best, best_latency = thresholds, stats.mean_latency_s
     return best
@@ -216,12 +251,13 @@ def _fill(
     agrees: np.ndarray,
     block_latency_s: Sequence[float],
     required: float,
+    inline: bool,
 ) -> tuple[float, ...]:
     """Lower each exit's threshold, in block order, to the lowest that keeps the chained agreement ≥ `required`."""
     filled = list(thresholds)
     for p, (index, gain) in enumerate(zip(chosen, gains, strict=True)):
         position, correct, _ = _run_chain(
-            list(zip(chosen, filled, strict=True)), candidates, scores, agrees, block_latency_s
+            list(zip(chosen, filled, strict=True)), candidates, scores, agrees, block_latency_s, inline
         )
         agreement = correct.mean()
         if agreement < required:
@@ -260,6 +296,7 @@ def compose(
                 f"memory budget {memory_budget_bytes / 1e6:.6g} MB is below the smallest cache "
                 f"({smallest.key}: {smallest.memory_bytes / 1e6:.6g} MB); no cache fits"
             )
+    inline = manifest.lookups == "inline"
     cal = arrays["calibrate_scores"], arrays["calibrate_agrees"].astype(bool)
     ev = arrays["evaluate_scores"], arrays["evaluate_agrees"].astype(bool)
     latency = manifest.block_latency_s
@@ -286,13 +323,15 @@ def compose(
         )
         exits = [(c, own_thresholds[c]) for c in chosen]
         compositions.append(
-            _record("milp", target, alpha, memory_budget_bytes, exits, manifest, candidates, cal, ev, False)
+            _record("milp", target, alpha, memory_budget_bytes, exits, manifest, candidates, cal, ev, False, inline)
         )
         required = min(1.0, target + margin_se * math.sqrt(target * (1 - target) / cal[0].shape[1]))
         required = max(required, min_required)
-        best_alpha, best = _overall(candidates, latency, cal, target, required, memory_budget_bytes)
+        best_alpha, best = _overall(candidates, latency, cal, target, required, memory_budget_bytes, inline)
         compositions.append(
-            _record("overall", target, best_alpha, memory_budget_bytes, best, manifest, candidates, cal, ev, True)
+            _record(
+                "overall", target, best_alpha, memory_budget_bytes, best, manifest, candidates, cal, ev, True, inline
+            )
         )
     updated = tuple(v.model_copy(update={"targets": records[v.key]}) for v in variants)
     ordered = tuple(sorted(compositions, key=lambda c: (-c.target, c.method)))
@@ -306,10 +345,13 @@ def _overall(
     target: float,
     required: float,
     memory_budget_bytes: int | None,
+    inline: bool,
 ) -> tuple[float, list[tuple[int, float]]]:
     """The α, and the exits with jointly tuned thresholds, of the fastest set on the calibrate split whose chained
-    agreement there is at least `required` (the target plus the margin)."""
+    agreement there is at least `required` (the target plus the margin): every subset of each α's set is tried,
+    since with inline lookups a chosen exit can cost more than it saves."""
     trials = []
+    tried: set[tuple[int, ...]] = set()
     for alpha in ALPHAS:
         chosen = solve_milp(
             candidates,
@@ -318,9 +360,14 @@ def _overall(
             min_agreement=target,
             memory_budget_bytes=memory_budget_bytes,
         )
-        thresholds = tune_thresholds(chosen, candidates, cal[0], cal[1], latency, required)
-        exits = [(c, t) for c, t in zip(chosen, thresholds, strict=True) if math.isfinite(t)]
-        trials.append((simulate(exits, candidates, *cal, latency).mean_latency_s, alpha, exits))
+        subsets = (subset for size in range(len(chosen), -1, -1) for subset in combinations(chosen, size))
+        for subset in subsets:
+            if subset in tried:
+                continue
+            tried.add(subset)
+            thresholds = tune_thresholds(subset, candidates, cal[0], cal[1], latency, required, inline=inline)
+            exits = [(c, t) for c, t in zip(subset, thresholds, strict=True) if math.isfinite(t)]
+            trials.append((simulate(exits, candidates, *cal, latency, inline=inline).mean_latency_s, alpha, exits))
     _, alpha, exits = min(trials, key=lambda trial: trial[0])
     return alpha, exits
 
@@ -358,6 +405,7 @@ def _record(
     cal: tuple[np.ndarray, np.ndarray],
     ev: tuple[np.ndarray, np.ndarray],
     default: bool,
+    inline: bool,
 ) -> CompositionRecord:
     exits = [(c, t) for c, t in exits if math.isfinite(t)]
     variants = manifest.variants
@@ -371,7 +419,7 @@ def _record(
             for c, t in exits
         ),
         memory_bytes=sum(variants[c].memory_bytes for c, _ in exits),
-        calibrate=simulate(exits, candidates, *cal, manifest.block_latency_s),
-        evaluate=simulate(exits, candidates, *ev, manifest.block_latency_s),
+        calibrate=simulate(exits, candidates, *cal, manifest.block_latency_s, inline=inline),
+        evaluate=simulate(exits, candidates, *ev, manifest.block_latency_s, inline=inline),
         default=default,
     )

@@ -1,4 +1,6 @@
-"""Composition: the integer program against brute force, the chained-exit simulation, joint threshold tuning."""
+"""Composition: the integer program against brute force, the chained-exit simulation (lookups beside the model
+and on the rows' path), joint threshold tuning, and the overall composition dropping an exit that costs more than
+it saves."""
 
 from __future__ import annotations
 
@@ -8,7 +10,8 @@ import math
 import numpy as np
 import pytest
 
-from adaserve.adaptive.gati.compose import Candidate, latency_gain, simulate, solve_milp, tune_thresholds
+from adaserve.adaptive.gati.cacheset import DataRecord, Manifest, VariantRecord
+from adaserve.adaptive.gati.compose import Candidate, compose, latency_gain, simulate, solve_milp, tune_thresholds
 
 
 def brute_force(
@@ -88,24 +91,77 @@ def hand_made() -> tuple[list[Candidate], np.ndarray, np.ndarray, list[float]]:
 
 def test_chained_exits_by_hand() -> None:
     candidates, scores, agrees, latency = hand_made()
-    stats = simulate([(1, 0.65), (0, 0.7)], candidates, scores, agrees, latency)
+    stats = simulate([(1, 0.65), (0, 0.7)], candidates, scores, agrees, latency, inline=False)
     # Exit 0 (τ 0.7) takes rows 0 and 1 (row 1 wrong); exit 1 (τ 0.65) takes rows 2 (wrong) and 4; row 3 runs on.
     assert stats.exit_rates == (0.4, 0.4)
     assert stats.agreement == pytest.approx(3 / 5)
     assert stats.mean_latency_s == pytest.approx((2 * 1.5e-3 + 2 * 2.5e-3 + 3e-3) / 5)
-    assert simulate([], candidates, scores, agrees, latency).agreement == 1.0
+    assert simulate([], candidates, scores, agrees, latency, inline=False).agreement == 1.0
+    # Inline, rows 2 and 4 also waited for exit 0's lookup, and row 3 for both.
+    inline = simulate([(1, 0.65), (0, 0.7)], candidates, scores, agrees, latency, inline=True)
+    assert (inline.exit_rates, inline.agreement) == (stats.exit_rates, stats.agreement)
+    assert inline.mean_latency_s == pytest.approx((2 * 1.5e-3 + 2 * 3e-3 + 4e-3) / 5)
+    # An exit that never hits is not deployed: it costs no row anything.
+    never = simulate([(0, 0.7), (1, math.inf)], candidates, scores, agrees, latency, inline=True)
+    assert never.mean_latency_s == pytest.approx((2 * 1.5e-3 + 3 * 3.5e-3) / 5)
 
 
 def test_tuned_thresholds_hold_the_overall_agreement() -> None:
     candidates, scores, agrees, latency = hand_made()
     # 4/5 overall lets one wrong row exit: exit 0 then takes every row (row 1 wrong), all at 1.5 ms.
-    thresholds = tune_thresholds([0, 1], candidates, scores, agrees, latency, 0.8)
-    stats = simulate(list(zip([0, 1], thresholds, strict=True)), candidates, scores, agrees, latency)
+    thresholds = tune_thresholds([0, 1], candidates, scores, agrees, latency, 0.8, inline=False)
+    stats = simulate(list(zip([0, 1], thresholds, strict=True)), candidates, scores, agrees, latency, inline=False)
     assert (stats.agreement, stats.exit_rates) == (0.8, (1.0, 0.0))
     assert stats.mean_latency_s == pytest.approx(1.5e-3)
     # No wrong row at all: exit 0 stops above row 1 (0.8) and exit 1 cannot split the tie of rows 1 and 2 (0.9).
-    perfect = tune_thresholds([0, 1], candidates, scores, agrees, latency, 1.0)
-    stats = simulate(list(zip([0, 1], perfect, strict=True)), candidates, scores, agrees, latency)
+    perfect = tune_thresholds([0, 1], candidates, scores, agrees, latency, 1.0, inline=False)
+    stats = simulate(list(zip([0, 1], perfect, strict=True)), candidates, scores, agrees, latency, inline=False)
     assert (stats.agreement, stats.exit_rates) == (1.0, (0.2, 0.0))
     assert stats.mean_latency_s == pytest.approx((1.5e-3 + 4 * 3e-3) / 5)
-    assert tune_thresholds([0], [Candidate(0, 5e-3, 1)], scores, agrees, latency, 0.5) == (math.inf,)  # no gain
+    assert tune_thresholds([0], [Candidate(0, 5e-3, 1)], scores, agrees, latency, 0.5, inline=False) == (
+        math.inf,
+    )  # no gain
+
+
+def test_inline_lookups_drop_an_exit_whose_misses_cost_more_than_its_hits_save() -> None:
+    """Three 1 ms blocks; exit a after block 0 (lookup 0.1 ms) answers half the rows, exit b after block 1 (lookup
+    0.5 ms) a tenth. Beside the model, b's hits save 0.5 ms each and cost the others nothing: mean 2.0 ms with b,
+    2.05 without. Inline, each of the 50 rows reaching b waits 0.5 ms for it: 2.25 ms with b, 2.1 without."""
+    rows = np.arange(100)
+    scores = np.array([np.where(rows < 50, 0.9, 0.1), np.where((rows >= 50) & (rows < 60), 0.9, 0.1)])
+    agrees = scores > 0.5  # every hit agrees, every low score would not
+    arrays = {f"{split}_{kind}": scores for split in ("calibrate", "evaluate") for kind in ("scores", "softmax")}
+    arrays |= {f"{split}_agrees": agrees for split in ("calibrate", "evaluate")}
+    manifest = Manifest(
+        model="m",
+        model_version=1,
+        artifact="1/model.pt2",
+        artifact_sha256="0" * 64,
+        created="2026-01-01T00:00:00+00:00",
+        torch="2.13.0",
+        settings={},
+        data=DataRecord(source="test", rows=200, labels=False, splits={"calibrate": 100, "evaluate": 100}),
+        num_classes=10,
+        blocks=("b0", "b1", "b2"),
+        block_latency_s=(1e-3, 1e-3, 1e-3),
+        base_latency_s=3e-3,
+        variants=tuple(
+            VariantRecord(
+                key=key,
+                block=f"b{i}",
+                block_index=i,
+                variant="FC(8)",
+                input_shape=(4,),
+                lookup_latency_s=t,
+                memory_bytes=1,
+            )
+            for i, (key, t) in enumerate((("a", 1e-4), ("b", 5e-4)))
+        ),
+    )
+    for lookups, kept, mean_s in (("async", ["a", "b"], 2.0e-3), ("inline", ["a"], 2.1e-3)):
+        composed = compose(manifest.model_copy(update={"lookups": lookups}), arrays, [0.99])
+        default = composed.default_for(0.99)
+        assert default is not None
+        assert [e.key for e in default.exits] == kept, lookups
+        assert default.evaluate.mean_latency_s == pytest.approx(mean_s)
+        assert default.evaluate.agreement == 1.0
