@@ -9,7 +9,7 @@ Where the lookup runs (`caches.lookup`): the paper gives it its own core (a side
 on a thread of its own while the main thread computes the next block (torch releases the GIL inside operators);
 `inline` runs it before the next block. `auto`, the default, is inline on CPU: on the 2-core machine, with a
 ResNet-style CNN on Fashion-MNIST at batch 1, the thread cost more than it hid (mean speedup over the base model
-1.26× with the thread, 1.85× inline, `benchmarks/results/gati_early_exit.json`): small blocks leave the two threads
+1.37× with the thread, 2.09× inline, `benchmarks/results/gati_early_exit.json`): small blocks leave the two threads
 contending for the GIL, and a hit is only acted on after the block that ran beside its lookup.
 
 The worker runs every row through this chain, the rows with `early_exit: false` too (all blocks, no lookup): one
@@ -201,7 +201,7 @@ class _Pass:
         chain, last = self.runtime.chain, len(self.runtime.chain.blocks) - 1
         lookups = self.runtime._lookups
         alive = np.arange(len(self.rows))  # rows of this pass still in the batch, in x's order
-        pending: Future[np.ndarray] | None = None
+        pending: Future[np.ndarray | None] | None = None
         for index, block in enumerate(chain.blocks):
             try:
                 x = block(x)
@@ -210,42 +210,38 @@ class _Pass:
                     wait([pending])
                 raise
             if pending is not None:  # the lookup after the previous exit ran beside this block: its hits leave now
-                keep = pending.result()
-                x, alive, pending = x[torch.from_numpy(keep)], alive[keep], None
+                (x, alive), pending = _leave(x, alive, pending.result()), None
             cache = self.plan.caches.get(index)
             if cache is not None and index != last and len(alive):
                 if lookups is not None:
                     pending = lookups.submit(self._look_up, cache, x, alive)
                 else:
-                    keep = self._look_up(cache, x, alive)
-                    x, alive = x[torch.from_numpy(keep)], alive[keep]
+                    x, alive = _leave(x, alive, self._look_up(cache, x, alive))
             if not len(alive):
                 break  # every row is answered: the blocks left would run on an empty batch
         assert pending is None  # the last block is never an exit
         return self._finish(x, alive)
 
-    def _look_up(self, cache: LearnedCache, activation: torch.Tensor, alive: np.ndarray) -> np.ndarray:
-        """Consult one cache; answer its hits at once; return which of `alive` stay in the batch. Rows answered
-        already (hits kept running to verify them) are not looked up again."""
+    def _look_up(self, cache: LearnedCache, activation: torch.Tensor, alive: np.ndarray) -> np.ndarray | None:
+        """Consult one cache; answer its hits at once; return which of `alive` stay in the batch (None: all of
+        them, the common case, which then costs no copy). Rows answered already (hits kept running to verify them)
+        are not looked up again."""
         with torch.inference_mode():  # thread-local: the lookup thread needs its own
             found = cache(activation)
         open_rows = ~self.answered[alive]
         hit = found.hit.numpy() & open_rows
         name = cache.exit.block
         self.counts.lookups[name] += int(open_rows.sum())
-        keep = ~hit
         if not hit.any():
-            return keep
+            return None
+        keep = ~hit
         self.counts.hits[name] += int(hit.sum())
         hits = alive[hit]
-        logits = found.logits[torch.from_numpy(hit)]
+        logits = found.logits if hit.all() else found.logits[torch.from_numpy(hit)]
         _write(self.outputs, self.rows[hits], logits)
         self.answered[hits] = True
-        verify = self.runtime._rng.random(len(hits)) < self.runtime.verify_fraction
-        labels = logits.argmax(1).numpy()
-        for row, label in zip(hits[verify], labels[verify], strict=True):
-            self.verify_label[int(row)] = int(label)
-        keep[np.flatnonzero(hit)[verify]] = True
+        if self.runtime.verify_fraction:
+            self._verify_some(np.flatnonzero(hit), alive, logits, keep)
         done = []
         for row in hits:
             request = int(self.owner[row])
@@ -257,13 +253,24 @@ class _Pass:
             self.answer(done)
         return keep
 
+    def _verify_some(self, positions: np.ndarray, alive: np.ndarray, logits: torch.Tensor, keep: np.ndarray) -> None:
+        """Draw the hits (at `positions` of `alive`, their `logits`) that also run to the end, to measure the live
+        agreement: they stay in `keep`, and the class the cache answered is remembered."""
+        drawn = self.runtime._rng.random(len(positions)) < self.runtime.verify_fraction
+        if not drawn.any():
+            return
+        labels = logits.argmax(1).numpy()
+        for position, label in zip(positions[drawn], labels[drawn], strict=True):
+            self.verify_label[int(alive[position])] = int(label)
+        keep[positions[drawn]] = True
+
     def _finish(self, x: torch.Tensor, alive: np.ndarray) -> list[RowParameters]:
         """Write the rows that ran to the end; count the verified ones; the responses of requests not yet answered.
         With no row left, `x` is where the loop stopped (not the model's output) and there is nothing to write."""
         if not len(alive):
             return []
         running = ~self.answered[alive]
-        _write(self.outputs, self.rows[alive[running]], x[torch.from_numpy(running)])
+        _write(self.outputs, self.rows[alive[running]], x if running.all() else x[torch.from_numpy(running)])
         self.counts.whole += int(running.sum())
         if self.verify_label:
             labels = x.argmax(1).numpy()
@@ -280,6 +287,13 @@ class _Pass:
         exited = rows - self.open_rows[request]
         block = names[self.deepest[request]] if exited == rows else names[-1]
         return RowParameters(self.requests[request].offset, rows, {"exit_block": block, "exited_rows": exited})
+
+
+def _leave(x: torch.Tensor, alive: np.ndarray, keep: np.ndarray | None) -> tuple[torch.Tensor, np.ndarray]:
+    """The batch without the rows a lookup answered (`keep`: the rows that stay; None: all)."""
+    if keep is None or keep.all():
+        return x, alive
+    return x[torch.from_numpy(keep)], alive[keep]
 
 
 def _write(outputs: np.ndarray, rows: np.ndarray | slice, values: torch.Tensor) -> None:
