@@ -13,7 +13,8 @@ config; they are measured one at a time with identical seeded schedules, all thr
 Stages: (1) capacity, a closed loop of 32 clients, picks the rates (low = 27.5% of elastic's capacity, high =
 3 × low); (2) the OPT Wait sweep; (3) a step schedule low → high (Poisson, 20 s each); (4) a replay of the Azure LLM
 conversation trace's arrival times scaled to the low rate (45 s); (5) per policy, the highest Poisson rate whose p99
-stays within the QoS target (default 100 ms) with no errors: ×1.4 steps from the high rate, then two bisections.
+stays within the QoS target (default 100 ms) with no errors: ×1.4 steps from the high rate, then two bisections; a
+rate that misses is run once more (either run meeting QoS counts).
 The machine is shared: before each run the script waits (bounded) for a quiet second, records the CPU that other
 work took during the run, and makes a run once more when other work took more than a quarter of a core.
 
@@ -319,18 +320,27 @@ def _trace(bench: Bench, policy: Policy, rates: dict[str, Any]) -> tuple[BenchRe
 
 def _max_rate(bench: Bench, policy: Policy, rates: dict[str, Any]) -> dict[str, Any]:
     """The highest Poisson rate meeting QoS (valid run, no errors, p99 ≤ target): from the high rate up or down in
-    steps of ×1.4 until the limit is bracketed, then two bisections."""
-    target, tried = bench.args.qos_p99_ms, []
+    steps of ×1.4 until the limit is bracketed, then two bisections. A rate that misses is run once more and counts
+    as met if either run met it, for every policy alike: on two cores shared with the generator one stall of a few
+    hundred ms fails an 8 s run (the same rate passed and failed in runs minutes apart, for elastic and for
+    fixed-timeout)."""
+    target, tried, rates_tried = bench.args.qos_p99_ms, [], 0
 
     def meets(rate: float) -> bool:
+        nonlocal rates_tried
+        rates_tried += 1
         load = {"kind": "poisson", "rate": round(rate, 1), "seed": bench.args.seed}
-        s = _brief(bench.measure(policy, "qos", load, bench.args.sweep_s))
-        ok = s["valid"] and s["errors"] == 0 and s["p99_ms"] is not None and s["p99_ms"] <= target
-        tried.append({"rate_rps": round(rate, 1), "meets_qos": ok, **s, "other_cores": bench.kept["other_cores"]})
-        return ok
+        for attempt in (1, 2):
+            s = _brief(bench.measure(policy, "qos", load, bench.args.sweep_s))
+            ok = s["valid"] and s["errors"] == 0 and s["p99_ms"] is not None and s["p99_ms"] <= target
+            record = {"rate_rps": round(rate, 1), "attempt": attempt, "meets_qos": ok, **s}
+            tried.append(record | {"other_cores": bench.kept["other_cores"]})
+            if ok:
+                return True
+        return False
 
     low, high, rate = None, None, float(rates["high_rps"])
-    while (low is None or high is None) and len(tried) < bench.args.sweep_steps - 2:
+    while (low is None or high is None) and rates_tried < bench.args.sweep_steps - 2:
         if meets(rate):
             low, rate = rate, rate * 1.4
         else:
@@ -349,7 +359,7 @@ def _max_rate(bench: Bench, policy: Policy, rates: dict[str, Any]) -> dict[str, 
         "max_throughput_rps": best["throughput_rps"] if best else None,
         "p99_at_max_ms": best["p99_ms"] if best else None,
         "first_failing_rate_rps": round(high, 1) if high is not None else None,
-        "tried": sorted(tried, key=lambda t: t["rate_rps"]),
+        "tried": sorted(tried, key=lambda t: (t["rate_rps"], t["attempt"])),
     }
 
 
