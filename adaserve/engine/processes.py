@@ -131,6 +131,7 @@ class HostLauncher:
         if spares < 0:
             raise ConfigError(f"spare hosts must be 0 or more, got {spares}")
         self.spares = spares
+        self.launches = {"spare": 0, "cold": 0}  # loads given to a spare / to a host started for them
         self._waiting: deque[tuple[subprocess.Popen[bytes], socket.socket]] = deque()
         self._refill()
 
@@ -140,6 +141,7 @@ class HostLauncher:
             HostLaunch(config_json=model.config.model_dump_json(), artifact=str(model.artifact), slots=slots)
         )
         while True:
+            kind = "spare" if self._waiting else "cold"
             process, control = self._waiting.popleft() if self._waiting else _start_host()
             try:
                 socket.send_fds(control, [launch], [pool_fd])
@@ -147,6 +149,7 @@ class HostLauncher:
             except OSError:  # a spare that died while it waited (killed from outside): discard it, take the next
                 control.close()
                 process.wait()
+        self.launches[kind] += 1
         self._refill()
         return ModelHost(model, process, control)
 

@@ -15,6 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from adaserve.cache import ModelCache
+from adaserve.engine.processes import HostLauncher
 from adaserve.engine.router import ModelRouter
 from adaserve.engine.stats import Histogram
 
@@ -187,6 +188,24 @@ class CacheCollector:
         yield busy
 
 
+class HostCollector:
+    """Model host processes: spares waiting, and how loads got their host (a spare saves a load the interpreter
+    start and the imports)."""
+
+    def __init__(self, hosts: HostLauncher) -> None:
+        self.hosts = hosts
+
+    def collect(self) -> Iterator[Metric]:
+        spares = GaugeMetricFamily("adaserve_spare_hosts", "Model host processes started ahead, waiting for a load")
+        spares.add_metric([], len(self.hosts.waiting_pids))
+        launches = CounterMetricFamily(
+            "adaserve_model_host_launches", "Model hosts given a model, by where the host came from", labels=["host"]
+        )
+        for kind, count in self.hosts.launches.items():
+            launches.add_metric([kind], count)
+        yield from (spares, launches)
+
+
 def _buckets(histogram: Histogram) -> list[tuple[str, float]]:
     cumulative = 0
     buckets: list[tuple[str, float]] = []
@@ -199,6 +218,7 @@ def _buckets(histogram: Histogram) -> list[tuple[str, float]]:
 def render_metrics(router: ModelRouter) -> tuple[bytes, str]:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(EngineCollector(router))
+    registry.register(HostCollector(router.hosts))
     if router.cache is not None:
         registry.register(CacheCollector(router.cache))
     return generate_latest(registry), CONTENT_TYPE_LATEST

@@ -42,6 +42,7 @@ def test_a_load_takes_the_spare_and_a_new_spare_starts_behind_it(tmp_path: Path)
             assert behind != spare
             # The next load takes the spare started behind the first.
             assert await _serve_one_request(tmp_path, launcher) == behind
+            assert launcher.launches == {"spare": 2, "cold": 0}
         finally:
             await launcher.close()
         assert launcher.waiting_pids == []
@@ -60,6 +61,7 @@ def test_a_spare_that_died_while_it_waited_is_replaced(tmp_path: Path) -> None:
             await asyncio.get_running_loop().run_in_executor(None, os.waitpid, spare, 0)
             served_by = await _serve_one_request(tmp_path, launcher)
             assert served_by != spare
+            assert launcher.launches == {"spare": 0, "cold": 1}  # the dead spare's load went to a host started then
         finally:
             await launcher.close()
 
@@ -86,5 +88,6 @@ def test_without_spares_each_load_starts_its_own_host(tmp_path: Path) -> None:
         first = await _serve_one_request(tmp_path, launcher)
         second = await _serve_one_request(tmp_path, launcher)
         assert first != second and launcher.waiting_pids == []
+        assert launcher.launches == {"spare": 0, "cold": 2}
 
     asyncio.run(main())
