@@ -53,12 +53,9 @@ from benchmarks.common import (
     wait_for_quiet,
     write_json,
 )
-from tests.bench.factories import AZURE
+from tests.bench.factories import AZURE, SERVER_NICENESS, SLOW_ROUNDS
 from tests.server_utils import link_example, renice_tree, running_server, write_slow_model
 
-#: Rounds of the slow model's matmul loop: about 15 ms per request on the 2-core machine.
-SLOW_ROUNDS = 3000
-SERVER_NICENESS = 10
 OVERLOAD = 2.5
 #: The claims the bench tests used to time: open-loop send lateness under overload (median, p99) and the p95
 #: error of a replayed trace's inter-arrival gaps.

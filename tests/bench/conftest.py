@@ -8,12 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.bench.factories import SERVER_NICENESS, SLOW_ROUNDS
 from tests.server_utils import ServerHandle, link_example, renice_tree, running_server, write_slow_model
-
-#: Niceness of the server under test (the tests run at 0).
-SERVER_NICENESS = 10
-#: Rounds of the slow model's matmul loop: about 15 ms per request on this project's 2-core machine.
-SLOW_ROUNDS = 3000
 
 
 @pytest.fixture(scope="session")

@@ -14,6 +14,11 @@ from adaserve.bench.runner import BenchConfig
 from adaserve.bench.summary import summarize
 from adaserve.bench.workload import parse_workload
 
+#: Niceness of the server under test in the bench tests and the generator-fidelity benchmark (the senders run at 0):
+#: on 2 cores the generator must not queue behind the server it measures.
+SERVER_NICENESS = 10
+#: Rounds of the slow model's matmul loop: about 15 ms per request on this project's 2-core machine.
+SLOW_ROUNDS = 3000
 #: The shared data lie beside the project (../shared/data from the project root).
 AZURE = Path(__file__).resolve().parents[3] / "shared/data/traces/azure-llm-2023/AzureLLMInferenceTrace_conv.csv"
 needs_azure = pytest.mark.skipif(not AZURE.is_file(), reason="shared/data traces are not beside the project")
