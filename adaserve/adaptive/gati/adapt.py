@@ -52,7 +52,7 @@ from adaserve.adaptive.gati.cacheset import (
     VariantRecord,
     write_cache_set,
 )
-from adaserve.adaptive.gati.compose import Candidate, compose, simulate
+from adaserve.adaptive.gati.compose import DEFAULT_MARGIN_SE, Candidate, compose, simulate
 from adaserve.adaptive.gati.explore import SPLITS, Fitted, collect_activations, exit_shapes, fit_cache, split_rows
 from adaserve.adaptive.gati.predictors import TrainSettings, VariantSpec, build_predictor
 from adaserve.adaptive.gati.selectors import Selector
@@ -187,7 +187,7 @@ class AdaptSettings:
     warm_start: bool = True
     hold_agreement: bool = True
     validation_per_window_row: float = 1.0
-    margin_se: float = 1.0
+    margin_se: float = DEFAULT_MARGIN_SE
     batch_size: int = 256
     seed: int = 0
 

@@ -114,13 +114,18 @@ def _composition_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--memory-mb", type=_positive, help="memory the chosen caches may hold (default: caches.memory_budget_mb)"
     )
-    parser.add_argument("--alpha", type=float, default=0.2, help="the MILP's weight of hit rate (default 0.2)")
+    parser.add_argument("--alpha", type=float, help="the MILP's weight of hit rate (default 0.2)")
     parser.add_argument(
         "--margin-se",
         type=float,
-        default=1.0,
-        help="the overall composition aims this many standard errors above the target on the calibrate split",
+        help="the overall composition aims this many standard errors above the target on the calibrate split "
+        "(default 2)",
     )
+
+
+def _composition_options(args: argparse.Namespace) -> dict[str, Any]:
+    """`--alpha` and `--margin-se` where given; composition's own defaults otherwise."""
+    return {name: value for name in ("alpha", "margin_se") if (value := getattr(args, name)) is not None}
 
 
 def _targets_and_budget(args: argparse.Namespace, config: ModelConfig) -> tuple[list[float], int | None]:
@@ -147,10 +152,9 @@ def build_command(args: argparse.Namespace) -> int:
         args.data,
         settings,
         targets=targets,
-        alpha=args.alpha,
         memory_budget_bytes=budget,
-        margin_se=args.margin_se,
         progress=args.progress,
+        **_composition_options(args),
     )
     print(f"wrote {cache_set.directory} in {time.perf_counter() - began:.0f} s")
     print(format_cache_set(cache_set.manifest))
@@ -169,9 +173,8 @@ def compose_command(args: argparse.Namespace) -> int:
         cache_set.manifest.model_copy(update={"lookups": lookups}),
         cache_set.scores(),
         targets,
-        alpha=args.alpha,
         memory_budget_bytes=budget,
-        margin_se=args.margin_se,
+        **_composition_options(args),
     )
     rewrite_manifest(cache_set.directory, manifest)
     print(f"rewrote {cache_set.directory / 'manifest.json'}")

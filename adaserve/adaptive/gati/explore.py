@@ -40,7 +40,7 @@ from adaserve.adaptive.gati.cacheset import (
     artifact_sha256,
     write_cache_set,
 )
-from adaserve.adaptive.gati.compose import DEFAULT_ALPHA, compose, lookup_cost
+from adaserve.adaptive.gati.compose import DEFAULT_ALPHA, DEFAULT_MARGIN_SE, compose, lookup_cost
 from adaserve.adaptive.gati.predictors import (
     DEFAULT_VARIANTS,
     QUICK_VARIANTS,
@@ -362,7 +362,7 @@ def build_cache_set(
     targets: Sequence[float],
     alpha: float = DEFAULT_ALPHA,
     memory_budget_bytes: int | None = None,
-    margin_se: float = 1.0,
+    margin_se: float = DEFAULT_MARGIN_SE,
     progress: bool = True,
 ) -> CacheSet:
     """Explore, compose for `targets`, and save a new cache set version in the model's folder.

@@ -66,10 +66,10 @@ def tiny_data(tmp_path: Path) -> Path:
     return path
 
 
-def build_timed_alike(spec: ModelSpec, settings: ExploreSettings, targets: list[float]) -> CacheSet:
-    """`build_cache_set`, then composed again as if every block took 1 ms and every lookup 0.1 ms: composition weighs
-    latencies measured while building, so on a busy machine the same seeded build could choose other exits (or
-    none); tests that need known exits fix the latencies."""
+def build_timed_alike(spec: ModelSpec, settings: ExploreSettings, targets: list[float], **options: float) -> CacheSet:
+    """`build_cache_set`, then composed again (with `options` for `compose`) as if every block took 1 ms and every
+    lookup 0.1 ms: composition weighs latencies measured while building, so on a busy machine the same seeded build
+    could choose other exits (or none); tests that need known exits fix the latencies."""
     cache_set = build_cache_set(spec, "fashion-mnist", settings, targets=targets, progress=False)
     manifest = cache_set.manifest
     timed_alike = manifest.model_copy(
@@ -79,5 +79,5 @@ def build_timed_alike(spec: ModelSpec, settings: ExploreSettings, targets: list[
             "variants": tuple(v.model_copy(update={"lookup_latency_s": 1e-4}) for v in manifest.variants),
         }
     )
-    rewrite_manifest(cache_set.directory, compose(timed_alike, cache_set.scores(), targets))
+    rewrite_manifest(cache_set.directory, compose(timed_alike, cache_set.scores(), targets, **options))
     return load_cache_set(spec, cache_set.version)
