@@ -199,7 +199,7 @@ class ModelEngine:
                 extra={"model": self.model.name, "error": ready.early_exit_error},
             )
         starts = [await self._spawn(worker) for worker in self.worker_set.workers]
-        await asyncio.gather(*starts)
+        await asyncio.gather(*(started for _, started in starts))
 
     # -- changing the worker set (Packrat) -------------------------------------------------------------------
     async def _follow_load(self, interval_s: float) -> None:
@@ -220,9 +220,10 @@ class ModelEngine:
         began = time.monotonic()
         old = [w for w in self._processes if w not in self._standby and w not in self._retiring]
         starts = [await self._spawn(spec, standby=True) for spec in choice.workers]
-        new = {w: self._processes[w].spec for w in self._processes if w in self._standby}
+        # From the spawns, not from the processes alive now: a new worker may already have started and died.
+        new = {worker_id: spec for (worker_id, _), spec in zip(starts, choice.workers, strict=True)}
         try:
-            await asyncio.gather(*starts)
+            await asyncio.gather(*(started for _, started in starts))
         except ConfigError as exc:
             log.error(
                 "new worker set failed to start; keeping the old one",
@@ -381,8 +382,8 @@ class ModelEngine:
             slot += rows
 
     # -- worker messages -------------------------------------------------------------------------------------
-    async def _spawn(self, spec: WorkerSpec, *, standby: bool = False) -> asyncio.Future[None]:
-        """Fork a worker from the host; the future resolves when it has warmed up and is ready.
+    async def _spawn(self, spec: WorkerSpec, *, standby: bool = False) -> tuple[int, asyncio.Future[None]]:
+        """Fork a worker from the host: its id, and a future that resolves when it has warmed up and is ready.
 
         A standby worker (of a set that is being started) gets no work until `switch_workers` activates its set.
         """
@@ -397,7 +398,7 @@ class ModelEngine:
         started: asyncio.Future[None] = self._loop.create_future()
         self._starting[worker_id] = started
         self._loop.add_reader(process.result_fd, self._on_readable, process)
-        return started
+        return worker_id, started
 
     def _on_readable(self, process: WorkerProcess) -> None:
         try:
@@ -509,7 +510,7 @@ class ModelEngine:
         self._keep(task)
         task.add_done_callback(self._restarted)
 
-    def _restarted(self, task: asyncio.Task[asyncio.Future[None]]) -> None:
+    def _restarted(self, task: asyncio.Task[tuple[int, asyncio.Future[None]]]) -> None:
         if task.cancelled():
             return
         error = task.exception()
