@@ -141,8 +141,7 @@ class HostLauncher:
             HostLaunch(config_json=model.config.model_dump_json(), artifact=str(model.artifact), slots=slots)
         )
         while True:
-            kind = "spare" if self._waiting else "cold"
-            process, control = self._waiting.popleft() if self._waiting else _start_host()
+            kind, (process, control) = ("spare", self._waiting.popleft()) if self._waiting else ("cold", _start_host())
             try:
                 socket.send_fds(control, [launch], [pool_fd])
                 break

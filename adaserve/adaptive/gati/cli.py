@@ -168,9 +168,8 @@ def compose_command(args: argparse.Namespace) -> int:
     spec = ModelRepository(args.model_repository).read(args.model)
     targets, budget = _targets_and_budget(args, spec.config)
     cache_set = load_cache_set(spec, args.version or "latest")
-    lookups = lookup_cost(spec.config.caches.lookup if spec.config.caches else "auto")  # as the config runs them now
     manifest = compose(
-        cache_set.manifest.model_copy(update={"lookups": lookups}),
+        cache_set.manifest.model_copy(update={"lookups": lookup_cost(spec.config)}),  # as the config runs them now
         cache_set.scores(),
         targets,
         memory_budget_bytes=budget,

@@ -54,6 +54,7 @@ from adaserve.adaptive.gati.cacheset import (
     TargetRecord,
 )
 from adaserve.adaptive.gati.selectors import HitRates, choose_threshold
+from adaserve.config import ModelConfig
 from adaserve.errors import ConfigError
 
 __all__ = [
@@ -75,10 +76,10 @@ DEFAULT_ALPHA = 0.2
 DEFAULT_MARGIN_SE = 2.0
 
 
-def lookup_cost(lookup: str) -> Literal["inline", "async"]:
-    """How composition costs lookups for a model config's `caches.lookup`: only a thread of their own takes them
-    off the rows' path (`auto` is inline on CPU)."""
-    return "async" if lookup == "thread" else "inline"
+def lookup_cost(config: ModelConfig) -> Literal["inline", "async"]:
+    """How composition costs lookups for a model as its config runs them (`caches.lookup`): only a thread of their
+    own takes them off the rows' path (`auto` is inline on CPU, and so is a config without `caches`)."""
+    return "async" if config.caches is not None and config.caches.lookup == "thread" else "inline"
 
 
 @dataclass(frozen=True)

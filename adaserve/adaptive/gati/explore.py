@@ -328,7 +328,7 @@ def _block_latencies(chain: BlockChain, first: np.ndarray, repeats: int) -> tupl
     """Median seconds of each block at batch 1, timed inside runs of the whole chain: a block timed alone, over and
     over on the same input, ran faster than it does between the others (on the ResNet-style benchmark CNN the
     isolated times summed to 2.5 ms, the chain took 3.0–3.7 ms), and composition weighs these."""
-    warm_up = max(3, repeats // 10)
+    warm_up = _warm_up_runs(repeats)
     times: list[list[float]] = [[] for _ in chain.blocks]
     with torch.no_grad():
         for _ in range(warm_up + repeats):
@@ -340,11 +340,16 @@ def _block_latencies(chain: BlockChain, first: np.ndarray, repeats: int) -> tupl
     return tuple(statistics.median(spent[warm_up:]) for spent in times)
 
 
+def _warm_up_runs(repeats: int) -> int:
+    """Untimed runs before `repeats` timed ones."""
+    return max(3, repeats // 10)
+
+
 def time_call(call: Callable[[], object], repeats: int) -> float:
     """Median seconds of `call()` at batch 1 on this thread, after a warm-up; the median because other work on a
     shared machine lengthens some runs."""
     with torch.no_grad():
-        for _ in range(max(3, repeats // 10)):
+        for _ in range(_warm_up_runs(repeats)):
             call()
         times = []
         for _ in range(repeats):
@@ -394,7 +399,7 @@ def build_cache_set(
         blocks=result.blocks,
         block_latency_s=result.block_latency_s,
         base_latency_s=result.base_latency_s,
-        lookups=lookup_cost(spec.config.caches.lookup if spec.config.caches else "auto"),
+        lookups=lookup_cost(spec.config),
         variants=tuple(
             VariantRecord(
                 key=key,
