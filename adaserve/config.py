@@ -263,6 +263,12 @@ class ModelConfig(_Strict):
     caches: LearnedCachesSpec | None = Field(
         default=None, description="GATI learned caches (early exit); absent: the model always runs whole"
     )
+    # Last, so its validator sees every field it depends on.
+    device: Literal["cpu", "cuda"] = Field(
+        default="cpu",
+        description="cpu: workers are processes pinned to cores; cuda: workers are CUDA streams in one process "
+        "sharing one copy of the weights (Ebird's GPU form)",
+    )
 
     @field_validator("caches")
     @classmethod
@@ -295,6 +301,24 @@ class ModelConfig(_Strict):
             if worker.batch > limit:
                 raise ValueError(f"worker batch {worker.batch} exceeds max_batch_size {limit}")
         return workers
+
+    @field_validator("device")
+    @classmethod
+    def _cpu_only_features(cls, device: str, info: ValidationInfo) -> str:
+        """What runs only on the CPU path so far: a CUDA model asking for it is refused, not served without it."""
+        if device == "cuda":
+            asked = [
+                name
+                for name, wanted in (
+                    ("workers: auto (Packrat plans CPU cores)", info.data.get("workers") == "auto"),
+                    ("an activator (SLO-NNs)", info.data.get("activator") is not None),
+                    ("caches (GATI)", info.data.get("caches") is not None),
+                )
+                if wanted
+            ]
+            if asked:
+                raise ValueError(f"cuda does not serve {' or '.join(asked)} yet; use device: cpu for them")
+        return device
 
     @property
     def auto_workers(self) -> bool:

@@ -126,6 +126,9 @@ def test_without_a_directory_name_the_file_must_name_the_model(tmp_path: Path) -
         (minimal(inputs=[]), "inputs", "at least 1 item"),
         ({"outputs": [tensor("y", 2)]}, "inputs", "Field required"),
         (minimal(max_inflight=0), "max_inflight", "greater than or equal to 1"),
+        (minimal(device="gpu"), "device", "'cpu' or 'cuda'"),
+        (minimal(device="cuda", workers="auto"), "device", "cuda does not serve workers: auto (Packrat"),
+        (minimal(device="cuda", caches={}), "device", "cuda does not serve caches (GATI) yet"),
     ],
     ids=[
         "unknown-field",
@@ -141,6 +144,9 @@ def test_without_a_directory_name_the_file_must_name_the_model(tmp_path: Path) -
         "no-inputs",
         "missing-inputs",
         "max-inflight",
+        "device",
+        "cuda-packrat",
+        "cuda-caches",
     ],
 )
 def test_error_names_file_field_and_problem(tmp_path: Path, content: dict[str, Any], field: str, problem: str) -> None:

@@ -36,6 +36,7 @@ from adaserve.engine.messages import (
     RunBatch,
     WorkerFailed,
     WorkerReady,
+    write_staged,
 )
 from adaserve.engine.pool import PoolLayout, SharedRings, SlotRing
 from adaserve.engine.processes import HostLauncher, ModelHost, WorkerProcess
@@ -116,11 +117,15 @@ class ModelEngine:
         self.rings, self._pool_fd = SharedRings.create(PoolLayout.for_config(config, self.slots), model.name)
         self._ring = SlotRing(self.slots)
         busy_threads = config.batching.max_busy_threads
+        if busy_threads is None:  # CPU workers share the cores; CUDA streams share the GPU, which takes them all
+            busy_threads = len(os.sched_getaffinity(0)) if config.device == "cpu" else 0
         self.scheduler = Scheduler(
             create_batching_policy(config.batching, config.max_batch_size),
             config.inflight_limit_for(self.worker_set.workers),
-            max_busy_threads=len(os.sched_getaffinity(0)) if busy_threads is None else (busy_threads or None),
+            max_busy_threads=busy_threads or None,
         )
+        # A CUDA model's host copies each request into its device ring as it arrives: this pipe names the rows.
+        self._stage_pipe = os.pipe() if config.device == "cuda" else None
         self.stats = ModelStats()
         self.state = EngineState.LOADING
         self.workers: dict[int, WorkerInfo] = {}
@@ -190,7 +195,10 @@ class ModelEngine:
         return self.model_bytes + sum(worker.workspace_bytes for worker in self.workers.values())
 
     async def _start_processes(self) -> None:
-        self._host = self._hosts.launch(self.model, pool_fd=self._pool_fd, slots=self.slots)
+        stage_fd = self._stage_pipe[0] if self._stage_pipe is not None else None
+        self._host = self._hosts.launch(self.model, pool_fd=self._pool_fd, slots=self.slots, stage_fd=stage_fd)
+        if stage_fd is not None:
+            os.close(stage_fd)  # the host holds its own copy
         ready = await self._host.ready()
         self.model_bytes, self.cache_bytes, self.early_exit = ready.model_bytes, ready.cache_bytes, ready.early_exit
         if ready.early_exit_error is not None:
@@ -288,6 +296,8 @@ class ModelEngine:
             self._timer.cancel()
         self.rings.close()
         os.close(self._pool_fd)
+        if self._stage_pipe is not None:
+            os.close(self._stage_pipe[1])
 
     # -- requests --------------------------------------------------------------------------------------------
     async def infer(self, inputs: list[np.ndarray], rows: int, parameters: dict[str, Any]) -> EngineResult:
@@ -312,6 +322,9 @@ class ModelEngine:
             start = await self._wait_for_slots(rows)
         for ring, array in zip(self.rings.inputs, inputs, strict=True):
             ring[start : start + rows] = array
+        if self._stage_pipe is not None:
+            with contextlib.suppress(OSError):  # the host is gone: its workers' exits answer for these rows
+                write_staged(self._stage_pipe[1], start, rows)
         if self.adaptation is not None:
             self.adaptation.offer(inputs[0])
         pending = PendingRequest(start, rows, arrived_ns, parameters, self._loop.create_future(), outstanding=rows)

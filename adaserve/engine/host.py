@@ -6,6 +6,9 @@ the model's shared pool beside it. Importing torch and loading a program take se
 that has done both takes milliseconds, and the workers share the weights copy-on-write instead of each holding a
 copy. The host never computes, so no intra-op thread pool exists at fork time. When the server's end of the control
 socket closes, the host exits (a spare too); its workers exit when their command pipes close.
+
+A `device: cuda` model's host forks nothing: its workers are threads with CUDA streams (`adaserve.engine.streams`),
+started on the same spawn requests and talking to the engine over the same pipes.
 """
 
 from __future__ import annotations
@@ -14,33 +17,50 @@ import os
 import signal
 import socket
 import sys
+import threading
+import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from adaserve.config import ModelConfig
-from adaserve.engine.messages import HostFailed, HostReady, WorkerSpawned, decode_launch, decode_spawn, encode
+from adaserve.engine.messages import (
+    HostFailed,
+    HostReady,
+    SpawnWorker,
+    WorkerSpawned,
+    decode_launch,
+    decode_spawn,
+    encode,
+)
 from adaserve.engine.pool import PoolLayout, SharedRings
-from adaserve.engine.worker import BatchRunner, RowStrategy, serve_worker
+from adaserve.engine.worker import BatchRunner, Lane, RowStrategy, serve_worker
 from adaserve.errors import ConfigError
 from adaserve.repository import executable, read_artifact, weight_bytes
 
 if TYPE_CHECKING:
     from adaserve.adaptive.gati.runtime import EarlyExit
+    from adaserve.engine.streams import StagedInputs
 
 
 def host(control: socket.socket) -> int:
-    """Wait for a model, load it, report, then fork a worker per spawn request until the server hangs up."""
-    data, fds, _, _ = socket.recv_fds(control, 1 << 20, 1)
+    """Wait for a model, load it, report, then start a worker per spawn request (a fork; on CUDA a thread) until the
+    server hangs up."""
+    data, fds, _, _ = socket.recv_fds(control, 1 << 20, 2)
     if not data:
         return 0  # a spare the server no longer needs
     launch = decode_launch(data)
     config = ModelConfig.model_validate_json(launch.config_json)
     artifact = Path(launch.artifact)
+    staged: StagedInputs | None = None
     try:
         stored = read_artifact(artifact, config.max_batch_size)
         early_exit, early_exit_error = _early_exit(config, artifact, stored)
         rings = SharedRings(PoolLayout.for_config(config, launch.slots), fds[0])
-        if early_exit is not None:
+        if config.device == "cuda":
+            model, staged = _on_cuda(stored, rings, stage_fd=fds[1])
+            runner = BatchRunner(config, model, rings, device_inputs=staged.rings)
+            cache_bytes, model_bytes = 0, weight_bytes(model)
+        elif early_exit is not None:
             runner = BatchRunner(config, early_exit.chain.run, rings, early_exit=early_exit)
             cache_bytes = early_exit.cache_bytes
             model_bytes = sum(early_exit.chain.weight_bytes) + cache_bytes
@@ -59,6 +79,12 @@ def host(control: socket.socket) -> int:
         if not data:
             return 0
         spawn = decode_spawn(data)
+        if staged is not None:
+            from adaserve.engine.streams import StreamLane
+
+            _start_thread(spawn, runner, fds, StreamLane(staged))
+            control.send(encode(WorkerSpawned(spawn.worker_id, os.getpid())))
+            continue
         pid = os.fork()
         if pid == 0:
             control.close()
@@ -71,6 +97,33 @@ def host(control: socket.socket) -> int:
         for fd in fds:
             os.close(fd)
         control.send(encode(WorkerSpawned(spawn.worker_id, pid)))
+
+
+def _on_cuda(stored: Any, rings: SharedRings, *, stage_fd: int) -> tuple[Any, StagedInputs]:
+    """The model on the GPU, its device ring, and the stager thread that fills the ring as requests arrive."""
+    from adaserve.engine.streams import StagedInputs, cuda_device, on_device
+
+    device = cuda_device()
+    model = executable(on_device(stored, device))
+    staged = StagedInputs(rings, device)
+    threading.Thread(target=staged.follow, args=(stage_fd,), name="stager", daemon=True).start()
+    return model, staged
+
+
+def _start_thread(spawn: SpawnWorker, runner: BatchRunner, fds: list[int], lane: Lane) -> None:
+    """A worker as a thread of this process. When it ends, for any reason, its pipes close, which is how the engine
+    learns that a worker is gone, as when a worker process exits."""
+
+    def serve() -> None:
+        try:
+            serve_worker(spawn, runner, fds[0], fds[1], lane)
+        except Exception:
+            traceback.print_exc(file=sys.stderr)  # as a dying worker process would
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    threading.Thread(target=serve, name=f"worker-{spawn.worker_id}", daemon=True).start()
 
 
 def _row_strategy(config: ModelConfig, artifact: Path, model: Any) -> RowStrategy | None:

@@ -165,6 +165,21 @@ def read_to_worker(fd: int) -> ToWorker | None:
     return None if body is None else _to_worker.decode(body)
 
 
+#: A CUDA model's stage pipe carries, per request, the rows just written into the pool: (first slot, rows). Fixed
+#: size and far below PIPE_BUF, so each write is atomic and the host reads them without framing.
+_STAGED = struct.Struct("<II")
+
+
+def write_staged(fd: int, start: int, rows: int) -> None:
+    os.write(fd, _STAGED.pack(start, rows))
+
+
+def read_staged(fd: int) -> tuple[int, int] | None:
+    """Blocking read of the next staged run; None when the server closed the pipe."""
+    data = _read_exact(fd, _STAGED.size)
+    return None if data is None else _STAGED.unpack(data)
+
+
 def _read_exact(fd: int, size: int) -> bytes | None:
     chunks = bytearray()
     while len(chunks) < size:

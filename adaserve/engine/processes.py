@@ -135,15 +135,16 @@ class HostLauncher:
         self._waiting: deque[tuple[subprocess.Popen[bytes], socket.socket]] = deque()
         self._refill()
 
-    def launch(self, model: ModelSpec, *, pool_fd: int, slots: int) -> ModelHost:
-        """Give `model` (its shared pool and slot count) to a spare, or to a host started now when none is alive."""
+    def launch(self, model: ModelSpec, *, pool_fd: int, slots: int, stage_fd: int | None = None) -> ModelHost:
+        """Give `model` (its shared pool and slot count, and a CUDA model's stage pipe) to a spare, or to a host
+        started now when none is alive."""
         launch = encode(
             HostLaunch(config_json=model.config.model_dump_json(), artifact=str(model.artifact), slots=slots)
         )
         while True:
             kind, (process, control) = ("spare", self._waiting.popleft()) if self._waiting else ("cold", _start_host())
             try:
-                socket.send_fds(control, [launch], [pool_fd])
+                socket.send_fds(control, [launch], [pool_fd] if stage_fd is None else [pool_fd, stage_fd])
                 break
             except OSError:  # a spare that died while it waited (killed from outside): discard it, take the next
                 control.close()

@@ -1,18 +1,21 @@
 """A worker: runs the batches the scheduler gives it, in place in the pool.
 
-A worker is forked by its model's host (`adaserve.engine.host`) with the model already loaded, so it shares the
-weights copy-on-write and starts in milliseconds. It reads its batch as a slice of the input rings (no copy) and
-writes outputs into the same slots of the output rings. An exception in one batch is reported for that batch
-only; the worker keeps serving.
+On CPU a worker is a process forked by its model's host (`adaserve.engine.host`) with the model already loaded, so
+it shares the weights copy-on-write and starts in milliseconds. On CUDA it is a thread of the host with its own
+stream (`adaserve.engine.streams`). Either way it reads its batch as a slice of the input rings (no copy) and
+writes outputs into the same slots of the output rings, and the loop below is the same: only its `Lane` differs.
+An exception in one batch is reported for that batch only; the worker keeps serving.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 import numpy as np
@@ -66,7 +69,8 @@ class BatchRunner:
     """Runs one batch: inputs viewed in place from the rings, outputs checked against the config and written back.
 
     Requests a `strategy` takes are handed to it (their rows, in place); the other rows run through the model as
-    one batch per contiguous run, exactly as without a strategy. With `early_exit` every row runs through it."""
+    one batch per contiguous run, exactly as without a strategy. With `early_exit` every row runs through it.
+    `device_inputs` replaces the pool's input rings as what the model reads (a CUDA model's device ring)."""
 
     def __init__(
         self,
@@ -75,6 +79,7 @@ class BatchRunner:
         rings: SharedRings,
         strategy: RowStrategy | None = None,
         early_exit: EarlyExitStrategy | None = None,
+        device_inputs: list[torch.Tensor] | None = None,
     ) -> None:
         self.config = config
         # `forward` directly: module hooks (the exported program's input checks) are not needed, the engine has
@@ -83,6 +88,10 @@ class BatchRunner:
         self.rings = rings
         self.strategy = strategy
         self.early_exit = early_exit
+        # Tensors over the rings' memory: the model reads its rows in place, and outputs are copied into place
+        # (on CUDA from the device, asynchronously on the worker's stream, which its lane waits for).
+        self.inputs = device_inputs if device_inputs is not None else [torch.from_numpy(r) for r in rings.inputs]
+        self.outputs = [torch.from_numpy(r) for r in rings.outputs]
 
     def run(
         self,
@@ -125,18 +134,17 @@ class BatchRunner:
         return responses
 
     def _forward(self, start: int, rows: int) -> None:
-        inputs = [torch.from_numpy(ring[start : start + rows]) for ring in self.rings.inputs]
-        result = self.forward(*inputs)
+        result = self.forward(*[ring[start : start + rows] for ring in self.inputs])
         outputs = _as_sequence(result)
         if len(outputs) != len(self.config.outputs):
             raise ValueError(f"model returned {len(outputs)} outputs, config declares {len(self.config.outputs)}")
-        for spec, ring, tensor in zip(self.config.outputs, self.rings.outputs, outputs, strict=True):
+        for spec, ring, tensor in zip(self.config.outputs, self.outputs, outputs, strict=True):
             expected = (rows, *spec.row_shape)
             if tuple(tensor.shape) != expected:
                 raise ValueError(
                     f"model returned shape {list(tensor.shape)} for output '{spec.name}', expected {list(expected)}"
                 )
-            ring[start : start + rows] = tensor.detach().numpy()
+            ring[start : start + rows].copy_(tensor, non_blocking=True)
 
     def warm_up(self, rows: int) -> None:
         """One run on zeros outside the pool, so the first real request does not pay for lazy initialisation."""
@@ -144,7 +152,10 @@ class BatchRunner:
             spec = self.config.inputs[0]
             self.early_exit.warm_up(rows, spec.row_shape, _torch_dtype(spec.dtype))
             return
-        zeros = [torch.zeros((rows, *s.row_shape), dtype=_torch_dtype(s.dtype)) for s in self.config.inputs]
+        device = self.inputs[0].device
+        zeros = [
+            torch.zeros((rows, *s.row_shape), dtype=_torch_dtype(s.dtype), device=device) for s in self.config.inputs
+        ]
         self.forward(*zeros)
         if self.strategy is not None:
             self.strategy.warm_up()
@@ -192,42 +203,75 @@ def resident_bytes() -> int:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def serve_worker(spawn: SpawnWorker, runner: BatchRunner, command_fd: int, result_fd: int) -> int:
-    """The worker's life after the host forked it: place it, warm up, then run batches until told to stop."""
+class Lane(Protocol):
+    """Where a worker's batches run: its own process on CPU cores, or a CUDA stream of the host's process."""
+
+    def place(self, threads: int, cpus: Sequence[int] | None) -> tuple[int, list[int]]:
+        """Take the worker's threads and CPUs; returns the intra-op threads and the CPUs it may run on."""
+        ...
+
+    def memory_bytes(self) -> int:
+        """Memory held now, read before and after warm-up: the difference is the worker's workspace."""
+        ...
+
+    def running(self, start: int, rows: int) -> AbstractContextManager[None]:
+        """Around a batch of slots [start, start + rows): its inputs are ready inside, its outputs on exit."""
+        ...
+
+
+class ProcessLane:
+    """A CPU worker: a process of its own, pinned to its CPUs; the pool's memory is all it needs."""
+
+    def place(self, threads: int, cpus: Sequence[int] | None) -> tuple[int, list[int]]:
+        allowed = place(threads, cpus)
+        return torch.get_num_threads(), allowed
+
+    def memory_bytes(self) -> int:
+        return resident_bytes()
+
+    def running(self, start: int, rows: int) -> AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+
+def serve_worker(
+    spawn: SpawnWorker, runner: BatchRunner, command_fd: int, result_fd: int, lane: Lane | None = None
+) -> int:
+    """The worker's life once started: place it, warm up, then run batches until told to stop."""
     with torch.inference_mode():
-        return _serve(spawn, runner, command_fd, result_fd)
+        return _serve(spawn, runner, command_fd, result_fd, lane or ProcessLane())
 
 
-def _serve(spawn: SpawnWorker, runner: BatchRunner, command_fd: int, result_fd: int) -> int:
+def _serve(spawn: SpawnWorker, runner: BatchRunner, command_fd: int, result_fd: int, lane: Lane) -> int:
     try:
-        allowed = place(spawn.threads, spawn.cpus)
-        resident = resident_bytes()
+        threads, allowed = lane.place(spawn.threads, spawn.cpus)
+        before = lane.memory_bytes()
         runner.warm_up(spawn.batch)
-        workspace = max(0, resident_bytes() - resident)
+        workspace = max(0, lane.memory_bytes() - before)
     except Exception as exc:
         write_message(result_fd, WorkerFailed(spawn.worker_id, f"{type(exc).__name__}: {exc}"))
         return 1
-    write_message(result_fd, WorkerReady(spawn.worker_id, os.getpid(), torch.get_num_threads(), allowed, workspace))
+    write_message(result_fd, WorkerReady(spawn.worker_id, os.getpid(), threads, allowed, workspace))
     while True:
         command = read_to_worker(command_fd)
         if command is None or isinstance(command, Stop):
             return 0
-        write_message(result_fd, _run(runner, command, result_fd))
+        write_message(result_fd, _run(runner, command, result_fd, lane))
 
 
-def _run(runner: BatchRunner, command: RunBatch, result_fd: int) -> BatchDone:
+def _run(runner: BatchRunner, command: RunBatch, result_fd: int, lane: Lane) -> BatchDone:
     """Run the batch; if the model raises, run each request's rows alone so only the culprit gets the error."""
     began = time.perf_counter_ns()
     answer = _answer_to(result_fd, command.batch_id, 0)
     errors: list[str | None] | None = None  # None: every request's rows were computed
-    try:
-        responses = runner.run(command.start, command.rows, command.parameters, command.requests, answer)
-    except Exception as exc:
-        traceback.print_exc(file=sys.stderr)
-        if len(command.requests) == 1:
-            errors, responses = [_describe(exc)], []
-        else:
-            errors, responses = _run_alone(runner, command, result_fd)
+    with lane.running(command.start, command.rows):
+        try:
+            responses = runner.run(command.start, command.rows, command.parameters, command.requests, answer)
+        except Exception as exc:
+            traceback.print_exc(file=sys.stderr)
+            if len(command.requests) == 1:
+                errors, responses = [_describe(exc)], []
+            else:
+                errors, responses = _run_alone(runner, command, result_fd)
     return BatchDone(command.batch_id, time.perf_counter_ns() - began, errors, responses, runner.exit_counts())
 
 

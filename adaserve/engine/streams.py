@@ -1,0 +1,141 @@
+"""Ebird's GPU form (§V–VI): a CUDA model's workers are streams of one process, sharing one copy of the weights.
+
+The host of a `device: cuda` model does not fork (CUDA does not survive a fork). It loads the model onto the GPU
+once and keeps a device ring beside the shared input pool. The pool itself is the pinned staging memory: it is
+registered with CUDA, so a copy out of it is a DMA with no bounce buffer. The engine writes each request's rows
+into the pool and at once names them on the stage pipe; the host's stager thread issues their copy into the device
+ring on its input stream and records an event. A worker is a thread with a stream of its own: before a batch the
+stream waits on the events of the batch's slots (the GPU waits, the thread only until the copies were issued), the
+model reads the device ring in place, and the outputs are copied back into the pool's output ring, pinned too,
+before the worker answers.
+
+Without CUDA the same classes run on the CPU with each copy done at once and no events: the tests use that to
+check the staging order and the thread workers, since CI has no GPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+
+from adaserve.engine.messages import read_staged
+from adaserve.engine.pool import SharedRings
+from adaserve.engine.worker import resident_bytes
+from adaserve.errors import ConfigError
+
+#: How long a batch waits for the engine to name its rows on the stage pipe before it fails (a lost message would
+#: otherwise hang its worker for good).
+STAGE_TIMEOUT_S = 60.0
+
+
+def cuda_device() -> torch.device:
+    """The GPU a `device: cuda` model runs on; ConfigError on a machine without one."""
+    if not torch.cuda.is_available():
+        raise ConfigError("device cuda: this machine has no CUDA device (torch.cuda.is_available() is False)")
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def on_device(stored: Any, device: torch.device) -> Any:
+    """The artifact `read_artifact` returned, its weights and constants moved to `device` (once, in the host)."""
+    if isinstance(stored, torch.export.ExportedProgram):
+        from torch.export.passes import move_to_device_pass
+
+        return move_to_device_pass(stored, device)
+    return stored.to(device)
+
+
+class StagedInputs:
+    """The device ring, and for each of its slots the copy that filled it (None: not staged since last used)."""
+
+    def __init__(self, rings: SharedRings, device: torch.device) -> None:
+        self.device = device
+        self._cuda = device.type == "cuda"
+        self._pool = [torch.from_numpy(ring) for ring in rings.inputs]
+        self.rings = [torch.empty_like(ring, device=device) for ring in self._pool]
+        self._staged: list[Any] = [None] * rings.layout.slots
+        self._changed = threading.Condition()
+        self._stream = torch.cuda.Stream(device) if self._cuda else None
+        if self._cuda:
+            _pin(rings)  # for the host's life: the registration goes with the process
+
+    def follow(self, stage_fd: int) -> None:
+        """The stager thread's loop: stage each run of rows the engine names, until it closes the pipe."""
+        with torch.inference_mode():
+            while (run := read_staged(stage_fd)) is not None:
+                self.stage(*run)
+
+    def stage(self, start: int, rows: int) -> None:
+        """Copy slots [start, start + rows) of the pool into the device ring (issued on the input stream)."""
+        end = start + rows
+        with _on(self._stream):
+            for pool, ring in zip(self._pool, self.rings, strict=True):
+                ring[start:end].copy_(pool[start:end], non_blocking=True)
+            marker: Any = True
+            if self._stream is not None:
+                marker = torch.cuda.Event()
+                marker.record(self._stream)
+        with self._changed:
+            self._staged[start:end] = [marker] * rows
+            self._changed.notify_all()
+
+    def order(self, stream: torch.cuda.Stream | None, start: int, rows: int) -> None:
+        """Make `stream` run after the copies of slots [start, start + rows); blocks until they were issued."""
+        with self._changed:
+            if not self._changed.wait_for(lambda: None not in self._staged[start : start + rows], STAGE_TIMEOUT_S):
+                raise RuntimeError(f"slots {start}..{start + rows - 1} were not staged within {STAGE_TIMEOUT_S:g} s")
+            copies = {id(marker): marker for marker in self._staged[start : start + rows]}
+        if stream is not None:
+            for event in copies.values():
+                stream.wait_event(event)
+
+    def release(self, start: int, rows: int) -> None:
+        """The batch over these slots is done; the engine may reuse them, and names them again when it does."""
+        with self._changed:
+            self._staged[start : start + rows] = [None] * rows
+
+
+def _pin(rings: SharedRings) -> None:
+    """Register the whole pool (inputs and outputs, one mapping) as pinned memory."""
+    address = rings.inputs[0].ctypes.data  # the first region starts the mapping
+    error = torch.cuda.cudart().cudaHostRegister(address, rings.layout.size, 0)
+    if int(error) != 0:
+        raise ConfigError(f"device cuda: cannot pin the input pool ({rings.layout.size} bytes): CUDA error {error}")
+
+
+def _on(stream: torch.cuda.Stream | None) -> contextlib.AbstractContextManager[Any]:
+    return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+
+
+class StreamLane:
+    """A CUDA worker's lane (`worker.Lane`): a thread of the host running its batches on a stream of its own."""
+
+    def __init__(self, inputs: StagedInputs) -> None:
+        self._inputs = inputs
+        self._stream = torch.cuda.Stream(inputs.device) if inputs.device.type == "cuda" else None
+
+    def place(self, threads: int, cpus: Sequence[int] | None) -> tuple[int, list[int]]:
+        """Only the thread is pinned (Linux affinity is per thread); one thread drives the stream."""
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+        return 1, sorted(os.sched_getaffinity(0))
+
+    def memory_bytes(self) -> int:
+        if self._stream is not None:
+            return torch.cuda.memory_allocated(self._inputs.device)
+        return resident_bytes()
+
+    @contextlib.contextmanager
+    def running(self, start: int, rows: int) -> Iterator[None]:
+        try:
+            self._inputs.order(self._stream, start, rows)
+            with _on(self._stream):
+                yield
+            if self._stream is not None:
+                self._stream.synchronize()  # the outputs are in the pool before the worker answers
+        finally:
+            self._inputs.release(start, rows)

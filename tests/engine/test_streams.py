@@ -1,0 +1,211 @@
+"""The CUDA form of the request path: staging into a device ring, and workers as threads of the host.
+
+CI has no GPU, so most of these run the same classes on the CPU, where a staged copy is done at once and has no
+event: what they check is the order (a batch never reads rows before their copy was issued, nor slots whose copy
+is stale) and the thread workers' plumbing. The last tests need a GPU and run wherever one is present.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import select
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from adaserve.config import ModelConfig
+from adaserve.engine import streams
+from adaserve.engine.engine import ModelEngine
+from adaserve.engine.host import _start_thread
+from adaserve.engine.messages import (
+    BatchDone,
+    FrameReader,
+    RunBatch,
+    SpawnWorker,
+    Stop,
+    WorkerReady,
+    write_message,
+    write_staged,
+)
+from adaserve.engine.pool import PoolLayout, SharedRings
+from adaserve.engine.streams import StagedInputs, StreamLane, on_device
+from adaserve.engine.worker import BatchRunner
+from adaserve.errors import ConfigError
+from adaserve.repository import ModelRepository, executable, read_artifact
+from tests.server_utils import EXAMPLES, link_example
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+CONFIG = ModelConfig.model_validate(
+    {
+        "name": "linear",
+        "max_batch_size": 4,
+        "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 3]}],
+        "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, 2]}],
+    }
+)
+SLOTS = 8
+Parts = tuple[SharedRings, StagedInputs, BatchRunner, torch.nn.Module]
+
+
+class Worker:
+    """A stream worker thread started the way the host starts one, driven over its two pipes."""
+
+    def __init__(self, runner: BatchRunner, staged: StagedInputs, worker_id: int = 0) -> None:
+        command_read, self.commands = os.pipe()
+        self.results, result_write = os.pipe()
+        _start_thread(SpawnWorker(worker_id, 4, 1, None), runner, [command_read, result_write], StreamLane(staged))
+        self._reader = FrameReader()
+        assert isinstance(self.next(), WorkerReady)
+
+    def run(self, batch_id: int, start: int, rows: int) -> None:
+        write_message(self.commands, RunBatch(batch_id, start, rows, [rows]))
+
+    def answered(self, timeout_s: float) -> bool:
+        return bool(select.select([self.results], [], [], timeout_s)[0])
+
+    def next(self) -> object:
+        """The next message; EOFError when the worker's result pipe closed."""
+        while True:
+            assert self.answered(30.0), "no message from the worker in 30 s"
+            data = os.read(self.results, 1 << 16)
+            if not data:
+                raise EOFError
+            messages = self._reader.feed(data)
+            if messages:
+                assert len(messages) == 1
+                return messages[0]
+
+
+@pytest.fixture
+def parts() -> Iterator[Parts]:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2).eval()
+    rings, fd = SharedRings.create(PoolLayout.for_config(CONFIG, SLOTS), "streams-test")
+    staged = StagedInputs(rings, torch.device("cpu"))
+    yield rings, staged, BatchRunner(CONFIG, model, rings, device_inputs=staged.rings), model
+    rings.close()
+    os.close(fd)
+
+
+def _expected(model: torch.nn.Module, rows: np.ndarray) -> np.ndarray:
+    with torch.inference_mode():
+        return model(torch.from_numpy(rows)).numpy()
+
+
+def test_a_batch_waits_for_its_rows_and_reads_the_copy_staged_on_arrival(parts: Parts) -> None:
+    rings, staged, runner, model = parts
+    worker = Worker(runner, staged)
+    arrived = np.arange(6, dtype=np.float32).reshape(2, 3)
+    rings.inputs[0][2:4] = arrived
+    worker.run(batch_id=1, start=2, rows=2)
+    assert not worker.answered(0.2), "the batch ran before its rows were staged"
+    staged.stage(2, 2)
+    rings.inputs[0][2:4] = -1.0  # the pool changes after the copy: the batch must read the device ring's copy
+    done = worker.next()
+    assert isinstance(done, BatchDone) and done.batch_id == 1 and done.errors is None
+    np.testing.assert_allclose(rings.outputs[0][2:4], _expected(model, arrived), rtol=1e-6)
+
+
+def test_a_request_split_over_two_workers_is_read_by_each_and_released_after(parts: Parts) -> None:
+    rings, staged, runner, model = parts
+    first, second = Worker(runner, staged, 0), Worker(runner, staged, 1)
+    rows = np.random.default_rng(0).normal(size=(4, 3)).astype(np.float32)
+    rings.inputs[0][4:8] = rows
+    staged.stage(4, 4)
+    first.run(batch_id=1, start=4, rows=2)
+    second.run(batch_id=2, start=6, rows=2)
+    assert {first.next().batch_id, second.next().batch_id} == {1, 2}  # type: ignore[attr-defined]
+    np.testing.assert_allclose(rings.outputs[0][4:8], _expected(model, rows), rtol=1e-6)
+    # The slots were released: a batch over them now waits for a new copy rather than reading the old one.
+    first.run(batch_id=3, start=4, rows=2)
+    assert not first.answered(0.2)
+    staged.stage(4, 2)
+    assert first.next().batch_id == 3  # type: ignore[attr-defined]
+
+
+def test_the_stager_thread_stages_what_the_engine_names_until_the_pipe_closes(parts: Parts) -> None:
+    rings, staged, _, _ = parts
+    read, write = os.pipe()
+    stager = threading.Thread(target=staged.follow, args=(read,))
+    stager.start()
+    rings.inputs[0][0:3] = 7.0
+    write_staged(write, 0, 3)
+    staged.order(None, 0, 3)  # returns once the stager has issued the copy
+    np.testing.assert_array_equal(staged.rings[0][0:3].numpy(), 7.0)
+    os.close(write)
+    stager.join(10.0)
+    assert not stager.is_alive()
+    os.close(read)
+
+
+def test_rows_never_staged_fail_their_batch_by_name_and_the_worker_thread_closes_its_pipes(
+    parts: Parts,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _, staged, runner, _ = parts
+    monkeypatch.setattr(streams, "STAGE_TIMEOUT_S", 0.1)
+    with pytest.raises(RuntimeError, match=re.escape("slots 5..6 were not staged within 0.1 s")):
+        staged.order(None, 5, 2)
+    worker = Worker(runner, staged)
+    worker.run(batch_id=1, start=5, rows=2)
+    with pytest.raises(EOFError):  # the engine sees a worker exit, and re-runs or fails what it held
+        worker.next()
+
+
+def test_a_stopped_worker_thread_closes_its_pipes(parts: Parts) -> None:
+    _, staged, runner, _ = parts
+    worker = Worker(runner, staged)
+    write_message(worker.commands, Stop())
+    with pytest.raises(EOFError):
+        worker.next()
+
+
+@pytest.mark.parametrize("model", ["mlp", "cnn"])
+def test_a_stored_model_moved_to_a_device_computes_what_it_did(model: str) -> None:
+    path = next((EXAMPLES / model / "1").glob("model.pt*"))
+    stored = read_artifact(path, 4)
+    rows = torch.rand((2, 1, 28, 28)) if model == "cnn" else torch.rand((2, 784))
+    expected = executable(stored)(rows)
+    moved = executable(on_device(stored, torch.device("cpu")))
+    torch.testing.assert_close(moved(rows), expected)
+
+
+def test_device_cuda_without_a_gpu_is_a_clear_load_error(tmp_path: Path) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    link_example(tmp_path, "mlp", device="cuda")
+
+    async def main() -> None:
+        engine = ModelEngine(ModelRepository(tmp_path).read("mlp"))
+        with pytest.raises(ConfigError, match="device cuda: this machine has no CUDA device"):
+            await engine.start()
+
+    asyncio.run(main())
+
+
+@needs_cuda
+def test_a_cuda_model_serves_concurrent_requests_of_mixed_sizes_exactly(tmp_path: Path) -> None:
+    link_example(tmp_path, "mlp", device="cuda")
+    spec = ModelRepository(tmp_path).read("mlp")
+    model = executable(read_artifact(spec.artifact, spec.config.max_batch_size))
+    rng = np.random.default_rng(0)
+    requests = [rng.random((int(rows), 784), dtype=np.float32) for rows in rng.integers(1, 9, 200)]
+
+    async def main() -> None:
+        engine = ModelEngine(spec)
+        await engine.start()
+        try:
+            results = await asyncio.gather(*(engine.infer([x], len(x), {}) for x in requests))
+        finally:
+            await engine.stop(drain_timeout_s=5.0)
+        for x, result in zip(requests, results, strict=True):
+            np.testing.assert_allclose(result.outputs[0], model(torch.from_numpy(x)).numpy(), rtol=1e-4, atol=1e-5)
+
+    asyncio.run(main())
