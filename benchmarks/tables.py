@@ -27,24 +27,29 @@ def main(argv: list[str]) -> int:
 def serving_overhead(report: dict[str, Any]) -> str:
     limit = report["in_process_limit"]
     lines = [
-        "| case | throughput (req/s) | p50 (ms) | p90 (ms) | p99 (ms) | vs in-process throughput | server CPU/request "
-        "| perf_analyzer cores | others' cores |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| case | throughput (req/s) | p50 (ms) | p90 (ms) | p99 (ms) | worker compute, mean (ms) "
+        "| vs in-process throughput | server CPU/request | perf_analyzer cores | others' cores |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, case in report["cases"].items():
         if case["throughput_rps"] is None:
-            lines.append(f"| {name} | failed | | | | | | | |")
+            lines.append(f"| {name} | failed | | | | | | | | |")
             continue
         lines.append(
             f"| {_case(name)} | {case['throughput_rps']:.0f} ({_span(case['throughput_rps_all'], '.0f')}) "
             f"| {case['p50_ms']:.3f} ({_span(case['p50_ms_all'], '.3f')}) "
-            f"| {case['p90_ms']:.3f} | {case['p99_ms']:.3f} "
+            f"| {case['p90_ms']:.3f} | {case['p99_ms']:.3f} | {case['server_compute_ms']:.3f} "
             f"| {case['throughput_vs_in_process']:.3f}× | {case['server_cpu_us_per_request']:.0f} µs "
             f"| {case['perf_analyzer_cores']:.2f} | {case['other_cores']:.2f} |"
         )
     lines.append(
         f"| in-process, 1 thread | {limit['throughput_rps']:.0f} | {limit['p50_ms']:.3f} | {limit['p90_ms']:.3f} "
-        f"| {limit['p99_ms']:.3f} | 1× | | | |"
+        f"| {limit['p99_ms']:.3f} | | 1× | | | |"
+    )
+    paced = report["in_process_idle_gaps"]
+    lines.append(
+        f"| in-process, {paced['idle_between_calls_s'] * 1e3:g} ms idle before each call | | {paced['p50_ms']:.3f} "
+        f"| {paced['p90_ms']:.3f} | {paced['p99_ms']:.3f} | | | | | |"
     )
     return "\n".join(lines) + "\n\n" + _bars(report["bars"])
 
