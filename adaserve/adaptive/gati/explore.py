@@ -19,7 +19,6 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -189,6 +188,7 @@ def explore(
     )
     jobs = [(i, spec) for i in exits for spec in settings.variants]
     seen: set[tuple[int, str]] = set()
+    trained: list[tuple[int, VariantSpec, LearnedCache, Fitted]] = []
     bar = tqdm(jobs, desc="caches", unit="variant", disable=not progress)
     for block_index, spec in bar:
         bar.set_postfix_str(f"{chain.names[block_index]} {spec.name}")
@@ -197,38 +197,28 @@ def explore(
         if predictor is None or (block_index, repr(predictor)) in seen:
             continue  # the variant does not apply to this shape, or equals one already trained
         seen.add((block_index, repr(predictor)))
+        selector = Selector(result.num_classes)
+        steps = settings.selector_steps
+        fitted = fit_cache(predictor, selector, activations[block_index], probs, labels, splits, settings.train, steps)
+        record = ExitRecord(key="", block="", block_index=block_index, threshold=0.5)
+        trained.append((block_index, spec, LearnedCache(record, predictor, selector), fitted))
+    lookups_s = _lookup_latencies(chain, x[:1], [(i, cache) for i, _, cache, _ in trained], settings.latency_repeats)
+    for (block_index, spec, cache, fitted), lookup_s in zip(trained, lookups_s, strict=True):
         result.variants.append(
-            _train_variant(block_index, spec, predictor, activations[block_index], probs, labels, splits, settings)
+            Explored(
+                block_index=block_index,
+                variant=spec,
+                input_shape=shapes[block_index],
+                predictor=cache.predictor,
+                selector=cache.selector,
+                lookup_latency_s=lookup_s,
+                memory_bytes=weight_bytes(cache.predictor) + weight_bytes(cache.selector),
+                scores=fitted.scores,
+                softmax=fitted.softmax,
+                agrees=fitted.agrees,
+            )
         )
     return result
-
-
-def _train_variant(
-    block_index: int,
-    spec: VariantSpec,
-    predictor: nn.Module,
-    activations: torch.Tensor,
-    probs: torch.Tensor,
-    labels: torch.Tensor,
-    splits: dict[str, torch.Tensor],
-    settings: ExploreSettings,
-) -> Explored:
-    selector = Selector(probs.shape[1])
-    fitted = fit_cache(predictor, selector, activations, probs, labels, splits, settings.train, settings.selector_steps)
-    timed = LearnedCache(ExitRecord(key="", block="", block_index=block_index, threshold=0.5), predictor, selector)
-    lookup_s = time_call(partial(timed, activations[:1]), settings.latency_repeats)  # as the runtime calls it
-    return Explored(
-        block_index=block_index,
-        variant=spec,
-        input_shape=tuple(activations.shape[1:]),
-        predictor=predictor,
-        selector=selector,
-        lookup_latency_s=lookup_s,
-        memory_bytes=weight_bytes(predictor) + weight_bytes(selector),
-        scores=fitted.scores,
-        softmax=fitted.softmax,
-        agrees=fitted.agrees,
-    )
 
 
 @dataclass(frozen=True)
@@ -338,6 +328,34 @@ def _block_latencies(chain: BlockChain, first: np.ndarray, repeats: int) -> tupl
                 x = block(x)
                 spent.append(time.perf_counter() - began)
     return tuple(statistics.median(spent[warm_up:]) for spent in times)
+
+
+def _lookup_latencies(
+    chain: BlockChain, first: np.ndarray, caches: Sequence[tuple[int, LearnedCache]], repeats: int
+) -> list[float]:
+    """Median seconds of each (exit block, cache)'s lookup at batch 1, timed where the runtime runs it: right after
+    its block, inside runs of the whole chain, one cache per exit in each run (the exit's caches take turns). As
+    with the blocks, a lookup timed alone on the same input over and over ran faster than between the blocks, and
+    composition weighed lookups as cheaper than they were."""
+    at_exit: dict[int, list[int]] = {}
+    for index, (block_index, _) in enumerate(caches):
+        at_exit.setdefault(block_index, []).append(index)
+    turns = max((len(indices) for indices in at_exit.values()), default=0)
+    warm_up = _warm_up_runs(repeats)
+    times: list[list[float]] = [[] for _ in caches]
+    with torch.no_grad():
+        for run in range((warm_up + repeats) * turns):
+            x = torch.from_numpy(first)
+            for block_index, block in enumerate(chain.blocks):
+                x = block(x)
+                indices = at_exit.get(block_index)
+                if indices:
+                    index = indices[run % len(indices)]
+                    began = time.perf_counter()
+                    caches[index][1](x)
+                    if run >= warm_up * turns:
+                        times[index].append(time.perf_counter() - began)
+    return [statistics.median(spent) for spent in times]
 
 
 def _warm_up_runs(repeats: int) -> int:

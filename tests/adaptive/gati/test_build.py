@@ -91,3 +91,33 @@ def test_an_archive_without_x(tmp_path: Path) -> None:
     np.savez(tmp_path / "labels.npz", y=np.zeros(3))
     with pytest.raises(ConfigError, match=r"labels\.npz: no array named 'x' \(found: y\)"):
         build_cache_set(ModelRepository(tmp_path).read("cnn"), str(tmp_path / "labels.npz"), QUICKISH, targets=[0.97])
+
+
+def test_each_lookup_is_timed_right_after_its_block_inside_runs_of_the_chain() -> None:
+    """Two caches share the first exit and take turns; each sees its block's output, never another block's, and
+    its own time (a cache that sleeps 2 ms is timed at 2 ms or more, and above the others)."""
+    import time
+
+    import torch
+
+    from adaserve.adaptive.gati.blocks import BlockChain
+    from adaserve.adaptive.gati.explore import _lookup_latencies
+
+    blocks = (torch.nn.Linear(4, 4), torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+    chain = BlockChain(("a", "b", "c"), blocks, (80, 60, 32))
+    seen: dict[str, list[tuple[int, ...]]] = {"fast": [], "slow": [], "late": []}
+
+    def cache(name: str, sleep_s: float = 0.0) -> torch.nn.Module:
+        class Recording(torch.nn.Module):
+            def forward(self, x: torch.Tensor) -> torch.Tensor:
+                seen[name].append(tuple(x.shape))
+                time.sleep(sleep_s)
+                return x
+
+        return Recording()
+
+    first = np.zeros((1, 4), dtype=np.float32)
+    caches = [(0, cache("fast")), (0, cache("slow", 0.002)), (1, cache("late"))]
+    fast, slow, late = _lookup_latencies(chain, first, caches, repeats=10)  # type: ignore[arg-type]
+    assert seen == {"fast": [(1, 4)] * 13, "slow": [(1, 4)] * 13, "late": [(1, 3)] * 26}  # 3 warm-up runs each
+    assert slow >= 0.002 and slow > fast and slow > late
