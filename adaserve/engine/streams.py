@@ -131,11 +131,11 @@ class StreamLane:
 
     @contextlib.contextmanager
     def running(self, start: int, rows: int) -> Iterator[None]:
-        try:
-            self._inputs.order(self._stream, start, rows)
-            with _on(self._stream):
-                yield
-            if self._stream is not None:
-                self._stream.synchronize()  # the outputs are in the pool before the worker answers
-        finally:
-            self._inputs.release(start, rows)
+        """Released only after a batch that ran: when the worker dies instead, the engine runs the rows again
+        elsewhere, and they are still staged for it."""
+        self._inputs.order(self._stream, start, rows)
+        with _on(self._stream):
+            yield
+        if self._stream is not None:
+            self._stream.synchronize()  # the outputs are in the pool before the worker answers
+        self._inputs.release(start, rows)

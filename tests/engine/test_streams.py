@@ -209,3 +209,18 @@ def test_a_cuda_model_serves_concurrent_requests_of_mixed_sizes_exactly(tmp_path
             np.testing.assert_allclose(result.outputs[0], model(torch.from_numpy(x)).numpy(), rtol=1e-4, atol=1e-5)
 
     asyncio.run(main())
+
+
+def test_a_batch_that_dies_leaves_its_rows_staged_for_the_worker_that_runs_them_again(
+    parts: Parts, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, staged, _, _ = parts
+    monkeypatch.setattr(streams, "STAGE_TIMEOUT_S", 0.1)
+    lane = StreamLane(staged)
+    staged.stage(0, 2)
+    with pytest.raises(RuntimeError, match="the worker died"), lane.running(0, 2):
+        raise RuntimeError("the worker died")
+    with lane.running(0, 2):  # does not wait: the rows are still staged
+        pass
+    with pytest.raises(RuntimeError, match="not staged"), lane.running(0, 2):  # released by the batch that ran
+        pass
