@@ -38,7 +38,7 @@ from adaserve.engine.streams import StagedInputs, StreamLane, on_device
 from adaserve.engine.worker import BatchRunner
 from adaserve.errors import ConfigError
 from adaserve.repository import ModelRepository, executable, read_artifact
-from tests.server_utils import EXAMPLES, link_example
+from tests.server_utils import EXAMPLES, link_example, running_server
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -190,6 +190,21 @@ def test_device_cuda_without_a_gpu_is_a_clear_load_error(tmp_path: Path) -> None
     asyncio.run(main())
 
 
+def test_a_batch_that_dies_leaves_its_rows_staged_for_the_worker_that_runs_them_again(
+    parts: Parts, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, staged, _, _ = parts
+    monkeypatch.setattr(streams, "STAGE_TIMEOUT_S", 0.1)
+    lane = StreamLane(staged)
+    staged.stage(0, 2)
+    with pytest.raises(RuntimeError, match="the worker died"), lane.running(0, 2):
+        raise RuntimeError("the worker died")
+    with lane.running(0, 2):  # does not wait: the rows are still staged
+        pass
+    with pytest.raises(RuntimeError, match="not staged"), lane.running(0, 2):  # released by the batch that ran
+        pass
+
+
 @needs_cuda
 def test_a_cuda_model_serves_concurrent_requests_of_mixed_sizes_exactly(tmp_path: Path) -> None:
     link_example(tmp_path, "mlp", device="cuda")
@@ -211,16 +226,16 @@ def test_a_cuda_model_serves_concurrent_requests_of_mixed_sizes_exactly(tmp_path
     asyncio.run(main())
 
 
-def test_a_batch_that_dies_leaves_its_rows_staged_for_the_worker_that_runs_them_again(
-    parts: Parts, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    _, staged, _, _ = parts
-    monkeypatch.setattr(streams, "STAGE_TIMEOUT_S", 0.1)
-    lane = StreamLane(staged)
-    staged.stage(0, 2)
-    with pytest.raises(RuntimeError, match="the worker died"), lane.running(0, 2):
-        raise RuntimeError("the worker died")
-    with lane.running(0, 2):  # does not wait: the rows are still staged
-        pass
-    with pytest.raises(RuntimeError, match="not staged"), lane.running(0, 2):  # released by the batch that ran
-        pass
+@needs_cuda
+def test_tritonclient_gets_a_cuda_models_answers_through_the_server(tmp_path: Path) -> None:
+    import tritonclient.http as httpclient
+
+    link_example(tmp_path, "mlp", device="cuda")
+    spec = ModelRepository(tmp_path).read("mlp")
+    model = executable(read_artifact(spec.artifact, spec.config.max_batch_size))
+    rows = np.random.default_rng(1).random((5, 784), dtype=np.float32)
+    with running_server(tmp_path) as server, httpclient.InferenceServerClient(server.http_url) as client:
+        tensor = httpclient.InferInput("image", list(rows.shape), "FP32")
+        tensor.set_data_from_numpy(rows, binary_data=True)
+        answer = client.infer("mlp", [tensor]).as_numpy("logits")
+    np.testing.assert_allclose(answer, model(torch.from_numpy(rows)).numpy(), rtol=1e-4, atol=1e-5)
