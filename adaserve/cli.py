@@ -29,7 +29,8 @@ def _serve(args: argparse.Namespace) -> int:
     if args.model_memory_budget is not None:
         from adaserve.engine.router import CacheSettings
 
-        cache = CacheSettings(args.model_memory_budget, args.cache_policy)
+        budget = _budget_bytes(args.model_memory_budget, args.model_repository)
+        cache = CacheSettings(budget, args.cache_policy)
     options = ServeOptions(
         model_repository=args.model_repository,
         host=args.host,
@@ -44,17 +45,34 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def memory_budget(text: str) -> int:
-    """`--model-memory-budget`: bytes with a unit, or a percentage of this machine's memory (host RAM on CPU)."""
+def memory_budget(text: str) -> str:
+    """`--model-memory-budget`: bytes with a unit, or a percentage; checked here, resolved by `_budget_bytes` once
+    the repository says which device's memory a percentage is of."""
     from adaserve.cache.budget import parse_budget
 
-    total_kib = next(
-        int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemTotal")
-    )
     try:
-        return parse_budget(text, total_kib * 1024)
+        parse_budget(text, 1 << 40)
     except ConfigError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _budget_bytes(text: str, repository: Path) -> int:
+    """The budget in bytes: a percentage is of host RAM when the repository's models run on the CPU, of the GPU's
+    memory when they run on CUDA (`device` in their configs; a model whose config is broken counts for nothing)."""
+    from adaserve.cache.budget import device_memory_bytes, is_percentage, parse_budget
+    from adaserve.repository import ModelRepository
+
+    if not is_percentage(text):
+        return parse_budget(text, 0)
+    repo = ModelRepository(repository)
+    devices = set()
+    for name in repo.names():
+        try:
+            devices.add(repo.read(name).config.device)
+        except AdaserveError:
+            continue
+    return parse_budget(text, device_memory_bytes(devices))
 
 
 def spare_hosts(text: str) -> int:

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
+from collections.abc import Collection
+from pathlib import Path
 
 from adaserve.errors import ConfigError
 
@@ -33,3 +37,39 @@ def parse_budget(text: str, whole_bytes: int) -> int:
     if budget <= 0:
         raise ConfigError(f"budget {text!r} is {budget} bytes; it must be positive")
     return budget
+
+
+def is_percentage(text: str) -> bool:
+    return text.strip().endswith("%")
+
+
+def device_memory_bytes(devices: Collection[str]) -> int:
+    """What a percentage budget is of, for models on `devices`: host RAM for CPU models, the GPU's memory for CUDA
+    ones. Models on both have no one whole to take a percentage of: ConfigError, asking for bytes."""
+    kinds = set(devices)
+    if kinds == {"cuda"}:
+        return gpu_memory_bytes()
+    if kinds <= {"cpu"}:
+        return host_memory_bytes()
+    raise ConfigError(
+        "a percentage budget needs every model on one device, and this repository has models on cpu and on cuda; "
+        "give the budget in bytes (2GiB, 500MB)"
+    )
+
+
+def host_memory_bytes() -> int:
+    meminfo = Path("/proc/meminfo").read_text().splitlines()
+    return next(int(line.split()[1]) for line in meminfo if line.startswith("MemTotal")) * 1024
+
+
+def gpu_memory_bytes() -> int:
+    """The memory of the GPU a CUDA model runs on, asked of torch in a child process: the server itself neither
+    imports torch nor opens a CUDA context (which would hold GPU memory for the server's life)."""
+    probe = "import torch; print(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        reason = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ConfigError(
+            f"a percentage budget for CUDA models needs the GPU's memory, and torch could not tell: {reason}"
+        )
+    return int(done.stdout.strip())
