@@ -133,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     from adaserve.adaptive.gati.cli import register as register_caches
     from adaserve.bench.cli import register as register_bench
     from adaserve.cache.cli import register as register_cache
-    from adaserve.cache.policies import POLICIES, BeladyOracle
+    from adaserve.cache.policies import POLICIES
     from adaserve.cpu.cli import register as register_cpu
 
     parser = argparse.ArgumentParser(prog="adaserve", description=__doc__)
@@ -160,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--cache-policy",
         default="iam",
-        choices=[name for name in POLICIES if name != BeladyOracle.name],  # the oracle needs the future
+        choices=[name for name, policy in POLICIES.items() if not policy.needs_future],  # the server has no future
         help="eviction policy under a memory budget (default: iam, mCache's importance-aware policy)",
     )
     serve.add_argument(

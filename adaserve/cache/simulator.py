@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from adaserve.cache.policies import BeladyOracle, create_policy
+from adaserve.cache.policies import POLICIES, create_policy
 from adaserve.cache.residency import Residency, Resident, State
 from adaserve.cache.stats import StatsRegistry
 from adaserve.cache.workload import Request
@@ -119,8 +119,9 @@ def simulate(
     **policy_options: Any,
 ) -> SimulationResult:
     """Replay `requests` (in time order; ties keep their order) under `budget_bytes` with the policy named
-    `policy`; the oracle is given the requests as its future. Raises ModelTooLargeError before replaying if a
-    requested model exceeds the budget, and ConfigError for a request naming a model `models` lacks."""
+    `policy`; a policy that needs the future (the oracle, IAM with foresight) is given the requests as its future.
+    Raises ModelTooLargeError before replaying if a requested model exceeds the budget, and ConfigError for a request
+    naming a model `models` lacks."""
     if not requests:
         raise ValueError("no requests to simulate")
     for name in {r.model for r in requests}:
@@ -135,7 +136,7 @@ def simulate(
         raise ValueError(f"clients must be at least 1, got {clients}")
     ordered = sorted(requests, key=lambda r: r.time_s)
     registry = StatsRegistry()
-    if policy.lower() == BeladyOracle.name:
+    if (known := POLICIES.get(policy.lower())) is not None and known.needs_future:
         policy_options = {**policy_options, "future": [r.model for r in ordered]}
     core = Residency(budget_bytes, create_policy(policy, registry, budget_bytes, **policy_options))
     return _Replay(core, models, ordered, clients).run()

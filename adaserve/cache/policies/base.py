@@ -8,8 +8,11 @@ victim until the model coming in fits.
 
 from __future__ import annotations
 
+import bisect
+import math
 from abc import ABC, abstractmethod
-from collections.abc import Set
+from collections import defaultdict
+from collections.abc import Sequence, Set
 from typing import ClassVar
 
 from adaserve.cache.stats import StatsRegistry
@@ -20,6 +23,8 @@ class EvictionPolicy(ABC):
 
     #: The name `create_policy` knows it by (the value of `--policy`).
     name: ClassVar[str]
+    #: Made with `future=[model names in request order]`: only the simulator has that, so only it can make one.
+    needs_future: ClassVar[bool] = False
 
     def __init__(self, stats: StatsRegistry, budget_bytes: int) -> None:
         self.stats = stats
@@ -39,3 +44,35 @@ class EvictionPolicy(ABC):
         """The model to evict next, one of `candidates` (never empty), while `needed_bytes` more must be freed. The
         caller evicts the model returned, so a policy may update its own state here as its search would (SRRIP ages
         its RRPVs, GDSF raises its L)."""
+
+
+class NextUse:
+    """Where each model is requested next in a known request sequence, following the requests as they arrive: the
+    future the simulator gives the policies that need one."""
+
+    def __init__(self, future: Sequence[str]) -> None:
+        self._future = list(future)
+        self._positions: dict[str, list[int]] = defaultdict(list)
+        for index, name in enumerate(self._future):
+            self._positions[name].append(index)
+        self.cursor = -1  # index of the latest request
+
+    def advance(self, name: str) -> None:
+        """The next request arrived; ValueError if the sequence given said another model."""
+        self.cursor += 1
+        expected = self._future[self.cursor] if self.cursor < len(self._future) else None
+        if name != expected:
+            raise ValueError(
+                f"the policy was given a different request sequence: request {self.cursor} is for '{name}', "
+                f"its future says {expected!r}"
+            )
+
+    def index(self, name: str) -> float:
+        """Index of the next request for `name` after the latest one; infinite if there is none."""
+        positions = self._positions.get(name, [])
+        found = bisect.bisect_right(positions, self.cursor)
+        return positions[found] if found < len(positions) else math.inf
+
+    def distance(self, name: str) -> float:
+        """Requests from the latest one to the next for `name` (1: it is the very next); infinite if none."""
+        return self.index(name) - self.cursor

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import bisect
-import math
-from collections import defaultdict
 from collections.abc import Sequence, Set
 
-from adaserve.cache.policies.base import EvictionPolicy
+from adaserve.cache.policies.base import EvictionPolicy, NextUse
 from adaserve.cache.stats import StatsRegistry
 
 
@@ -26,29 +23,18 @@ class BeladyOracle(EvictionPolicy):
     """
 
     name = "oracle"
+    needs_future = True
 
     def __init__(self, stats: StatsRegistry, budget_bytes: int, future: Sequence[str]) -> None:
         super().__init__(stats, budget_bytes)
-        self._future = list(future)
-        self._positions: dict[str, list[int]] = defaultdict(list)
-        for index, name in enumerate(self._future):
-            self._positions[name].append(index)
-        self._cursor = -1  # index of the latest request
+        self._next = NextUse(future)
 
     def on_request(self, name: str, now: float) -> None:
-        self._cursor += 1
-        expected = self._future[self._cursor] if self._cursor < len(self._future) else None
-        if name != expected:
-            raise ValueError(
-                f"the oracle was given a different request sequence: request {self._cursor} is for '{name}', "
-                f"its future says {expected!r}"
-            )
+        self._next.advance(name)
 
     def next_use(self, name: str) -> float:
         """Index of the next request for `name` after the latest one; infinite if there is none."""
-        positions = self._positions.get(name, [])
-        found = bisect.bisect_right(positions, self._cursor)
-        return positions[found] if found < len(positions) else math.inf
+        return self._next.index(name)
 
     def victim(self, candidates: Set[str], needed_bytes: int, now: float) -> str:
         farthest_first = sorted(candidates, key=lambda name: (self.next_use(name), name), reverse=True)

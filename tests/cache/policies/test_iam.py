@@ -91,3 +91,16 @@ def test_a_pinned_model_at_the_top_of_the_queue_is_skipped_and_kept() -> None:
 def test_a_model_without_recent_requests_has_no_utility() -> None:
     iam = IAMPolicy(StatsRegistry(), 10)
     assert iam.utility("never", 0.0) == 0.0
+
+
+def test_with_foresight_t_is_the_requests_until_the_models_next_one() -> None:
+    """Equal penalties and sizes: utility is 1/T. Once the queue is rebuilt, the model requested last goes."""
+    cache = driver("iam-foresight", 3, future=list("ABCDACB"), refresh_period_s=1.0)
+    cache.replay("ABC")
+    iam = cache.policy
+    assert [iam.time_to_next(name, 0.0) for name in "ABCD"] == [2, 4, 3, 1]  # A at 4, B at 6, C at 5, D at 3
+    assert cache.request("D", now=5.0) == ["B"]
+    assert cache.replay("AC", now=5.0) == []
+    assert iam.time_to_next("D", 5.0) == math.inf  # never again
+    with pytest.raises(ValueError, match="request 6 is for 'A'"):
+        cache.request("A", now=5.0)
