@@ -196,9 +196,11 @@ class ModelEngine:
 
     async def _start_processes(self) -> None:
         stage_fd = self._stage_pipe[0] if self._stage_pipe is not None else None
-        self._host = self._hosts.launch(self.model, pool_fd=self._pool_fd, slots=self.slots, stage_fd=stage_fd)
-        if stage_fd is not None:
-            os.close(stage_fd)  # the host holds its own copy
+        try:
+            self._host = self._hosts.launch(self.model, pool_fd=self._pool_fd, slots=self.slots, stage_fd=stage_fd)
+        finally:
+            if stage_fd is not None:
+                os.close(stage_fd)  # the host holds its own copy
         ready = await self._host.ready()
         self.model_bytes, self.cache_bytes, self.early_exit = ready.model_bytes, ready.cache_bytes, ready.early_exit
         if ready.early_exit_error is not None:
