@@ -124,8 +124,9 @@ class ModelEngine:
             config.inflight_limit_for(self.worker_set.workers),
             max_busy_threads=busy_threads or None,
         )
-        # A CUDA model's host copies each request into its device ring as it arrives: this pipe names the rows.
-        self._stage_pipe = os.pipe() if config.device == "cuda" else None
+        # A CUDA model's host copies each request into its device ring as it arrives: this pipe names the rows
+        # (a new pipe for each host; `_launch_host` makes it).
+        self._stage_pipe: tuple[int, int] | None = None
         self.stats = ModelStats()
         self.state = EngineState.LOADING
         self.workers: dict[int, WorkerInfo] = {}
@@ -145,6 +146,7 @@ class ModelEngine:
         self._timer: asyncio.TimerHandle | None = None
         self._ids = itertools.count()
         self._host: ModelHost | None = None
+        self._host_lock = asyncio.Lock()  # one relaunch, however many spawns find the host gone
         self._tasks: set[asyncio.Task[Any]] = set()
         self._standby: set[int] = set()  # ready workers of a set that is not active yet
         self._retiring: set[int] = set()  # workers of a replaced set: they finish their batch, then stop
@@ -195,6 +197,16 @@ class ModelEngine:
         return self.model_bytes + sum(worker.workspace_bytes for worker in self.workers.values())
 
     async def _start_processes(self) -> None:
+        await self._launch_host()
+        starts = [await self._spawn(worker) for worker in self.worker_set.workers]
+        await asyncio.gather(*(started for _, started in starts))
+
+    async def _launch_host(self) -> None:
+        """Start the model's host and wait until it has loaded the model. A CUDA host gets a new stage pipe, and is
+        told at once of the rows already in the pool (after a relaunch, their batches run again on its workers)."""
+        if self._stage_pipe is not None:
+            os.close(self._stage_pipe[1])
+        self._stage_pipe = os.pipe() if self.model.config.device == "cuda" else None
         stage_fd = self._stage_pipe[0] if self._stage_pipe is not None else None
         try:
             self._host = self._hosts.launch(self.model, pool_fd=self._pool_fd, slots=self.slots, stage_fd=stage_fd)
@@ -208,8 +220,22 @@ class ModelEngine:
                 "learned caches cannot serve; the model serves without early exit",
                 extra={"model": self.model.name, "error": ready.early_exit_error},
             )
-        starts = [await self._spawn(worker) for worker in self.worker_set.workers]
-        await asyncio.gather(*(started for _, started in starts))
+        if self._stage_pipe is not None:
+            for pending in {p for p in self._owners if p is not None}:
+                write_staged(self._stage_pipe[1], pending.start, pending.rows)
+
+    async def _relaunch_host(self, failed: ModelHost) -> None:
+        """The host could not fork a worker: it died (on CUDA its workers, its threads, died with it) or its control
+        socket broke. End it, by the PID this server started it with, and start another."""
+        async with self._host_lock:
+            if self._host is not failed:
+                return  # another spawn has relaunched it
+            pid = failed.process.pid
+            log.warning("model host gone; starting it again", extra={"model": self.model.name, "pid": pid})
+            self.stats.host_restarts += 1
+            failed.process.kill()
+            await failed.stop()
+            await self._launch_host()
 
     # -- changing the worker set (Packrat) -------------------------------------------------------------------
     async def _follow_load(self, interval_s: float) -> None:
@@ -406,7 +432,12 @@ class ModelEngine:
         worker_id = next(self._ids)
         if standby:
             self._standby.add(worker_id)
-        process = await self._host.spawn(worker_id, spec)
+        host = self._host
+        try:
+            process = await host.spawn(worker_id, spec)
+        except ConfigError:
+            await self._relaunch_host(host)
+            process = await self._host.spawn(worker_id, spec)
         self._processes[worker_id] = process
         self._readers[worker_id] = FrameReader()
         self._gone.clear()

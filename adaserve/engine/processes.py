@@ -107,7 +107,10 @@ class ModelHost:
             return WorkerProcess(worker_id, spec, reply.pid, command_write, result_read)
 
     async def _receive(self) -> HostReady | HostFailed | WorkerSpawned:
-        data = await asyncio.get_running_loop().sock_recv(self._control, 1 << 16)
+        try:
+            data = await asyncio.get_running_loop().sock_recv(self._control, 1 << 16)
+        except OSError:  # reset by a host that died: the same as its end closing
+            data = b""
         if not data:
             code = self.process.poll()
             raise ConfigError(f"model '{self.model.name}': its host process exited (code {code})")

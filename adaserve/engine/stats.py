@@ -95,6 +95,7 @@ class ModelStats:
     compute_s: Histogram = field(default_factory=Histogram)
     request_s: Histogram = field(default_factory=Histogram)
     worker_restarts: int = 0
+    host_restarts: int = 0  # model host processes started again after they died
     reconfigurations: int = 0  # worker sets switched (Packrat)
     last_inference_ms: int = 0
     early_exit: ExitStats = field(default_factory=ExitStats)

@@ -35,6 +35,7 @@ class EngineCollector:
             "inference_count": "Rows (batch elements) computed",
             "inference_exec_count": "Batches executed by workers",
             "worker_restarts": "Worker processes restarted after they died",
+            "host_restarts": "Model host processes started again after they died",
             "worker_set_reconfigurations": "Worker sets switched with no downtime (Packrat)",
         }
         families = {
@@ -69,6 +70,7 @@ class EngineCollector:
             families["inference_count"].add_metric(labels, stats.inference_count)
             families["inference_exec_count"].add_metric(labels, stats.execution_count)
             families["worker_restarts"].add_metric(labels, stats.worker_restarts)
+            families["host_restarts"].add_metric(labels, stats.host_restarts)
             families["worker_set_reconfigurations"].add_metric(labels, stats.reconfigurations)
             if engine.worker_set.batch is not None:
                 planned.add_metric(labels, engine.worker_set.batch)

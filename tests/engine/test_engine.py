@@ -120,3 +120,26 @@ def test_a_waiting_request_that_is_cancelled_gives_its_slots_back(tmp_path: Path
         assert (await engine.infer([rows], 2, {})).outputs[0].shape == (2, 10)
 
     run_engine(tmp_path, body)
+
+
+def test_a_host_that_died_is_started_again_when_a_worker_must_be_replaced(tmp_path: Path) -> None:
+    """On CPU the workers outlive their host; the next worker to die needs a new one. (On CUDA the workers are the
+    host's threads and die with it: this is how that model comes back.)"""
+    link_example(tmp_path, "mlp", workers=ONE_WORKER)
+
+    async def body(engine: ModelEngine) -> None:
+        assert engine._host is not None
+        first_host = engine._host.process.pid
+        os.kill(first_host, signal.SIGKILL)  # our own host, by its PID
+        (worker,) = engine._processes.values()
+        os.kill(worker.pid, signal.SIGKILL)  # and our own worker
+        deadline = time.monotonic() + 60.0
+        while (len(engine.workers) != 1 or worker.id in engine._processes) and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert len(engine.workers) == 1 and engine._host.process.pid != first_host
+        assert engine.stats.host_restarts == 1 and engine.stats.worker_restarts == 1
+        rows = np.random.default_rng(0).standard_normal((2, 784)).astype(np.float32)
+        result: Any = await engine.infer([rows], 2, {})
+        assert result.outputs[0].shape == (2, 10)
+
+    run_engine(tmp_path, body)
