@@ -38,7 +38,7 @@ def serving_overhead(report: dict[str, Any]) -> str:
         lines.append(
             f"| {_case(name)} | {case['throughput_rps']:.0f} ({_span(case['throughput_rps_all'], '.0f')}) "
             f"| {case['p50_ms']:.3f} ({_span(case['p50_ms_all'], '.3f')}) "
-            f"| {case['p90_ms']:.3f} | {case['p99_ms']:.3f} | {case['server_compute_ms']:.3f} "
+            f"| {case['p90_ms']:.3f} | {case['p99_ms']:.3f} | {_ms(case.get('server_compute_ms'))} "
             f"| {case['throughput_vs_in_process']:.3f}× | {case['server_cpu_us_per_request']:.0f} µs "
             f"| {case['perf_analyzer_cores']:.2f} | {case['other_cores']:.2f} |"
         )
@@ -46,11 +46,12 @@ def serving_overhead(report: dict[str, Any]) -> str:
         f"| in-process, 1 thread | {limit['throughput_rps']:.0f} | {limit['p50_ms']:.3f} | {limit['p90_ms']:.3f} "
         f"| {limit['p99_ms']:.3f} | | 1× | | | |"
     )
-    paced = report["in_process_idle_gaps"]
-    lines.append(
-        f"| in-process, {paced['idle_between_calls_s'] * 1e3:g} ms idle before each call | | {paced['p50_ms']:.3f} "
-        f"| {paced['p90_ms']:.3f} | {paced['p99_ms']:.3f} | | | | | |"
-    )
+    paced = report.get("in_process_idle_gaps")  # absent from results written before it was measured
+    if paced is not None:
+        lines.append(
+            f"| in-process, {paced['idle_between_calls_s'] * 1e3:g} ms idle before each call | | {paced['p50_ms']:.3f} "
+            f"| {paced['p90_ms']:.3f} | {paced['p99_ms']:.3f} | | | | | |"
+        )
     return "\n".join(lines) + "\n\n" + _bars(report["bars"])
 
 
@@ -108,6 +109,10 @@ def _bars(bars: dict[str, Any]) -> str:
 
 def _case(name: str) -> str:
     return name.replace("http_c", "REST c=").replace("grpc_c", "gRPC c=")
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
 
 
 def _span(values: list[float], fmt: str) -> str:
