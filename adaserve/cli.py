@@ -9,10 +9,14 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tritonclient.utils import InferenceServerException
 
 from adaserve.errors import AdaserveError, ConfigError
+
+if TYPE_CHECKING:
+    from adaserve.cache.budget import Budget
 
 #: The example repository shipped in the source tree; `adaserve serve` with no arguments serves it.
 EXAMPLE_REPOSITORY = Path(__file__).resolve().parent.parent / "examples" / "models"
@@ -45,34 +49,34 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def memory_budget(text: str) -> str:
-    """`--model-memory-budget`: bytes with a unit, or a percentage; checked here, resolved by `_budget_bytes` once
-    the repository says which device's memory a percentage is of."""
-    from adaserve.cache.budget import parse_budget
+def memory_budget(text: str) -> Budget:
+    """`--model-memory-budget`: bytes with a unit, or a percentage, resolved by `_budget_bytes` once the repository
+    says which device's memory a percentage is of."""
+    from adaserve.cache.budget import Budget
 
     try:
-        parse_budget(text, 1 << 40)
+        return Budget.read(text)
     except ConfigError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
 
 
-def _budget_bytes(text: str, repository: Path) -> int:
+def _budget_bytes(budget: Budget, repository: Path) -> int:
     """The budget in bytes: a percentage is of host RAM when the repository's models run on the CPU, of the GPU's
     memory when they run on CUDA (`device` in their configs; a model whose config is broken counts for nothing)."""
-    from adaserve.cache.budget import device_memory_bytes, is_percentage, parse_budget
+    from adaserve.cache.budget import device_memory_bytes
     from adaserve.repository import ModelRepository
 
-    if not is_percentage(text):
-        return parse_budget(text, 0)
-    repo = ModelRepository(repository)
-    devices = set()
-    for name in repo.names():
-        try:
-            devices.add(repo.read(name).config.device)
-        except AdaserveError:
-            continue
-    return parse_budget(text, device_memory_bytes(devices))
+    def devices() -> set[str]:
+        repo = ModelRepository(repository)
+        found: set[str] = set()
+        for name in repo.names():
+            try:
+                found.add(repo.read(name).config.device)
+            except AdaserveError:
+                continue
+        return found
+
+    return budget.bytes_of(lambda: device_memory_bytes(devices()))
 
 
 def spare_hosts(text: str) -> int:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from collections.abc import Collection
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from pathlib import Path
 
 from adaserve.errors import ConfigError
@@ -25,22 +26,42 @@ _UNITS = {
 _PATTERN = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?)\s*(%|[a-zA-Z]*)\s*")
 
 
+@dataclass(frozen=True)
+class Budget:
+    """A budget as written: `amount` bytes, or with `share` that percentage of a whole that may be known only later
+    (the server learns from the repository which device's memory a percentage is of)."""
+
+    text: str
+    amount: float
+    share: bool
+
+    @classmethod
+    def read(cls, text: str) -> Budget:
+        """`"40%"`, or `"2GiB"`, `"500MB"`, `"123456"` bytes. ConfigError for anything else, or for 0 bytes."""
+        match = _PATTERN.fullmatch(text)
+        unit = match.group(2).lower() if match else ""
+        if match is None or (unit != "%" and unit not in _UNITS):
+            raise ConfigError(
+                f"budget {text!r}: expected bytes with an optional unit (500MB, 2GiB) or a percentage (40%)"
+            )
+        value = float(match.group(1))
+        budget = cls(text, value if unit == "%" else value * _UNITS[unit], unit == "%")
+        budget._positive(budget.amount if budget.share else int(budget.amount))
+        return budget
+
+    def bytes_of(self, whole_bytes: Callable[[], int]) -> int:
+        """The budget in bytes; `whole_bytes` is asked only for a percentage. ConfigError when it comes to 0."""
+        return self._positive(int(self.amount / 100 * whole_bytes()) if self.share else int(self.amount))
+
+    def _positive(self, budget: float) -> int:
+        if budget <= 0:
+            raise ConfigError(f"budget {self.text!r} is {int(budget)} bytes; it must be positive")
+        return int(budget)
+
+
 def parse_budget(text: str, whole_bytes: int) -> int:
-    """`"40%"` of `whole_bytes` (the device's memory, or the models' total size), or `"2GiB"`, `"500MB"`,
-    `"123456"` bytes. ConfigError for anything else, or a budget of 0 bytes."""
-    match = _PATTERN.fullmatch(text)
-    unit = match.group(2).lower() if match else ""
-    if match is None or (unit != "%" and unit not in _UNITS):
-        raise ConfigError(f"budget {text!r}: expected bytes with an optional unit (500MB, 2GiB) or a percentage (40%)")
-    value = float(match.group(1))
-    budget = int(value / 100 * whole_bytes) if unit == "%" else int(value * _UNITS[unit])
-    if budget <= 0:
-        raise ConfigError(f"budget {text!r} is {budget} bytes; it must be positive")
-    return budget
-
-
-def is_percentage(text: str) -> bool:
-    return text.strip().endswith("%")
+    """`"40%"` of `whole_bytes` (the models' total size, say), or bytes; see `Budget.read`."""
+    return Budget.read(text).bytes_of(lambda: whole_bytes)
 
 
 def device_memory_bytes(devices: Collection[str]) -> int:

@@ -5,7 +5,7 @@ import torch
 
 from adaserve.cache import budget
 from adaserve.cache.budget import device_memory_bytes, gpu_memory_bytes, host_memory_bytes, parse_budget
-from adaserve.cli import _budget_bytes
+from adaserve.cli import _budget_bytes, memory_budget
 from adaserve.errors import ConfigError
 from tests.server_utils import link_example
 
@@ -45,8 +45,8 @@ def test_the_server_reads_which_device_a_percentage_is_of_from_the_repository(
 ) -> None:
     monkeypatch.setattr(budget, "gpu_memory_bytes", lambda: 1000)
     link_example(tmp_path, "mlp", device="cuda")
-    assert _budget_bytes("40%", tmp_path) == 400
-    assert _budget_bytes("2KiB", tmp_path) == 2048
+    assert _budget_bytes(memory_budget("40%"), tmp_path) == 400
+    assert _budget_bytes(memory_budget("2KiB"), tmp_path) == 2048
     link_example(tmp_path, "cnn")
     with pytest.raises(ConfigError, match="models on cpu and on cuda"):
-        _budget_bytes("40%", tmp_path)
+        _budget_bytes(memory_budget("40%"), tmp_path)
