@@ -148,7 +148,7 @@ def _in_process(iterations: int, idle_s: float = 0.0) -> dict[str, Any]:
             start = time.perf_counter_ns()
             module(torch.from_numpy(row)).numpy()
             latencies[i] = time.perf_counter_ns() - start
-        elapsed_s = (time.perf_counter_ns() - began) / 1e9 - (iterations * idle_s if idle_s else 0.0)
+        elapsed_s = (time.perf_counter_ns() - began) / 1e9 - iterations * idle_s
     p50, p90, p99 = (float(x) / 1e6 for x in np.percentile(latencies, (50, 90, 99)))
     record.update(throughput_rps=iterations / elapsed_s, p50_ms=p50, p90_ms=p90, p99_ms=p99)
     return record

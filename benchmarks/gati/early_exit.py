@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from adaserve.adaptive.gati.cacheset import CacheSet, CompositionRecord
-from adaserve.adaptive.gati.compose import DEFAULT_MARGIN_SE, compose
+from adaserve.adaptive.gati.compose import compose, required_agreement
 from adaserve.adaptive.gati.explore import ExploreSettings, build_cache_set
 from adaserve.adaptive.gati.predictors import TrainSettings
 from adaserve.adaptive.gati.runtime import EarlyExit, ExitPlan
@@ -199,7 +199,7 @@ def build_methods(
         student = prepared.student(x)
         confidence = torch.softmax(student, 1).amax(1).numpy()
         agrees = student.argmax(1).numpy() == whole(x).argmax(1).numpy()
-    required = min(1.0, TARGET + DEFAULT_MARGIN_SE * math.sqrt(TARGET * (1 - TARGET) / len(calibrate)))
+    required = required_agreement(TARGET, len(calibrate))
     threshold = baselines.cascade_threshold(confidence, agrees, required)
     methods = {
         "base": plain(whole),

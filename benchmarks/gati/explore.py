@@ -38,7 +38,7 @@ import torch
 
 from adaserve.adaptive.gati.blocks import BlockChain, split_model
 from adaserve.adaptive.gati.cacheset import CacheSet, CompositionRecord, LearnedCache, Manifest
-from adaserve.adaptive.gati.compose import DEFAULT_MARGIN_SE, Candidate, compose, simulate, tune_thresholds
+from adaserve.adaptive.gati.compose import Candidate, compose, required_agreement, simulate, tune_thresholds
 from adaserve.adaptive.gati.explore import ExploreSettings, build_cache_set, load_data
 from adaserve.adaptive.gati.selectors import HitRates, choose_threshold
 from adaserve.repository import ModelRepository
@@ -195,7 +195,7 @@ def chain_study(manifest: Manifest, arrays: dict[str, np.ndarray], target: float
         hit_rate = HitRates.at(cal[0][i], cal[1][i], own[i]).hit_rate
         best[variant.block_index] = max(best.get(variant.block_index, (-1.0, i)), (hit_rate, i))
     chosen = [i for _, (_, i) in sorted(best.items())]
-    required = target + DEFAULT_MARGIN_SE * math.sqrt(target * (1 - target) / cal[0].shape[1])
+    required = required_agreement(target, cal[0].shape[1])
     tuned = tune_thresholds(chosen, free, *cal, manifest.block_latency_s, required, inline=False)  # lookups free
     result: dict[str, Any] = {"exits": [manifest.variants[i].key for i in chosen]}
     for label, thresholds in (("per_cache", [own[i] for i in chosen]), ("overall", list(tuned))):

@@ -63,6 +63,7 @@ __all__ = [
     "Candidate",
     "compose",
     "lookup_cost",
+    "required_agreement",
     "simulate",
     "solve_milp",
     "tune_thresholds",
@@ -74,6 +75,12 @@ ALPHAS = tuple(round(0.1 * i, 1) for i in range(11))
 DEFAULT_ALPHA = 0.2
 #: Standard errors of the calibrate split's agreement estimate the overall composition aims above the target.
 DEFAULT_MARGIN_SE = 2.0
+
+
+def required_agreement(target: float, rows: int, margin_se: float = DEFAULT_MARGIN_SE) -> float:
+    """What the overall composition aims at on `rows` calibrate rows: the target plus `margin_se` standard errors
+    of an agreement estimate at the target (at most 1)."""
+    return min(1.0, target + margin_se * math.sqrt(target * (1 - target) / rows))
 
 
 def lookup_cost(config: ModelConfig) -> Literal["inline", "async"]:
@@ -340,7 +347,7 @@ def compose(
         compositions.append(
             _record("milp", target, alpha, memory_budget_bytes, exits, manifest, candidates, cal, ev, False, inline)
         )
-        required = min(1.0, target + margin_se * math.sqrt(target * (1 - target) / cal[0].shape[1]))
+        required = required_agreement(target, cal[0].shape[1], margin_se)
         required = max(required, min_required)
         best_alpha, best = _overall(candidates, latency, cal, target, required, memory_budget_bytes, inline)
         compositions.append(
