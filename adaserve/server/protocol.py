@@ -5,6 +5,7 @@ The REST codec and the gRPC codec each translate their wire form to these types;
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,7 +61,7 @@ class InferenceResponse:
 def array_from_buffer(name: str, datatype: str, shape: tuple[int, ...], buffer: bytes | memoryview) -> np.ndarray:
     """A tensor from raw little-endian bytes (binary data extension and gRPC raw contents)."""
     dtype = wire_dtype(name, datatype)
-    expected = int(np.prod(shape)) * dtype.itemsize
+    expected = math.prod(shape) * dtype.itemsize
     if len(buffer) != expected:
         raise InvalidInputError(
             f"input '{name}': {len(buffer)} bytes of data for shape {list(shape)} {datatype}; expected {expected}"
@@ -75,16 +76,20 @@ def array_from_values(name: str, datatype: str, shape: tuple[int, ...], values: 
         array = np.asarray(values, dtype=dtype)
     except (TypeError, ValueError) as exc:
         raise InvalidInputError(f"input '{name}': data is not a list of {datatype} values: {exc}") from None
-    if array.size != int(np.prod(shape)):
+    if array.size != math.prod(shape):
         raise InvalidInputError(f"input '{name}': {array.size} values for shape {list(shape)}")
     return array.reshape(shape)
 
 
+#: The protocol's datatypes as they are on the wire: little-endian. Made once; numpy builds a dtype per call.
+WIRE_DTYPES = {datatype: dtype.newbyteorder("<") for datatype, dtype in DATATYPES.items()}
+
+
 def wire_dtype(name: str, datatype: str) -> np.dtype:
-    dtype = DATATYPES.get(datatype)
+    dtype = WIRE_DTYPES.get(datatype)
     if dtype is None:
         raise InvalidInputError(f"input '{name}': unsupported datatype {datatype!r}")
-    return dtype.newbyteorder("<")
+    return dtype
 
 
 def check_shape(name: str, shape: Any) -> tuple[int, ...]:
