@@ -26,6 +26,7 @@ from adaserve.server.protocol import (
     Tensor,
     array_from_buffer,
     array_from_values,
+    check_shape,
 )
 
 log = logging.getLogger("adaserve.grpc")
@@ -131,7 +132,7 @@ def decode_request(message: Any) -> InferenceRequest:
         raise InvalidInputError(f"{len(raw)} raw_input_contents for {len(message.inputs)} inputs")
     inputs = []
     for index, tensor in enumerate(message.inputs):
-        shape = tuple(tensor.shape)
+        shape = check_shape(tensor.name, list(tensor.shape))
         if raw:
             data = array_from_buffer(tensor.name, tensor.datatype, shape, raw[index])
         else:

@@ -69,16 +69,44 @@ def array_from_buffer(name: str, datatype: str, shape: tuple[int, ...], buffer: 
     return np.frombuffer(buffer, dtype=dtype).reshape(shape)
 
 
+#: numpy's kind of the values a datatype's kind takes: booleans for BOOL, numbers for the others (a whole number
+#: written 2.0, or one numpy read as a float because the list also holds an integer above INT64's range, is fine
+#: for an integer type).
+_ACCEPTED_KINDS = {"b": "b", "i": "iuf", "u": "iuf", "f": "iuf"}
+_KIND_NAMES = {"b": "booleans", "i": "integers", "u": "integers", "f": "fractional numbers", "U": "strings"}
+#: Integers a float64 holds exactly.
+_EXACT_FLOAT_INTEGER = 2**53
+
+
 def array_from_values(name: str, datatype: str, shape: tuple[int, ...], values: Any) -> np.ndarray:
-    """A tensor from JSON or typed-proto values, flat or nested, checked against its shape."""
+    """A tensor from JSON or typed-proto values, flat or nested, checked against its shape and its datatype. Values
+    the datatype cannot hold exactly are refused, not converted: a string or null, a boolean for a number type, a
+    fraction for an integer type, an integer outside the type's range."""
     dtype = wire_dtype(name, datatype)
     try:
-        array = np.asarray(values, dtype=dtype)
+        array = np.asarray(values)
     except (TypeError, ValueError) as exc:
         raise InvalidInputError(f"input '{name}': data is not a list of {datatype} values: {exc}") from None
     if array.size != math.prod(shape):
         raise InvalidInputError(f"input '{name}': {array.size} values for shape {list(shape)}")
-    return array.reshape(shape)
+    if not array.size:
+        return np.empty(shape, dtype)
+    kind = array.dtype.kind
+    if kind not in _ACCEPTED_KINDS[dtype.kind]:
+        found = _KIND_NAMES.get(kind, "nulls or values of mixed types")
+        raise InvalidInputError(f"input '{name}': {datatype} data must be {_KIND_NAMES[dtype.kind]}, got {found}")
+    if dtype.kind in "iu":
+        if kind == "f" and not np.array_equal(array, np.trunc(array)):
+            raise InvalidInputError(f"input '{name}': {datatype} data must be integers, got fractional numbers")
+        if kind == "f" and np.abs(array).max() >= _EXACT_FLOAT_INTEGER:
+            raise InvalidInputError(
+                f"input '{name}': {datatype} values mixing integers at or above 2**63 with others, or written as "
+                "fractions at or above 2**53, lose precision as JSON numbers; send the tensor as binary data"
+            )
+        limits = np.iinfo(dtype)
+        if array.min() < limits.min or array.max() > limits.max:
+            raise InvalidInputError(f"input '{name}': a value is outside {datatype}'s range {limits.min}..{limits.max}")
+    return array.astype(dtype, copy=False).reshape(shape)
 
 
 #: The protocol's datatypes as they are on the wire: little-endian. Made once; numpy builds a dtype per call.
@@ -93,6 +121,6 @@ def wire_dtype(name: str, datatype: str) -> np.dtype:
 
 
 def check_shape(name: str, shape: Any) -> tuple[int, ...]:
-    if not isinstance(shape, list | tuple) or not all(isinstance(d, int) and d >= 0 for d in shape):
+    if not isinstance(shape, list | tuple) or not all(type(d) is int and d >= 0 for d in shape):  # not a bool
         raise InvalidInputError(f"input '{name}': shape must be a list of non-negative integers, got {shape!r}")
     return tuple(shape)

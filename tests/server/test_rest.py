@@ -166,6 +166,24 @@ GOOD = np.zeros((1, 784), dtype=np.float32)
             400,
             "2 values for shape [1, 784]",
         ),
+        (
+            "/v2/models/mlp/infer",
+            json.dumps(
+                {"inputs": [{"name": "image", "datatype": "FP32", "shape": [1, 784], "data": ["1"] * 784}]}
+            ).encode(),
+            None,
+            400,
+            "FP32 data must be fractional numbers, got strings",
+        ),
+        (
+            "/v2/models/mlp/infer",
+            json.dumps(
+                {"inputs": [{"name": "image", "datatype": "FP32", "shape": [True, 784], "data": [0] * 784}]}
+            ).encode(),
+            None,
+            400,
+            "shape must be a list of non-negative integers",
+        ),
         ("/v2/models/nope/infer", infer_json("nope", GOOD), None, 404, "unknown model 'nope'"),
         ("/v2/models/mlp/versions/9/infer", infer_json("mlp", GOOD), None, 404, "unknown version '9'"),
         ("/v2/models/broken/infer", infer_json("broken", GOOD), None, 503, "cannot load model"),
