@@ -36,6 +36,7 @@ from adaserve.engine.messages import (
     RunBatch,
     WorkerFailed,
     WorkerReady,
+    check_parameters,
     write_staged,
 )
 from adaserve.engine.pool import PoolLayout, SharedRings, SlotRing
@@ -332,6 +333,8 @@ class ModelEngine:
         """Run `rows` rows (inputs already validated against the config) and return the outputs."""
         if self.state is not EngineState.READY:
             raise ModelNotReadyError(f"model '{self.model.name}' is {self.state.value.lower()}")
+        if parameters:
+            check_parameters(parameters)
         if self.model.config.activator is not None:
             parameters = prepare_parameters(parameters)  # a bad target is a 400 before anything is queued
         if self.model.config.caches is not None:

@@ -12,6 +12,8 @@ from typing import Any
 
 import msgspec
 
+from adaserve.errors import InvalidInputError
+
 _LENGTH = struct.Struct("<I")
 
 
@@ -147,6 +149,15 @@ def decode_launch(data: bytes) -> HostLaunch:
 def frame(message: msgspec.Struct) -> bytes:
     body = _encoder.encode(message)
     return _LENGTH.pack(len(body)) + body
+
+
+def check_parameters(values: dict[str, Any]) -> None:
+    """A request's parameters travel to its worker inside a `RunBatch`; InvalidInputError when they cannot (an
+    integer beyond 64 bits, say), so the request is refused before it is queued instead of failing a whole batch."""
+    try:
+        _encoder.encode(values)
+    except (msgspec.EncodeError, OverflowError, TypeError) as exc:
+        raise InvalidInputError(f"request parameters cannot be passed to the model: {exc}") from None
 
 
 def write_message(fd: int, message: msgspec.Struct) -> None:

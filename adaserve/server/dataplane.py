@@ -7,6 +7,7 @@ them as JSON, the gRPC adapter parses them into the protobuf messages of the sam
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from typing import Any
 
 import numpy as np
@@ -75,10 +76,21 @@ class DataPlane:
         rows = [entry.__dict__ for entry in self.router.index()]
         return [row for row in rows if row["state"] == "READY"] if ready_only else rows
 
-    async def load(self, name: str) -> None:
+    async def load(self, name: str, parameters: Collection[str] = ()) -> None:
+        """Triton's repository load. Its parameters send a config or files with the request (`config`,
+        `file:<path>`); they are refused, not ignored: a model loads from its directory in the repository."""
+        if parameters:
+            raise InvalidInputError(
+                f"load of '{name}': parameters {sorted(parameters)} are not supported; a model loads from its "
+                "directory in the repository (config.yaml and its version folders)"
+            )
         await self.router.load(name)
 
-    async def unload(self, name: str) -> None:
+    async def unload(self, name: str, parameters: Collection[str] = ()) -> None:
+        """Triton's repository unload; `unload_dependents` is accepted (no model here has dependents)."""
+        unknown = sorted(set(parameters) - {"unload_dependents"})
+        if unknown:
+            raise InvalidInputError(f"unload of '{name}': parameters {unknown} are not supported")
         await self.router.unload(name)
 
     # -- inference -------------------------------------------------------------------------------------------

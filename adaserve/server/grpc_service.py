@@ -112,12 +112,12 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @_answers_errors
     async def RepositoryModelLoad(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        await self.plane.load(request.model_name)
+        await self.plane.load(request.model_name, list(request.parameters))
         return service_pb2.RepositoryModelLoadResponse()
 
     @_answers_errors
     async def RepositoryModelUnload(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        await self.plane.unload(request.model_name)
+        await self.plane.unload(request.model_name, list(request.parameters))
         return service_pb2.RepositoryModelUnloadResponse()
 
     @_answers_errors

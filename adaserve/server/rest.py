@@ -72,13 +72,11 @@ def create_app(plane: DataPlane) -> Application:
         return json_response(plane.repository_index(ready_only=ready_only))
 
     async def load(request: Request) -> Response:
-        _json_body(request)
-        await plane.load(request.params["model"])
+        await plane.load(request.params["model"], _repository_parameters(request))
         return Response(200)
 
     async def unload(request: Request) -> Response:
-        _json_body(request)
-        await plane.unload(request.params["model"])
+        await plane.unload(request.params["model"], _repository_parameters(request))
         return Response(200)
 
     async def metrics(request: Request) -> Response:
@@ -121,6 +119,14 @@ def create_app(plane: DataPlane) -> Application:
 
 def _model(request: Request) -> tuple[str, str]:
     return request.params["model"], request.params.get("version", "")
+
+
+def _repository_parameters(request: Request) -> list[str]:
+    """The names of a repository load's or unload's `parameters`."""
+    parameters = _json_body(request).get("parameters", {})
+    if not isinstance(parameters, dict):
+        raise InvalidInputError("'parameters' must be an object")
+    return list(parameters)
 
 
 def _json_body(request: Request) -> dict[str, Any]:

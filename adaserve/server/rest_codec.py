@@ -23,6 +23,8 @@ from adaserve.server.protocol import (
 )
 
 HEADER_LENGTH = "inference-header-content-length"
+#: The binary data extension's switches.
+BOOLEAN_PARAMETERS = frozenset({"binary_data", "binary_data_output"})
 _json = msgspec.json.Decoder()
 _encode = msgspec.json.Encoder().encode
 
@@ -105,10 +107,21 @@ def _requested_output(raw: Any) -> RequestedOutput:
 
 
 def _parameters(raw: Any, where: str) -> dict[str, Any]:
+    """The protocol's parameters: a JSON object whose values are booleans, numbers or strings."""
     if raw is None:
         return {}
     if not isinstance(raw, dict):
         raise InvalidInputError(f"{where}: 'parameters' must be an object")
+    for key, value in raw.items():
+        if not isinstance(value, bool | int | float | str):
+            raise InvalidInputError(
+                f"{where}: parameter '{key}' must be a boolean, a number or a string, got {type(value).__name__}"
+            )
+        if isinstance(value, int) and not -(2**63) <= value < 2**64:
+            raise InvalidInputError(f"{where}: parameter '{key}' is outside the 64-bit integer range")
+    for key in BOOLEAN_PARAMETERS & raw.keys():
+        if not isinstance(raw[key], bool):
+            raise InvalidInputError(f"{where}: parameter '{key}' must be true or false, got {raw[key]!r}")
     return raw
 
 

@@ -11,10 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 from adaserve.config import WorkerSpec
 from adaserve.engine.engine import ModelEngine
 from adaserve.engine.worker_sets import WorkerSetChoice
+from adaserve.errors import InvalidInputError
 from adaserve.repository import ModelRepository
 from tests.server_utils import link_example
 
@@ -141,5 +143,22 @@ def test_a_host_that_died_is_started_again_when_a_worker_must_be_replaced(tmp_pa
         rows = np.random.default_rng(0).standard_normal((2, 784)).astype(np.float32)
         result: Any = await engine.infer([rows], 2, {})
         assert result.outputs[0].shape == (2, 10)
+
+    run_engine(tmp_path, body)
+
+
+def test_parameters_that_cannot_reach_a_worker_are_refused_and_the_model_keeps_serving(tmp_path: Path) -> None:
+    """An integer beyond 64 bits cannot be sent in a batch: the request is refused before it is queued. (It used to
+    fail while its batch was being sent, leaving that worker busy forever.)"""
+    link_example(tmp_path, "mlp", workers=[{"batch": 1, "threads": 1}])
+
+    async def body(engine: ModelEngine) -> None:
+        rows = np.zeros((1, 784), np.float32)
+        for _ in range(2):
+            with pytest.raises(InvalidInputError, match="request parameters cannot be passed to the model"):
+                await engine.infer([rows], 1, {"priority": 2**70})
+        answers = await asyncio.wait_for(asyncio.gather(*(engine.infer([rows], 1, {}) for _ in range(3))), 10.0)
+        assert len(answers) == 3
+        assert engine._ring.in_use == 0
 
     run_engine(tmp_path, body)

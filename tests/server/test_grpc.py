@@ -146,3 +146,13 @@ def test_a_client_built_from_the_v2_spec(server: ServerHandle, v2_stubs: Path, c
     assert answer["output"] == "logits" and answer["shape"] == [2, 10]
     logits = np.array(answer["logits"], dtype=np.float32).reshape(2, 10)
     np.testing.assert_allclose(logits, reference_outputs("mlp", array), rtol=1e-5, atol=1e-5)
+
+
+def test_a_load_that_sends_a_config_is_refused_not_ignored(client: grpcclient.InferenceServerClient) -> None:
+    with pytest.raises(InferenceServerException, match=r"parameters \['config'\] are not supported") as raised:
+        client.load_model("mlp", config=json.dumps({"max_batch_size": 4}))
+    assert raised.value.status() == "StatusCode.INVALID_ARGUMENT"
+    client.unload_model("mlp_torchscript")  # sends unload_dependents, which is accepted
+    assert not client.is_model_ready("mlp_torchscript")
+    client.load_model("mlp_torchscript")
+    assert client.is_model_ready("mlp_torchscript") and client.is_model_ready("mlp")

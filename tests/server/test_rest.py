@@ -131,6 +131,11 @@ def test_plain_curl(server: ServerHandle) -> None:
 GOOD = np.zeros((1, 784), dtype=np.float32)
 
 
+def _with_parameters(parameters: dict[str, Any]) -> bytes:
+    document = json.loads(infer_json("mlp", GOOD))
+    return json.dumps(document | {"parameters": parameters}).encode()
+
+
 @pytest.mark.parametrize(
     ("path", "body", "headers", "status", "message"),
     [
@@ -183,6 +188,27 @@ GOOD = np.zeros((1, 784), dtype=np.float32)
             None,
             400,
             "shape must be a list of non-negative integers",
+        ),
+        (
+            "/v2/models/mlp/infer",
+            _with_parameters({"priority": 2**70}),
+            None,
+            400,
+            "parameter 'priority' is outside the 64-bit integer range",
+        ),
+        (
+            "/v2/models/mlp/infer",
+            _with_parameters({"tags": ["a"]}),
+            None,
+            400,
+            "parameter 'tags' must be a boolean, a number or a string, got list",
+        ),
+        (
+            "/v2/models/mlp/infer",
+            _with_parameters({"binary_data_output": 1}),
+            None,
+            400,
+            "parameter 'binary_data_output' must be true or false, got 1",
         ),
         ("/v2/models/nope/infer", infer_json("nope", GOOD), None, 404, "unknown model 'nope'"),
         ("/v2/models/mlp/versions/9/infer", infer_json("mlp", GOOD), None, 404, "unknown version '9'"),
@@ -338,6 +364,13 @@ def test_unload_and_load_through_the_repository_api(client: httpclient.Inference
     )
     with pytest.raises(Exception, match="cannot load model"):
         client.load_model("broken")
+    assert client.is_model_ready("mlp")
+
+
+def test_a_load_that_sends_a_config_is_refused_not_ignored(client: httpclient.InferenceServerClient) -> None:
+    with pytest.raises(Exception, match=r"parameters \['config'\] are not supported"):
+        client.load_model("mlp", config=json.dumps({"max_batch_size": 4}))
+    assert client.get_model_config("mlp")["max_batch_size"] == 16
     assert client.is_model_ready("mlp")
 
 
