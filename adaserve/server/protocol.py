@@ -80,8 +80,8 @@ _EXACT_FLOAT_INTEGER = 2**53
 
 def array_from_values(name: str, datatype: str, shape: tuple[int, ...], values: Any) -> np.ndarray:
     """A tensor from JSON or typed-proto values, flat or nested, checked against its shape and its datatype. Values
-    the datatype cannot hold exactly are refused, not converted: a string or null, a boolean for a number type, a
-    fraction for an integer type, an integer outside the type's range."""
+    the datatype cannot hold are refused, not converted: a string or null, a boolean for a number type, a fraction
+    for an integer type, a number outside the type's range."""
     dtype = wire_dtype(name, datatype)
     try:
         array = np.asarray(values)
@@ -106,7 +106,11 @@ def array_from_values(name: str, datatype: str, shape: tuple[int, ...], values: 
         limits = np.iinfo(dtype)
         if array.min() < limits.min or array.max() > limits.max:
             raise InvalidInputError(f"input '{name}': a value is outside {datatype}'s range {limits.min}..{limits.max}")
-    return array.astype(dtype, copy=False).reshape(shape)
+    with np.errstate(over="ignore"):  # an overflow is refused just below
+        result = array.astype(dtype, copy=False)
+    if dtype.kind == "f" and not np.isfinite(result).all():  # JSON has no infinity: a finite value overflowed
+        raise InvalidInputError(f"input '{name}': a value is outside {datatype}'s range")
+    return result.reshape(shape)
 
 
 #: The protocol's datatypes as they are on the wire: little-endian. Made once; numpy builds a dtype per call.

@@ -45,6 +45,8 @@ def test_no_values_for_an_empty_shape() -> None:
         ("INT64", [2**63, 2**63], "outside INT64's range"),
         ("UINT64", [2**64 - 1, 0], "lose precision as JSON numbers; send the tensor as binary data"),
         ("UINT64", [2**64, 2**64], "got nulls or values of mixed types"),
+        ("FP32", [1e40, 0.0], "a value is outside FP32's range"),
+        ("FP16", [70000, 0], "a value is outside FP16's range"),
         ("FP32", [[1.0], [2.0, 3.0]], "data is not a list of FP32 values"),
         ("FP32", [1.0], "1 values for shape [2]"),
     ],
