@@ -156,8 +156,13 @@ def check_parameters(values: dict[str, Any]) -> None:
     integer beyond 64 bits, say), so the request is refused before it is queued instead of failing a whole batch."""
     try:
         _encoder.encode(values)
-    except (msgspec.EncodeError, OverflowError, TypeError) as exc:
-        raise InvalidInputError(f"request parameters cannot be passed to the model: {exc}") from None
+    except (msgspec.EncodeError, OverflowError, TypeError):
+        for key, value in values.items():  # name the culprit
+            try:
+                _encoder.encode(value)
+            except (msgspec.EncodeError, OverflowError, TypeError) as exc:
+                raise InvalidInputError(f"parameter '{key}' cannot be passed to the model: {exc}") from None
+        raise
 
 
 def write_message(fd: int, message: msgspec.Struct) -> None:

@@ -117,8 +117,6 @@ def _parameters(raw: Any, where: str) -> dict[str, Any]:
             raise InvalidInputError(
                 f"{where}: parameter '{key}' must be a boolean, a number or a string, got {type(value).__name__}"
             )
-        if isinstance(value, int) and not -(2**63) <= value < 2**64:
-            raise InvalidInputError(f"{where}: parameter '{key}' is outside the 64-bit integer range")
     for key in BOOLEAN_PARAMETERS & raw.keys():
         if not isinstance(raw[key], bool):
             raise InvalidInputError(f"{where}: parameter '{key}' must be true or false, got {raw[key]!r}")

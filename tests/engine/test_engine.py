@@ -155,7 +155,7 @@ def test_parameters_that_cannot_reach_a_worker_are_refused_and_the_model_keeps_s
     async def body(engine: ModelEngine) -> None:
         rows = np.zeros((1, 784), np.float32)
         for _ in range(2):
-            with pytest.raises(InvalidInputError, match="request parameters cannot be passed to the model"):
+            with pytest.raises(InvalidInputError, match="parameter 'priority' cannot be passed to the model"):
                 await engine.infer([rows], 1, {"priority": 2**70})
         answers = await asyncio.wait_for(asyncio.gather(*(engine.infer([rows], 1, {}) for _ in range(3))), 10.0)
         assert len(answers) == 3

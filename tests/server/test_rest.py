@@ -194,7 +194,7 @@ def _with_parameters(parameters: dict[str, Any]) -> bytes:
             _with_parameters({"priority": 2**70}),
             None,
             400,
-            "parameter 'priority' is outside the 64-bit integer range",
+            "parameter 'priority' cannot be passed to the model: can't serialize ints",
         ),
         (
             "/v2/models/mlp/infer",
