@@ -29,6 +29,10 @@ log = logging.getLogger("adaserve.http")
 MAX_PIPELINED = 32
 #: After a last answer (an error, or `Connection: close`), how long unread input is drained before closing.
 LINGER_S = 2.0
+#: A request's URL and headers together; past this it is refused (431) and nothing more of it is read, so a client
+#: cannot grow the server's memory with headers (the body has its own limit, `max_body_bytes`). Counted in whole
+#: chunks of input, so a request may get up to one chunk past it.
+MAX_HEAD_BYTES = 64 * 1024
 
 
 @dataclass
@@ -110,6 +114,9 @@ class HttpProtocol(asyncio.Protocol):
         self.pending: deque[tuple[Request | Response, bool]] = deque()  # a request, or an early error response
         self.task: asyncio.Task[None] | None = None
         self.closing = False  # the last answer is written; input is drained and discarded until close
+        self._messages = 0  # requests begun on this connection
+        self._in_head = True  # the current request's URL and headers are not complete yet
+        self._head_size = 0  # bytes of them received (chunks that held nothing else)
         self._reset()
 
     def _reset(self) -> None:
@@ -131,17 +138,24 @@ class HttpProtocol(asyncio.Protocol):
         self.transport = None
 
     def data_received(self, data: bytes) -> None:
-        if self.closing:
+        if self.closing or self._head_size > MAX_HEAD_BYTES:
             return
+        in_head, message = self._in_head, self._messages
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             self._fail(400, "protocol upgrades are not supported")
         except httptools.HttpParserError as exc:
             self._fail(400, f"malformed HTTP request: {exc}")
+        if in_head and self._in_head and message == self._messages:  # the whole chunk was URL and headers
+            self._head_size += len(data)
+            if self._head_size > MAX_HEAD_BYTES:  # the parser keeps a header until it ends: feed it no more
+                self._fail(431, f"the request's URL and headers exceed the limit of {MAX_HEAD_BYTES} bytes")
 
     # -- httptools callbacks ---------------------------------------------------------------------------------
     def on_message_begin(self) -> None:
+        self._messages += 1
+        self._head_size = 0
         self._reset()
 
     def on_url(self, url: bytes) -> None:
@@ -153,9 +167,10 @@ class HttpProtocol(asyncio.Protocol):
         self._headers[key] = f"{self._headers[key]}, {text}" if key in self._headers else text
 
     def on_headers_complete(self) -> None:
+        self._in_head = False
         declared = self._headers.get("content-length", "")
         if declared.isdigit() and int(declared) > self.max_body_bytes:
-            self._refuse(f"request body of {declared} bytes exceeds the limit of {self.max_body_bytes}")
+            self._refuse(413, f"request body of {declared} bytes exceeds the limit of {self.max_body_bytes}")
         elif self._headers.get("expect", "").lower() == "100-continue" and self.transport is not None:
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
@@ -164,11 +179,12 @@ class HttpProtocol(asyncio.Protocol):
             return
         self._size += len(body)
         if self._size > self.max_body_bytes:
-            self._refuse(f"request body exceeds the limit of {self.max_body_bytes} bytes")
+            self._refuse(413, f"request body exceeds the limit of {self.max_body_bytes} bytes")
             return
         self._body.append(body)
 
     def on_message_complete(self) -> None:
+        self._in_head = True  # of the next request
         keep_alive = self.parser.should_keep_alive()
         if self._refused is not None:
             self._enqueue(self._refused, False)
@@ -178,9 +194,9 @@ class HttpProtocol(asyncio.Protocol):
         self._enqueue(Request(method, path, self._headers, b"".join(self._body)), keep_alive)
 
     # -- answering -------------------------------------------------------------------------------------------
-    def _refuse(self, message: str) -> None:
-        """Answer 413 at once and close: the rest of an oversized body is never parsed or kept."""
-        self._refused = self.on_error(413, message)
+    def _refuse(self, status: int, message: str) -> None:
+        """Answer at once and close: the rest of an oversized request is never kept."""
+        self._refused = self.on_error(status, message)
         self._enqueue(self._refused, False)
 
     def _fail(self, status: int, message: str) -> None:

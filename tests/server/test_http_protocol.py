@@ -7,6 +7,7 @@ import socket
 
 import numpy as np
 
+from adaserve.server.http import MAX_HEAD_BYTES
 from tests.conftest import MAX_REQUEST_BYTES
 from tests.server.reference import reference_outputs
 from tests.server_utils import ServerHandle
@@ -116,3 +117,33 @@ def test_connection_close_is_honoured(server: ServerHandle) -> None:
         status, headers, body = read_response(sock, bytearray())
         assert sock.recv(1) == b""
     assert status == 200 and headers["connection"] == "close" and json.loads(body)["name"] == "adaserve"
+
+
+def test_endless_headers_are_refused_and_the_connection_closed(server: ServerHandle) -> None:
+    """URL and headers have a limit of their own (the body's does not cover them): one header that never ends is
+    refused, the connection closed, and the server still serves."""
+    with connect(server) as sock:
+        sock.sendall(b"GET /v2/health/ready HTTP/1.1\r\nHost: t\r\nX-Endless: ")
+        try:
+            for _ in range(4 * MAX_HEAD_BYTES // 4096):
+                sock.sendall(b"v" * 4096)
+        except OSError:
+            pass  # the server may close while we are still sending: the answer is already there
+        status, headers, body = read_response(sock, bytearray())
+        assert sock.recv(1) == b""
+    assert status == 431 and headers["connection"] == "close"
+    assert json.loads(body)["error"] == f"the request's URL and headers exceed the limit of {MAX_HEAD_BYTES} bytes"
+    with connect(server) as sock:
+        sock.sendall(b"GET /v2/health/ready HTTP/1.1\r\nHost: t\r\n\r\n")
+        assert read_response(sock, bytearray())[0] == 200
+
+
+def test_a_large_body_sent_with_its_headers_is_not_taken_for_headers(server: ServerHandle) -> None:
+    """A body that arrives in the same chunks as the headers counts against the body's limit, not the headers'."""
+    rows = np.random.default_rng(0).random((16, 784))  # about 20 characters a value
+    body = json.dumps({"inputs": [{"name": "image", "datatype": "FP32", "shape": [16, 784], "data": rows.tolist()}]})
+    assert len(body) > 2 * MAX_HEAD_BYTES
+    with connect(server) as sock:
+        sock.sendall(post("/v2/models/mlp/infer", body.encode()) * 2)  # two, pipelined, in one send
+        buffer = bytearray()
+        assert [read_response(sock, buffer)[0] for _ in range(2)] == [200, 200]
