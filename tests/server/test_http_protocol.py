@@ -38,6 +38,20 @@ def read_response(sock: socket.socket, buffer: bytearray) -> tuple[int, dict[str
     return int(status_line.split()[1]), headers, rest[:length]
 
 
+def refused_after(server: ServerHandle, head: bytes, piece: bytes, pieces: int) -> tuple[int, dict[str, str], bytes]:
+    """Send `head`, then `piece` up to `pieces` times on one connection; the answer, and that the server closed."""
+    with connect(server) as sock:
+        sock.sendall(head)
+        try:
+            for _ in range(pieces):
+                sock.sendall(piece)
+        except OSError:
+            pass  # the server may close while we are still sending: the answer is already there
+        answer = read_response(sock, bytearray())
+        assert sock.recv(1) == b""
+    return answer
+
+
 def infer_body(value: float) -> bytes:
     return json.dumps(
         {"inputs": [{"name": "image", "datatype": "FP32", "shape": [1, 784], "data": [value] * 784}]}
@@ -81,16 +95,10 @@ def test_chunked_body_and_expect_continue(server: ServerHandle) -> None:
 
 
 def test_an_oversized_chunked_body_is_refused_and_the_connection_closed(server: ServerHandle) -> None:
-    with connect(server) as sock:
-        sock.sendall(b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n")
-        piece = b"x" * 65536
-        try:
-            for _ in range(MAX_REQUEST_BYTES // len(piece) + 2):
-                sock.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
-        except OSError:
-            pass  # the server may close while we are still sending: the answer is already there
-        status, headers, body = read_response(sock, bytearray())
-        assert sock.recv(1) == b""
+    piece = b"x" * 65536
+    head = b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
+    chunk = b"%x\r\n%s\r\n" % (len(piece), piece)
+    status, headers, body = refused_after(server, head, chunk, MAX_REQUEST_BYTES // len(piece) + 2)
     assert status == 413 and headers["connection"] == "close"
     assert json.loads(body)["error"] == f"request body exceeds the limit of {MAX_REQUEST_BYTES} bytes"
 
@@ -122,15 +130,8 @@ def test_connection_close_is_honoured(server: ServerHandle) -> None:
 def test_endless_headers_are_refused_and_the_connection_closed(server: ServerHandle) -> None:
     """URL and headers have a limit of their own (the body's does not cover them): one header that never ends is
     refused, the connection closed, and the server still serves."""
-    with connect(server) as sock:
-        sock.sendall(b"GET /v2/health/ready HTTP/1.1\r\nHost: t\r\nX-Endless: ")
-        try:
-            for _ in range(4 * MAX_HEAD_BYTES // 4096):
-                sock.sendall(b"v" * 4096)
-        except OSError:
-            pass  # the server may close while we are still sending: the answer is already there
-        status, headers, body = read_response(sock, bytearray())
-        assert sock.recv(1) == b""
+    head = b"GET /v2/health/ready HTTP/1.1\r\nHost: t\r\nX-Endless: "
+    status, headers, body = refused_after(server, head, b"v" * 4096, 4 * MAX_HEAD_BYTES // 4096)
     assert status == 431 and headers["connection"] == "close"
     assert json.loads(body)["error"] == f"the request's URL and headers exceed the limit of {MAX_HEAD_BYTES} bytes"
     with connect(server) as sock:
