@@ -170,7 +170,7 @@ class HttpProtocol(asyncio.Protocol):
         self._in_head = False
         declared = self._headers.get("content-length", "")
         if declared.isdigit() and int(declared) > self.max_body_bytes:
-            self._refuse(413, f"request body of {declared} bytes exceeds the limit of {self.max_body_bytes}")
+            self._refuse(f"request body of {declared} bytes exceeds the limit of {self.max_body_bytes}")
         elif self._headers.get("expect", "").lower() == "100-continue" and self.transport is not None:
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
@@ -179,7 +179,7 @@ class HttpProtocol(asyncio.Protocol):
             return
         self._size += len(body)
         if self._size > self.max_body_bytes:
-            self._refuse(413, f"request body exceeds the limit of {self.max_body_bytes} bytes")
+            self._refuse(f"request body exceeds the limit of {self.max_body_bytes} bytes")
             return
         self._body.append(body)
 
@@ -194,9 +194,9 @@ class HttpProtocol(asyncio.Protocol):
         self._enqueue(Request(method, path, self._headers, b"".join(self._body)), keep_alive)
 
     # -- answering -------------------------------------------------------------------------------------------
-    def _refuse(self, status: int, message: str) -> None:
-        """Answer at once and close: the rest of an oversized request is never kept."""
-        self._refused = self.on_error(status, message)
+    def _refuse(self, message: str) -> None:
+        """Answer 413 at once and close: the rest of an oversized body is never parsed or kept."""
+        self._refused = self.on_error(413, message)
         self._enqueue(self._refused, False)
 
     def _fail(self, status: int, message: str) -> None:
