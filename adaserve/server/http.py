@@ -116,7 +116,6 @@ class HttpProtocol(asyncio.Protocol):
         self.closing = False  # the last answer is written; input is drained and discarded until close
         self._messages = 0  # requests begun on this connection
         self._in_head = True  # the current request's URL and headers are not complete yet
-        self._head_size = 0  # bytes of them received (chunks that held nothing else)
         self._reset()
 
     def _reset(self) -> None:
@@ -124,6 +123,7 @@ class HttpProtocol(asyncio.Protocol):
         self._headers: dict[str, str] = {}
         self._body: list[bytes] = []
         self._size = 0
+        self._head_size = 0  # bytes of URL and headers received (in chunks that held nothing else)
         self._refused: Response | None = None
 
     # -- asyncio.Protocol ------------------------------------------------------------------------------------
@@ -155,7 +155,6 @@ class HttpProtocol(asyncio.Protocol):
     # -- httptools callbacks ---------------------------------------------------------------------------------
     def on_message_begin(self) -> None:
         self._messages += 1
-        self._head_size = 0
         self._reset()
 
     def on_url(self, url: bytes) -> None:
