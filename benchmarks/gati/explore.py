@@ -176,9 +176,9 @@ def run_with_caches(chain: BlockChain, caches: tuple[LearnedCache, ...], x: torc
         x = block(x)
         if index in at:
             position, cache = at[index]
-            lookup = cache(x)
-            if bool(lookup.hit[0]):
-                return position, int(lookup.logits.argmax(1))
+            hit, logits, _ = cache(x)
+            if bool(hit[0]):
+                return position, int(logits.argmax(1))
     return -1, int(x.argmax(1))
 
 

@@ -423,10 +423,10 @@ def _measure(
     with torch.no_grad():
         for split in MEASURED_SPLITS:
             index = splits[split]
-            lookup = cache(activations[index])
-            measured["scores"][split] = lookup.score.numpy()
-            measured["softmax"][split] = torch.softmax(lookup.logits, 1).max(1).values.numpy()
-            measured["agrees"][split] = (lookup.logits.argmax(1) == probs[index].argmax(1)).numpy()
+            _, logits, score = cache(activations[index])
+            measured["scores"][split] = score.numpy()
+            measured["softmax"][split] = torch.softmax(logits, 1).max(1).values.numpy()
+            measured["agrees"][split] = (logits.argmax(1) == probs[index].argmax(1)).numpy()
     return Fitted(**measured)
 
 

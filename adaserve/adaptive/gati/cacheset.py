@@ -17,6 +17,7 @@ import hashlib
 import os
 import re
 import shutil
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -38,7 +39,6 @@ __all__ = [
     "CompositionRecord",
     "ExitRecord",
     "LearnedCache",
-    "Lookup",
     "Manifest",
     "VariantRecord",
     "artifact_sha256",
@@ -152,29 +152,31 @@ class Manifest(_Record):
         return next((c for c in self.compositions if c.default and c.target == target), None)
 
 
-@dataclass(frozen=True)
-class Lookup:
-    """A cache's answer for a batch: which rows hit, and for every row the predictor's logits (the response a hit
-    gives: argmax-equal to the base model's on `agreement` of hits) and the selector's score."""
-
-    hit: torch.Tensor  # bool [B]
-    logits: torch.Tensor  # [B, classes]
-    score: torch.Tensor  # [B], in [0, 1]
-
-
 class LearnedCache(nn.Module):
-    """A predictor and its selector after block `block_index`; call it on that block's output."""
+    """A predictor and its selector after block `block_index`; call it on that block's output for, per row, whether
+    it hits (bool [B]), the predictor's logits ([B, classes]: the answer a hit gives, argmax-equal to the base
+    model's on `agreement` of hits) and the selector's score ([B], in [0, 1])."""
 
     def __init__(self, exit: ExitRecord, predictor: nn.Module, selector: Selector) -> None:
         super().__init__()
         self.exit = exit
+        self.threshold = exit.threshold
         self.predictor = predictor
         self.selector = selector
 
-    def forward(self, activation: torch.Tensor) -> Lookup:
+    def forward(self, activation: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         logits = self.predictor(activation)
         score = torch.sigmoid(self.selector(torch.softmax(logits, 1))).squeeze(1)
-        return Lookup(hit=score >= self.exit.threshold, logits=logits, score=score)
+        return score >= self.threshold, logits, score
+
+    def scripted(self) -> torch.jit.ScriptModule:
+        """This cache as one TorchScript graph (sharing its weights), the form a worker runs and exploration times.
+        A lookup is a dozen small operators, each paying Python's call overhead, and more so right after a block
+        has run: on the ResNet-style benchmark CNN, one graph answered a hit after the stem in 0.27 ms at the
+        median against 0.34 ms as modules (torch.export's graph module: 0.55 ms)."""
+        with warnings.catch_warnings():  # torch.jit warns that it is deprecated on every call
+            warnings.filterwarnings("ignore", message=r"`torch\.jit\.", category=DeprecationWarning)
+            return torch.jit.script(self)
 
 
 @dataclass(frozen=True)

@@ -333,8 +333,8 @@ def _block_latencies(chain: BlockChain, first: np.ndarray, repeats: int) -> tupl
 def _lookup_latencies(
     chain: BlockChain, first: np.ndarray, caches: Sequence[tuple[int, LearnedCache]], repeats: int
 ) -> list[float]:
-    """Median seconds of each (exit block, cache)'s lookup at batch 1, timed where the runtime runs it: right after
-    its block, inside runs of the whole chain, one cache per exit in each run (the exit's caches take turns). As
+    """Median seconds of each (exit block, cache)'s lookup at batch 1, timed as the runtime runs it: scripted, right
+    after its block, inside runs of the whole chain, one cache per exit in each run (the exit's caches take turns). As
     with the blocks, a lookup timed alone on the same input over and over ran faster than between the blocks, and
     composition weighed lookups as cheaper than they were."""
     at_exit: dict[int, list[int]] = {}
@@ -343,6 +343,7 @@ def _lookup_latencies(
     turns = max((len(indices) for indices in at_exit.values()), default=0)
     warm_up = _warm_up_runs(repeats)
     times: list[list[float]] = [[] for _ in caches]
+    lookups = [cache.scripted() for _, cache in caches]  # the form the runtime runs
     with torch.no_grad():
         for run in range((warm_up + repeats) * turns):
             x = torch.from_numpy(first)
@@ -352,7 +353,7 @@ def _lookup_latencies(
                 if indices:
                     index = indices[run % len(indices)]
                     began = time.perf_counter()
-                    caches[index][1](x)
+                    lookups[index](x)
                     if run >= warm_up * turns:
                         times[index].append(time.perf_counter() - began)
     return [statistics.median(spent) for spent in times]

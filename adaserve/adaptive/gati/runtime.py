@@ -22,10 +22,11 @@ corrupt, built for other blocks or another artifact) is reported, and the model 
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -46,13 +47,21 @@ __all__ = ["EarlyExit", "ExitPlan"]
 
 log = logging.getLogger("adaserve.gati")
 
+#: Calls of each scripted lookup at warm-up: TorchScript profiles the first runs of a graph and optimizes it after.
+WARM_UP_LOOKUPS = 3
+
 
 @dataclass(frozen=True, eq=False)
 class ExitPlan:
-    """A composition as the worker runs it: block index → the cache consulted after that block."""
+    """A composition as the worker runs it: block index → the cache consulted after that block, and beside it the
+    cache as the one TorchScript graph a lookup runs (`LearnedCache.scripted`)."""
 
     target: float
     caches: dict[int, LearnedCache]
+    lookups: dict[int, torch.jit.ScriptModule] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "lookups", {index: cache.scripted() for index, cache in self.caches.items()})
 
 
 class EarlyExit:
@@ -118,13 +127,16 @@ class EarlyExit:
 
     # -- in the worker ---------------------------------------------------------------------------------------
     def warm_up(self, rows: int, row_shape: tuple[int, ...], dtype: torch.dtype) -> None:
-        """Start the lookup thread if asked for, and run every plan once on zeros."""
+        """Start the lookup thread if asked for; run the chain on zeros, and every plan's lookups a few times."""
         self.start_lookups(thread=self.lookup == "thread")
         zeros = torch.zeros((rows, *row_shape), dtype=dtype)
         self.chain.run(zeros)
         for plan in self.plans:
-            for index, cache in plan.caches.items():
-                cache(self.chain.run(zeros, 0, index + 1))
+            for index, lookup in plan.lookups.items():
+                activation = self.chain.run(zeros, 0, index + 1)
+                for _ in range(WARM_UP_LOOKUPS):
+                    lookup(activation)
+                    lookup(activation[:1])  # batch 1 too: a new shape's first call costs about a millisecond
 
     @property
     def lookup_thread(self) -> bool:
@@ -155,9 +167,12 @@ class EarlyExit:
             groups.setdefault(self._plan(exit_target(request.values, self.default_target)), []).append(request)
         responses: list[RowParameters] = []
         for plan, members in groups.items():
-            rows = np.concatenate([np.arange(r.offset, r.offset + r.rows) for r in members])
             whole = len(members) == len(requests)  # every row: use the pool's slices as they are, no gather
-            x = torch.from_numpy(inputs if whole else inputs[rows])
+            if whole:
+                rows, x = np.arange(len(inputs)), torch.from_numpy(inputs)
+            else:
+                rows = np.concatenate([np.arange(r.offset, r.offset + r.rows) for r in members])
+                x = torch.from_numpy(inputs[rows])
             if plan is None:
                 result = self.chain.run(x)
                 _write(outputs, slice(None) if whole else rows, result)
@@ -173,7 +188,12 @@ class EarlyExit:
 
 
 class _Pass:
-    """One group of a batch's rows through the chain with one plan; the bookkeeping of who is answered."""
+    """One group of a batch's rows through the chain with one plan; the bookkeeping of who is answered.
+
+    It is kept to few operations: at batch 1 a lookup and its bookkeeping follow a block, where every small operator
+    runs several times slower than back to back (on the ResNet-style benchmark CNN the bookkeeping of a hit took
+    0.23 ms when each row carried arrays of its state; `benchmarks/README.md` §4). So the per-row state is built on
+    the first hit that leaves rows behind, and a hit of every row left, batch 1's only kind, needs none of it."""
 
     def __init__(
         self,
@@ -190,12 +210,15 @@ class _Pass:
         self.outputs = outputs
         self.answer = answer
         self.requests = requests
-        self.owner = np.repeat(np.arange(len(requests)), [r.rows for r in requests])  # request of each row
         self.open_rows = [r.rows for r in requests]  # rows not answered yet, per request
         self.deepest = [-1] * len(requests)  # deepest exit block of each request's answered rows
-        self.answered = np.zeros(len(rows), dtype=bool)
         self.verify_label: dict[int, int] = {}  # row → the cache's class, for rows answered and still running
         self.counts = runtime._counts
+
+    @functools.cached_property
+    def owner(self) -> np.ndarray:
+        """The request of each row."""
+        return np.repeat(np.arange(len(self.requests)), [r.rows for r in self.requests])
 
     def run(self, x: torch.Tensor) -> list[RowParameters]:
         chain, last = self.runtime.chain, len(self.runtime.chain.blocks) - 1
@@ -211,57 +234,83 @@ class _Pass:
                 raise
             if pending is not None:  # the lookup after the previous exit ran beside this block: its hits leave now
                 (x, alive), pending = _leave(x, alive, pending.result()), None
-            cache = self.plan.caches.get(index)
-            if cache is not None and index != last and len(alive):
+            lookup = self.plan.lookups.get(index)
+            if lookup is not None and index != last and len(alive):
                 if lookups is not None:
-                    pending = lookups.submit(self._look_up, cache, x, alive)
+                    pending = lookups.submit(self._look_up_on_thread, index, lookup, x, alive)
                 else:
-                    x, alive = _leave(x, alive, self._look_up(cache, x, alive))
+                    x, alive = _leave(x, alive, self._look_up(index, lookup, x, alive))
             if not len(alive):
                 break  # every row is answered: the blocks left would run on an empty batch
         assert pending is None  # the last block is never an exit
         return self._finish(x, alive)
 
-    def _look_up(self, cache: LearnedCache, activation: torch.Tensor, alive: np.ndarray) -> np.ndarray | None:
-        """Consult one cache; answer its hits at once; return which of `alive` stay in the batch (None: all of
-        them, the common case, which then costs no copy). Rows answered already (hits kept running to verify them)
-        are not looked up again."""
-        with torch.inference_mode():  # thread-local: the lookup thread needs its own
-            found = cache(activation)
-        open_rows = ~self.answered[alive]
-        hit = found.hit.numpy() & open_rows
-        name = cache.exit.block
-        self.counts.lookups[name] += int(open_rows.sum())
-        if not hit.any():
+    def _look_up_on_thread(
+        self, index: int, lookup: torch.jit.ScriptModule, activation: torch.Tensor, alive: np.ndarray
+    ) -> np.ndarray | None:
+        with torch.inference_mode():  # thread-local: the worker's thread runs in it already, this one must enter it
+            return self._look_up(index, lookup, activation, alive)
+
+    def _look_up(
+        self, index: int, lookup: torch.jit.ScriptModule, activation: torch.Tensor, alive: np.ndarray
+    ) -> np.ndarray | None:
+        """Consult the cache after block `index`; answer its hits at once; return which of `alive` stay in the
+        batch (None: all of them, the common case, which then costs no copy). Rows answered already (hits kept
+        running to verify them) are not looked up again."""
+        found, logits, _ = lookup(activation)
+        name = self.runtime.chain.names[index]
+        looked_up = len(alive) - len(self.verify_label)
+        self.counts.lookups[name] += looked_up
+        if not any(found.tolist()):  # a list, not numpy: a miss, the common case, costs least
             return None
-        keep = ~hit
-        self.counts.hits[name] += int(hit.sum())
-        hits = alive[hit]
-        logits = found.logits if hit.all() else found.logits[torch.from_numpy(hit)]
-        _write(self.outputs, self.rows[hits], logits)
-        self.answered[hits] = True
+        hit = found.numpy()
+        if self.verify_label:  # only then can a row in the batch be answered already
+            hit = hit & np.array([int(row) not in self.verify_label for row in alive])
+        hits = int(hit.sum())
+        if not hits:
+            return None
+        self.counts.hits[name] += hits
         if self.runtime.verify_fraction:
+            keep = ~hit
             self._verify_some(np.flatnonzero(hit), alive, logits, keep)
+        elif hits == looked_up:  # every row left hits: its requests are all answered, no per-row bookkeeping
+            _write(self.outputs, self.rows[alive], logits)
+            self._answer_all(index)
+            return np.zeros(len(alive), dtype=bool)
+        else:
+            keep = ~hit
+        leaving = alive[hit]
+        _write(self.outputs, self.rows[leaving], logits[torch.from_numpy(hit)])
         done = []
-        for row in hits:
+        for row in leaving:
             request = int(self.owner[row])
             self.open_rows[request] -= 1
-            self.deepest[request] = max(self.deepest[request], cache.exit.block_index)
+            self.deepest[request] = max(self.deepest[request], index)
             if self.open_rows[request] == 0:
                 done.append(self._response(request))
         if done:
             self.answer(done)
         return keep
 
+    def _answer_all(self, index: int) -> None:
+        """Every request with rows still open is answered by the cache after block `index`."""
+        done = []
+        for request, open_rows in enumerate(self.open_rows):
+            if open_rows:
+                self.open_rows[request] = 0
+                self.deepest[request] = max(self.deepest[request], index)
+                done.append(self._response(request))
+        self.answer(done)
+
     def _verify_some(self, positions: np.ndarray, alive: np.ndarray, logits: torch.Tensor, keep: np.ndarray) -> None:
-        """Draw the hits (at `positions` of `alive`, their `logits`) that also run to the end, to measure the live
-        agreement: they stay in `keep`, and the class the cache answered is remembered."""
+        """Draw the hits (at `positions` of `alive`, `logits` every looked-up row's) that also run to the end, to
+        measure the live agreement: they stay in `keep`, and the class the cache answered is remembered."""
         drawn = self.runtime._rng.random(len(positions)) < self.runtime.verify_fraction
         if not drawn.any():
             return
         labels = logits.argmax(1).numpy()
-        for position, label in zip(positions[drawn], labels[drawn], strict=True):
-            self.verify_label[int(alive[position])] = int(label)
+        for position in positions[drawn]:
+            self.verify_label[int(alive[position])] = int(labels[position])
         keep[positions[drawn]] = True
 
     def _finish(self, x: torch.Tensor, alive: np.ndarray) -> list[RowParameters]:
@@ -269,15 +318,18 @@ class _Pass:
         With no row left, `x` is where the loop stopped (not the model's output) and there is nothing to write."""
         if not len(alive):
             return []
-        running = ~self.answered[alive]
-        _write(self.outputs, self.rows[alive[running]], x if running.all() else x[torch.from_numpy(running)])
-        self.counts.whole += int(running.sum())
         if self.verify_label:
+            running = np.array([int(row) not in self.verify_label for row in alive])
+            _write(self.outputs, self.rows[alive[running]], x[torch.from_numpy(running)])
             labels = x.argmax(1).numpy()
             for position, row in enumerate(alive):
                 if int(row) in self.verify_label:
                     self.counts.verified += 1
                     self.counts.agreed += int(labels[position] == self.verify_label[int(row)])
+            self.counts.whole += int(running.sum())
+        else:
+            _write(self.outputs, self.rows[alive], x)
+            self.counts.whole += len(alive)
         return [self._response(i) for i, open_rows in enumerate(self.open_rows) if open_rows > 0]
 
     def _response(self, request: int) -> RowParameters:

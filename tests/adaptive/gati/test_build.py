@@ -114,6 +114,9 @@ def test_each_lookup_is_timed_right_after_its_block_inside_runs_of_the_chain() -
                 time.sleep(sleep_s)
                 return x
 
+            def scripted(self) -> torch.nn.Module:  # timed as the runtime runs it: this module as it is
+                return self
+
         return Recording()
 
     first = np.zeros((1, 4), dtype=np.float32)
