@@ -263,24 +263,22 @@ class _Pass:
         name = self.runtime.chain.names[index]
         looked_up = len(alive) - len(self.verify_label)
         self.counts.lookups[name] += looked_up
-        if not any(found.tolist()):  # a list, not numpy: a miss, the common case, costs least
-            return None
-        hit = found.numpy()
+        flags = found.tolist()  # a list, not numpy: a miss, the common case, costs least
         if self.verify_label:  # only then can a row in the batch be answered already
-            hit = hit & np.array([int(row) not in self.verify_label for row in alive])
-        hits = int(hit.sum())
+            flags = [flag and int(row) not in self.verify_label for flag, row in zip(flags, alive, strict=True)]
+        hits = sum(flags)
         if not hits:
             return None
+        hit = np.array(flags, dtype=bool)
         self.counts.hits[name] += hits
-        if self.runtime.verify_fraction:
-            keep = ~hit
-            self._verify_some(np.flatnonzero(hit), alive, logits, keep)
-        elif hits == looked_up:  # every row left hits: its requests are all answered, no per-row bookkeeping
+        if hits == looked_up and not self.runtime.verify_fraction:
+            # every row left hits: its requests are all answered, no per-row bookkeeping
             _write(self.outputs, self.rows[alive], logits)
             self._answer_all(index)
             return np.zeros(len(alive), dtype=bool)
-        else:
-            keep = ~hit
+        keep = ~hit
+        if self.runtime.verify_fraction:
+            self._verify_some(np.flatnonzero(hit), alive, logits, keep)
         leaving = alive[hit]
         _write(self.outputs, self.rows[leaving], logits[torch.from_numpy(hit)])
         done = []
