@@ -75,7 +75,7 @@ def _request(model: str, version: str, document: dict[str, Any], binary: memoryv
         outputs=outputs,
         id=request_id if isinstance(request_id, str) else str(request_id),
         parameters={k: v for k, v in parameters.items() if k != "binary_data_output"},
-        binary_outputs=bool(parameters.get("binary_data_output", False)),
+        binary_outputs=parameters.get("binary_data_output", False),
     )
 
 
@@ -103,7 +103,7 @@ def _requested_output(raw: Any) -> RequestedOutput:
     parameters = _parameters(raw.get("parameters"), f"output '{raw['name']}'")
     if "classification" in parameters:
         raise InvalidInputError(f"output '{raw['name']}': the classification extension is not supported")
-    return RequestedOutput(raw["name"], bool(parameters.get("binary_data", False)))
+    return RequestedOutput(raw["name"], parameters.get("binary_data", False))  # a boolean: `_parameters`
 
 
 def _parameters(raw: Any, where: str) -> dict[str, Any]:
