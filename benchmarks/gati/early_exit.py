@@ -39,7 +39,6 @@ from torch import nn
 from adaserve.adaptive.gati.cacheset import CacheSet, CompositionRecord
 from adaserve.adaptive.gati.compose import compose, required_agreement
 from adaserve.adaptive.gati.explore import ExploreSettings, build_cache_set
-from adaserve.adaptive.gati.predictors import TrainSettings
 from adaserve.adaptive.gati.runtime import EarlyExit, ExitPlan
 from adaserve.datasets import load_fashion_mnist
 from adaserve.repository import ModelSpec, executable, read_artifact
@@ -55,6 +54,8 @@ BAR_SPEEDUP, BAR_AGREEMENT = 2.5, 0.99
 PRUNE_FRACTION = 0.5
 #: Training rows the student learns from the base (2 epochs) and the pruned network is fine-tuned on (1 epoch).
 DISTILL_ROWS, FINE_TUNE_ROWS = 30_000, 10_000
+#: The full build's activation memory (validation and fit rows) and predictor epochs.
+FIT_ACTIVATION_MB, FIT_EPOCHS = 8192.0, 3
 ALPHAS = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
 BATCHES = (1, 2, 4, 8)
 #: The longest wait for a quiet second before each measured part (the wait and the reading are recorded).
@@ -164,17 +165,19 @@ def prepare(net: Net, train: Data, test: Data, quick: bool) -> Prepared:
     caches = {"targets": [TARGET], "verify_fraction": 0.0}
     spec = export(repository, net.name, base, caches=caches, workers=[{"batch": 1, "threads": 1}])
     # The --quick variant set (one per family) in both modes: the six variants after the ResNet's nine exits take
-    # longer than the whole run may on two shared cores. The full mode trains them for the default 10 epochs, not
-    # --quick's 4 (the stem's Conv(3,1) hit 72% of rows at .99 rather than 68%), and keeps every test row (a larger
-    # evaluate split than the default 1 GiB of activations allows); --quick keeps 3,000 and 4 epochs.
+    # longer than the whole run may on two shared cores. Predictors are fitted on training rows (`--fit-data
+    # fashion-mnist-train`), as many as FIT_ACTIVATION_MB leaves beside every test row (about 24,000 for the
+    # ResNet), for FIT_EPOCHS: about as many steps as 10 epochs of the 5,000 test rows a build without fit data
+    # fits on. --quick: 3,000 test rows, 2 GiB (about 5,000 training rows), 4 epochs.
     settings = ExploreSettings.for_run(quick=True, max_samples=3000 if quick else None)
-    epochs = settings.train.epochs if quick else TrainSettings().epochs
-    settings = dataclasses.replace(
-        settings, max_activation_mb=4096.0, train=dataclasses.replace(settings.train, epochs=epochs)
-    )
+    memory, epochs = (2048.0, settings.train.epochs) if quick else (FIT_ACTIVATION_MB, FIT_EPOCHS)
+    train_settings = dataclasses.replace(settings.train, epochs=epochs)
+    settings = dataclasses.replace(settings, max_activation_mb=memory, train=train_settings)
     build: dict[str, Any] = {}
     with cpu_window(build):
-        cache_set = build_cache_set(spec, "fashion-mnist", settings, targets=[TARGET], progress=False)
+        cache_set = build_cache_set(
+            spec, "fashion-mnist", settings, targets=[TARGET], fit_source="fashion-mnist-train", progress=False
+        )
     print(f"{net.name}: built {cache_set.directory} in {build['wall_s']:.0f} s", flush=True)
     forms = {"base": base, "student": student, "pruned": pruned}
     record = {

@@ -219,7 +219,8 @@ def adapt(
     settings: AdaptSettings | None = None,
 ) -> AdaptResult:
     """Retrain `composition`'s caches on `window_rows` mixed with `validation_x` (the data `cache_set` was built
-    from) and judge the result against the deployed caches; writes nothing (see `deploy`)."""
+    from, fit rows included: `load_build_data`) and judge the result against the deployed caches; writes nothing
+    (see `deploy`)."""
     settings = settings or AdaptSettings()
     began = time.perf_counter()
     manifest = cache_set.manifest

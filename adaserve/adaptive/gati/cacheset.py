@@ -121,7 +121,10 @@ class CompositionRecord(_Record):
 
 class DataRecord(_Record):
     source: str
-    rows: int = Field(description="validation rows used (after the memory bound)")
+    fit_source: str | None = Field(
+        default=None, description="data that only fitted predictors; its rows follow the source's in the split indices"
+    )
+    rows: int = Field(description="rows used, validation and fit (after the memory bound)")
     labels: bool = Field(description="true labels were given (else the base model's argmax stands in)")
     splits: dict[str, int]
 

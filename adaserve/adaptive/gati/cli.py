@@ -78,11 +78,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     build.add_argument("model")
     build.add_argument("--data", required=True, help="fashion-mnist (its test split) or an .npz with x (and y)")
+    build.add_argument(
+        "--fit-data",
+        help="rows that only fit the predictors, e.g. fashion-mnist-train (the training split) or an .npz: "
+        "--data's rows then all set and measure thresholds",
+    )
     build.add_argument("--quick", action="store_true", help="3 variants, 4 epochs: about a minute, not ten")
     build.add_argument(
         "--variants", type=_variants, help="comma-separated variants, e.g. 'FC(512),Pool(4096),Conv(3,1)'"
     )
     build.add_argument("--max-samples", type=_count, help="use at most this many validation rows")
+    build.add_argument("--epochs", type=_count, help="predictor training epochs (default 10; --quick 4)")
     build.add_argument("--threads", type=_count, default=1, help="torch threads for training and timing (default 1)")
     build.add_argument("--seed", type=int, default=0)
     build.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
@@ -146,12 +152,15 @@ def build_command(args: argparse.Namespace) -> int:
     settings = ExploreSettings.for_run(quick=args.quick, seed=args.seed, max_samples=args.max_samples)
     if args.variants:
         settings = replace(settings, variants=args.variants)
+    if args.epochs:
+        settings = replace(settings, train=replace(settings.train, epochs=args.epochs))
     began = time.perf_counter()
     cache_set = build_cache_set(
         spec,
         args.data,
         settings,
         targets=targets,
+        fit_source=args.fit_data,
         memory_budget_bytes=budget,
         progress=args.progress,
         **_composition_options(args),

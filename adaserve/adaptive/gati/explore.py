@@ -4,6 +4,10 @@ and measure what composition needs — hit rate and agreement at a threshold, lo
 The validation data is split four ways (seeded): predictors are fitted on one part, selectors on a second (a
 selector fitted on its own predictor's training data would learn that the predictor is always right), thresholds
 are set on a third (calibrate) and everything reported is measured on the fourth (evaluate), which no choice saw.
+Fit data (`--fit-data`, e.g. the model's own training set) takes the first part's place: a predictor learns the base
+model's outputs, which any input shows, and validation sets are small (benchmarks/README.md §4 measures what many
+more rows give). The validation rows then all go to the other three parts, which need inputs the base model never
+trained on.
 
 Activations come from running the model's own block chain — the callables the worker will run — so a cache is
 trained on exactly what it will read. Memory is bounded: the activations of at most `max_activation_mb` (default
@@ -20,6 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
@@ -63,6 +68,7 @@ __all__ = [
     "exit_shapes",
     "explore",
     "fit_cache",
+    "load_build_data",
     "load_data",
     "split_rows",
     "time_call",
@@ -70,6 +76,10 @@ __all__ = [
 
 #: Fractions of the data for fitting predictors, fitting selectors, setting thresholds, and evaluating.
 SPLITS = {"fit_predictor": 0.5, "fit_selector": 0.15, "calibrate": 0.15, "evaluate": 0.2}
+#: The validation data's splits when fit data fits the predictors, in the same proportions to one another.
+VALIDATION_SPLITS = {name: share for name, share in SPLITS.items() if name != "fit_predictor"}
+#: The data sets `load_data` knows by name: Debian's Fashion-MNIST splits.
+FASHION_MNIST: dict[str, Literal["train", "test"]] = {"fashion-mnist": "test", "fashion-mnist-train": "train"}
 
 
 @dataclass(frozen=True)
@@ -129,14 +139,15 @@ class ExploreResult:
 
 
 def load_data(source: str, config: ModelConfig) -> tuple[np.ndarray, np.ndarray | None]:
-    """`fashion-mnist` (its test split: 10,000 images the example models never trained on) or an .npz holding `x`
-    and optionally `y`; rows are reshaped to the model's input when only the layout differs (784 vs 1×28×28)."""
+    """`fashion-mnist` (its test split: 10,000 images the example models never trained on), `fashion-mnist-train`
+    (the 60,000 they trained on: fit data only) or an .npz holding `x` and optionally `y`; rows are reshaped to the
+    model's input when only the layout differs (784 vs 1×28×28)."""
     if len(config.inputs) != 1:
         raise ConfigError(f"model '{config.name}' takes {len(config.inputs)} inputs; caches need exactly one")
-    if source == "fashion-mnist":
+    if source in FASHION_MNIST:
         from adaserve.datasets import load_fashion_mnist
 
-        x, y = load_fashion_mnist("test")
+        x, y = load_fashion_mnist(FASHION_MNIST[source])
     else:
         path = Path(source)
         try:
@@ -158,6 +169,19 @@ def load_data(source: str, config: ModelConfig) -> tuple[np.ndarray, np.ndarray 
     return x.reshape(len(x), *spec.row_shape).astype(spec.dtype, copy=False), y
 
 
+def load_build_data(
+    source: str, fit_source: str | None, config: ModelConfig
+) -> tuple[np.ndarray, np.ndarray | None, int]:
+    """The validation rows followed by the fit rows, the labels (when both sets have them; else the base model's
+    argmax stands in) and how many fit rows: the rows a cache set's split indices refer to."""
+    x, y = load_data(source, config)
+    if fit_source is None:
+        return x, y, 0
+    fit_x, fit_y = load_data(fit_source, config)
+    labels = np.concatenate([y, fit_y]) if y is not None and fit_y is not None else None
+    return np.concatenate([x, fit_x]), labels, len(fit_x)
+
+
 def explore(
     chain: BlockChain,
     x: np.ndarray,
@@ -165,19 +189,26 @@ def explore(
     settings: ExploreSettings,
     *,
     batch_size: int,
+    fit_rows: int = 0,
     progress: bool = True,
 ) -> ExploreResult:
-    """Run the base model over `x`, then train and measure every variant after every exit of `chain`."""
+    """Run the base model over `x`, then train and measure every variant after every exit of `chain`; the last
+    `fit_rows` rows of `x` (fit data) only fit predictors."""
     exits = chain.exits
     if not exits:
         raise ConfigError(f"the model has no block after which a cache could exit (blocks: {', '.join(chain.names)})")
     shapes = exit_shapes(chain, x[:1])
-    rows = _rows_within_budget(len(x), shapes, settings)
+    validation_rows = len(x) - fit_rows
+    validation, fit = _rows_within_budget(validation_rows, fit_rows, shapes, settings)
     rng = np.random.default_rng(settings.seed)
-    chosen = np.sort(rng.choice(len(x), rows, replace=False)) if rows < len(x) else np.arange(len(x))
+    chosen = np.concatenate([_sample(validation_rows, validation, rng), validation_rows + _sample(fit_rows, fit, rng)])
     activations, probs = collect_activations(chain, x[chosen], shapes, batch_size, progress)
     labels = torch.from_numpy(y[chosen].astype(np.int64)) if y is not None else probs.argmax(1)
-    splits = split_rows(rows, rng)
+    if fit:
+        fitting = torch.arange(validation, validation + fit)
+        splits = {"fit_predictor": fitting} | split_rows(validation, rng, VALIDATION_SPLITS)
+    else:
+        splits = split_rows(validation, rng)
     result = ExploreResult(
         blocks=chain.names,
         block_latency_s=_block_latencies(chain, x[:1], settings.latency_repeats),
@@ -277,14 +308,22 @@ def exit_shapes(chain: BlockChain, first: np.ndarray) -> dict[int, tuple[int, ..
     return shapes
 
 
-def _rows_within_budget(rows: int, shapes: dict[int, tuple[int, ...]], settings: ExploreSettings) -> int:
-    """Rows whose activations at the exits (and final outputs) fit `max_activation_mb` as float32."""
+def _rows_within_budget(
+    validation: int, fit: int, shapes: dict[int, tuple[int, ...]], settings: ExploreSettings
+) -> tuple[int, int]:
+    """How many validation and fit rows to use: their activations at the exits (and final outputs) must fit
+    `max_activation_mb` as float32, and validation rows (at most `max_samples`) keep at least half of that."""
     per_row = 4 * sum(math.prod(shape) for shape in shapes.values())
     budget = int(settings.max_activation_mb * 1e6 // per_row)
-    limit = min(rows, budget, settings.max_samples or rows)
-    if limit < 100:
-        raise ConfigError(f"only {limit} validation rows fit (of {rows}); caches need at least 100")
-    return limit
+    kept = min(validation, settings.max_samples or validation, max(budget - fit, budget // 2))
+    if kept < 100:
+        raise ConfigError(f"only {kept} validation rows fit (of {validation}); caches need at least 100")
+    return kept, min(fit, budget - kept)
+
+
+def _sample(rows: int, wanted: int, rng: np.random.Generator) -> np.ndarray:
+    """`wanted` of `rows` row indices at random, in order; all of them without drawing when none need leaving out."""
+    return np.sort(rng.choice(rows, wanted, replace=False)) if wanted < rows else np.arange(rows)
 
 
 def collect_activations(
@@ -306,12 +345,13 @@ def collect_activations(
     return kept, torch.softmax(logits, 1)
 
 
-def split_rows(rows: int, rng: np.random.Generator) -> dict[str, torch.Tensor]:
-    """A random partition of `rows` rows into the `SPLITS`, in their proportions."""
+def split_rows(rows: int, rng: np.random.Generator, shares: dict[str, float] = SPLITS) -> dict[str, torch.Tensor]:
+    """A random partition of `rows` rows into the named splits, in proportion to their shares."""
     order = torch.from_numpy(rng.permutation(rows))
-    bounds = np.cumsum([0, *(round(f * rows) for f in SPLITS.values())])
+    total = sum(shares.values())
+    bounds = np.cumsum([0, *(round(share / total * rows) for share in shares.values())])
     bounds[-1] = rows
-    return {name: order[bounds[i] : bounds[i + 1]] for i, name in enumerate(SPLITS)}
+    return {name: order[bounds[i] : bounds[i + 1]] for i, name in enumerate(shares)}
 
 
 def _block_latencies(chain: BlockChain, first: np.ndarray, repeats: int) -> tuple[float, ...]:
@@ -384,6 +424,7 @@ def build_cache_set(
     settings: ExploreSettings,
     *,
     targets: Sequence[float],
+    fit_source: str | None = None,
     alpha: float = DEFAULT_ALPHA,
     memory_budget_bytes: int | None = None,
     margin_se: float = DEFAULT_MARGIN_SE,
@@ -394,8 +435,8 @@ def build_cache_set(
     A composition that cannot be made (a memory budget below every cache) still saves the explored set, without
     compositions, and says how to compose it."""
     chain = load_chain(spec)
-    x, y = load_data(source, spec.config)
-    result = explore(chain, x, y, settings, batch_size=spec.config.max_batch_size, progress=progress)
+    x, y, fit_rows = load_build_data(source, fit_source, spec.config)
+    result = explore(chain, x, y, settings, batch_size=spec.config.max_batch_size, fit_rows=fit_rows, progress=progress)
     keys = [
         f"{result.blocks[v.block_index]}-{re.sub(r'[^A-Za-z0-9]', '', v.variant.name.replace(',', 'x'))}"
         for v in result.variants
@@ -410,6 +451,7 @@ def build_cache_set(
         settings=_settings_record(settings),
         data=DataRecord(
             source=source,
+            fit_source=fit_source,
             rows=sum(len(rows) for rows in result.split_rows.values()),
             labels=result.has_labels,
             splits={name: len(rows) for name, rows in result.split_rows.items()},

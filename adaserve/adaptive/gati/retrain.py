@@ -19,7 +19,7 @@ import torch
 from adaserve.adaptive.gati.adapt import AdaptSettings, adapt, deploy
 from adaserve.adaptive.gati.blocks import load_chain
 from adaserve.adaptive.gati.cacheset import load_cache_set
-from adaserve.adaptive.gati.explore import load_data
+from adaserve.adaptive.gati.explore import load_build_data
 from adaserve.adaptive.gati.predictors import TrainSettings
 from adaserve.config import AdaptationSpec
 from adaserve.repository import ModelRepository
@@ -30,7 +30,8 @@ def retrain(root: Path, name: str, window: Path) -> dict[str, object]:
     assert spec.config.caches is not None
     cache_set = load_cache_set(spec, "latest")
     composition = cache_set.composition(spec.config.caches.targets[0])
-    validation_x, _ = load_data(cache_set.manifest.data.source, spec.config)
+    data = cache_set.manifest.data
+    validation_x, _, _ = load_build_data(data.source, data.fit_source, spec.config)
     adaptation = spec.config.caches.adaptation or AdaptationSpec()  # run by hand on a model without the section
     settings = AdaptSettings(train=TrainSettings(epochs=adaptation.epochs), selector_steps=adaptation.selector_steps)
     rows = np.load(window, allow_pickle=False)

@@ -66,11 +66,13 @@ def tiny_data(tmp_path: Path) -> Path:
     return path
 
 
-def build_timed_alike(spec: ModelSpec, settings: ExploreSettings, targets: list[float], **options: float) -> CacheSet:
+def build_timed_alike(
+    spec: ModelSpec, settings: ExploreSettings, targets: list[float], fit_source: str | None = None, **options: float
+) -> CacheSet:
     """`build_cache_set`, then composed again (with `options` for `compose`) as if every block took 1 ms and every
     lookup 0.1 ms: composition weighs latencies measured while building, so on a busy machine the same seeded build
     could choose other exits (or none); tests that need known exits fix the latencies."""
-    cache_set = build_cache_set(spec, "fashion-mnist", settings, targets=targets, progress=False)
+    cache_set = build_cache_set(spec, "fashion-mnist", settings, targets=targets, fit_source=fit_source, progress=False)
     manifest = cache_set.manifest
     timed_alike = manifest.model_copy(
         update={

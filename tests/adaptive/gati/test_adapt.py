@@ -3,7 +3,7 @@ example CNN — an accepted version that the worker's `EarlyExit.load` serves, a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -19,10 +19,11 @@ from adaserve.adaptive.gati.cacheset import (
     ExitRecord,
     load_cache_set,
 )
-from adaserve.adaptive.gati.explore import ExploreSettings, load_data
+from adaserve.adaptive.gati.explore import ExploreSettings, load_build_data, load_data
 from adaserve.adaptive.gati.predictors import TrainSettings, VariantSpec
 from adaserve.adaptive.gati.runtime import EarlyExit
 from adaserve.config import LearnedCachesSpec
+from adaserve.datasets import load_fashion_mnist
 from adaserve.engine.messages import ExitCounts
 from adaserve.errors import InvalidInputError
 from adaserve.repository import ModelRepository, ModelSpec, read_artifact
@@ -206,3 +207,23 @@ def test_bad_input_is_named(built: Built, tmp_path: Path) -> None:
         adapt(built.chain, built.cache_set, deployed, built.stream[:5], built.validation_x, FAST)
     with pytest.raises(InvalidInputError, match=r"the validation data has 100 rows, but .* was built from at least"):
         adapt(built.chain, built.cache_set, deployed, built.stream, built.validation_x[:100], FAST)
+
+
+def test_a_set_built_with_fit_data_adapts_on_the_rows_it_was_built_from(tmp_path: Path) -> None:
+    link_example(tmp_path, "cnn")
+    spec = ModelRepository(tmp_path).read("cnn")
+    train_x, train_y = load_fashion_mnist("train")
+    fit = tmp_path / "fit.npz"
+    np.savez(fit, x=train_x[:300], y=train_y[:300])
+    cache_set = build_timed_alike(spec, replace(BUILD, max_samples=300), [0.97], fit_source=str(fit), margin_se=1.0)
+    assert cache_set.manifest.data.fit_source == str(fit)
+    assert min(cache_set.scores()["fit_predictor_rows"]) == 10_000  # the fit rows follow the test split's
+
+    deployed = cache_set.composition(0.97)
+    stream = np.clip(train_x[-300:] + 0.4, 0, 1)
+    x, _, fit_rows = load_build_data("fashion-mnist", str(fit), spec.config)
+    assert (len(x), fit_rows) == (10_300, 300)
+    result = adapt(load_chain(spec), cache_set, deployed, stream, x, FAST)
+    assert result.rows["fit_predictor"] == {"validation": 150, "window": 150}
+    with pytest.raises(InvalidInputError, match=r"the validation data has 10000 rows, but .* at least 10300"):
+        adapt(load_chain(spec), cache_set, deployed, stream, x[:10_000], FAST)

@@ -10,11 +10,12 @@ import pytest
 
 from adaserve.adaptive.gati.blocks import BlocksError
 from adaserve.adaptive.gati.cacheset import load_cache_set
-from adaserve.adaptive.gati.explore import ExploreSettings, build_cache_set
+from adaserve.adaptive.gati.explore import ExploreSettings, _rows_within_budget, build_cache_set, load_build_data
 from adaserve.adaptive.gati.predictors import TrainSettings, VariantSpec
 from adaserve.cli import main
 from adaserve.errors import ConfigError
 from adaserve.repository import ModelRepository
+from tests.adaptive.gati.conftest import TINY, write_tiny_mlp
 from tests.server_utils import link_example
 
 QUICKISH = ExploreSettings(
@@ -66,6 +67,42 @@ def test_a_tiny_build_on_fashion_mnist(tmp_path: Path, capsys: pytest.CaptureFix
         f"memory budget 1e-06 MB is below the smallest cache ({smallest.key}: {smallest.memory_bytes / 1e6:.6g} MB); "
         "no cache fits" in capsys.readouterr().err
     )
+
+
+def test_fit_data_fits_the_predictors_and_the_validation_rows_set_and_measure_thresholds(
+    tmp_path: Path, tiny_data: Path
+) -> None:
+    spec = write_tiny_mlp(tmp_path)
+    rng = np.random.default_rng(1)
+    fit_x = rng.normal(size=(600, 8)).astype(np.float32)
+    np.savez(tmp_path / "fit.npz", x=fit_x, y=(fit_x[:, 0] > 0).astype(np.int64))
+    fit = str(tmp_path / "fit.npz")
+    cache_set = build_cache_set(spec, str(tiny_data), TINY, targets=[0.9], fit_source=fit, progress=False)
+    data = cache_set.manifest.data
+    assert (data.source, data.fit_source, data.rows, data.labels) == (str(tiny_data), fit, 1000, True)
+    assert data.splits == {"fit_predictor": 600, "fit_selector": 120, "calibrate": 120, "evaluate": 160}
+    arrays = cache_set.scores()
+    np.testing.assert_array_equal(arrays["fit_predictor_rows"], np.arange(400, 1000))
+    validation = np.concatenate([arrays[f"{split}_rows"] for split in ("fit_selector", "calibrate", "evaluate")])
+    np.testing.assert_array_equal(np.sort(validation), np.arange(400))
+
+    x, y, fit_rows = load_build_data(str(tiny_data), fit, spec.config)
+    assert fit_rows == 600 and y is not None and len(x) == len(y) == 1000
+    np.testing.assert_array_equal(x[400:], fit_x)
+    np.savez(tmp_path / "unlabelled.npz", x=fit_x)
+    assert load_build_data(str(tiny_data), str(tmp_path / "unlabelled.npz"), spec.config)[1] is None
+
+
+def test_validation_rows_keep_at_least_half_the_activation_budget_beside_fit_rows() -> None:
+    shapes = {0: (25,), 1: (25,)}  # 200 bytes a row: the 0.2 MB below hold 1,000 rows
+    settings = ExploreSettings(max_activation_mb=0.2)
+    assert _rows_within_budget(800, 0, shapes, settings) == (800, 0)
+    assert _rows_within_budget(800, 5000, shapes, settings) == (500, 500)
+    assert _rows_within_budget(300, 5000, shapes, settings) == (300, 700)
+    assert _rows_within_budget(800, 100, shapes, settings) == (800, 100)
+    assert _rows_within_budget(800, 5000, shapes, ExploreSettings(max_activation_mb=0.2, max_samples=200)) == (200, 800)
+    with pytest.raises(ConfigError, match=r"only 50 validation rows fit \(of 800\); caches need at least 100"):
+        _rows_within_budget(800, 5000, shapes, ExploreSettings(max_activation_mb=0.02))
 
 
 def test_validation_data_that_does_not_fit_the_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
