@@ -194,9 +194,11 @@ def format_cache_set(manifest: Manifest) -> str:
     """Per-variant measurements at each target and the compositions, as text tables."""
     base = sum(manifest.block_latency_s)
     blocks = ", ".join(f"{b} {t * 1e6:.0f} µs" for b, t in zip(manifest.blocks, manifest.block_latency_s, strict=True))
+    data = manifest.data
+    sources = data.source + (f" and {data.fit_source} (fit data)" if data.fit_source else "")
     lines = [
-        f"{manifest.model} (model version {manifest.model_version}): {manifest.data.rows} rows of "
-        f"{manifest.data.source} ({', '.join(f'{k} {v}' for k, v in manifest.data.splits.items())})",
+        f"{manifest.model} (model version {manifest.model_version}): {data.rows} rows of {sources} "
+        f"({', '.join(f'{k} {v}' for k, v in data.splits.items())})",
         f"blocks (batch 1, 1 thread): {blocks}; all in one run {manifest.base_latency_s * 1e6:.0f} µs",
     ]
     for target in sorted({c.target for c in manifest.compositions}, reverse=True):

@@ -177,6 +177,11 @@ def load_build_data(
     x, y = load_data(source, config)
     if fit_source is None:
         return x, y, 0
+    if Path(fit_source).resolve() == Path(source).resolve():
+        raise ConfigError(
+            f"fit data {fit_source} is the validation data: selectors and thresholds need rows the predictors "
+            "were not fitted on"
+        )
     fit_x, fit_y = load_data(fit_source, config)
     labels = np.concatenate([y, fit_y]) if y is not None and fit_y is not None else None
     return np.concatenate([x, fit_x]), labels, len(fit_x)

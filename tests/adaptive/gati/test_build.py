@@ -10,6 +10,7 @@ import pytest
 
 from adaserve.adaptive.gati.blocks import BlocksError
 from adaserve.adaptive.gati.cacheset import load_cache_set
+from adaserve.adaptive.gati.cli import format_cache_set
 from adaserve.adaptive.gati.explore import ExploreSettings, _rows_within_budget, build_cache_set, load_build_data
 from adaserve.adaptive.gati.predictors import TrainSettings, VariantSpec
 from adaserve.cli import main
@@ -81,6 +82,7 @@ def test_fit_data_fits_the_predictors_and_the_validation_rows_set_and_measure_th
     data = cache_set.manifest.data
     assert (data.source, data.fit_source, data.rows, data.labels) == (str(tiny_data), fit, 1000, True)
     assert data.splits == {"fit_predictor": 600, "fit_selector": 120, "calibrate": 120, "evaluate": 160}
+    assert f"1000 rows of {tiny_data} and {fit} (fit data) (fit_predictor 600," in format_cache_set(cache_set.manifest)
     arrays = cache_set.scores()
     np.testing.assert_array_equal(arrays["fit_predictor_rows"], np.arange(400, 1000))
     validation = np.concatenate([arrays[f"{split}_rows"] for split in ("fit_selector", "calibrate", "evaluate")])
@@ -91,6 +93,8 @@ def test_fit_data_fits_the_predictors_and_the_validation_rows_set_and_measure_th
     np.testing.assert_array_equal(x[400:], fit_x)
     np.savez(tmp_path / "unlabelled.npz", x=fit_x)
     assert load_build_data(str(tiny_data), str(tmp_path / "unlabelled.npz"), spec.config)[1] is None
+    with pytest.raises(ConfigError, match=r"fit data .*tiny\.npz is the validation data: selectors and thresholds"):
+        load_build_data(str(tiny_data), str(tmp_path / "." / "tiny.npz"), spec.config)
 
 
 def test_validation_rows_keep_at_least_half_the_activation_budget_beside_fit_rows() -> None:
