@@ -9,7 +9,7 @@ Where the lookup runs (`caches.lookup`): the paper gives it its own core (a side
 on a thread of its own while the main thread computes the next block (torch releases the GIL inside operators);
 `inline` runs it before the next block. `auto`, the default, is inline on CPU: on the 2-core machine, with a
 ResNet-style CNN on Fashion-MNIST at batch 1, the thread cost more than it hid (mean speedup over the base model
-1.39× with the thread, 2.15× inline, `benchmarks/results/gati_early_exit.json`): small blocks leave the two threads
+1.76× with the thread, 2.64× inline, `benchmarks/results/gati_early_exit.json`): small blocks leave the two threads
 contending for the GIL, and a hit is only acted on after the block that ran beside its lookup. Either way a lookup
 is its cache as one TorchScript graph (`LearnedCache.scripted`), and a hit's bookkeeping is a few operations (see
 `_Pass`): right after a block every small operator costs several times what it does back to back.
