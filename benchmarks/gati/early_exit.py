@@ -56,6 +56,8 @@ PRUNE_FRACTION = 0.5
 DISTILL_ROWS, FINE_TUNE_ROWS = 30_000, 10_000
 #: The full build's activation memory (validation and fit rows) and predictor epochs.
 FIT_ACTIVATION_MB, FIT_EPOCHS = 8192.0, 3
+#: The rows that fit the predictors: Fashion-MNIST's training split.
+FIT_SOURCE = "fashion-mnist-train"
 ALPHAS = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
 BATCHES = (1, 2, 4, 8)
 #: The longest wait for a quiet second before each measured part (the wait and the reading are recorded).
@@ -164,19 +166,10 @@ def prepare(net: Net, train: Data, test: Data, quick: bool) -> Prepared:
     shutil.rmtree(repository / net.name, ignore_errors=True)
     caches = {"targets": [TARGET], "verify_fraction": 0.0}
     spec = export(repository, net.name, base, caches=caches, workers=[{"batch": 1, "threads": 1}])
-    # The --quick variant set (one per family) in both modes: the six variants after the ResNet's nine exits take
-    # longer than the whole run may on two shared cores. Predictors are fitted on training rows (`--fit-data
-    # fashion-mnist-train`), as many as FIT_ACTIVATION_MB leaves beside every test row (about 24,000 for the
-    # ResNet), for FIT_EPOCHS: about as many steps as 10 epochs of the 5,000 test rows a build without fit data
-    # fits on. --quick: 3,000 test rows, 2 GiB (about 5,000 training rows), 4 epochs.
-    settings = ExploreSettings.for_run(quick=True, max_samples=3000 if quick else None)
-    memory, epochs = (2048.0, settings.train.epochs) if quick else (FIT_ACTIVATION_MB, FIT_EPOCHS)
-    train_settings = dataclasses.replace(settings.train, epochs=epochs)
-    settings = dataclasses.replace(settings, max_activation_mb=memory, train=train_settings)
     build: dict[str, Any] = {}
     with cpu_window(build):
         cache_set = build_cache_set(
-            spec, "fashion-mnist", settings, targets=[TARGET], fit_source="fashion-mnist-train", progress=False
+            spec, "fashion-mnist", explore_settings(quick), targets=[TARGET], fit_source=FIT_SOURCE, progress=False
         )
     print(f"{net.name}: built {cache_set.directory} in {build['wall_s']:.0f} s", flush=True)
     forms = {"base": base, "student": student, "pruned": pruned}
@@ -188,6 +181,20 @@ def prepare(net: Net, train: Data, test: Data, quick: bool) -> Prepared:
         "cache_set": {"directory": str(cache_set.directory.relative_to(ROOT)), "build": build} | _manifest(cache_set),
     }
     return Prepared(spec, cache_set, base, student, pruned, record)
+
+
+def explore_settings(quick: bool) -> ExploreSettings:
+    """The exploration the benchmark builds its cache sets with (predictors fitted on FIT_SOURCE's rows).
+
+    The --quick variant set (one per family) in both modes: the six variants after the ResNet's nine exits take
+    longer than the whole run may on two shared cores. Predictors are fitted on as many training rows as
+    FIT_ACTIVATION_MB leaves beside every test row (about 24,000 for the ResNet), for FIT_EPOCHS: about as many
+    steps as 10 epochs of the 5,000 test rows a build without fit data fits on. --quick: 3,000 test rows, 2 GiB
+    (about 5,000 training rows), 4 epochs."""
+    settings = ExploreSettings.for_run(quick=True, max_samples=3000 if quick else None)
+    memory, epochs = (2048.0, settings.train.epochs) if quick else (FIT_ACTIVATION_MB, FIT_EPOCHS)
+    train_settings = dataclasses.replace(settings.train, epochs=epochs)
+    return dataclasses.replace(settings, max_activation_mb=memory, train=train_settings)
 
 
 def build_methods(

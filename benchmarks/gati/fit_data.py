@@ -30,19 +30,17 @@ import numpy as np
 import torch
 
 from adaserve.adaptive.gati.cacheset import CacheSet
-from adaserve.adaptive.gati.explore import ExploreSettings, build_cache_set
+from adaserve.adaptive.gati.explore import build_cache_set
+from adaserve.adaptive.gati.predictors import TrainSettings
 from adaserve.datasets import load_fashion_mnist
 from adaserve.repository import ModelRepository, ModelSpec
 from benchmarks.common import RESULTS, ROOT, SCRATCH, command_line, figure, machine, write_json
-from benchmarks.gati.early_exit import FIT_ACTIVATION_MB, FIT_EPOCHS, TARGET
+from benchmarks.gati.early_exit import FIT_SOURCE, TARGET, explore_settings
 from benchmarks.gati.models import NETS, export, trained
 from benchmarks.gati.runs import cpu_window
 
 EXAMPLES = ROOT / "examples" / "models"
 REPOSITORY = SCRATCH / "gati" / "fit-data"
-FIT_SOURCE = "fashion-mnist-train"
-#: The default build's predictor epochs (ExploreSettings' full-mode default).
-DEFAULT_EPOCHS = 10
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -78,21 +76,17 @@ def model_spec(name: str) -> ModelSpec:
 
 
 def run_model(spec: ModelSpec) -> dict[str, Any]:
-    settings = dataclasses.replace(ExploreSettings.for_run(quick=True), max_activation_mb=FIT_ACTIVATION_MB)
+    fitted = explore_settings(quick=False)  # the early-exit benchmark's, fit data and all
+    # The same without fit data, for the default epochs of a full build.
+    validation = dataclasses.replace(fitted, train=dataclasses.replace(fitted.train, epochs=TrainSettings().epochs))
     builds: dict[str, Any] = {}
-    for label, fit_source, epochs in (("validation", None, DEFAULT_EPOCHS), ("fit data", FIT_SOURCE, FIT_EPOCHS)):
-        train = dataclasses.replace(settings.train, epochs=epochs)
+    for label, fit_source, settings in (("validation", None, validation), ("fit data", FIT_SOURCE, fitted)):
         window: dict[str, Any] = {}
         with cpu_window(window):
             cache_set = build_cache_set(
-                spec,
-                "fashion-mnist",
-                dataclasses.replace(settings, train=train),
-                targets=[TARGET],
-                fit_source=fit_source,
-                progress=False,
+                spec, "fashion-mnist", settings, targets=[TARGET], fit_source=fit_source, progress=False
             )
-        builds[label] = summary(cache_set) | {"epochs": epochs, "build": window}
+        builds[label] = summary(cache_set) | {"epochs": settings.train.epochs, "build": window}
         print(f"{spec.name}, {label}: built in {window['wall_s']:.0f} s", flush=True)
     before, after = builds["validation"], builds["fit data"]
     result = {
