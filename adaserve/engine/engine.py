@@ -52,7 +52,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("adaserve.engine")
 
-#: Rows whose worker dies are run again this many times in all; then the request is answered with an error.
+#: A request runs at most this many times: once its rows were held by this many workers that died, it is answered
+#: with an error instead of running again.
 MAX_RUNS = 2
 #: Consecutive failed starts of a replacement worker before the engine gives up restarting.
 MAX_START_FAILURES = 3
@@ -83,7 +84,9 @@ class PendingRequest:
     outstanding: int
     dispatched_ns: int = 0
     answered: bool = False  # a learned cache answered it while its batch ran on
-    runs: int = 0  # how many times a worker died holding its rows, plus one
+    # The worker processes that died holding its rows. A CUDA model's workers are threads of its host and report
+    # the host's PID, so a host that dies counts once however many of its workers held the request's rows.
+    deaths: set[int] = field(default_factory=set)
     error: str | None = None
     reason: str = ""
     response_parameters: dict[str, Any] = field(default_factory=dict)
@@ -151,6 +154,7 @@ class ModelEngine:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._standby: set[int] = set()  # ready workers of a set that is not active yet
         self._retiring: set[int] = set()  # workers of a replaced set: they finish their batch, then stop
+        self._undelivered: set[int] = set()  # batches sent to a worker already gone (see _dispatch)
         self._idle = asyncio.Event()  # set when no request holds slots
         self._idle.set()
         self._gone = asyncio.Event()  # set when no worker process is left
@@ -412,8 +416,10 @@ class ModelEngine:
             requests.append(rows)
             if pending.parameters:
                 parameters.append(RowParameters(slot - batch.start, rows, pending.parameters))
-        self._processes[batch.worker_id].run(RunBatch(batch.id, batch.start, batch.rows, requests, parameters))
-        # a False from run() means the worker is gone: its exit handler re-runs the batch
+        if not self._processes[batch.worker_id].run(RunBatch(batch.id, batch.start, batch.rows, requests, parameters)):
+            # The worker is gone and its exit not yet seen (on CUDA, its host died and took every worker with it):
+            # its exit handler re-runs the batch, which never reached it, so no death counts against these rows.
+            self._undelivered.add(batch.id)
 
     def _requests_in(self, batch: Batch) -> Iterator[tuple[PendingRequest, int, int]]:
         """(request, first slot, rows) for each request with rows in the batch."""
@@ -571,13 +577,16 @@ class ModelEngine:
 
     def _recover(self, batch: Batch, pid: int) -> None:
         """Rows of a batch whose worker died: run them again, or fail requests that already killed a worker."""
+        delivered = batch.id not in self._undelivered
+        self._undelivered.discard(batch.id)
         again: list[tuple[int, int, float]] = []
         for pending, slot, rows in list(self._requests_in(batch)):
-            pending.runs += 1
-            if pending.runs < MAX_RUNS:
+            if delivered:
+                pending.deaths.add(pid)
+            if len(pending.deaths) < MAX_RUNS:
                 again.append((slot, rows, time.monotonic()))
                 continue
-            pending.error = f"worker process {pid} died while computing this request ({pending.runs} times)"
+            pending.error = f"worker process {pid} died while computing this request ({len(pending.deaths)} times)"
             pending.reason = "worker_died"
             pending.outstanding -= rows
             if pending.outstanding == 0:

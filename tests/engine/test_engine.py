@@ -147,6 +147,27 @@ def test_a_host_that_died_is_started_again_when_a_worker_must_be_replaced(tmp_pa
     run_engine(tmp_path, body)
 
 
+def test_rows_sent_to_workers_already_dead_are_run_again_without_counting_a_death(tmp_path: Path) -> None:
+    """Workers that die together (on CUDA, every worker of a host that dies) are seen to exit one by one, and the
+    rows of the first are handed to the next before its exit is seen: a batch that never reached its worker is no
+    death of the request's (it used to count, and the request failed as if it had killed two workers)."""
+    link_example(tmp_path, "mlp", workers=[{"batch": 1, "threads": 1}] * 2)
+
+    async def body(engine: ModelEngine) -> None:
+        pids = [process.pid for process in engine._processes.values()]
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)  # our own workers, by their PIDs
+        deadline = time.monotonic() + 30.0
+        while any(Path(f"/proc/{pid}").exists() for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.01)  # blocks the event loop on purpose: the engine must not see the exits yet
+        rows = np.random.default_rng(1).standard_normal((1, 784)).astype(np.float32)
+        result: Any = await asyncio.wait_for(engine.infer([rows], 1, {}), 60.0)
+        assert result.outputs[0].shape == (1, 10)
+        assert engine.stats.worker_restarts == 2 and not engine._undelivered
+
+    run_engine(tmp_path, body)
+
+
 def test_parameters_that_cannot_reach_a_worker_are_refused_and_the_model_keeps_serving(tmp_path: Path) -> None:
     """An integer beyond 64 bits cannot be sent in a batch: the request is refused before it is queued. (It used to
     fail while its batch was being sent, leaving that worker busy forever.)"""
