@@ -263,6 +263,11 @@ class ModelConfig(_Strict):
     caches: LearnedCachesSpec | None = Field(
         default=None, description="GATI learned caches (early exit); absent: the model always runs whole"
     )
+    cuda_graphs: bool = Field(
+        default=True,
+        description="device cuda: each worker replays its model as CUDA graphs captured at start, one per power of "
+        "two up to its batch (rows padded up to the next), so a batch costs one launch; false runs it eagerly",
+    )
     # Last, so its validator sees every field it depends on.
     device: Literal["cpu", "cuda"] = Field(
         default="cpu",

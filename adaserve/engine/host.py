@@ -56,9 +56,8 @@ def host(control: socket.socket) -> int:
         stored = read_artifact(artifact, config.max_batch_size)
         early_exit, early_exit_error = _early_exit(config, artifact, stored)
         rings = SharedRings(PoolLayout.for_config(config, launch.slots), fds[0])
-        if config.device == "cuda":
+        if config.device == "cuda":  # each worker gets a runner of its own at spawn (its stream, its graphs)
             model, staged = _on_cuda(stored, rings, stage_fd=fds[1])
-            runner = BatchRunner(config, model, rings, device_inputs=staged.rings)
             cache_bytes, model_bytes = 0, weight_bytes(model)
         elif early_exit is not None:
             runner = BatchRunner(config, early_exit.chain.run, rings, early_exit=early_exit)
@@ -80,9 +79,9 @@ def host(control: socket.socket) -> int:
             return 0
         spawn = decode_spawn(data)
         if staged is not None:
-            from adaserve.engine.streams import StreamLane
+            from adaserve.engine.streams import stream_worker
 
-            _start_thread(spawn, runner, fds, StreamLane(staged))
+            _start_thread(spawn, *stream_worker(config, model, rings, staged, spawn.batch), fds)
             control.send(encode(WorkerSpawned(spawn.worker_id, os.getpid())))
             continue
         pid = os.fork()
@@ -110,7 +109,7 @@ def _on_cuda(stored: Any, rings: SharedRings, *, stage_fd: int) -> tuple[Any, St
     return model, staged
 
 
-def _start_thread(spawn: SpawnWorker, runner: BatchRunner, fds: list[int], lane: Lane) -> None:
+def _start_thread(spawn: SpawnWorker, runner: BatchRunner, lane: Lane, fds: list[int]) -> None:
     """A worker as a thread of this process. When it ends, for any reason, its pipes close, which is how the engine
     learns that a worker is gone, as when a worker process exits."""
 

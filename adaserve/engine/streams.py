@@ -9,23 +9,32 @@ stream waits on the events of the batch's slots (the GPU waits, the thread only 
 model reads the device ring in place, and the outputs are copied back into the pool's output ring, pinned too,
 before the worker answers.
 
+All of a host's workers launch their kernels from one Python process, so an eager forward pass holds the GIL for
+every one of its launches (a ResNet-50 about 300), and workers queue for it rather than for the GPU. With
+`cuda_graphs` (the default) each worker captures its model at start as CUDA graphs, one per power of two up to its
+granularity on its own stream and memory pool; a batch of r rows is copied into the smallest graph that holds it
+(the rows past r keep stale inputs: rows are independent, as the engine already assumes when it splits requests)
+and costs one launch.
+
 Without CUDA the same classes run on the CPU with each copy done at once and no events: the tests use that to
 check the staging order and the thread workers, since CI has no GPU.
 """
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 
+from adaserve.config import ModelConfig, TensorSpec
 from adaserve.engine.messages import read_staged
 from adaserve.engine.pool import SharedRings
-from adaserve.engine.worker import resident_bytes
+from adaserve.engine.worker import BatchRunner, as_sequence, resident_bytes, torch_dtype
 from adaserve.errors import ConfigError
 
 #: How long a batch waits for the engine to name its rows on the stage pipe before it fails (a lost message would
@@ -116,7 +125,7 @@ class StreamLane:
 
     def __init__(self, inputs: StagedInputs) -> None:
         self._inputs = inputs
-        self._stream = torch.cuda.Stream(inputs.device) if inputs.device.type == "cuda" else None
+        self.stream = torch.cuda.Stream(inputs.device) if inputs.device.type == "cuda" else None
 
     def place(self, threads: int, cpus: Sequence[int] | None) -> tuple[int, list[int]]:
         """Only the thread is pinned (Linux affinity is per thread); one thread drives the stream."""
@@ -125,7 +134,7 @@ class StreamLane:
         return 1, sorted(os.sched_getaffinity(0))
 
     def memory_bytes(self) -> int:
-        if self._stream is not None:
+        if self.stream is not None:
             return torch.cuda.memory_allocated(self._inputs.device)
         return resident_bytes()
 
@@ -133,9 +142,79 @@ class StreamLane:
     def running(self, start: int, rows: int) -> Iterator[None]:
         """Released only after a batch that ran: when the worker dies instead, the engine runs the rows again
         elsewhere, and they are still staged for it."""
-        self._inputs.order(self._stream, start, rows)
-        with _on(self._stream):
+        self._inputs.order(self.stream, start, rows)
+        with _on(self.stream):
             yield
-        if self._stream is not None:
-            self._stream.synchronize()  # the outputs are in the pool before the worker answers
+        if self.stream is not None:
+            self.stream.synchronize()  # the outputs are in the pool before the worker answers
         self._inputs.release(start, rows)
+
+
+def graph_sizes(batch: int) -> list[int]:
+    """The batch sizes a worker of granularity `batch` captures: every power of two below it, and itself."""
+    sizes = [1 << k for k in range(batch.bit_length()) if 1 << k < batch]
+    return [*sizes, batch]
+
+
+class GraphedForward:
+    """A worker's model as CUDA graphs of every size in `graph_sizes(batch)`, captured on first call (the worker's
+    warm-up, on its thread) on the worker's stream, sharing one memory pool (captured largest first, replayed one at
+    a time: the worker runs one batch at a time). A call copies its rows into the smallest graph that holds them and
+    replays it on the current stream; the outputs are views of the graph's own, valid until its next replay."""
+
+    #: Captures of different workers one at a time (they share the process's allocator and the stager's copies).
+    _capturing = threading.Lock()
+
+    def __init__(
+        self, forward: Callable[..., Any], inputs: Sequence[TensorSpec], batch: int, stream: torch.cuda.Stream
+    ) -> None:
+        self._forward = forward
+        self._inputs = inputs
+        self._sizes = graph_sizes(batch)
+        self._stream = stream
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, list[torch.Tensor], tuple[torch.Tensor, ...]]] = {}
+
+    def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if not self._graphs:
+            self._capture()
+        rows = inputs[0].shape[0]
+        graph, static_inputs, static_outputs = self._graphs[self._sizes[bisect.bisect_left(self._sizes, rows)]]
+        for static, given in zip(static_inputs, inputs, strict=True):
+            static[:rows].copy_(given, non_blocking=True)
+        graph.replay()
+        return tuple(output[:rows] for output in static_outputs)
+
+    def _capture(self) -> None:
+        device, pool = self._stream.device, None
+        with self._capturing, torch.cuda.stream(self._stream):
+            for size in reversed(self._sizes):
+                static_inputs = [
+                    torch.zeros((size, *spec.row_shape), dtype=torch_dtype(spec.dtype), device=device)
+                    for spec in self._inputs
+                ]
+                for _ in range(2):  # eager runs first: lazy initialisation (cuDNN, cuBLAS) stays out of the graph
+                    self._forward(*static_inputs)
+                self._stream.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                try:
+                    with torch.cuda.graph(graph, pool=pool, stream=self._stream, capture_error_mode="thread_local"):
+                        static_outputs = tuple(as_sequence(self._forward(*static_inputs)))
+                except Exception as exc:
+                    raise ConfigError(
+                        f"device cuda: cannot capture the model as a CUDA graph of batch {size} "
+                        f"({type(exc).__name__}: {exc}); set cuda_graphs: false to run it eagerly"
+                    ) from exc
+                pool = graph.pool()
+                self._graphs[size] = (graph, static_inputs, static_outputs)
+
+
+def stream_worker(
+    config: ModelConfig, model: Callable[..., Any], rings: SharedRings, inputs: StagedInputs, batch: int
+) -> tuple[BatchRunner, StreamLane]:
+    """A CUDA worker of granularity `batch`: its lane (a stream of its own) and its runner, which reads the device
+    ring and, with `cuda_graphs`, replays graphs captured on that stream."""
+    lane = StreamLane(inputs)
+    forward = getattr(model, "forward", model)
+    if config.cuda_graphs and lane.stream is not None:
+        forward = GraphedForward(forward, config.inputs, batch, lane.stream)
+    return BatchRunner(config, forward, rings, device_inputs=inputs.rings), lane

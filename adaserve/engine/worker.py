@@ -135,7 +135,7 @@ class BatchRunner:
 
     def _forward(self, start: int, rows: int) -> None:
         result = self.forward(*[ring[start : start + rows] for ring in self.inputs])
-        outputs = _as_sequence(result)
+        outputs = as_sequence(result)
         if len(outputs) != len(self.config.outputs):
             raise ValueError(f"model returned {len(outputs)} outputs, config declares {len(self.config.outputs)}")
         for spec, ring, tensor in zip(self.config.outputs, self.outputs, outputs, strict=True):
@@ -150,11 +150,11 @@ class BatchRunner:
         """One run on zeros outside the pool, so the first real request does not pay for lazy initialisation."""
         if self.early_exit is not None:
             spec = self.config.inputs[0]
-            self.early_exit.warm_up(rows, spec.row_shape, _torch_dtype(spec.dtype))
+            self.early_exit.warm_up(rows, spec.row_shape, torch_dtype(spec.dtype))
             return
         device = self.inputs[0].device
         zeros = [
-            torch.zeros((rows, *s.row_shape), dtype=_torch_dtype(s.dtype), device=device) for s in self.config.inputs
+            torch.zeros((rows, *s.row_shape), dtype=torch_dtype(s.dtype), device=device) for s in self.config.inputs
         ]
         self.forward(*zeros)
         if self.strategy is not None:
@@ -177,7 +177,8 @@ def _request_rows(
     return result
 
 
-def _as_sequence(result: Any) -> Sequence[torch.Tensor]:
+def as_sequence(result: Any) -> Sequence[torch.Tensor]:
+    """A model's outputs in the config's order, whether it returned one tensor, a tuple or a dict."""
     if isinstance(result, torch.Tensor):
         return (result,)
     if isinstance(result, dict):
@@ -185,7 +186,8 @@ def _as_sequence(result: Any) -> Sequence[torch.Tensor]:
     return tuple(result)
 
 
-def _torch_dtype(dtype: np.dtype) -> torch.dtype:
+def torch_dtype(dtype: np.dtype) -> torch.dtype:
+    """The torch dtype of a config tensor's numpy dtype."""
     return torch.from_numpy(np.zeros(0, dtype=dtype)).dtype
 
 

@@ -11,6 +11,7 @@ import asyncio
 import os
 import re
 import select
+import signal
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-from adaserve.config import ModelConfig
+from adaserve.config import ModelConfig, TensorSpec
 from adaserve.engine import streams
 from adaserve.engine.engine import ModelEngine
 from adaserve.engine.host import _start_thread
@@ -60,7 +61,7 @@ class Worker:
     def __init__(self, runner: BatchRunner, staged: StagedInputs, worker_id: int = 0) -> None:
         command_read, self.commands = os.pipe()
         self.results, result_write = os.pipe()
-        _start_thread(SpawnWorker(worker_id, 4, 1, None), runner, [command_read, result_write], StreamLane(staged))
+        _start_thread(SpawnWorker(worker_id, 4, 1, None), runner, StreamLane(staged), [command_read, result_write])
         self._reader = FrameReader()
         assert isinstance(self.next(), WorkerReady)
 
@@ -205,9 +206,46 @@ def test_a_batch_that_dies_leaves_its_rows_staged_for_the_worker_that_runs_them_
         pass
 
 
+@pytest.mark.parametrize(
+    ("batch", "sizes"), [(1, [1]), (2, [1, 2]), (6, [1, 2, 4, 6]), (8, [1, 2, 4, 8]), (16, [1, 2, 4, 8, 16])]
+)
+def test_a_worker_captures_a_graph_per_power_of_two_up_to_its_granularity(batch: int, sizes: list[int]) -> None:
+    assert streams.graph_sizes(batch) == sizes
+
+
+def test_a_stream_worker_without_a_gpu_runs_its_model_eagerly(parts: Parts) -> None:
+    rings, staged, _, model = parts
+    runner, lane = streams.stream_worker(CONFIG, model, rings, staged, 4)
+    assert lane.stream is None and runner.forward == model.forward
+    rows = np.random.default_rng(2).normal(size=(3, 3)).astype(np.float32)
+    rings.inputs[0][0:3] = rows
+    staged.stage(0, 3)
+    with torch.inference_mode(), lane.running(0, 3):
+        runner.run(0, 3)
+    np.testing.assert_allclose(rings.outputs[0][0:3], _expected(model, rows), rtol=1e-6)
+
+
 @needs_cuda
-def test_a_cuda_model_serves_concurrent_requests_of_mixed_sizes_exactly(tmp_path: Path) -> None:
-    link_example(tmp_path, "mlp", device="cuda")
+def test_graphed_forward_answers_every_row_count_as_the_model_does() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(784, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10)).cuda().eval()
+    stream = torch.cuda.Stream()
+    graphed = streams.GraphedForward(model, (TensorSpec(name="x", datatype="FP32", shape=(-1, 784)),), 6, stream)
+    with torch.inference_mode():
+        for rows in (6, 1, 3, 5, 2, 4, 6):
+            x = torch.rand((rows, 784), device="cuda")
+            with torch.cuda.stream(stream):
+                (answer,) = graphed(x)
+                expected = model(x)
+            stream.synchronize()
+            torch.testing.assert_close(answer, expected)
+    assert sorted(graphed._graphs) == [1, 2, 4, 6]
+
+
+@needs_cuda
+@pytest.mark.parametrize("graphs", [True, False])
+def test_a_cuda_model_serves_concurrent_requests_of_mixed_sizes_exactly(tmp_path: Path, graphs: bool) -> None:
+    link_example(tmp_path, "mlp", device="cuda", cuda_graphs=graphs)
     spec = ModelRepository(tmp_path).read("mlp")
     model = executable(read_artifact(spec.artifact, spec.config.max_batch_size))
     rng = np.random.default_rng(0)
@@ -221,7 +259,60 @@ def test_a_cuda_model_serves_concurrent_requests_of_mixed_sizes_exactly(tmp_path
         finally:
             await engine.stop(drain_timeout_s=5.0)
         for x, result in zip(requests, results, strict=True):
-            np.testing.assert_allclose(result.outputs[0], model(torch.from_numpy(x)).numpy(), rtol=1e-4, atol=1e-5)
+            np.testing.assert_allclose(result.outputs[0], _expected(model, x), rtol=1e-4, atol=1e-5)
+
+    asyncio.run(main())
+
+
+@needs_cuda
+@pytest.mark.parametrize("policy", ["fixed-timeout", "none"])
+def test_the_baseline_policies_serve_a_cuda_model_on_the_same_path(tmp_path: Path, policy: str) -> None:
+    link_example(tmp_path, "mlp", device="cuda", batching={"policy": policy, "max_queue_delay_us": 1000})
+    spec = ModelRepository(tmp_path).read("mlp")
+    model = executable(read_artifact(spec.artifact, spec.config.max_batch_size))
+    rng = np.random.default_rng(3)
+    requests = [rng.random((int(rows), 784), dtype=np.float32) for rows in rng.integers(1, 5, 60)]
+
+    async def main() -> None:
+        engine = ModelEngine(spec)
+        await engine.start()
+        try:
+            results = await asyncio.gather(*(engine.infer([x], len(x), {}) for x in requests))
+        finally:
+            await engine.stop(drain_timeout_s=5.0)
+        for x, result in zip(requests, results, strict=True):
+            np.testing.assert_allclose(result.outputs[0], _expected(model, x), rtol=1e-4, atol=1e-5)
+
+    asyncio.run(main())
+
+
+@needs_cuda
+def test_a_cuda_host_killed_under_load_loses_no_request(tmp_path: Path) -> None:
+    """On CUDA the workers are the host's threads, so killing the host ends them all at once: the engine starts a
+    new host, stages every row still in the pool on its new stage pipe, and runs the held rows again."""
+    link_example(tmp_path, "mlp", device="cuda")
+    spec = ModelRepository(tmp_path).read("mlp")
+    model = executable(read_artifact(spec.artifact, spec.config.max_batch_size))
+    rng = np.random.default_rng(4)
+    requests = [rng.random((int(rows), 784), dtype=np.float32) for rows in rng.integers(1, 9, 120)]
+
+    async def main() -> None:
+        engine = ModelEngine(spec)
+        await engine.start()
+        try:
+            assert engine._host is not None
+            first_host = engine._host.process.pid
+            before = [asyncio.ensure_future(engine.infer([x], len(x), {})) for x in requests[:60]]
+            await asyncio.sleep(0)  # the first requests are in the pool and on their way to the workers
+            os.kill(first_host, signal.SIGKILL)  # our own host, by its PID
+            after = [asyncio.ensure_future(engine.infer([x], len(x), {})) for x in requests[60:]]
+            results = await asyncio.wait_for(asyncio.gather(*before, *after), 120.0)
+            assert engine._host.process.pid != first_host
+            assert engine.stats.host_restarts == 1
+        finally:
+            await engine.stop(drain_timeout_s=5.0)
+        for x, result in zip(requests, results, strict=True):
+            np.testing.assert_allclose(result.outputs[0], _expected(model, x), rtol=1e-4, atol=1e-5)
 
     asyncio.run(main())
 
@@ -238,4 +329,40 @@ def test_tritonclient_gets_a_cuda_models_answers_through_the_server(tmp_path: Pa
         tensor = httpclient.InferInput("image", list(rows.shape), "FP32")
         tensor.set_data_from_numpy(rows, binary_data=True)
         answer = client.infer("mlp", [tensor]).as_numpy("logits")
-    np.testing.assert_allclose(answer, model(torch.from_numpy(rows)).numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(answer, _expected(model, rows), rtol=1e-4, atol=1e-5)
+
+
+@needs_cuda
+def test_grpc_clients_get_a_cuda_cnns_answers_through_the_server(tmp_path: Path) -> None:
+    """Convolutions on the GPU (cuDNN may use TF32, as PyTorch allows by default): close to the CPU's, same classes;
+    a row in the wrong slot would be off by far more."""
+    import tritonclient.grpc as grpcclient
+
+    link_example(tmp_path, "cnn", device="cuda")
+    spec = ModelRepository(tmp_path).read("cnn")
+    model = executable(read_artifact(spec.artifact, spec.config.max_batch_size))
+    rng = np.random.default_rng(5)
+    requests = [rng.random((int(rows), 1, 28, 28), dtype=np.float32) for rows in rng.integers(1, 9, 40)]
+    with running_server(tmp_path) as server, grpcclient.InferenceServerClient(server.grpc_url) as client:
+        answers = []
+        for rows in requests:
+            tensor = grpcclient.InferInput("image", list(rows.shape), "FP32")
+            tensor.set_data_from_numpy(rows)
+            answers.append(client.infer("cnn", [tensor]).as_numpy("logits"))
+    expected = _expected(model, np.concatenate(requests))
+    np.testing.assert_allclose(np.concatenate(answers), expected, rtol=1e-2, atol=5e-2)
+    assert (np.concatenate(answers).argmax(1) == expected.argmax(1)).mean() > 0.99
+
+
+class _HostSync(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * float(x.sum())  # reads a value back to the host: a CUDA graph cannot hold that
+
+
+@needs_cuda
+def test_a_model_that_cannot_be_captured_is_a_clear_error_naming_the_switch() -> None:
+    """Last in this file: a failed capture is the one CUDA error these tests cause on purpose."""
+    stream = torch.cuda.Stream()
+    graphed = streams.GraphedForward(_HostSync(), (TensorSpec(name="x", datatype="FP32", shape=(-1, 4)),), 2, stream)
+    with torch.inference_mode(), pytest.raises(ConfigError, match="set cuda_graphs: false to run it eagerly"):
+        graphed(torch.rand((2, 4), device="cuda"))
