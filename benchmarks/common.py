@@ -52,6 +52,8 @@ def machine() -> dict[str, Any]:
         "platform": platform.platform(),
         "python": platform.python_version(),
         "torch": torch.__version__,
+        # A benchmark's CUDA side runs on this GPU; a CPU-only run records None.
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
     }
 
 

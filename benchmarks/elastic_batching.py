@@ -10,6 +10,12 @@ config; they are measured one at a time with identical seeded schedules, all thr
 * `cnn_fixed_1t` — the same with 1 thread and the chosen delay: a sensitivity check beside the bars, not one of them;
 * `cnn_none`     — `batching: {policy: none}`, two workers of batch 1, 1 thread each.
 
+`--device cuda` serves the entries with `device: cuda` (Ebird's GPU form: each worker a CUDA stream of one host
+process, sharing one copy of the weights), and `--model resnet50` (any model of `benchmarks.packrat.models`,
+exported here with seeded random weights and `max_batch_size` 16) replaces the example `cnn`: Ebird's own
+benchmarks were ResNets, VGGs and Inception v4 on a GPU. On CUDA a worker has no threads to set: the sensitivity
+check beside the bars is instead `<model>_elastic_eager`, elastic with `cuda_graphs: false`.
+
 Stages: (1) capacity, a closed loop of 32 clients, picks the rates (low = 27.5% of elastic's capacity, high =
 3 × low); (2) the OPT Wait sweep; (3) a step schedule low → high (Poisson, 20 s each); (4) a replay of the Azure LLM
 conversation trace's arrival times scaled to the low rate (45 s); (5) per policy, the highest Poisson rate whose p99
@@ -20,8 +26,10 @@ work took during the run, and makes a run once more when other work took more th
 
     .venv/bin/python -m benchmarks.elastic_batching --low-rate 480   # ~11-15 minutes (see benchmarks/README.md)
     .venv/bin/python -m benchmarks.elastic_batching --quick          # ~4 minutes, results under benchmarks/results/tmp/
+    python -m benchmarks.elastic_batching --quick --device cuda --model resnet50   # on a GPU machine
 
-Writes `benchmarks/results/elastic_batching.json` and the PNGs beside it; every run's requests go to
+Writes `benchmarks/results/elastic_batching.json` (with `--device`/`--model`: `elastic_batching-<device>-<model>`)
+and the PNGs beside it; every run's requests go to
 `benchmarks/results/tmp/<output stem>/` (git-ignored; replaced by the next run).
 """
 
@@ -56,6 +64,8 @@ from benchmarks.common import (
     wait_for_quiet,
     write_json,
 )
+from benchmarks.packrat.models import REFERENCES, export_model
+from benchmarks.packrat.serving import link_model
 from tests.server_utils import ServerHandle, link_example, running_server
 
 TRACE = ROOT.parent / "shared" / "data" / "traces" / "azure-llm-2023" / "AzureLLMInferenceTrace_conv.csv"
@@ -72,15 +82,31 @@ class Policy:
     primary: bool = True  # part of the issue's comparison (False: a sensitivity check)
 
 
-def policies(delay_us: int) -> list[Policy]:
+#: The served model's largest batch: fixed-timeout's one worker takes this many rows, elastic's largest too.
+MAX_BATCH = 16
+
+
+def policies(delay_us: int, model: str = "cnn", device: str = "cpu") -> list[Policy]:
     fixed = {"policy": "fixed-timeout", "max_queue_delay_us": delay_us}
+    if device == "cuda":  # a worker is a stream: no threads to set; the sensitivity check is CUDA graphs off
+        on = {"device": "cuda"}
+        elastic = {**on, "batching": {"policy": "elastic"}}
+        return [
+            Policy("elastic", f"{model}_elastic", elastic),
+            Policy("fixed-timeout", f"{model}_fixed", {**on, "batching": fixed, "workers": [{"batch": MAX_BATCH}]}),
+            Policy("elastic eager", f"{model}_elastic_eager", {**elastic, "cuda_graphs": False}, False),
+            Policy("none", f"{model}_none", {**on, "batching": {"policy": "none"}, "workers": [{"batch": 1}] * 2}),
+        ]
     return [
-        Policy("elastic", "cnn_elastic", {"batching": {"policy": "elastic"}}),
-        Policy("fixed-timeout", "cnn_fixed", {"batching": fixed, "workers": [{"batch": 16, "threads": 2}]}),
+        Policy("elastic", f"{model}_elastic", {"batching": {"policy": "elastic"}}),
+        Policy("fixed-timeout", f"{model}_fixed", {"batching": fixed, "workers": [{"batch": MAX_BATCH, "threads": 2}]}),
         Policy(
-            "fixed-timeout 1t", "cnn_fixed_1t", {"batching": fixed, "workers": [{"batch": 16, "threads": 1}]}, False
+            "fixed-timeout 1t",
+            f"{model}_fixed_1t",
+            {"batching": fixed, "workers": [{"batch": MAX_BATCH, "threads": 1}]},
+            False,
         ),
-        Policy("none", "cnn_none", {"batching": {"policy": "none"}, "workers": [{"batch": 1, "threads": 1}] * 2}),
+        Policy("none", f"{model}_none", {"batching": {"policy": "none"}, "workers": [{"batch": 1, "threads": 1}] * 2}),
     ]
 
 
@@ -184,14 +210,12 @@ class Bench:
 
 def main() -> int:
     args = _parse_args()
-    output: Path = args.output or (
-        SCRATCH / "elastic_batching-quick.json" if args.quick else RESULTS / "elastic_batching.json"
-    )
+    stem = "elastic_batching" + ("" if (args.device, args.model) == ("cpu", "cnn") else f"-{args.device}-{args.model}")
+    output: Path = args.output or (SCRATCH / f"{stem}-quick.json" if args.quick else RESULTS / f"{stem}.json")
     repository = SCRATCH / output.stem / "repo"  # the per-run records go beside it
     shutil.rmtree(repository.parent, ignore_errors=True)
-    initial = policies(args.delays_us[0])
-    for policy in initial:
-        link_example(repository, "cnn", policy.model, **policy.config)
+    initial = policies(args.delays_us[0], args.model, args.device)
+    _link_entries(repository, initial, args.model)
     report: dict[str, Any] = {
         "benchmark": "elastic_batching",
         "command": command_line(),
@@ -211,7 +235,7 @@ def main() -> int:
         )
         rates = _capacity(bench, initial)
         delay, report["delay_sweep"] = _sweep_delay(bench, rates["high_rps"])
-        final = policies(delay)
+        final = policies(delay, args.model, args.device)
         report["configs"] = {p.label: _configure(bench, p) for p in final}
         report["rates"] = rates
         step = {p.label: _step(bench, p, rates) for p in final}
@@ -230,10 +254,24 @@ def main() -> int:
     return 0
 
 
+def _link_entries(repository: Path, entries: list[Policy], model: str) -> None:
+    """An entry per policy, each linking the same artifact: the example `cnn`'s, or a reference model exported now
+    (seeded, so every run serves the same weights)."""
+    if model == "cnn":
+        for policy in entries:
+            link_example(repository, "cnn", policy.model, **policy.config)
+        return
+    spec, _ = export_model(SCRATCH / "elastic-models", REFERENCES[model], MAX_BATCH)
+    for policy in entries:
+        link_model(spec, repository, policy.model, policy.config)
+
+
 def _parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add = parser.add_argument
     add("--quick", action="store_true", help="short phases and sweeps (~4 minutes, a smoke run)")
+    add("--device", choices=["cpu", "cuda"], default="cpu", help="where the workers run (default cpu)")
+    add("--model", choices=["cnn", *REFERENCES], default="cnn", help="the example cnn (default) or a reference model")
     add("--qos-p99-ms", type=float, default=100.0, help="QoS target: p99 latency (default 100 ms)")
     add("--low-fraction", type=float, default=0.275, help="low rate as a fraction of elastic's capacity")
     add("--low-rate", type=float, help="low rate (req/s); default: from the capacity stage")
@@ -286,7 +324,7 @@ def _sweep_delay(bench: Bench, rate: float) -> tuple[int, list[dict[str, Any]]]:
     """OPT Wait: fixed-timeout's best mean latency at the high rate over the candidate delays."""
     sweep = []
     for delay in bench.args.delays_us:
-        policy = next(p for p in policies(delay) if p.model == "cnn_fixed")
+        policy = next(p for p in policies(delay, bench.args.model, bench.args.device) if p.label == "fixed-timeout")
         bench.reconfigure(policy)
         result = bench.measure(policy, f"delay-{delay}", {"kind": "poisson", "rate": rate, "seed": bench.args.seed},
                                bench.args.sweep_s)  # fmt: skip
@@ -299,7 +337,8 @@ def _sweep_delay(bench: Bench, rate: float) -> tuple[int, list[dict[str, Any]]]:
 
 def _configure(bench: Bench, policy: Policy) -> dict[str, Any]:
     """The fixed-timeout entries get the chosen delay; every entry's config file and what the server serves."""
-    served = bench.reconfigure(policy) if "fixed" in policy.model else bench.served_config(policy.model)
+    fixed = policy.label.startswith("fixed-timeout")
+    served = bench.reconfigure(policy) if fixed else bench.served_config(policy.model)
     file = yaml.safe_load((bench.repository / policy.model / "config.yaml").read_text())
     return {"model": policy.model, "primary": policy.primary, "config_yaml": file, "served": served}
 
@@ -455,7 +494,8 @@ def _bars(report: dict[str, Any]) -> dict[str, Any]:
     versus = report["comparisons"]["elastic_vs_fixed-timeout"]["phases"]
     low, high = versus["step_low"]["mean_reduction"], versus["step_high"]["mean_reduction"]
     best = versus["max_throughput_in_qos"]
-    delay_us = report["configs"]["fixed-timeout"]["config_yaml"]["batching"]["max_queue_delay_us"]
+    fixed = report["configs"]["fixed-timeout"]
+    delay_us = fixed["config_yaml"]["batching"]["max_queue_delay_us"]
     return {
         "low_load_mean_reduction": {
             "measured": low,
@@ -473,7 +513,7 @@ def _bars(report: dict[str, Any]) -> dict[str, Any]:
             "pass": best["elastic"] is not None
             and (best["fixed-timeout"] is None or best["elastic"] >= best["fixed-timeout"]),
         },
-        "against": f"cnn_fixed, max_queue_delay_us={delay_us}, workers [batch 16, 2 threads]",
+        "against": f"{fixed['model']}, max_queue_delay_us={delay_us}, workers {fixed['config_yaml']['workers']}",
     }
 
 
@@ -511,9 +551,10 @@ def _plot_phases(report: dict[str, Any], path: Path) -> None:
     fig.axes[1].axhline(report["settings"]["qos_p99_ms"], color="C3", linestyle=":", label="QoS target")
     for ax in fig.axes:
         ax.legend(fontsize="small")
-    rates = report["rates"]
+    rates, settings = report["rates"], report["settings"]
     fig.suptitle(
-        f"cnn, low {rates['low_rps']:g}/s → high {rates['high_rps']:g}/s; trace scaled to {rates['low_rps']:g}/s"
+        f"{settings['model']} on {settings['device']}, low {rates['low_rps']:g}/s → high {rates['high_rps']:g}/s; "
+        f"trace scaled to {rates['low_rps']:g}/s"
     )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
