@@ -87,7 +87,9 @@ def test_hits_leave_the_batch_and_the_rest_is_the_model_exactly(
 
     hit = probe_score.numpy() >= threshold
     assert 0 < hit.sum() < len(hit)
-    np.testing.assert_array_equal(outputs[~hit], base[~hit])
+    # Rows that miss run on in a smaller batch than the base's: the same math, though not always the same kernels
+    # (bit-equal on one CPU, 2e-6 apart on another).
+    np.testing.assert_allclose(outputs[~hit], base[~hit], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(outputs[hit], probe_logits.numpy()[hit], rtol=1e-5, atol=1e-6)
     for request in requests:
         rows = slice(request.offset, request.offset + request.rows)
@@ -130,7 +132,8 @@ def test_early_exit_false_and_accuracy_pick_the_plan(chain: BlockChain, images: 
     outputs, early, rest = run(early_exit, images, requests)
     assert [p.offset for p in early] == [3]
     assert sorted(p.offset for p in rest) == [0, 6]
-    np.testing.assert_array_equal(outputs[[0, 1, 2, 6, 7, 8, 9, 10, 11]], base[[0, 1, 2, 6, 7, 8, 9, 10, 11]])
+    whole = [0, 1, 2, 6, 7, 8, 9, 10, 11]  # computed in a batch of 9, the base in one of 12: close, not bit-equal
+    np.testing.assert_allclose(outputs[whole], base[whole], rtol=1e-5, atol=1e-5)
     assert early_exit.take_counts().lookups == {"stage2": 9}
 
 
