@@ -6,7 +6,6 @@ import asyncio
 import os
 import signal
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,22 +16,10 @@ from adaserve.config import WorkerSpec
 from adaserve.engine.engine import ModelEngine
 from adaserve.engine.worker_sets import WorkerSetChoice
 from adaserve.errors import InvalidInputError
-from adaserve.repository import ModelRepository
+from tests.engine.engines import run_engine
 from tests.server_utils import link_example
 
 ONE_WORKER = [{"batch": 4, "threads": 1}]
-
-
-def run_engine(repository: Path, body: Callable[[ModelEngine], Awaitable[None]]) -> None:
-    async def main() -> None:
-        engine = ModelEngine(ModelRepository(repository).read("mlp"))
-        await engine.start()
-        try:
-            await body(engine)
-        finally:
-            await engine.stop(drain_timeout_s=5.0)
-
-    asyncio.run(main())
 
 
 def test_the_engine_measures_the_weights_and_each_workers_workspace(tmp_path: Path) -> None:

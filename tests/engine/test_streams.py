@@ -39,6 +39,7 @@ from adaserve.engine.streams import StagedInputs, StreamLane, on_device
 from adaserve.engine.worker import BatchRunner
 from adaserve.errors import ConfigError
 from adaserve.repository import ModelRepository, executable, read_artifact
+from tests.engine.engines import run_engine
 from tests.server_utils import EXAMPLES, link_example, running_server
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -243,47 +244,32 @@ def test_graphed_forward_answers_every_row_count_as_the_model_does() -> None:
 
 
 @needs_cuda
-@pytest.mark.parametrize("graphs", [True, False])
-def test_a_cuda_model_serves_concurrent_requests_of_mixed_sizes_exactly(tmp_path: Path, graphs: bool) -> None:
-    link_example(tmp_path, "mlp", device="cuda", cuda_graphs=graphs)
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"cuda_graphs": True},
+        {"cuda_graphs": False},
+        {"batching": {"policy": "fixed-timeout", "max_queue_delay_us": 1000}},
+        {"batching": {"policy": "none"}},
+    ],
+    ids=["elastic-graphs", "elastic-eager", "fixed-timeout", "none"],
+)
+def test_a_cuda_model_serves_concurrent_requests_of_mixed_sizes_exactly(
+    tmp_path: Path, overrides: dict[str, object]
+) -> None:
+    """Every batching policy on the same path, with and without CUDA graphs."""
+    link_example(tmp_path, "mlp", device="cuda", **overrides)
     spec = ModelRepository(tmp_path).read("mlp")
     model = executable(read_artifact(spec.artifact, spec.config.max_batch_size))
     rng = np.random.default_rng(0)
     requests = [rng.random((int(rows), 784), dtype=np.float32) for rows in rng.integers(1, 9, 200)]
 
-    async def main() -> None:
-        engine = ModelEngine(spec)
-        await engine.start()
-        try:
-            results = await asyncio.gather(*(engine.infer([x], len(x), {}) for x in requests))
-        finally:
-            await engine.stop(drain_timeout_s=5.0)
+    async def body(engine: ModelEngine) -> None:
+        results = await asyncio.gather(*(engine.infer([x], len(x), {}) for x in requests))
         for x, result in zip(requests, results, strict=True):
             np.testing.assert_allclose(result.outputs[0], _expected(model, x), rtol=1e-4, atol=1e-5)
 
-    asyncio.run(main())
-
-
-@needs_cuda
-@pytest.mark.parametrize("policy", ["fixed-timeout", "none"])
-def test_the_baseline_policies_serve_a_cuda_model_on_the_same_path(tmp_path: Path, policy: str) -> None:
-    link_example(tmp_path, "mlp", device="cuda", batching={"policy": policy, "max_queue_delay_us": 1000})
-    spec = ModelRepository(tmp_path).read("mlp")
-    model = executable(read_artifact(spec.artifact, spec.config.max_batch_size))
-    rng = np.random.default_rng(3)
-    requests = [rng.random((int(rows), 784), dtype=np.float32) for rows in rng.integers(1, 5, 60)]
-
-    async def main() -> None:
-        engine = ModelEngine(spec)
-        await engine.start()
-        try:
-            results = await asyncio.gather(*(engine.infer([x], len(x), {}) for x in requests))
-        finally:
-            await engine.stop(drain_timeout_s=5.0)
-        for x, result in zip(requests, results, strict=True):
-            np.testing.assert_allclose(result.outputs[0], _expected(model, x), rtol=1e-4, atol=1e-5)
-
-    asyncio.run(main())
+    run_engine(tmp_path, body)
 
 
 @needs_cuda
@@ -296,25 +282,20 @@ def test_a_cuda_host_killed_under_load_loses_no_request(tmp_path: Path) -> None:
     rng = np.random.default_rng(4)
     requests = [rng.random((int(rows), 784), dtype=np.float32) for rows in rng.integers(1, 9, 120)]
 
-    async def main() -> None:
-        engine = ModelEngine(spec)
-        await engine.start()
-        try:
-            assert engine._host is not None
-            first_host = engine._host.process.pid
-            before = [asyncio.ensure_future(engine.infer([x], len(x), {})) for x in requests[:60]]
-            await asyncio.sleep(0)  # the first requests are in the pool and on their way to the workers
-            os.kill(first_host, signal.SIGKILL)  # our own host, by its PID
-            after = [asyncio.ensure_future(engine.infer([x], len(x), {})) for x in requests[60:]]
-            results = await asyncio.wait_for(asyncio.gather(*before, *after), 120.0)
-            assert engine._host.process.pid != first_host
-            assert engine.stats.host_restarts == 1
-        finally:
-            await engine.stop(drain_timeout_s=5.0)
+    async def body(engine: ModelEngine) -> None:
+        assert engine._host is not None
+        first_host = engine._host.process.pid
+        before = [asyncio.ensure_future(engine.infer([x], len(x), {})) for x in requests[:60]]
+        await asyncio.sleep(0)  # the first requests are in the pool and on their way to the workers
+        os.kill(first_host, signal.SIGKILL)  # our own host, by its PID
+        after = [asyncio.ensure_future(engine.infer([x], len(x), {})) for x in requests[60:]]
+        results = await asyncio.wait_for(asyncio.gather(*before, *after), 120.0)
+        assert engine._host.process.pid != first_host
+        assert engine.stats.host_restarts == 1
         for x, result in zip(requests, results, strict=True):
             np.testing.assert_allclose(result.outputs[0], _expected(model, x), rtol=1e-4, atol=1e-5)
 
-    asyncio.run(main())
+    run_engine(tmp_path, body)
 
 
 @needs_cuda
