@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from adaserve.config import ModelConfig, TensorSpec
+from adaserve.cpu.profiler import batch_grid
 from adaserve.engine.messages import read_staged
 from adaserve.engine.pool import SharedRings
 from adaserve.engine.worker import BatchRunner, as_sequence, resident_bytes, torch_dtype
@@ -151,9 +152,9 @@ class StreamLane:
 
 
 def graph_sizes(batch: int) -> list[int]:
-    """The batch sizes a worker of granularity `batch` captures: every power of two below it, and itself."""
-    sizes = [1 << k for k in range(batch.bit_length()) if 1 << k < batch]
-    return [*sizes, batch]
+    """The batch sizes a worker of granularity `batch` captures: the powers of two Packrat profiles (up to `batch`),
+    and `batch` itself."""
+    return sorted({*batch_grid(batch), batch})
 
 
 class GraphedForward:
