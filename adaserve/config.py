@@ -165,8 +165,9 @@ class LearnedCachesSpec(_Strict):
     )
     lookup: Literal["auto", "thread", "inline"] = Field(
         default="auto",
-        description="where a cache lookup runs: on a thread of its own beside the next block, inline before it, or "
-        "auto: inline on CPU (a thread cost more than it hid in the GATI benchmark)",
+        description="where a cache lookup runs: 'thread', beside the model (the rest of the chain runs ahead on a "
+        "model thread, so a miss costs no time; needs a second core), 'inline' before the next block, or 'auto' "
+        "(inline)",
     )
     adaptation: AdaptationSpec | None = Field(
         default=None,

@@ -201,7 +201,7 @@ def build_methods(
     whole: Model, runtime: EarlyExit, prepared: Prepared, test_images: np.ndarray, calibration: np.ndarray
 ) -> tuple[dict[str, Method], float | None]:
     """Every method of part 1 by name, and the cascade's threshold (None: the student never answers)."""
-    threaded = EarlyExit(runtime.chain, runtime.plans, 0.0, "lookups on their own thread")
+    threaded = EarlyExit(runtime.chain, runtime.plans, 0.0, "lookups beside the model, on its own thread")
     threaded.start_lookups(thread=True)
     calibrate = prepared.cache_set.scores()["calibrate_rows"]
     with torch.inference_mode():
@@ -286,27 +286,32 @@ def batching(whole: Any, runtime: EarlyExit, images: np.ndarray) -> dict[str, An
 
 
 def bars(resnet: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """The issue's bars on the ResNet-style CNN, in-process: against the faster of the two forms of the base model
-    (whole program, block chain), so a slow baseline cannot make the speedup."""
+    """The issue's bars on the ResNet-style CNN, in-process, for each place the lookups run (inline, and beside
+    the model): against the faster of the two forms of the base model (whole program, block chain), so a slow
+    baseline cannot make the speedup."""
     if resnet is None:
         return []
     methods = resnet["methods"]
     base = min((methods["base"], methods["base chain"]), key=lambda m: m["mean_ms"])
-    gati = methods["gati"]
-    speedup = base["mean_ms"] / gati["mean_ms"]
-    return [
-        {
-            "bar": f"mean latency ≥ {BAR_SPEEDUP}× lower than the base model at ≥ {BAR_AGREEMENT:.0%} agreement",
-            "measured": f"{speedup:.2f}× ({gati['mean_ms']:.3f} vs {base['mean_ms']:.3f} ms), agreement "
-            f"{gati['agreement']:.4f}",
-            "pass": speedup >= BAR_SPEEDUP and gati["agreement"] >= BAR_AGREEMENT,
-        },
-        {
-            "bar": "p99 no worse than the base model's",
-            "measured": f"{gati['p99_ms']:.3f} vs {base['p99_ms']:.3f} ms",
-            "pass": gati["p99_ms"] <= base["p99_ms"],
-        },
-    ]
+    result = []
+    for name, lookups in (("gati", "lookups inline"), ("gati thread", "lookups beside the model")):
+        gati = methods[name]
+        speedup = base["mean_ms"] / gati["mean_ms"]
+        result += [
+            {
+                "bar": f"mean latency ≥ {BAR_SPEEDUP}× lower than the base model at ≥ {BAR_AGREEMENT:.0%} "
+                f"agreement ({lookups})",
+                "measured": f"{speedup:.2f}× ({gati['mean_ms']:.3f} vs {base['mean_ms']:.3f} ms), agreement "
+                f"{gati['agreement']:.4f}",
+                "pass": speedup >= BAR_SPEEDUP and gati["agreement"] >= BAR_AGREEMENT,
+            },
+            {
+                "bar": f"p99 no worse than the base model's ({lookups})",
+                "measured": f"{gati['p99_ms']:.3f} vs {base['p99_ms']:.3f} ms",
+                "pass": gati["p99_ms"] <= base["p99_ms"],
+            },
+        ]
+    return result
 
 
 def _manifest(cache_set: CacheSet) -> dict[str, Any]:

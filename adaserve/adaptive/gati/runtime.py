@@ -5,14 +5,18 @@ with the next block. A row the cache's selector accepts is answered at once with
 is reported to the engine the moment all its rows are answered) and leaves the batch: the next blocks run on the
 rows that are left. At most one lookup is in flight, as composition assumed.
 
-Where the lookup runs (`caches.lookup`): the paper gives it its own core (a side stream on GPU). `thread` runs it
-on a thread of its own while the main thread computes the next block (torch releases the GIL inside operators);
-`inline` runs it before the next block. `auto`, the default, is inline on CPU: on the 2-core machine, with a
-ResNet-style CNN on Fashion-MNIST at batch 1, the thread cost more than it hid (mean speedup over the base model
-1.76× with the thread, 2.64× inline, `benchmarks/results/gati_early_exit.json`): small blocks leave the two threads
-contending for the GIL, and a hit is only acted on after the block that ran beside its lookup. Either way a lookup
-is its cache as one TorchScript graph (`LearnedCache.scripted`), and a hit's bookkeeping is a few operations (see
-`_Pass`): right after a block every small operator costs several times what it does back to back.
+Where the lookup runs (`caches.lookup`): the paper gives it its own core (a side stream on GPU), so that a miss
+costs the request nothing. `inline` runs each lookup before the next block: every row that reaches an exit pays its
+lookup. `thread` runs the lookups beside the model: the worker's thread runs the blocks up to the first exit, then
+hands the rest of the chain to a model thread and consults the caches on each exit's output while the model thread
+goes on; a hit is answered the moment its lookup ends, and the model thread drops answered rows at its next block
+boundary (it stops once every row is answered). One hand-over per batch, not one per lookup: a first form that
+handed each lookup to a thread and waited for it after the next block lost to inline (1.76× against 2.64× mean
+speedup on the benchmark ResNet), because each hit was acted on a block late and each lookup paid a thread's
+wake-up. A batch that finds the model thread still finishing an abandoned batch runs inline. `auto`, the default, is
+inline: it needs no second core. Either way a lookup is its cache as one TorchScript graph
+(`LearnedCache.scripted`), and a hit's bookkeeping is a few operations (see `_Pass`): right after a block every
+small operator costs several times what it does back to back.
 
 The worker runs every row through this chain, the rows with `early_exit: false` too (all blocks, no lookup): one
 execution path. A small `verify_fraction` of hits is answered from the cache and also run to the end, so the live
@@ -26,8 +30,9 @@ from __future__ import annotations
 
 import functools
 import logging
+import queue
+import threading
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -83,7 +88,7 @@ class EarlyExit:
         self.default_target = plans[0].target  # the config's first target
         self.verify_fraction = verify_fraction
         self.description = description
-        self._lookups: ThreadPoolExecutor | None = None  # started in the worker: threads do not survive fork
+        self._ahead: _ModelThread | None = None  # started in the worker: threads do not survive fork
         self._rng = np.random.default_rng()
         self._counts = ExitStats()
 
@@ -142,12 +147,12 @@ class EarlyExit:
 
     @property
     def lookup_thread(self) -> bool:
-        """Lookups run on a thread of their own (else inline)."""
-        return self._lookups is not None
+        """Lookups run beside the model, which runs ahead on a thread of its own (else inline)."""
+        return self._ahead is not None
 
     def start_lookups(self, *, thread: bool) -> None:
-        """Lookups on a thread of their own (beside the next block) or inline; in the worker, after the fork."""
-        self._lookups = ThreadPoolExecutor(1, thread_name_prefix="gati-lookup") if thread else None
+        """Lookups beside the model (on a model thread) or inline; in the worker, after the fork."""
+        self._ahead = _ModelThread(self.chain) if thread else None
 
     def take_counts(self) -> ExitCounts:
         """What the caches did since the last call."""
@@ -224,34 +229,39 @@ class _Pass:
 
     def run(self, x: torch.Tensor) -> list[RowParameters]:
         chain, last = self.runtime.chain, len(self.runtime.chain.blocks) - 1
-        lookups = self.runtime._lookups
+        ahead = self.runtime._ahead
         alive = np.arange(len(self.rows))  # rows of this pass still in the batch, in x's order
-        pending: Future[np.ndarray | None] | None = None
         for index, block in enumerate(chain.blocks):
-            try:
-                x = block(x)
-            except BaseException:
-                if pending is not None:  # it may be writing an answer: let it finish before the batch's error
-                    wait([pending])
-                raise
-            if pending is not None:  # the lookup after the previous exit ran beside this block: its hits leave now
-                (x, alive), pending = _leave(x, alive, pending.result()), None
+            x = block(x)
             lookup = self.plan.lookups.get(index)
-            if lookup is not None and index != last and len(alive):
-                if lookups is not None:
-                    pending = lookups.submit(self._look_up_on_thread, index, lookup, x, alive)
-                else:
-                    x, alive = _leave(x, alive, self._look_up(index, lookup, x, alive))
+            if lookup is not None and index != last:
+                if ahead is not None and ahead.idle():
+                    return self._beside(ahead, index, x, alive)
+                x, alive = _leave(x, alive, self._look_up(index, lookup, x, alive))
             if not len(alive):
-                break  # every row is answered: the blocks left would run on an empty batch
-        assert pending is None  # the last block is never an exit
+                return []  # every row is answered: the blocks left would run on an empty batch
         return self._finish(x, alive)
 
-    def _look_up_on_thread(
-        self, index: int, lookup: torch.jit.ScriptModule, activation: torch.Tensor, alive: np.ndarray
-    ) -> np.ndarray | None:
-        with torch.inference_mode():  # thread-local: the worker's thread runs in it already, this one must enter it
-            return self._look_up(index, lookup, activation, alive)
+    def _beside(self, ahead: _ModelThread, first: int, x: torch.Tensor, alive: np.ndarray) -> list[RowParameters]:
+        """From the first exit on (block `first`, output `x`): the model thread runs the blocks after it while this
+        thread consults each exit's cache as its output comes; `answered` tells the model thread which rows left."""
+        answered = np.zeros(len(self.rows), dtype=bool)  # by row of this pass; written here, read by the model thread
+        job = ahead.start(x, alive, first + 1, frozenset(self.plan.lookups), answered)
+        index = first
+        try:
+            while True:
+                keep = ~answered[alive]  # rows answered after the model thread last dropped some
+                x, alive = _leave(x, alive, None if keep.all() else keep)
+                if index == len(self.runtime.chain.blocks) - 1:
+                    return self._finish(x, alive)
+                stay = self._look_up(index, self.plan.lookups[index], x, alive)
+                if stay is not None:
+                    answered[alive[~stay]] = True
+                if answered.all():
+                    return []
+                index, x, alive = job.next()
+        finally:
+            job.cancel()
 
     def _look_up(
         self, index: int, lookup: torch.jit.ScriptModule, activation: torch.Tensor, alive: np.ndarray
@@ -339,6 +349,74 @@ class _Pass:
         exited = rows - self.open_rows[request]
         block = names[self.deepest[request]] if exited == rows else names[-1]
         return RowParameters(self.requests[request].offset, rows, {"exit_block": block, "exited_rows": exited})
+
+
+class _Job:
+    """One batch's blocks on the model thread: the outputs of its exits (and of the last block) in order."""
+
+    def __init__(self) -> None:
+        self.outputs: queue.SimpleQueue[tuple[int, torch.Tensor, np.ndarray] | BaseException] = queue.SimpleQueue()
+        self.cancelled = False
+
+    def next(self) -> tuple[int, torch.Tensor, np.ndarray]:
+        """The next exit's (or the last block's) index, output and rows; the block's error if one failed."""
+        item = self.outputs.get()
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def cancel(self) -> None:
+        """The batch is done with (answered, or failed): the model thread stops at its next block boundary."""
+        self.cancelled = True
+
+
+class _ModelThread:
+    """A thread that runs the rest of a batch's chain ahead of the lookups (`caches.lookup: thread`)."""
+
+    def __init__(self, chain: BlockChain) -> None:
+        self.chain = chain
+        self._jobs: queue.SimpleQueue[tuple[_Job, torch.Tensor, np.ndarray, int, frozenset[int], np.ndarray]] = (
+            queue.SimpleQueue()
+        )
+        self._busy = threading.Event()
+        threading.Thread(target=self._serve, name="gati-model", daemon=True).start()
+
+    def idle(self) -> bool:
+        """No batch is running here (an abandoned one may still be finishing its block)."""
+        return not self._busy.is_set()
+
+    def start(
+        self, x: torch.Tensor, alive: np.ndarray, block: int, exits: frozenset[int], answered: np.ndarray
+    ) -> _Job:
+        """Run the blocks from `block` on `x` (rows `alive` of the pass), sending each exit's output to the job."""
+        job = _Job()
+        self._busy.set()
+        self._jobs.put((job, x, alive, block, exits, answered))
+        return job
+
+    def _serve(self) -> None:
+        with torch.inference_mode():  # thread-local: the worker's thread runs in it already, this one must enter it
+            while True:
+                job, x, alive, start, exits, answered = self._jobs.get()
+                try:
+                    self._run(job, x, alive, start, exits, answered)
+                except BaseException as exc:  # the worker's thread raises it as the batch's error
+                    job.outputs.put(exc)
+                finally:
+                    self._busy.clear()
+
+    def _run(
+        self, job: _Job, x: torch.Tensor, alive: np.ndarray, start: int, exits: frozenset[int], answered: np.ndarray
+    ) -> None:
+        last = len(self.chain.blocks) - 1
+        for index in range(start, last + 1):
+            keep = ~answered[alive]
+            if job.cancelled or not keep.any():
+                return
+            x, alive = _leave(x, alive, None if keep.all() else keep)
+            x = self.chain.blocks[index](x)
+            if index in exits or index == last:
+                job.outputs.put((index, x, alive))
 
 
 def _leave(x: torch.Tensor, alive: np.ndarray, keep: np.ndarray | None) -> tuple[torch.Tensor, np.ndarray]:

@@ -1,7 +1,7 @@
 """GATI's early exit as a worker runs it, on the example CNN with hand-made caches (thresholds chosen so that some,
 all or no rows hit): rows a cache answers carry its prediction and leave the batch, the rest are the model's
-output exactly, requests answered early are reported at once, and the counts add up — inline and on the lookup
-thread alike."""
+output exactly, requests answered early are reported at once, and the counts add up — inline and with the lookups
+beside the model (the model on a thread of its own) alike."""
 
 from __future__ import annotations
 
@@ -152,19 +152,53 @@ def test_a_missing_or_mismatched_cache_set_is_named(tmp_path: Path) -> None:
         EarlyExit.load(spec.config, spec.artifact, stored)
 
 
-def test_a_block_that_raises_waits_for_the_lookup_beside_it(chain: BlockChain, images: np.ndarray) -> None:
-    """The lookup thread may be writing an early answer when the next block fails: the batch's error is raised
-    only after it finished, so the worker never writes two messages at once."""
+def test_a_block_that_fails_on_the_model_thread_fails_the_batch(chain: BlockChain, images: np.ndarray) -> None:
+    """With lookups beside the model, the blocks after the first exit run on the model thread; a block's error
+    there is the batch's error, raised on the worker's thread (the only one that answers), and the next batch is
+    served."""
+    failed: list[bool] = []
 
-    def fails(x: torch.Tensor) -> torch.Tensor:
-        raise RuntimeError("block failed")
+    def fails_once(x: torch.Tensor) -> torch.Tensor:
+        if not failed:
+            failed.append(True)
+            raise RuntimeError("block failed")
+        return chain.blocks[1](x)
 
-    broken = BlockChain(chain.names, (chain.blocks[0], fails, chain.blocks[2]), chain.weight_bytes)
-    early_exit = runtime(broken, ExitPlan(0.9, {0: cache_after(chain, 0, ALWAYS)}), thread=True)
-    early: list[RowParameters] = []
-    with pytest.raises(RuntimeError, match="block failed"), torch.inference_mode():
-        early_exit.run(images, np.empty((len(images), 10), np.float32), requests_of(12), early.extend)
-    assert [p.values["exit_block"] for p in early] == ["stage1"]
+    broken = BlockChain(chain.names, (chain.blocks[0], fails_once, chain.blocks[2]), chain.weight_bytes)
+    early_exit = runtime(broken, ExitPlan(0.9, {0: cache_after(chain, 0, NEVER)}), thread=True)
+    with pytest.raises(RuntimeError, match="block failed"):
+        run(early_exit, images, requests_of(12))
+    outputs, early, rest = run(early_exit, images, requests_of(5, 7))
+    with torch.inference_mode():
+        base = chain.run(torch.from_numpy(images)).numpy()
+    np.testing.assert_allclose(outputs, base, rtol=1e-5, atol=1e-5)
+    assert early == [] and [p.values["exit_block"] for p in rest] == ["head", "head"]
+
+
+@pytest.mark.parametrize("thread", [False, True])
+def test_rows_left_by_each_exit_are_answered_by_the_next(chain: BlockChain, images: np.ndarray, thread: bool) -> None:
+    """Two exits, each answering about half of the rows it sees: on the model thread too, the rows the first exit
+    left are dropped before the second sees them, and every row is answered once, by the first exit that hit."""
+    x = torch.from_numpy(images)
+    with torch.inference_mode():
+        base = chain.run(x).numpy()
+        scores = [cache_after(chain, b, NEVER, seed=b)(chain.run(x, 0, b + 1))[2].numpy() for b in (0, 1)]
+    caches = {b: cache_after(chain, b, float(np.median(scores[b])), seed=b) for b in (0, 1)}
+    early_exit = runtime(chain, ExitPlan(0.9, caches), thread=thread)
+    for _ in range(3):  # the model thread is reused from batch to batch
+        outputs, early, rest = run(early_exit, images, requests_of(*[1] * 12))
+        first = scores[0] >= float(np.median(scores[0]))
+        second = ~first & (scores[1] >= float(np.median(scores[1])))
+        exits = {p.offset: p.values["exit_block"] for p in [*early, *rest]}
+        assert sorted(exits) == list(range(12))
+        assert [exits[row] for row in range(12)] == [
+            "stage1" if first[row] else "stage2" if second[row] else "head" for row in range(12)
+        ]
+        rest_rows = ~first & ~second
+        np.testing.assert_allclose(outputs[rest_rows], base[rest_rows], rtol=1e-5, atol=1e-5)
+        counts = early_exit.take_counts()
+        assert counts.lookups == {"stage1": 12, "stage2": int((~first).sum())}
+        assert counts.whole == int(rest_rows.sum())
 
 
 def test_once_every_row_is_answered_no_block_runs(chain: BlockChain, images: np.ndarray) -> None:
