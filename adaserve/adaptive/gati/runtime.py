@@ -32,7 +32,7 @@ import functools
 import logging
 import queue
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -246,12 +246,11 @@ class _Pass:
         """From the first exit on (block `first`, output `x`): the model thread runs the blocks after it while this
         thread consults each exit's cache as its output comes; `answered` tells the model thread which rows left."""
         answered = np.zeros(len(self.rows), dtype=bool)  # by row of this pass; written here, read by the model thread
-        job = ahead.start(x, alive, first + 1, frozenset(self.plan.lookups), answered)
+        job = ahead.start(_Job(x, alive, first + 1, self.plan.lookups, answered))
         index = first
         try:
             while True:
-                keep = ~answered[alive]  # rows answered after the model thread last dropped some
-                x, alive = _leave(x, alive, None if keep.all() else keep)
+                x, alive = _leave(x, alive, ~answered[alive])  # rows answered since the model thread dropped some
                 if index == len(self.runtime.chain.blocks) - 1:
                     return self._finish(x, alive)
                 stay = self._look_up(index, self.plan.lookups[index], x, alive)
@@ -351,12 +350,20 @@ class _Pass:
         return RowParameters(self.requests[request].offset, rows, {"exit_block": block, "exited_rows": exited})
 
 
+@dataclass(eq=False)
 class _Job:
-    """One batch's blocks on the model thread: the outputs of its exits (and of the last block) in order."""
+    """One batch's blocks on the model thread: what to run (blocks from `block` on `x`, rows `alive` of the pass,
+    reporting after `exits` and the last block, skipping rows `answered`) and the outputs, in order."""
 
-    def __init__(self) -> None:
-        self.outputs: queue.SimpleQueue[tuple[int, torch.Tensor, np.ndarray] | BaseException] = queue.SimpleQueue()
-        self.cancelled = False
+    x: torch.Tensor
+    alive: np.ndarray
+    block: int
+    exits: Mapping[int, object]
+    answered: np.ndarray
+    cancelled: bool = False
+    outputs: queue.SimpleQueue[tuple[int, torch.Tensor, np.ndarray] | BaseException] = field(
+        default_factory=queue.SimpleQueue
+    )
 
     def next(self) -> tuple[int, torch.Tensor, np.ndarray]:
         """The next exit's (or the last block's) index, output and rows; the block's error if one failed."""
@@ -375,9 +382,7 @@ class _ModelThread:
 
     def __init__(self, chain: BlockChain) -> None:
         self.chain = chain
-        self._jobs: queue.SimpleQueue[tuple[_Job, torch.Tensor, np.ndarray, int, frozenset[int], np.ndarray]] = (
-            queue.SimpleQueue()
-        )
+        self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
         self._busy = threading.Event()
         threading.Thread(target=self._serve, name="gati-model", daemon=True).start()
 
@@ -385,37 +390,32 @@ class _ModelThread:
         """No batch is running here (an abandoned one may still be finishing its block)."""
         return not self._busy.is_set()
 
-    def start(
-        self, x: torch.Tensor, alive: np.ndarray, block: int, exits: frozenset[int], answered: np.ndarray
-    ) -> _Job:
-        """Run the blocks from `block` on `x` (rows `alive` of the pass), sending each exit's output to the job."""
-        job = _Job()
+    def start(self, job: _Job) -> _Job:
+        """Queue the batch's job; the thread is busy until the job ends."""
         self._busy.set()
-        self._jobs.put((job, x, alive, block, exits, answered))
+        self._jobs.put(job)
         return job
 
     def _serve(self) -> None:
         with torch.inference_mode():  # thread-local: the worker's thread runs in it already, this one must enter it
             while True:
-                job, x, alive, start, exits, answered = self._jobs.get()
+                job = self._jobs.get()
                 try:
-                    self._run(job, x, alive, start, exits, answered)
+                    self._run(job)
                 except BaseException as exc:  # the worker's thread raises it as the batch's error
                     job.outputs.put(exc)
                 finally:
                     self._busy.clear()
 
-    def _run(
-        self, job: _Job, x: torch.Tensor, alive: np.ndarray, start: int, exits: frozenset[int], answered: np.ndarray
-    ) -> None:
-        last = len(self.chain.blocks) - 1
-        for index in range(start, last + 1):
-            keep = ~answered[alive]
+    def _run(self, job: _Job) -> None:
+        x, alive, last = job.x, job.alive, len(self.chain.blocks) - 1
+        for index in range(job.block, last + 1):
+            keep = ~job.answered[alive]
             if job.cancelled or not keep.any():
                 return
-            x, alive = _leave(x, alive, None if keep.all() else keep)
+            x, alive = _leave(x, alive, keep)
             x = self.chain.blocks[index](x)
-            if index in exits or index == last:
+            if index in job.exits or index == last:
                 job.outputs.put((index, x, alive))
 
 
