@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 import torch
 import yaml
 
@@ -31,6 +32,10 @@ class ServerHandle:
     grpc_url: str
     pid: int
     log: Path
+
+
+#: Tests that need a GPU (CI has none; a lent GPU machine runs them).
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
 def free_port() -> int:

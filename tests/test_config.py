@@ -128,7 +128,9 @@ def test_without_a_directory_name_the_file_must_name_the_model(tmp_path: Path) -
         (minimal(max_inflight=0), "max_inflight", "greater than or equal to 1"),
         (minimal(device="gpu"), "device", "'cpu' or 'cuda'"),
         (minimal(device="cuda", workers="auto"), "device", "cuda does not serve workers: auto (Packrat"),
-        (minimal(device="cuda", caches={}), "device", "cuda does not serve caches (GATI) yet"),
+        (minimal(device="cuda", caches={}), "device", "caches on cuda run the model block by block, eagerly: set "),
+        (minimal(device="cuda", cuda_graphs=False, caches={"lookup": "thread"}), "device", "thread is the CPU's"),
+        (minimal(caches={"lookup": "stream"}), "device", "lookup: stream runs lookups on a CUDA side stream; it needs"),
     ],
     ids=[
         "unknown-field",
@@ -146,7 +148,9 @@ def test_without_a_directory_name_the_file_must_name_the_model(tmp_path: Path) -
         "max-inflight",
         "device",
         "cuda-packrat",
-        "cuda-caches",
+        "cuda-caches-graphs",
+        "cuda-caches-thread",
+        "cpu-caches-stream",
     ],
 )
 def test_error_names_file_field_and_problem(tmp_path: Path, content: dict[str, Any], field: str, problem: str) -> None:
@@ -157,6 +161,14 @@ def test_error_names_file_field_and_problem(tmp_path: Path, content: dict[str, A
     assert message.startswith(f"{path}: ")
     assert field in message
     assert problem in message
+
+
+@pytest.mark.parametrize(("asked", "where"), [({}, "inline"), ({"lookup": "stream"}, "stream")])
+def test_learned_caches_on_cuda_look_up_inline_or_on_a_side_stream(
+    tmp_path: Path, asked: dict[str, str], where: str
+) -> None:
+    config = load(tmp_path, minimal(device="cuda", cuda_graphs=False, caches=asked))
+    assert config.caches is not None and config.caches.lookup_at == where
 
 
 @pytest.mark.parametrize("twice", ["x", "y"])

@@ -54,19 +54,19 @@ def host(control: socket.socket) -> int:
     staged: StagedInputs | None = None
     try:
         stored = read_artifact(artifact, config.max_batch_size)
-        early_exit, early_exit_error = _early_exit(config, artifact, stored)
         rings = SharedRings(PoolLayout.for_config(config, launch.slots), fds[0])
         if config.device == "cuda":  # each worker gets a runner of its own at spawn (its stream, its graphs)
-            model, staged = _on_cuda(stored, rings, stage_fd=fds[1])
-            cache_bytes, model_bytes = 0, weight_bytes(model)
-        elif early_exit is not None:
-            runner = BatchRunner(config, early_exit.chain.run, rings, early_exit=early_exit)
+            stored, staged = _on_cuda(stored, rings, stage_fd=fds[1])
+        early_exit, early_exit_error = _early_exit(config, artifact, stored, staged)
+        if early_exit is not None:
+            model: Any = early_exit.chain.run
             cache_bytes = early_exit.cache_bytes
             model_bytes = sum(early_exit.chain.weight_bytes) + cache_bytes
         else:
             model = executable(stored)
-            runner = BatchRunner(config, model, rings, _row_strategy(config, artifact, model))
             cache_bytes, model_bytes = 0, weight_bytes(model)
+        if staged is None:
+            runner = BatchRunner(config, model, rings, _row_strategy(config, artifact, model), early_exit)
     except Exception as exc:
         control.send(encode(HostFailed(str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}")))
         return 1
@@ -81,7 +81,7 @@ def host(control: socket.socket) -> int:
         if staged is not None:
             from adaserve.engine.streams import stream_worker
 
-            _start_thread(spawn, *stream_worker(config, model, rings, staged, spawn.batch), fds)
+            _start_thread(spawn, *stream_worker(config, model, rings, staged, spawn.batch, early_exit), fds)
             control.send(encode(WorkerSpawned(spawn.worker_id, os.getpid())))
             continue
         pid = os.fork()
@@ -99,14 +99,14 @@ def host(control: socket.socket) -> int:
 
 
 def _on_cuda(stored: Any, rings: SharedRings, *, stage_fd: int) -> tuple[Any, StagedInputs]:
-    """The model on the GPU, its device ring, and the stager thread that fills the ring as requests arrive."""
+    """The model as stored, moved to the GPU; its device ring; and the stager thread that fills the ring as requests
+    arrive."""
     from adaserve.engine.streams import StagedInputs, cuda_device, on_device
 
     device = cuda_device()
-    model = executable(on_device(stored, device))
     staged = StagedInputs(rings, device)
     threading.Thread(target=staged.follow, args=(stage_fd,), name="stager", daemon=True).start()
-    return model, staged
+    return on_device(stored, device), staged
 
 
 def _start_thread(spawn: SpawnWorker, runner: BatchRunner, lane: Lane, fds: list[int]) -> None:
@@ -135,15 +135,17 @@ def _row_strategy(config: ModelConfig, artifact: Path, model: Any) -> RowStrateg
     return ActivatorRuntime.load(config, artifact, model)
 
 
-def _early_exit(config: ModelConfig, artifact: Path, stored: Any) -> tuple[EarlyExit | None, str | None]:
-    """The model's GATI caches, loaded once here for every worker; when they cannot serve, why not (the model then
-    serves whole, through the same artifact)."""
+def _early_exit(
+    config: ModelConfig, artifact: Path, stored: Any, staged: StagedInputs | None
+) -> tuple[EarlyExit | None, str | None]:
+    """The model's GATI caches, loaded once here for every worker (on the GPU beside the model when `staged`); when
+    they cannot serve, why not (the model then serves whole, through the same artifact)."""
     if config.caches is None:
         return None, None
     from adaserve.adaptive.gati.runtime import EarlyExit
 
     try:
-        return EarlyExit.load(config, artifact, stored), None
+        return EarlyExit.load(config, artifact, stored, staged.device if staged is not None else None), None
     except ConfigError as exc:
         return None, str(exc)
 

@@ -27,7 +27,7 @@ import contextlib
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -37,6 +37,9 @@ from adaserve.engine.messages import read_staged
 from adaserve.engine.pool import SharedRings
 from adaserve.engine.worker import BatchRunner, as_sequence, resident_bytes, torch_dtype
 from adaserve.errors import ConfigError
+
+if TYPE_CHECKING:
+    from adaserve.adaptive.gati.runtime import EarlyExit
 
 #: How long a batch waits for the engine to name its rows on the stage pipe before it fails (a lost message would
 #: otherwise hang its worker for good).
@@ -210,12 +213,19 @@ class GraphedForward:
 
 
 def stream_worker(
-    config: ModelConfig, model: Callable[..., Any], rings: SharedRings, inputs: StagedInputs, batch: int
+    config: ModelConfig,
+    model: Callable[..., Any],
+    rings: SharedRings,
+    inputs: StagedInputs,
+    batch: int,
+    early_exit: EarlyExit | None = None,
 ) -> tuple[BatchRunner, StreamLane]:
     """A CUDA worker of granularity `batch`: its lane (a stream of its own) and its runner, which reads the device
-    ring and, with `cuda_graphs`, replays graphs captured on that stream."""
+    ring and, with `cuda_graphs`, replays graphs captured on that stream; with learned caches, it runs its own copy
+    of the model's early exit (block by block: the config has refused graphs for it)."""
     lane = StreamLane(inputs)
     forward = getattr(model, "forward", model)
     if config.cuda_graphs and lane.stream is not None:
         forward = GraphedForward(forward, config.inputs, batch, lane.stream)
-    return BatchRunner(config, forward, rings, device_inputs=inputs.rings), lane
+    own = early_exit.for_worker() if early_exit is not None else None
+    return BatchRunner(config, forward, rings, early_exit=own, device_inputs=inputs.rings), lane

@@ -57,7 +57,7 @@ class EarlyExitStrategy(Protocol):
     """Runs every row of a batch block by block, answering rows early from learned caches (GATI's `EarlyExit`)."""
 
     def run(
-        self, inputs: np.ndarray, outputs: np.ndarray, requests: Sequence[RowParameters], answer: Answer
+        self, inputs: torch.Tensor, outputs: np.ndarray, requests: Sequence[RowParameters], answer: Answer
     ) -> list[RowParameters]: ...
 
     def warm_up(self, rows: int, row_shape: tuple[int, ...], dtype: torch.dtype) -> None: ...
@@ -106,7 +106,7 @@ class BatchRunner:
         The caller holds torch.inference_mode for the worker's life."""
         if self.early_exit is not None:
             return self.early_exit.run(
-                self.rings.inputs[0][start : start + rows],
+                self.inputs[0][start : start + rows],
                 self.rings.outputs[0][start : start + rows],
                 _request_rows(rows, requests, parameters),
                 answer or (lambda answered: None),

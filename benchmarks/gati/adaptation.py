@@ -228,7 +228,7 @@ def load_runtime(spec: ModelSpec, target: float, version: int | Literal["latest"
     caches = LearnedCachesSpec(targets=(target,), version=version, verify_fraction=VERIFY_FRACTION)
     config = spec.config.model_copy(update={"caches": caches})
     early_exit = EarlyExit.load(config, spec.artifact, read_artifact(spec.artifact, config.max_batch_size))
-    early_exit.start_lookups(thread=False)
+    early_exit.start_lookups("inline")
     return early_exit
 
 
@@ -240,7 +240,7 @@ def serve(early_exit: EarlyExit, x: np.ndarray, base: np.ndarray, batch: int) ->
         for start in range(0, len(x), batch):
             part = slice(start, min(start + batch, len(x)))
             requests = [RowParameters(i, 1, {}) for i in range(part.stop - part.start)]
-            early_exit.run(x[part], outputs[part], requests, answered.extend)
+            early_exit.run(torch.from_numpy(x[part]), outputs[part], requests, answered.extend)
     counts = early_exit.take_counts()
     return {
         "hit_rate": sum(counts.hits.values()) / len(x),

@@ -137,7 +137,7 @@ def run_model(net: Net, train: Data, test: Data, rows: Rows, quick: bool) -> dic
     stored = read_artifact(spec.artifact, spec.config.max_batch_size)
     whole = executable(stored)  # the program as a worker without caches runs it
     runtime = EarlyExit.load(spec.config, spec.artifact, stored)  # its blocks share the program's weights
-    runtime.start_lookups(thread=False)  # as a worker runs it: `lookup: auto` is inline on CPU
+    runtime.start_lookups("inline")  # as a worker runs it: `lookup: auto` is inline on CPU
     methods, result["cascade_threshold"] = build_methods(whole, runtime, prepared, test[0], train[0][:512])
     part = images[: rows.methods]
     result["methods"] = measure(methods, part, labels[: len(part)])
@@ -202,7 +202,7 @@ def build_methods(
 ) -> tuple[dict[str, Method], float | None]:
     """Every method of part 1 by name, and the cascade's threshold (None: the student never answers)."""
     threaded = EarlyExit(runtime.chain, runtime.plans, 0.0, "lookups beside the model, on its own thread")
-    threaded.start_lookups(thread=True)
+    threaded.start_lookups("thread")
     calibrate = prepared.cache_set.scores()["calibrate_rows"]
     with torch.inference_mode():
         x = torch.from_numpy(test_images[calibrate])
@@ -260,7 +260,7 @@ def sweeps(whole: Any, runtime: EarlyExit, cache_set: CacheSet, images: np.ndarr
     for label, composition in compositions.items():
         plan = ExitPlan(TARGET, {c.exit.block_index: c for c in cache_set.caches(composition)})
         composed_runtime = EarlyExit(runtime.chain, [plan], 0.0, label)
-        composed_runtime.start_lookups(thread=False)
+        composed_runtime.start_lookups("inline")
         methods[label] = early_exit(composed_runtime, CLASSES)
     with cpu_window(window := {"quiet_wait": wait_for_quiet(QUIET_WAIT_S)}):
         samples = interleave(methods, images)

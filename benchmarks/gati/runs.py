@@ -73,7 +73,7 @@ def early_exit(runtime: EarlyExit, classes: int) -> Method:
         requests = [RowParameters(i, 1, {}) for i in range(len(rows))]
         began = time.perf_counter()
         with torch.inference_mode():
-            rest = runtime.run(rows, outputs, requests, answer)
+            rest = runtime.run(torch.from_numpy(rows).to(runtime.device), outputs, requests, answer)
         ended = time.perf_counter()
         for response in rest:
             answered[response.offset] = (ended, response.values["exit_block"])

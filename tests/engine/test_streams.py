@@ -40,9 +40,7 @@ from adaserve.engine.worker import BatchRunner
 from adaserve.errors import ConfigError
 from adaserve.repository import ModelRepository, executable, read_artifact
 from tests.engine.engines import run_engine
-from tests.server_utils import EXAMPLES, link_example, running_server
-
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+from tests.server_utils import EXAMPLES, link_example, needs_cuda, running_server
 
 CONFIG = ModelConfig.model_validate(
     {

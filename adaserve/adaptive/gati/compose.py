@@ -25,8 +25,8 @@ on the calibrate rows and .988 on the evaluate rows (picking the fastest of many
 rows is optimistic there); with two, .9953 and .9925, at 8% more expected latency.
 
 Expected latency follows how the runtime will run the lookups (`Manifest.lookups`):
-  - `async`, the paper's model (lookups beside the model: `caches.lookup: thread`): a row leaving at block i costs
-    Σ_{k≤i} L_k + T_c, a row that never hits costs Σ_k L_k;
+  - `async`, the paper's model (lookups beside the model: `caches.lookup: thread`, or `stream` on a GPU): a row
+    leaving at block i costs Σ_{k≤i} L_k + T_c, a row that never hits costs Σ_k L_k;
   - `inline` (the CPU default): every lookup a row reaches is on its path, so a row leaving at block i costs
     Σ_{k≤i} L_k plus every lookup up to and including that one, and a row that never hits pays them all. Under this
     model an exit whose hits save less than its misses cost slows the model down, so the overall composition also
@@ -84,9 +84,11 @@ def required_agreement(target: float, rows: int, margin_se: float = DEFAULT_MARG
 
 
 def lookup_cost(config: ModelConfig) -> Literal["inline", "async"]:
-    """How composition costs lookups for a model as its config runs them (`caches.lookup`): only a thread of their
-    own takes them off the rows' path (`auto` is inline on CPU, and so is a config without `caches`)."""
-    return "async" if config.caches is not None and config.caches.lookup == "thread" else "inline"
+    """How composition costs lookups for a model as its config runs them (`caches.lookup`): only a thread or a side
+    stream of their own takes them off the rows' path (`auto` is inline, and so is a config without `caches`)."""
+    if config.caches is None:
+        return "inline"
+    return "inline" if config.caches.lookup_at == "inline" else "async"
 
 
 @dataclass(frozen=True)

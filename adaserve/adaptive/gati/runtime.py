@@ -13,8 +13,16 @@ goes on; a hit is answered the moment its lookup ends, and the model thread drop
 boundary (it stops once every row is answered). One hand-over per batch, not one per lookup: a first form that
 handed each lookup to a thread and waited for it after the next block lost to inline (1.76× against 2.64× mean
 speedup on the benchmark ResNet), because each hit was acted on a block late and each lookup paid a thread's
-wake-up. A batch that finds the model thread still finishing an abandoned batch runs inline. `auto`, the default, is
-inline: it needs no second core. Either way a lookup is its cache as one TorchScript graph
+wake-up. A batch that finds the model thread still finishing an abandoned batch runs inline. `stream`, on a GPU,
+needs no thread: kernels are launched asynchronously, so after an exit the worker's thread launches the lookup on a
+side stream (after the block's output, by an event), launches the next block on the worker's stream, and only then
+waits for the lookup's flags; its hits leave the batch before the block after that is launched. The GPU runs the
+lookup beside the next block, and a hit is acted on one block ahead of where it was found (that block's work on the
+answered rows is wasted, not their time). `auto`, the default, is inline on both: on the benchmark ResNet-style CNN
+at batch 1 it beat `thread` on two CPU cores (3.06× against 2.50× over the base) and `stream` on an H100 (1.15 ms
+against 1.60 ms mean): there each block is a dozen small kernels, the cost is the CPU's launches, not the GPU's
+work, and a side stream hides only the GPU's (`benchmarks/README.md` §4). Either way a lookup is its cache as one
+TorchScript graph
 (`LearnedCache.scripted`), and a hit's bookkeeping is a few operations (see `_Pass`): right after a block every
 small operator costs several times what it does back to back.
 
@@ -22,8 +30,9 @@ The worker runs every row through this chain, the rows with `early_exit: false` 
 execution path. A small `verify_fraction` of hits is answered from the cache and also run to the end, so the live
 agreement with the base model is counted.
 
-The host loads everything once (`EarlyExit.load`) before forking workers; a cache set that cannot serve (missing,
-corrupt, built for other blocks or another artifact) is reported, and the model serves whole.
+The host loads everything once (`EarlyExit.load`) before forking workers (on a GPU, before starting its worker
+threads, each of which takes its own `for_worker` copy: its counts and its side stream); a cache set that cannot
+serve (missing, corrupt, built for other blocks or another artifact) is reported, and the model serves whole.
 """
 
 from __future__ import annotations
@@ -50,9 +59,15 @@ from adaserve.engine.worker import Answer
 from adaserve.errors import ConfigError
 from adaserve.repository import ModelSpec, weight_bytes
 
-__all__ = ["EarlyExit", "ExitPlan"]
+__all__ = ["EarlyExit", "ExitPlan", "Lookup"]
+
+#: Where lookups run (`caches.lookup` with `auto` resolved for the device).
+Lookup = Literal["thread", "stream", "inline"]
 
 log = logging.getLogger("adaserve.gati")
+
+#: A lookup under way on the side stream: the exit's block index, its output, and the lookup's flags and logits.
+_Looking = tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]
 
 #: Calls of each scripted lookup at warm-up: TorchScript profiles the first runs of a graph and optimizes it after.
 WARM_UP_LOOKUPS = 3
@@ -80,24 +95,30 @@ class EarlyExit:
         plans: Sequence[ExitPlan],
         verify_fraction: float,
         description: str,
-        lookup: Literal["auto", "thread", "inline"] = "auto",
+        lookup: Lookup = "inline",
+        device: torch.device | None = None,
     ) -> None:
         self.chain = chain
         self.lookup = lookup
+        self.device = device or torch.device("cpu")
         self.plans = sorted(plans, key=lambda plan: plan.target)
         self.default_target = plans[0].target  # the config's first target
         self.verify_fraction = verify_fraction
         self.description = description
         self._ahead: _ModelThread | None = None  # started in the worker: threads do not survive fork
+        self._overlap = False  # lookups on a side stream, each beside the block after its exit
+        self._side: torch.cuda.Stream | None = None  # that stream (None on CPU: the same order, run in turn)
         self._rng = np.random.default_rng()
         self._counts = ExitStats()
 
     @classmethod
-    def load(cls, config: ModelConfig, artifact: Path, stored: Any) -> EarlyExit:
-        """The model's chain (from the artifact as stored: `read_artifact`) with the compositions of every configured
-        target loaded; ConfigError naming the cause when the caches cannot serve it."""
+    def load(cls, config: ModelConfig, artifact: Path, stored: Any, device: torch.device | None = None) -> EarlyExit:
+        """The model's chain (from the artifact as stored, `read_artifact`, on `device` already) with the caches of
+        every configured target's composition loaded onto `device`; ConfigError naming the cause when the caches
+        cannot serve it."""
         spec = config.caches
         assert spec is not None
+        device = device or torch.device("cpu")
         if len(config.inputs) != 1 or len(config.outputs) != 1:
             raise ConfigError("learned caches serve models with one input and one output")
         chain = split_model(stored, spec.blocks)
@@ -117,14 +138,18 @@ class EarlyExit:
         plans = []
         for target in spec.targets:
             composition = cache_set.composition(target)
-            caches = cache_set.caches(composition)
+            caches = [cache.to(device) for cache in cache_set.caches(composition)]
             plans.append(ExitPlan(target, {cache.exit.block_index: cache for cache in caches}))
         exits = "; ".join(
             f"target {plan.target}: after {', '.join(chain.names[i] for i in sorted(plan.caches)) or 'no block'}"
             for plan in plans
         )
         description = f"cache set v{cache_set.version} ({exits})"
-        return cls(chain, plans, spec.verify_fraction, description, spec.lookup)
+        return cls(chain, plans, spec.verify_fraction, description, spec.lookup_at, device)
+
+    def for_worker(self) -> EarlyExit:
+        """A copy for one worker thread of a GPU host: the same chain and caches, its own counts and side stream."""
+        return EarlyExit(self.chain, self.plans, self.verify_fraction, self.description, self.lookup, self.device)
 
     @property
     def cache_bytes(self) -> int:
@@ -134,9 +159,9 @@ class EarlyExit:
 
     # -- in the worker ---------------------------------------------------------------------------------------
     def warm_up(self, rows: int, row_shape: tuple[int, ...], dtype: torch.dtype) -> None:
-        """Start the lookup thread if asked for; run the chain on zeros, and every plan's lookups a few times."""
-        self.start_lookups(thread=self.lookup == "thread")
-        zeros = torch.zeros((rows, *row_shape), dtype=dtype)
+        """Start the lookups where the config asks; run the chain on zeros, and every plan's lookups a few times."""
+        self.start_lookups(self.lookup)
+        zeros = torch.zeros((rows, *row_shape), dtype=dtype, device=self.device)
         self.chain.run(zeros)
         for plan in self.plans:
             for index, lookup in plan.lookups.items():
@@ -146,13 +171,16 @@ class EarlyExit:
                     lookup(activation[:1])  # batch 1 too: a new shape's first call costs about a millisecond
 
     @property
-    def lookup_thread(self) -> bool:
-        """Lookups run beside the model, which runs ahead on a thread of its own (else inline)."""
-        return self._ahead is not None
+    def lookups_run(self) -> Lookup:
+        """Where lookups run now (after `start_lookups`)."""
+        return "thread" if self._ahead is not None else "stream" if self._overlap else "inline"
 
-    def start_lookups(self, *, thread: bool) -> None:
-        """Lookups beside the model (on a model thread) or inline; in the worker, after the fork."""
-        self._ahead = _ModelThread(self.chain) if thread else None
+    def start_lookups(self, lookup: Lookup) -> None:
+        """Lookups beside the model (on a model thread, or a side stream) or inline; in the worker, after the fork
+        (on a GPU, in the worker's thread)."""
+        self._ahead = _ModelThread(self.chain) if lookup == "thread" else None
+        self._overlap = lookup == "stream"
+        self._side = torch.cuda.Stream(self.device) if self._overlap and self.device.type == "cuda" else None
 
     def take_counts(self) -> ExitCounts:
         """What the caches did since the last call."""
@@ -161,14 +189,14 @@ class EarlyExit:
 
     def run(
         self,
-        inputs: np.ndarray,
+        inputs: torch.Tensor,
         outputs: np.ndarray,
         requests: Sequence[RowParameters],
         answer: Answer,
     ) -> list[RowParameters]:
-        """Compute a batch's rows in place (`inputs` and `outputs` are its slices of the pool; `requests` each
-        request's rows and parameters); requests answered early go to `answer`; returns the response parameters of
-        the others."""
+        """Compute a batch's rows (`inputs` its slice of the input ring, on the model's device; `outputs` its slice
+        of the pool's output ring; `requests` each request's rows and parameters); requests answered early go to
+        `answer`; returns the response parameters of the others."""
         groups: dict[ExitPlan | None, list[RowParameters]] = {}
         for request in requests:
             groups.setdefault(self._plan(exit_target(request.values, self.default_target)), []).append(request)
@@ -176,10 +204,10 @@ class EarlyExit:
         for plan, members in groups.items():
             whole = len(members) == len(requests)  # every row: use the pool's slices as they are, no gather
             if whole:
-                rows, x = np.arange(len(inputs)), torch.from_numpy(inputs)
+                rows, x = np.arange(len(inputs)), inputs
             else:
                 rows = np.concatenate([np.arange(r.offset, r.offset + r.rows) for r in members])
-                x = torch.from_numpy(inputs[rows])
+                x = inputs[torch.from_numpy(rows).to(inputs.device)]
             if plan is None:
                 result = self.chain.run(x)
                 _write(outputs, slice(None) if whole else rows, result)
@@ -237,6 +265,8 @@ class _Pass:
             if lookup is not None and index != last:
                 if ahead is not None and ahead.idle():
                     return self._beside(ahead, index, x, alive)
+                if self.runtime._overlap:
+                    return self._overlapped(index, x, alive)
                 x, alive = _leave(x, alive, self._look_up(index, lookup, x, alive))
             if not len(alive):
                 return []  # every row is answered: the blocks left would run on an empty batch
@@ -262,13 +292,49 @@ class _Pass:
         finally:
             job.cancel()
 
+    def _overlapped(self, first: int, x: torch.Tensor, alive: np.ndarray) -> list[RowParameters]:
+        """From the first exit on (block `first`, output `x`), lookups on the side stream: each exit's lookup is
+        launched there, the next block on the worker's stream, and the lookup's hits leave the batch before the
+        block after that is launched."""
+        blocks, last, side = self.runtime.chain.blocks, len(self.runtime.chain.blocks) - 1, self.runtime._side
+        index = first
+        looking: _Looking | None = self._launch(first, x, side)
+        while True:
+            index += 1
+            x = blocks[index](x)
+            if looking is not None:
+                exit_index, _, found, logits = looking
+                with torch.cuda.stream(side):  # None (CPU): no stream to switch to
+                    x, alive = _leave(x, alive, self._take_hits(exit_index, found, logits, alive))
+                looking = None
+                if not len(alive):
+                    return []
+            if index == last:
+                return self._finish(x, alive)
+            if index in self.plan.lookups:
+                looking = self._launch(index, x, side)
+
+    def _launch(self, index: int, x: torch.Tensor, side: torch.cuda.Stream | None) -> _Looking:
+        """Block `index`'s lookup on its output `x`: (index, x, found, logits), launched on the side stream once the
+        block is done (x is kept with them: the side stream reads it until the flags are in); on CPU, run at once."""
+        lookup = self.plan.lookups[index]
+        if side is not None:
+            side.wait_stream(torch.cuda.current_stream(side.device))
+        with torch.cuda.stream(side):
+            found, logits, _ = lookup(x)
+        return index, x, found, logits
+
     def _look_up(
         self, index: int, lookup: torch.jit.ScriptModule, activation: torch.Tensor, alive: np.ndarray
     ) -> np.ndarray | None:
-        """Consult the cache after block `index`; answer its hits at once; return which of `alive` stay in the
-        batch (None: all of them, the common case, which then costs no copy). Rows answered already (hits kept
-        running to verify them) are not looked up again."""
+        """Consult the cache after block `index` and take its hits."""
         found, logits, _ = lookup(activation)
+        return self._take_hits(index, found, logits, alive)
+
+    def _take_hits(self, index: int, found: torch.Tensor, logits: torch.Tensor, alive: np.ndarray) -> np.ndarray | None:
+        """Answer the hits of block `index`'s lookup (`found`, `logits`: of the rows `alive`) at once; return which
+        of `alive` stay in the batch (None: all of them, the common case, which then costs no copy). Rows answered
+        already (hits kept running to verify them) are not counted again."""
         name = self.runtime.chain.names[index]
         looked_up = len(alive) - len(self.verify_label)
         self.counts.lookups[name] += looked_up
@@ -317,7 +383,7 @@ class _Pass:
         drawn = self.runtime._rng.random(len(positions)) < self.runtime.verify_fraction
         if not drawn.any():
             return
-        labels = logits.argmax(1).numpy()
+        labels = logits.argmax(1).cpu().numpy()
         for position in positions[drawn]:
             self.verify_label[int(alive[position])] = int(labels[position])
         keep[positions[drawn]] = True
@@ -330,7 +396,7 @@ class _Pass:
         if self.verify_label:
             running = np.array([int(row) not in self.verify_label for row in alive])
             _write(self.outputs, self.rows[alive[running]], x[torch.from_numpy(running)])
-            labels = x.argmax(1).numpy()
+            labels = x.argmax(1).cpu().numpy()
             for position, row in enumerate(alive):
                 if int(row) in self.verify_label:
                     self.counts.verified += 1
@@ -431,4 +497,4 @@ def _write(outputs: np.ndarray, rows: np.ndarray | slice, values: torch.Tensor) 
     expected = outputs.shape[1:]
     if tuple(values.shape[1:]) != expected:
         raise ValueError(f"the model returned rows shaped {list(values.shape[1:])}, the output's are {list(expected)}")
-    outputs[rows] = values.detach().numpy()
+    outputs[rows] = values.detach().cpu().numpy()

@@ -1,26 +1,30 @@
 """GATI's early exit as a worker runs it, on the example CNN with hand-made caches (thresholds chosen so that some,
 all or no rows hit): rows a cache answers carry its prediction and leave the batch, the rest are the model's
-output exactly, requests answered early are reported at once, and the counts add up — inline and with the lookups
-beside the model (the model on a thread of its own) alike."""
+output exactly, requests answered early are reported at once, and the counts add up — inline, with the lookups beside
+the model (the model on a thread of its own), and with each lookup beside the next block (a side stream on a GPU;
+here, without one, the same order run in turn) alike; on a GPU too, when there is one."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from adaserve.adaptive.gati.blocks import BlockChain, load_chain
+from adaserve.adaptive.gati.blocks import BlockChain, load_chain, split_model
 from adaserve.adaptive.gati.cacheset import CacheSetError, ExitRecord, LearnedCache
 from adaserve.adaptive.gati.predictors import VariantSpec, build_predictor
-from adaserve.adaptive.gati.runtime import EarlyExit, ExitPlan
+from adaserve.adaptive.gati.runtime import EarlyExit, ExitPlan, Lookup
 from adaserve.adaptive.gati.selectors import Selector
+from adaserve.config import LearnedCachesSpec
 from adaserve.datasets import load_fashion_mnist
 from adaserve.engine.messages import RowParameters
+from adaserve.engine.streams import on_device
 from adaserve.errors import InvalidInputError
 from adaserve.repository import ModelRepository, read_artifact
-from tests.server_utils import link_example
+from tests.server_utils import EXAMPLES, link_example, needs_cuda
 
 ALWAYS, NEVER = 0.0, 2.0  # selector thresholds: a sigmoid score is always >= 0 and never >= 2
 
@@ -38,19 +42,33 @@ def images() -> np.ndarray:
     return np.ascontiguousarray(x[:12].reshape(12, 1, 28, 28), dtype=np.float32)
 
 
-def cache_after(chain: BlockChain, block: int, threshold: float, seed: int = 0) -> LearnedCache:
+def cache_after(chain: BlockChain, block: int, threshold: float, seed: int = 0, device: str = "cpu") -> LearnedCache:
     """A cache with random weights after `block` (what it predicts does not matter here, which rows hit does)."""
     torch.manual_seed(seed)
-    shape = tuple(chain.run(torch.zeros(1, 1, 28, 28), 0, block + 1).shape[1:])
+    with torch.inference_mode():
+        shape = tuple(chain.run(torch.zeros(1, 1, 28, 28, device=device), 0, block + 1).shape[1:])
     predictor = build_predictor(VariantSpec.parse("Pool(64)"), shape, 10)
     assert predictor is not None
     exit = ExitRecord(key=f"b{block}", block=chain.names[block], block_index=block, threshold=threshold)
-    return LearnedCache(exit, predictor.eval(), Selector(10).eval()).eval()
+    return LearnedCache(exit, predictor.eval(), Selector(10).eval()).eval().to(device)
 
 
-def runtime(chain: BlockChain, *plans: ExitPlan, thread: bool, verify: float = 0.0) -> EarlyExit:
-    early_exit = EarlyExit(chain, plans, verify, "test")
-    early_exit.start_lookups(thread=thread)
+@functools.cache
+def chain_on_gpu() -> BlockChain:
+    """The example CNN split as a GPU host splits it: the stored program moved to the GPU first."""
+    spec = ModelRepository(EXAMPLES).read("cnn")
+    stored = on_device(read_artifact(spec.artifact, spec.config.max_batch_size), torch.device("cuda"))
+    return split_model(stored, "auto")
+
+
+LOOKUPS: list[Lookup] = ["inline", "thread", "stream"]
+
+
+def runtime(
+    chain: BlockChain, *plans: ExitPlan, lookup: Lookup = "inline", verify: float = 0.0, device: str = "cpu"
+) -> EarlyExit:
+    early_exit = EarlyExit(chain, plans, verify, "test", lookup, torch.device(device))
+    early_exit.start_lookups(lookup)
     return early_exit
 
 
@@ -61,7 +79,7 @@ def run(
     outputs = np.full((len(images), 10), np.nan, np.float32)
     early: list[RowParameters] = []
     with torch.inference_mode():
-        rest = early_exit.run(images, outputs, requests, early.extend)
+        rest = early_exit.run(torch.from_numpy(images).to(early_exit.device), outputs, requests, early.extend)
     return outputs, early, rest
 
 
@@ -71,9 +89,9 @@ def requests_of(*sizes: int, **values: object) -> list[RowParameters]:
 
 
 @pytest.mark.parametrize("verify", [0.0, 1.0])
-@pytest.mark.parametrize("thread", [False, True])
+@pytest.mark.parametrize("lookup", LOOKUPS)
 def test_hits_leave_the_batch_and_the_rest_is_the_model_exactly(
-    chain: BlockChain, images: np.ndarray, thread: bool, verify: float
+    chain: BlockChain, images: np.ndarray, lookup: Lookup, verify: float
 ) -> None:
     x = torch.from_numpy(images)
     with torch.inference_mode():
@@ -81,7 +99,7 @@ def test_hits_leave_the_batch_and_the_rest_is_the_model_exactly(
         _, probe_logits, probe_score = cache_after(chain, 1, NEVER)(chain.run(x, 0, 2))
     threshold = float(np.median(probe_score.numpy()))  # about half the rows hit after stage2
     cache = cache_after(chain, 1, threshold)
-    early_exit = runtime(chain, ExitPlan(0.99, {1: cache}), thread=thread, verify=verify)
+    early_exit = runtime(chain, ExitPlan(0.99, {1: cache}), lookup=lookup, verify=verify)
     requests = requests_of(1, 1, 2, 3, 5)
     outputs, early, rest = run(early_exit, images, requests)
 
@@ -108,9 +126,7 @@ def test_hits_leave_the_batch_and_the_rest_is_the_model_exactly(
 
 
 def test_rows_that_hit_at_the_first_exit_skip_the_second(chain: BlockChain, images: np.ndarray) -> None:
-    early_exit = runtime(
-        chain, ExitPlan(0.9, {0: cache_after(chain, 0, ALWAYS), 1: cache_after(chain, 1, ALWAYS)}), thread=False
-    )
+    early_exit = runtime(chain, ExitPlan(0.9, {0: cache_after(chain, 0, ALWAYS), 1: cache_after(chain, 1, ALWAYS)}))
     _, early, rest = run(early_exit, images, requests_of(4, 8))
     assert rest == [] and [p.values["exit_block"] for p in early] == ["stage1", "stage1"]
     counts = early_exit.take_counts()
@@ -120,7 +136,7 @@ def test_rows_that_hit_at_the_first_exit_skip_the_second(chain: BlockChain, imag
 def test_early_exit_false_and_accuracy_pick_the_plan(chain: BlockChain, images: np.ndarray) -> None:
     never, always = cache_after(chain, 1, NEVER), cache_after(chain, 1, ALWAYS)
     # The config's first target (0.99) is the default; accuracy picks the least target at or above it.
-    early_exit = runtime(chain, ExitPlan(0.99, {1: never}), ExitPlan(0.9, {1: always}), thread=True)
+    early_exit = runtime(chain, ExitPlan(0.99, {1: never}), ExitPlan(0.9, {1: always}), lookup="thread")
     with torch.inference_mode():
         base = chain.run(torch.from_numpy(images)).numpy()
     requests = [
@@ -138,7 +154,7 @@ def test_early_exit_false_and_accuracy_pick_the_plan(chain: BlockChain, images: 
 
 
 def test_bad_parameters_are_refused(chain: BlockChain, images: np.ndarray) -> None:
-    early_exit = runtime(chain, ExitPlan(0.99, {}), thread=False)
+    early_exit = runtime(chain, ExitPlan(0.99, {}))
     for values, name in (({"early_exit": "yes"}, "early_exit"), ({"accuracy": 1.5}, "accuracy")):
         with pytest.raises(InvalidInputError, match=name):
             run(early_exit, images, [RowParameters(0, 12, values)])
@@ -152,10 +168,13 @@ def test_a_missing_or_mismatched_cache_set_is_named(tmp_path: Path) -> None:
         EarlyExit.load(spec.config, spec.artifact, stored)
 
 
-def test_a_block_that_fails_on_the_model_thread_fails_the_batch(chain: BlockChain, images: np.ndarray) -> None:
-    """With lookups beside the model, the blocks after the first exit run on the model thread; a block's error
-    there is the batch's error, raised on the worker's thread (the only one that answers), and the next batch is
-    served."""
+@pytest.mark.parametrize("lookup", ["thread", "stream"])
+def test_a_block_that_fails_after_an_exit_fails_the_batch(
+    chain: BlockChain, images: np.ndarray, lookup: Lookup
+) -> None:
+    """With lookups beside the model, the blocks after the first exit run while a lookup is under way (with
+    `thread`, on the model thread); a block's error there is the batch's error, raised on the worker's thread (the
+    only one that answers), and the next batch is served."""
     failed: list[bool] = []
 
     def fails_once(x: torch.Tensor) -> torch.Tensor:
@@ -165,7 +184,7 @@ def test_a_block_that_fails_on_the_model_thread_fails_the_batch(chain: BlockChai
         return chain.blocks[1](x)
 
     broken = BlockChain(chain.names, (chain.blocks[0], fails_once, chain.blocks[2]), chain.weight_bytes)
-    early_exit = runtime(broken, ExitPlan(0.9, {0: cache_after(chain, 0, NEVER)}), thread=True)
+    early_exit = runtime(broken, ExitPlan(0.9, {0: cache_after(chain, 0, NEVER)}), lookup=lookup)
     with pytest.raises(RuntimeError, match="block failed"):
         run(early_exit, images, requests_of(12))
     outputs, early, rest = run(early_exit, images, requests_of(5, 7))
@@ -175,16 +194,28 @@ def test_a_block_that_fails_on_the_model_thread_fails_the_batch(chain: BlockChai
     assert early == [] and [p.values["exit_block"] for p in rest] == ["head", "head"]
 
 
-@pytest.mark.parametrize("thread", [False, True])
-def test_rows_left_by_each_exit_are_answered_by_the_next(chain: BlockChain, images: np.ndarray, thread: bool) -> None:
-    """Two exits, each answering about half of the rows it sees: on the model thread too, the rows the first exit
-    left are dropped before the second sees them, and every row is answered once, by the first exit that hit."""
-    x = torch.from_numpy(images)
+@pytest.mark.parametrize(
+    ("lookup", "device"),
+    [
+        *((lookup, "cpu") for lookup in LOOKUPS),
+        *(pytest.param(lookup, "cuda", marks=needs_cuda) for lookup in ("inline", "stream")),
+    ],
+)
+def test_rows_left_by_each_exit_are_answered_by_the_next(
+    chain: BlockChain, images: np.ndarray, lookup: Lookup, device: str
+) -> None:
+    """Two exits, each answering about half of the rows it sees: with the lookups beside the model too, the rows
+    the first exit left are dropped before the second sees them, and every row is answered once, by the first exit
+    that hit."""
+    if device == "cuda":
+        chain = chain_on_gpu()
+    x = torch.from_numpy(images).to(device)
     with torch.inference_mode():
-        base = chain.run(x).numpy()
-        scores = [cache_after(chain, b, NEVER, seed=b)(chain.run(x, 0, b + 1))[2].numpy() for b in (0, 1)]
-    caches = {b: cache_after(chain, b, float(np.median(scores[b])), seed=b) for b in (0, 1)}
-    early_exit = runtime(chain, ExitPlan(0.9, caches), thread=thread)
+        base = chain.run(x).cpu().numpy()
+        probes = [cache_after(chain, b, NEVER, seed=b, device=device) for b in (0, 1)]
+        scores = [probes[b](chain.run(x, 0, b + 1))[2].cpu().numpy() for b in (0, 1)]
+    caches = {b: cache_after(chain, b, float(np.median(scores[b])), seed=b, device=device) for b in (0, 1)}
+    early_exit = runtime(chain, ExitPlan(0.9, caches), lookup=lookup, device=device)
     for _ in range(3):  # the model thread is reused from batch to batch
         outputs, early, rest = run(early_exit, images, requests_of(*[1] * 12))
         first = scores[0] >= float(np.median(scores[0]))
@@ -206,24 +237,29 @@ def test_once_every_row_is_answered_no_block_runs(chain: BlockChain, images: np.
         raise AssertionError("a block ran on an empty batch")
 
     cut = BlockChain(chain.names, (chain.blocks[0], never, never), chain.weight_bytes)
-    early_exit = runtime(cut, ExitPlan(0.9, {0: cache_after(chain, 0, ALWAYS)}), thread=False)
+    early_exit = runtime(cut, ExitPlan(0.9, {0: cache_after(chain, 0, ALWAYS)}))
     outputs, early, rest = run(early_exit, images, requests_of(5, 7))
     assert rest == [] and len(early) == 2 and not np.isnan(outputs).any()
 
 
-@pytest.mark.parametrize(("lookup", "thread"), [("thread", True), ("inline", False), ("auto", False)])
-def test_the_lookup_runs_where_the_config_says(chain: BlockChain, lookup: str, thread: bool) -> None:
-    early_exit = EarlyExit(chain, [ExitPlan(0.99, {1: cache_after(chain, 1, NEVER)})], 0.0, "test", lookup)  # type: ignore[arg-type]
+@pytest.mark.parametrize(
+    ("asked", "where"),
+    [("thread", "thread"), ("inline", "inline"), ("auto", "inline"), ("stream", "stream")],
+)
+def test_the_lookup_runs_where_the_config_says(chain: BlockChain, asked: str, where: Lookup) -> None:
+    spec = LearnedCachesSpec.model_validate({"lookup": asked})
+    assert spec.lookup_at == where
+    early_exit = EarlyExit(chain, [ExitPlan(0.99, {1: cache_after(chain, 1, NEVER)})], 0.0, "test", where)
     with torch.inference_mode():
-        early_exit.warm_up(2, (1, 28, 28), torch.float32)
-    assert early_exit.lookup_thread is thread
+        early_exit.warm_up(2, (1, 28, 28), torch.float32)  # on the CPU: `stream` without a GPU looks up in turn
+    assert early_exit.lookups_run == where
 
 
 def test_a_verified_hit_is_not_looked_up_again(chain: BlockChain, images: np.ndarray) -> None:
     """With verify_fraction 1, rows answered after stage1 run on to be checked; stage2's cache must not answer them
     a second time (their answer is out already)."""
     first, second = cache_after(chain, 0, ALWAYS), cache_after(chain, 1, ALWAYS, seed=1)
-    early_exit = runtime(chain, ExitPlan(0.9, {0: first, 1: second}), thread=False, verify=1.0)
+    early_exit = runtime(chain, ExitPlan(0.9, {0: first, 1: second}), verify=1.0)
     outputs, early, rest = run(early_exit, images, requests_of(12))
     with torch.inference_mode():
         expected = first(chain.run(torch.from_numpy(images), 0, 1))[1].numpy()

@@ -7,21 +7,24 @@ configuration; a model whose cache set is missing keeps serving without early ex
 from __future__ import annotations
 
 import json
+import shutil
 import urllib.request
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
+import torch
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
+from adaserve.adaptive.gati.cacheset import load_cache_set, rewrite_manifest
 from adaserve.datasets import load_fashion_mnist
 from adaserve.repository import ModelRepository
 from tests.adaptive.gati.conftest import build_timed_alike
 from tests.adaptive.gati.test_adapt import BUILD
-from tests.server_utils import ServerHandle, link_example, running_server
+from tests.server_utils import ServerHandle, link_example, needs_cuda, running_server
 
 WORKERS = {"workers": [{"batch": 4, "threads": 1}]}
 #: A low agreement target, so the composition surely exits early on some rows.
@@ -36,7 +39,16 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
     link_example(root, "cnn", "cnn_gati", caches=CACHES, **WORKERS)
     link_example(root, "cnn", "cnn_nocache", caches=CACHES, **WORKERS)
     build_timed_alike(ModelRepository(root).read("cnn_gati"), BUILD, [0.8])
-    with running_server(root, "--model=cnn", "--model=cnn_gati", "--model=cnn_nocache") as handle:
+    models = ["--model=cnn", "--model=cnn_gati", "--model=cnn_nocache"]
+    if torch.cuda.is_available():  # the same caches served from the GPU
+        gpu = {"caches": CACHES | {"lookup": "stream"}, "device": "cuda", "cuda_graphs": False}
+        link_example(root, "cnn", "cnn_gati_gpu", **gpu, **WORKERS)
+        built = load_cache_set(ModelRepository(root).read("cnn_gati"))
+        copy = root / "cnn_gati_gpu" / "caches" / built.directory.name
+        shutil.copytree(built.directory, copy)
+        rewrite_manifest(copy, built.manifest.model_copy(update={"model": "cnn_gati_gpu"}))
+        models.append("--model=cnn_gati_gpu")
+    with running_server(root, *models) as handle:
         yield handle
 
 
@@ -79,6 +91,27 @@ def test_answers_name_their_exit_and_rows_that_ran_whole_are_the_model(server: S
     assert response["parameters"]["exit_block"]["string_param"] in {"stage1", "stage2", "head"}
 
 
+@needs_cuda
+def test_on_a_gpu_the_caches_answer_as_they_do_on_the_cpu(server: ServerHandle) -> None:
+    """The GPU form (the lookups on a side stream, each beside the next block) answers what the CPU form answers:
+    the same exits, the same logits, up to the GPU's rounding, which may move a score near its threshold across it."""
+    images, _ = load_fashion_mnist("test")
+    images = images[:40].reshape(40, 1, 1, 28, 28).astype(np.float32)
+    client = httpclient.InferenceServerClient(server.http_url)
+    same = 0
+    for image in images:
+        cpu, cpu_parameters = infer(client, "cnn_gati", image)
+        gpu, gpu_parameters = infer(client, "cnn_gati_gpu", image)
+        if gpu_parameters["exit_block"] == cpu_parameters["exit_block"]:
+            same += 1
+            np.testing.assert_allclose(gpu, cpu, rtol=1e-3, atol=1e-3)
+    assert same >= 36, same
+    logits, parameters = infer(client, "cnn_gati_gpu", images[:4, 0])
+    assert logits.shape == (4, 10) and 0 <= parameters["exited_rows"] <= 4  # type: ignore[operator]
+    config = client.get_model_config("cnn_gati_gpu")
+    assert config["parameters"]["early_exit"]["string_value"].startswith("cache set v1 (target 0.8: after ")
+
+
 def test_bad_parameters_are_400s(server: ServerHandle) -> None:
     client = httpclient.InferenceServerClient(server.http_url)
     image = np.zeros((1, 1, 28, 28), np.float32)
@@ -107,7 +140,11 @@ def test_metrics_and_configuration_show_the_caches(server: ServerHandle) -> None
         if "cnn_gati" in s.labels.values()
     }
     assert lookups and all(0 <= hits[block] <= count for block, count in lookups.items())
-    verified = sum(s.value for s in families["adaserve_early_exit_verified"].samples if s.name.endswith("_total"))
+    verified = sum(
+        s.value
+        for s in families["adaserve_early_exit_verified"].samples
+        if s.name.endswith("_total") and "cnn_gati" in s.labels.values()
+    )
     assert verified == sum(hits.values())  # verify_fraction 1: every hit also ran to the end
     cache_bytes = [s.value for s in families["adaserve_early_exit_cache_bytes"].samples]
     assert cache_bytes and cache_bytes[0] > 0
