@@ -1,0 +1,133 @@
+"""GATI on a GPU: the ResNet-style benchmark CNN at batch 1 with its cache set's default composition, the lookups
+inline and on a side stream (`caches.lookup: stream`, the server's default on cuda), beside the base model, on the
+same requests.
+
+The GPU machine has neither this repository's Fashion-MNIST nor its trained weights, so the run is in two steps:
+
+    .venv/bin/python -m benchmarks.gati.gpu --pack DIR       # here, after benchmarks.gati.early_exit has built them
+    python -m benchmarks.gati.gpu --packed DIR               # on the GPU machine
+
+`--pack` copies what the run needs: the base network's weights, the cache set's manifest and the default
+composition's caches, and the evaluate rows (held out from every fit and threshold) with the base's labels there.
+The run builds the network from `benchmarks.gati.models` with those weights (so no exported program has to cross
+torch versions), splits it into the blocks the cache set was built for, and interleaves, one request per row in a
+fresh random order per row (`runs.interleave`): the base model whole as the server runs a CUDA model (one CUDA graph)
+and eagerly, the base model's block chain, and `EarlyExit` with the lookups inline and on the side stream. Every
+method copies its row to the GPU and its answer back, inside the timing.
+
+Writes results/gati_gpu.json (or --output).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from adaserve.adaptive.gati.blocks import split_model
+from adaserve.adaptive.gati.cacheset import MANIFEST, CacheSet, Manifest
+from adaserve.adaptive.gati.runtime import EarlyExit, ExitPlan
+from adaserve.config import TensorSpec
+from adaserve.datasets import load_fashion_mnist
+from adaserve.engine.streams import GraphedForward
+from benchmarks.common import RESULTS, SCRATCH, command_line, machine, write_json
+from benchmarks.gati.models import CLASSES, NETS, ROW_SHAPE, WEIGHTS
+from benchmarks.gati.runs import Method, early_exit, interleave, plain, summary
+
+CACHE_SET = SCRATCH / "gati" / "repo" / "resnet" / "caches" / "v1"
+TARGET = 0.99
+
+
+def pack(directory: Path, weights: str) -> None:
+    """Copy the run's inputs into `directory` (see the module docstring)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    shutil.copy(WEIGHTS / weights, directory / "base.pt")
+    cache_set = CacheSet(CACHE_SET, 1, Manifest.model_validate_json((CACHE_SET / MANIFEST).read_bytes()))
+    caches = directory / "caches"
+    caches.mkdir(exist_ok=True)
+    shutil.copy(CACHE_SET / MANIFEST, caches / MANIFEST)
+    for exit in cache_set.composition(TARGET).exits:
+        shutil.copy(CACHE_SET / f"{exit.key}.pt", caches / f"{exit.key}.pt")
+    images, _ = load_fashion_mnist("test")
+    rows = cache_set.scores()["evaluate_rows"]
+    np.savez_compressed(directory / "rows.npz", x=images[rows].reshape(-1, *ROW_SHAPE).astype(np.float32))
+    print(f"packed {weights}, {len(cache_set.composition(TARGET).exits)} caches, {len(rows)} rows into {directory}")
+
+
+def run(directory: Path, output: Path, limit: int, device: torch.device) -> dict[str, Any]:
+    torch.manual_seed(0)
+    module = NETS["resnet"].base()
+    module.load_state_dict(torch.load(directory / "base.pt", weights_only=True))
+    module = module.eval().to(device)
+    manifest = Manifest.model_validate_json((directory / "caches" / MANIFEST).read_bytes())
+    chain = split_model(module, manifest.blocks)
+    composition = CacheSet(directory / "caches", 1, manifest).composition(TARGET)
+    caches = [cache.to(device) for cache in CacheSet(directory / "caches", 1, manifest).caches(composition)]
+    plan = ExitPlan(TARGET, {cache.exit.block_index: cache for cache in caches})
+    with np.load(directory / "rows.npz") as archive:
+        rows = archive["x"][:limit]
+
+    methods: dict[str, Method] = {}
+    if device.type == "cuda":
+        stream = torch.cuda.Stream(device)
+        spec = TensorSpec(name="image", datatype="FP32", shape=(-1, *ROW_SHAPE))
+        graphed = GraphedForward(module.forward, [spec], 1, stream)
+
+        def whole_graph(x: torch.Tensor) -> torch.Tensor:
+            with torch.cuda.stream(stream):
+                return graphed(x.to(device, non_blocking=True))[0].cpu()
+
+        methods["base (CUDA graph)"] = plain(whole_graph)
+    methods["base (eager)"] = plain(lambda x: module(x.to(device)).cpu())
+    methods["base chain (eager)"] = plain(lambda x: chain.run(x.to(device)).cpu())
+    for lookup in ("inline", "stream"):
+        runtime = EarlyExit(chain, [plan], 0.0, f"lookups {lookup}", lookup, device)
+        with torch.inference_mode():
+            runtime.warm_up(1, ROW_SHAPE, torch.float32)
+        methods[f"gati ({lookup})"] = early_exit(runtime, CLASSES)
+    with torch.inference_mode():
+        parts = [module(torch.from_numpy(rows[i : i + 500]).to(device)) for i in range(0, len(rows), 500)]
+    labels = torch.cat(parts).argmax(1).cpu().numpy()
+    samples = interleave(methods, rows)
+    base = next(iter(methods))  # the graph on a GPU
+    base_mean_s = float(np.mean(samples[base].latency_s))
+    results = {name: summary(s, labels, base_mean_s) for name, s in samples.items()}
+    report = {
+        "benchmark": "gati_gpu",
+        "command": command_line(),
+        "machine": machine(),
+        "torch": torch.__version__,
+        "composition": {"target": TARGET, "exits": [e.key for e in composition.exits]},
+        "rows": len(rows),
+        "methods": results,
+        "speedup_over": base,
+    }
+    write_json(report, output)
+    print(json.dumps({k: v for k, v in report.items() if k != "machine"}, indent=1))
+    return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pack", type=Path, help="copy the inputs of a GPU run into this folder, and stop")
+    parser.add_argument("--weights", default="resnet-base-b8a2855cada6.pt", help="the base's weights (--pack)")
+    parser.add_argument("--packed", type=Path, help="run on the GPU from this folder")
+    parser.add_argument("--rows", type=int, default=4000, help="evaluate rows to send (default: all 4,000)")
+    parser.add_argument("--device", default="cuda", help="cuda (default); cpu only to try the script")
+    parser.add_argument("--output", type=Path, default=RESULTS / "gati_gpu.json")
+    args = parser.parse_args()
+    if args.pack:
+        pack(args.pack, args.weights)
+    elif args.packed:
+        run(args.packed, args.output, args.rows, torch.device(args.device))
+    else:
+        parser.error("give --pack DIR (here) or --packed DIR (on the GPU machine)")
+
+
+if __name__ == "__main__":
+    main()
