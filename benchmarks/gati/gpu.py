@@ -1,6 +1,5 @@
 """GATI on a GPU: the ResNet-style benchmark CNN at batch 1 with its cache set's default composition, the lookups
-inline and on a side stream (`caches.lookup: stream`, the server's default on cuda), beside the base model, on the
-same requests.
+inline (`auto`) and on a side stream (`caches.lookup: stream`), beside the base model, on the same requests.
 
 The GPU machine has neither this repository's Fashion-MNIST nor its trained weights, so the run is in two steps:
 
