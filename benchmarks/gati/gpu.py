@@ -1,5 +1,6 @@
-"""GATI on a GPU: the ResNet-style benchmark CNN at batch 1 with its cache set's default composition, the lookups
-inline (`auto`) and on a side stream (`caches.lookup: stream`), beside the base model, on the same requests.
+"""GATI on a GPU: the ResNet-style benchmark CNN at batch 1 (or `--batch`) with its cache set's default composition,
+the lookups inline (`auto`) and on a side stream (`caches.lookup: stream`), beside the base model, on the same
+requests.
 
 The GPU machine has neither this repository's Fashion-MNIST nor its trained weights, so the run is in two steps:
 
@@ -58,7 +59,7 @@ def pack(directory: Path, weights: str) -> None:
     print(f"packed {weights}, {len(cache_set.composition(TARGET).exits)} caches, {len(rows)} rows into {directory}")
 
 
-def run(directory: Path, output: Path, limit: int, device: torch.device) -> dict[str, Any]:
+def run(directory: Path, output: Path, limit: int, device: torch.device, batch: int) -> dict[str, Any]:
     torch.manual_seed(0)
     module = NETS["resnet"].base()
     module.load_state_dict(torch.load(directory / "base.pt", weights_only=True))
@@ -75,7 +76,7 @@ def run(directory: Path, output: Path, limit: int, device: torch.device) -> dict
     if device.type == "cuda":
         stream = torch.cuda.Stream(device)
         spec = TensorSpec(name="image", datatype="FP32", shape=(-1, *ROW_SHAPE))
-        graphed = GraphedForward(module.forward, [spec], 1, stream)
+        graphed = GraphedForward(module.forward, [spec], batch, stream)
 
         def whole_graph(x: torch.Tensor) -> torch.Tensor:
             with torch.cuda.stream(stream):
@@ -92,7 +93,7 @@ def run(directory: Path, output: Path, limit: int, device: torch.device) -> dict
     with torch.inference_mode():
         parts = [module(torch.from_numpy(rows[i : i + 500]).to(device)) for i in range(0, len(rows), 500)]
     labels = torch.cat(parts).argmax(1).cpu().numpy()
-    samples = interleave(methods, rows)
+    samples = interleave(methods, rows, batch)
     base = next(iter(methods))  # the graph on a GPU
     base_mean_s = float(np.mean(samples[base].latency_s))
     results = {name: summary(s, labels, base_mean_s) for name, s in samples.items()}
@@ -103,6 +104,7 @@ def run(directory: Path, output: Path, limit: int, device: torch.device) -> dict
         "torch": torch.__version__,
         "composition": {"target": TARGET, "exits": [e.key for e in composition.exits]},
         "rows": len(rows),
+        "batch": batch,
         "methods": results,
         "speedup_over": base,
     }
@@ -117,13 +119,14 @@ def main() -> None:
     parser.add_argument("--weights", default="resnet-base-b8a2855cada6.pt", help="the base's weights (--pack)")
     parser.add_argument("--packed", type=Path, help="run on the GPU from this folder")
     parser.add_argument("--rows", type=int, default=4000, help="evaluate rows to send (default: all 4,000)")
+    parser.add_argument("--batch", type=int, default=1, help="rows per batch, one request each (default 1)")
     parser.add_argument("--device", default="cuda", help="cuda (default); cpu only to try the script")
     parser.add_argument("--output", type=Path, default=RESULTS / "gati_gpu.json")
     args = parser.parse_args()
     if args.pack:
         pack(args.pack, args.weights)
     elif args.packed:
-        run(args.packed, args.output, args.rows, torch.device(args.device))
+        run(args.packed, args.output, args.rows, torch.device(args.device), args.batch)
     else:
         parser.error("give --pack DIR (here) or --packed DIR (on the GPU machine)")
 
