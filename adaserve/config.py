@@ -138,6 +138,10 @@ class AdaptationSpec(_Strict):
     selector_steps: int = Field(default=500, ge=1, description="selector training steps per retraining")
 
 
+#: Where GATI's lookups run (`caches.lookup` with `auto` resolved).
+Lookup = Literal["thread", "stream", "inline"]
+
+
 class LearnedCachesSpec(_Strict):
     """`caches:` — GATI's learned caches: where the model may exit early and which built cache set serves it.
 
@@ -183,7 +187,7 @@ class LearnedCachesSpec(_Strict):
     )
 
     @property
-    def lookup_at(self) -> Literal["thread", "stream", "inline"]:
+    def lookup_at(self) -> Lookup:
         """Where lookups run, `auto` resolved (inline on either device)."""
         return "inline" if self.lookup == "auto" else self.lookup
 

@@ -8,7 +8,8 @@ The GPU machine has neither this repository's Fashion-MNIST nor its trained weig
     python -m benchmarks.gati.gpu --packed DIR               # on the GPU machine
 
 `--pack` copies what the run needs: the base network's weights, the cache set's manifest and the default
-composition's caches, and the evaluate rows (held out from every fit and threshold) with the base's labels there.
+composition's caches, and the evaluate rows (held out from every fit and threshold); agreement is with the base's
+labels, computed on the GPU.
 The run builds the network from `benchmarks.gati.models` with those weights (so no exported program has to cross
 torch versions), splits it into the blocks the cache set was built for, and interleaves, one request per row in a
 fresh random order per row (`runs.interleave`): the base model whole as the server runs a CUDA model (one CUDA graph)
@@ -48,26 +49,27 @@ def pack(directory: Path, weights: str) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     shutil.copy(WEIGHTS / weights, directory / "base.pt")
     cache_set = CacheSet(CACHE_SET, 1, Manifest.model_validate_json((CACHE_SET / MANIFEST).read_bytes()))
+    exits = cache_set.composition(TARGET).exits
     caches = directory / "caches"
     caches.mkdir(exist_ok=True)
     shutil.copy(CACHE_SET / MANIFEST, caches / MANIFEST)
-    for exit in cache_set.composition(TARGET).exits:
+    for exit in exits:
         shutil.copy(CACHE_SET / f"{exit.key}.pt", caches / f"{exit.key}.pt")
     images, _ = load_fashion_mnist("test")
     rows = cache_set.scores()["evaluate_rows"]
     np.savez_compressed(directory / "rows.npz", x=images[rows].reshape(-1, *ROW_SHAPE).astype(np.float32))
-    print(f"packed {weights}, {len(cache_set.composition(TARGET).exits)} caches, {len(rows)} rows into {directory}")
+    print(f"packed {weights}, {len(exits)} caches, {len(rows)} rows into {directory}")
 
 
 def run(directory: Path, output: Path, limit: int, device: torch.device, batch: int) -> dict[str, Any]:
-    torch.manual_seed(0)
     module = NETS["resnet"].base()
     module.load_state_dict(torch.load(directory / "base.pt", weights_only=True))
     module = module.eval().to(device)
     manifest = Manifest.model_validate_json((directory / "caches" / MANIFEST).read_bytes())
     chain = split_model(module, manifest.blocks)
-    composition = CacheSet(directory / "caches", 1, manifest).composition(TARGET)
-    caches = [cache.to(device) for cache in CacheSet(directory / "caches", 1, manifest).caches(composition)]
+    cache_set = CacheSet(directory / "caches", 1, manifest)
+    composition = cache_set.composition(TARGET)
+    caches = [cache.to(device) for cache in cache_set.caches(composition)]
     plan = ExitPlan(TARGET, {cache.exit.block_index: cache for cache in caches})
     with np.load(directory / "rows.npz") as archive:
         rows = archive["x"][:limit]

@@ -27,7 +27,7 @@ rows is optimistic there); with two, .9953 and .9925, at 8% more expected latenc
 Expected latency follows how the runtime will run the lookups (`Manifest.lookups`):
   - `async`, the paper's model (lookups beside the model: `caches.lookup: thread`, or `stream` on a GPU): a row
     leaving at block i costs Σ_{k≤i} L_k + T_c, a row that never hits costs Σ_k L_k;
-  - `inline` (the CPU default): every lookup a row reaches is on its path, so a row leaving at block i costs
+  - `inline` (the default, `auto`): every lookup a row reaches is on its path, so a row leaving at block i costs
     Σ_{k≤i} L_k plus every lookup up to and including that one, and a row that never hits pays them all. Under this
     model an exit whose hits save less than its misses cost slows the model down, so the overall composition also
     tries every subset of each chosen set and keeps the fastest (on the ResNet-style benchmark CNN the async model

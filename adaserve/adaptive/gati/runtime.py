@@ -22,9 +22,8 @@ answered rows is wasted, not their time). `auto`, the default, is inline on both
 at batch 1 it beat `thread` on two CPU cores (3.06× against 2.50× over the base) and `stream` on an H100 (1.15 ms
 against 1.60 ms mean): there each block is a dozen small kernels, the cost is the CPU's launches, not the GPU's
 work, and a side stream hides only the GPU's (`benchmarks/README.md` §4). Either way a lookup is its cache as one
-TorchScript graph
-(`LearnedCache.scripted`), and a hit's bookkeeping is a few operations (see `_Pass`): right after a block every
-small operator costs several times what it does back to back.
+TorchScript graph (`LearnedCache.scripted`), and a hit's bookkeeping is a few operations (see `_Pass`): right after
+a block every small operator costs several times what it does back to back.
 
 The worker runs every row through this chain, the rows with `early_exit: false` too (all blocks, no lookup): one
 execution path. A small `verify_fraction` of hits is answered from the cache and also run to the end, so the live
@@ -44,7 +43,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
@@ -52,7 +51,7 @@ import torch
 from adaserve.adaptive.gati.blocks import BlockChain, split_model
 from adaserve.adaptive.gati.cacheset import CacheSetError, LearnedCache, load_cache_set
 from adaserve.adaptive.gati.requests import exit_target
-from adaserve.config import ModelConfig
+from adaserve.config import Lookup, ModelConfig
 from adaserve.engine.messages import ExitCounts, RowParameters
 from adaserve.engine.stats import ExitStats
 from adaserve.engine.worker import Answer
@@ -60,9 +59,6 @@ from adaserve.errors import ConfigError
 from adaserve.repository import ModelSpec, weight_bytes
 
 __all__ = ["EarlyExit", "ExitPlan", "Lookup"]
-
-#: Where lookups run (`caches.lookup` with `auto` resolved for the device).
-Lookup = Literal["thread", "stream", "inline"]
 
 log = logging.getLogger("adaserve.gati")
 
@@ -105,9 +101,9 @@ class EarlyExit:
         self.default_target = plans[0].target  # the config's first target
         self.verify_fraction = verify_fraction
         self.description = description
-        self._ahead: _ModelThread | None = None  # started in the worker: threads do not survive fork
-        self._overlap = False  # lookups on a side stream, each beside the block after its exit
-        self._side: torch.cuda.Stream | None = None  # that stream (None on CPU: the same order, run in turn)
+        self._running: Lookup = "inline"  # where lookups run now (`start_lookups`, in the worker)
+        self._ahead: _ModelThread | None = None  # with `thread`; started in the worker: threads do not survive fork
+        self._side: torch.cuda.Stream | None = None  # with `stream` on a GPU (on CPU the same order runs in turn)
         self._rng = np.random.default_rng()
         self._counts = ExitStats()
 
@@ -173,14 +169,14 @@ class EarlyExit:
     @property
     def lookups_run(self) -> Lookup:
         """Where lookups run now (after `start_lookups`)."""
-        return "thread" if self._ahead is not None else "stream" if self._overlap else "inline"
+        return self._running
 
     def start_lookups(self, lookup: Lookup) -> None:
         """Lookups beside the model (on a model thread, or a side stream) or inline; in the worker, after the fork
         (on a GPU, in the worker's thread)."""
+        self._running = lookup
         self._ahead = _ModelThread(self.chain) if lookup == "thread" else None
-        self._overlap = lookup == "stream"
-        self._side = torch.cuda.Stream(self.device) if self._overlap and self.device.type == "cuda" else None
+        self._side = torch.cuda.Stream(self.device) if lookup == "stream" and self.device.type == "cuda" else None
 
     def take_counts(self) -> ExitCounts:
         """What the caches did since the last call."""
@@ -265,7 +261,7 @@ class _Pass:
             if lookup is not None and index != last:
                 if ahead is not None and ahead.idle():
                     return self._beside(ahead, index, x, alive)
-                if self.runtime._overlap:
+                if self.runtime._running == "stream":
                     return self._overlapped(index, x, alive)
                 x, alive = _leave(x, alive, self._look_up(index, lookup, x, alive))
             if not len(alive):
