@@ -5,7 +5,7 @@
 - structured pruning: whole channels with the least L1 norm removed and the network rebuilt physically smaller
   (a mask alone saves no time), then briefly fine-tuned;
 - a cascade: the distilled student answers when its max-softmax clears a threshold set on held-out rows for the
-  agreement target, else the base model runs.
+  agreement target, else the base model runs; the threshold is certified as GATI's thresholds are (`certify`).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from torch import nn
 from torch.ao.quantization import get_default_qconfig_mapping, quantize_dynamic
 from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
 
+from adaserve.adaptive.gati import certify
 from adaserve.zoo import BasicBlock
 
 Model = Callable[[torch.Tensor], torch.Tensor]
@@ -116,7 +117,18 @@ def _conv(
     return conv
 
 
-def cascade_threshold(confidence: np.ndarray, agrees: np.ndarray, required: float) -> float:
+def cascade_threshold(confidence: np.ndarray, agrees: np.ndarray, target: float) -> float:
+    """The cascade's threshold for `target`, set on held-out rows as GATI's composition sets its own: tuned on half
+    the rows at each of `certify.levels`, the lowest the other half's fixed-sequence test accepts (+inf: none, so the
+    base model answers every row)."""
+    tune, check = certify.split(len(confidence))
+    thresholds = [_tuned_threshold(confidence[tune], agrees[tune], level) for level in certify.levels(target)]
+    wrong = [int(np.count_nonzero((confidence[check] >= t) & ~agrees[check])) for t in thresholds]
+    count = certify.accepted(wrong, len(check), target)
+    return min(thresholds[:count], default=math.inf)
+
+
+def _tuned_threshold(confidence: np.ndarray, agrees: np.ndarray, required: float) -> float:
     """The lowest max-softmax threshold at which the cascade's overall agreement on these rows (the student's
     answer above it, the base model's below) is at least `required`; +inf when no threshold is."""
     order = np.argsort(-confidence, kind="stable")

@@ -5,11 +5,11 @@ artifacts are copied to benchmarks/results/tmp/gati/ first, so examples/ stays u
 
 - per (block, variant) at each target: hit rate and agreement of the learned selector and of a plain max-softmax
   threshold (both set on the calibrate split, measured on the evaluate split), lookup latency, memory;
-- the compositions: the paper's MILP (per-cache thresholds) and the overall-target composition (the default, two
-  standard errors of margin on the calibrate split), and beside them the overall composition with no margin and
-  with one standard error;
+- the compositions: the paper's MILP (per-cache thresholds) and the overall-target composition (the default, tuned
+  on half the calibrate split and certified on the other half at a risk of 0.05), and beside it the overall
+  composition certified at risks of 0.2 and 0.5;
 - a chain study of agreement alone: after every exit block, the variant that hits most on its own, chained with
-  each cache's own threshold (the paper's per-cache filter) and with thresholds tuned for the overall target — on
+  each cache's own threshold (the paper's per-cache filter) and with thresholds certified for the overall target — on
   these small models the one-lookup-in-flight rule leaves room for one exit only, so this is where chaining shows;
 - for each composition, the expected mean latency (lookups costed on the rows' path, as the CPU runtime runs them
   inline) and, measured
@@ -38,7 +38,7 @@ import torch
 
 from adaserve.adaptive.gati.blocks import BlockChain, split_model
 from adaserve.adaptive.gati.cacheset import CacheSet, CompositionRecord, LearnedCache, Manifest
-from adaserve.adaptive.gati.compose import Candidate, compose, required_agreement, simulate, tune_thresholds
+from adaserve.adaptive.gati.compose import Candidate, certified_exits, compose, simulate
 from adaserve.adaptive.gati.explore import ExploreSettings, build_cache_set, load_data
 from adaserve.adaptive.gati.selectors import HitRates, choose_threshold
 from adaserve.repository import ModelRepository
@@ -56,7 +56,7 @@ from benchmarks.common import (
 
 EXAMPLES = ROOT / "examples" / "models"
 #: The study compositions beside the built ones: label → compose() keyword arguments.
-STUDIES: dict[str, dict[str, Any]] = {"margin 0": {"margin_se": 0.0}, "margin 1 SE": {"margin_se": 1.0}}
+STUDIES: dict[str, dict[str, Any]] = {"risk 0.2": {"risk": 0.2}, "risk 0.5": {"risk": 0.5}}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -184,8 +184,8 @@ def run_with_caches(chain: BlockChain, caches: tuple[LearnedCache, ...], x: torc
 
 def chain_study(manifest: Manifest, arrays: dict[str, np.ndarray], target: float) -> dict[str, Any]:
     """Agreement only (lookups counted free): after every exit block the variant that hits most on its own, chained
-    once with each cache's own threshold (the per-cache filter) and once with thresholds tuned for the overall
-    target plus the default margin on the calibrate split; both measured on the evaluate split."""
+    once with each cache's own threshold (the per-cache filter) and once with thresholds certified for the overall
+    target at the default risk on the calibrate split; both measured on the evaluate split."""
     cal = arrays["calibrate_scores"], arrays["calibrate_agrees"].astype(bool)
     ev = arrays["evaluate_scores"], arrays["evaluate_agrees"].astype(bool)
     free = [Candidate(v.block_index, 0.0, v.memory_bytes) for v in manifest.variants]
@@ -195,8 +195,8 @@ def chain_study(manifest: Manifest, arrays: dict[str, np.ndarray], target: float
         hit_rate = HitRates.at(cal[0][i], cal[1][i], own[i]).hit_rate
         best[variant.block_index] = max(best.get(variant.block_index, (-1.0, i)), (hit_rate, i))
     chosen = [i for _, (_, i) in sorted(best.items())]
-    required = required_agreement(target, cal[0].shape[1])
-    tuned = tune_thresholds(chosen, free, *cal, manifest.block_latency_s, required, inline=False)  # lookups free
+    certified = dict(certified_exits([tuple(chosen)], free, cal, manifest.block_latency_s, target, inline=False).exits)
+    tuned = [certified.get(i, math.inf) for i in chosen]
     result: dict[str, Any] = {"exits": [manifest.variants[i].key for i in chosen]}
     for label, thresholds in (("per_cache", [own[i] for i in chosen]), ("overall", list(tuned))):
         exits = list(zip(chosen, thresholds, strict=True))

@@ -22,8 +22,9 @@ Choices, and why:
 - **Warm start.** The networks start from the deployed caches' weights (`warm_start`), so a few epochs suffice;
   `benchmarks/gati/adaptation.py` measures it against training from scratch.
 - **Thresholds.** The adapted composition keeps the same exits (one may drop out when it can no longer hit at the
-  target) and is re-composed with `compose` on the mixed calibrate split, for the same target and at least the
-  deployed caches' agreement on those rows (`hold_agreement`): a version never trades agreement for hits.
+  target) and is re-composed with `compose` on the mixed calibrate split, for the same target, certified at the
+  deployed composition's risk, and tuned to at least the deployed caches' agreement on those rows
+  (`hold_agreement`): a version never trades agreement for hits.
 - **Acceptance.** On the held-out rows (validation and window alike) the new caches must not lower the chained
   agreement of the deployed ones at their thresholds, and, when the deployed ones meet the target there, must not
   hit less often (else it is no better). The retraining time is wall time in this process.
@@ -52,7 +53,8 @@ from adaserve.adaptive.gati.cacheset import (
     VariantRecord,
     write_cache_set,
 )
-from adaserve.adaptive.gati.compose import DEFAULT_MARGIN_SE, Candidate, compose, simulate
+from adaserve.adaptive.gati.certify import DEFAULT_RISK
+from adaserve.adaptive.gati.compose import Candidate, compose, simulate
 from adaserve.adaptive.gati.explore import SPLITS, Fitted, collect_activations, exit_shapes, fit_cache, split_rows
 from adaserve.adaptive.gati.predictors import TrainSettings, VariantSpec, build_predictor
 from adaserve.adaptive.gati.selectors import Selector
@@ -187,7 +189,6 @@ class AdaptSettings:
     warm_start: bool = True
     hold_agreement: bool = True
     validation_per_window_row: float = 1.0
-    margin_se: float = DEFAULT_MARGIN_SE
     batch_size: int = 256
     seed: int = 0
 
@@ -263,7 +264,7 @@ def adapt(
         [composition.target],
         alpha=composition.alpha,
         memory_budget_bytes=composition.memory_budget_bytes,
-        margin_se=settings.margin_se,
+        risk=DEFAULT_RISK if composition.risk is None else composition.risk,  # as the deployed set was certified
         min_required=before["calibrate"].agreement if settings.hold_agreement else 0.0,
     )
     retrain_s = time.perf_counter() - began
@@ -453,7 +454,6 @@ def _settings_record(
         "lr": settings.train.lr,
         "selector_steps": settings.selector_steps,
         "validation_per_window_row": settings.validation_per_window_row,
-        "margin_se": settings.margin_se,
         "seed": settings.seed,
         "retrain_s": retrain_s,
         "threads": torch.get_num_threads(),

@@ -111,6 +111,10 @@ class CompositionRecord(_Record):
     exits: tuple[ExitRecord, ...]
     memory_bytes: int
     calibrate: ChainRecord
+    check: ChainRecord | None = Field(
+        default=None, description="overall: on the calibrate rows that tested the tuned settings (`certify`)"
+    )
+    risk: float | None = Field(default=None, description="overall: the test's level (chance of missing the target)")
     evaluate: ChainRecord
     default: bool = Field(description="the one a request for this target gets")
 

@@ -122,16 +122,16 @@ def _composition_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--alpha", type=float, help="the MILP's weight of hit rate (default 0.2)")
     parser.add_argument(
-        "--margin-se",
-        type=float,
-        help="the overall composition aims this many standard errors above the target on the calibrate split "
-        "(default 2)",
+        "--risk",
+        type=_fraction,
+        help="the chance, at most, that the default composition's agreement is below its target: the level of the "
+        "test on held-out calibrate rows (default 0.05)",
     )
 
 
 def _composition_options(args: argparse.Namespace) -> dict[str, Any]:
-    """`--alpha` and `--margin-se` where given; composition's own defaults otherwise."""
-    return {name: value for name in ("alpha", "margin_se") if (value := getattr(args, name)) is not None}
+    """`--alpha` and `--risk` where given; composition's own defaults otherwise."""
+    return {name: value for name in ("alpha", "risk") if (value := getattr(args, name)) is not None}
 
 
 def _targets_and_budget(args: argparse.Namespace, config: ModelConfig) -> tuple[list[float], int | None]:

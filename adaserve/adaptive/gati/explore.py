@@ -44,7 +44,8 @@ from adaserve.adaptive.gati.cacheset import (
     artifact_sha256,
     write_cache_set,
 )
-from adaserve.adaptive.gati.compose import DEFAULT_ALPHA, DEFAULT_MARGIN_SE, compose, lookup_cost
+from adaserve.adaptive.gati.certify import DEFAULT_RISK
+from adaserve.adaptive.gati.compose import DEFAULT_ALPHA, compose, lookup_cost
 from adaserve.adaptive.gati.predictors import (
     DEFAULT_VARIANTS,
     QUICK_VARIANTS,
@@ -432,7 +433,7 @@ def build_cache_set(
     fit_source: str | None = None,
     alpha: float = DEFAULT_ALPHA,
     memory_budget_bytes: int | None = None,
-    margin_se: float = DEFAULT_MARGIN_SE,
+    risk: float = DEFAULT_RISK,
     progress: bool = True,
 ) -> CacheSet:
     """Explore, compose for `targets`, and save a new cache set version in the model's folder.
@@ -490,9 +491,7 @@ def build_cache_set(
         for key, v in zip(keys, result.variants, strict=True)
     }
     try:
-        composed = compose(
-            manifest, arrays, targets, alpha=alpha, memory_budget_bytes=memory_budget_bytes, margin_se=margin_se
-        )
+        composed = compose(manifest, arrays, targets, alpha=alpha, memory_budget_bytes=memory_budget_bytes, risk=risk)
     except ConfigError as exc:
         directory = write_cache_set(spec, manifest, weights, arrays)
         raise CacheSetError(

@@ -1,6 +1,6 @@
 """Composition: the integer program against brute force, the chained-exit simulation (lookups beside the model
-and on the rows' path), joint threshold tuning, and the overall composition dropping an exit that costs more than
-it saves."""
+and on the rows' path), joint threshold tuning, the overall composition dropping an exit that costs more than it
+saves, and its certification on rows that did not tune it."""
 
 from __future__ import annotations
 
@@ -11,7 +11,15 @@ import numpy as np
 import pytest
 
 from adaserve.adaptive.gati.cacheset import DataRecord, Manifest, VariantRecord
-from adaserve.adaptive.gati.compose import Candidate, compose, latency_gain, simulate, solve_milp, tune_thresholds
+from adaserve.adaptive.gati.compose import (
+    Candidate,
+    certified_exits,
+    compose,
+    latency_gain,
+    simulate,
+    solve_milp,
+    tune_thresholds,
+)
 
 
 def brute_force(
@@ -127,7 +135,7 @@ def test_inline_lookups_drop_an_exit_whose_misses_cost_more_than_its_hits_save()
     """Three 1 ms blocks; exit a after block 0 (lookup 0.1 ms) answers half the rows, exit b after block 1 (lookup
     0.5 ms) a tenth. Beside the model, b's hits save 0.5 ms each and cost the others nothing: mean 2.0 ms with b,
     2.05 without. Inline, each of the 50 rows reaching b waits 0.5 ms for it: 2.25 ms with b, 2.1 without."""
-    rows = np.arange(100)
+    rows = np.arange(1000) % 100  # 500 check rows: enough to certify .99 with no disagreement (p = .99^500)
     scores = np.array([np.where(rows < 50, 0.9, 0.1), np.where((rows >= 50) & (rows < 60), 0.9, 0.1)])
     agrees = scores > 0.5  # every hit agrees, every low score would not
     arrays = {f"{split}_{kind}": scores for split in ("calibrate", "evaluate") for kind in ("scores", "softmax")}
@@ -140,7 +148,7 @@ def test_inline_lookups_drop_an_exit_whose_misses_cost_more_than_its_hits_save()
         created="2026-01-01T00:00:00+00:00",
         torch="2.13.0",
         settings={},
-        data=DataRecord(source="test", rows=200, labels=False, splits={"calibrate": 100, "evaluate": 100}),
+        data=DataRecord(source="test", rows=2000, labels=False, splits={"calibrate": 1000, "evaluate": 1000}),
         num_classes=10,
         blocks=("b0", "b1", "b2"),
         block_latency_s=(1e-3, 1e-3, 1e-3),
@@ -165,3 +173,34 @@ def test_inline_lookups_drop_an_exit_whose_misses_cost_more_than_its_hits_save()
         assert [e.key for e in default.exits] == kept, lookups
         assert default.evaluate.mean_latency_s == pytest.approx(mean_s)
         assert default.evaluate.agreement == 1.0
+
+
+def one_exit(check_agrees: np.ndarray) -> tuple[list[Candidate], tuple[np.ndarray, np.ndarray], list[float]]:
+    """One exit after block 0 of three (1 ms each, lookup free) over 1,000 calibrate rows whose scores spread
+    evenly: every tune row (even positions) agrees, the check rows (odd) as `check_agrees` says."""
+    scores = np.tile(np.linspace(0, 1, 500), (2, 1)).T.reshape(1, -1)  # each score once in each half
+    agrees = np.ones((1, 1000), dtype=bool)
+    agrees[0, 1::2] = check_agrees
+    return [Candidate(exit=0, lookup_s=0.0, memory_bytes=1)], (scores, agrees), [1e-3, 1e-3, 1e-3]
+
+
+def test_a_setting_only_the_tune_rows_support_is_not_deployed() -> None:
+    # Tuned on rows that all agree, the exit takes every row; on the check rows the low half disagrees 1 in 10.
+    low = np.arange(500) < 250
+    candidates, cal, latency = one_exit(~(low & (np.arange(500) % 10 == 0)))
+    found = certified_exits([(0,)], candidates, cal, latency, 0.99, inline=False)
+    assert found.exits == [] and found.subset is None  # 25 of 500 wrong: p ≈ 1, and testing stops there
+    assert found.check.agreement == 1.0
+
+
+def test_the_fastest_certified_setting_is_deployed() -> None:
+    candidates, cal, latency = one_exit(np.ones(500, dtype=bool))
+    found = certified_exits([(0,)], candidates, cal, latency, 0.99, inline=False)
+    assert found.subset == (0,) and found.exits == [(0, 0.0)]  # every row leaves after block 0
+    assert found.check.agreement == 1.0 and found.check.mean_latency_s == pytest.approx(1e-3)
+    # Three disagreements among the 500 check rows leave p = 0.26: not certified at 0.05, certified at 0.3.
+    three = np.ones(500, dtype=bool)
+    three[[0, 1, 2]] = False
+    candidates, cal, latency = one_exit(three)
+    assert certified_exits([(0,)], candidates, cal, latency, 0.99, inline=False).exits == []
+    assert certified_exits([(0,)], candidates, cal, latency, 0.99, risk=0.3, inline=False).exits == [(0, 0.0)]
