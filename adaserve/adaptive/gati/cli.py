@@ -223,9 +223,13 @@ def format_cache_set(manifest: Manifest) -> str:
                 continue
             exits = ", ".join(f"{e.key}@{e.threshold:.3f}" for e in c.exits) or "none"
             ev = c.evaluate
+            checked = ""
+            if c.check and c.risk:
+                checked = f", certified at risk {c.risk:g} (check rows {c.check.agreement:.4f})"
             lines.append(
                 f"{c.method:>8}{'*' if c.default else ' '} α={c.alpha:.1f} agreement {ev.agreement:.4f} "
-                f"({'meets' if c.meets_target else 'BELOW'} target), expected {ev.mean_latency_s * 1e6:.0f} µs "
-                f"= {base / ev.mean_latency_s:.2f}× faster, {c.memory_bytes / 1e6:.2f} MB: {exits}"
+                f"({'meets' if c.meets_target else 'BELOW'} target{checked}), expected "
+                f"{ev.mean_latency_s * 1e6:.0f} µs = {base / ev.mean_latency_s:.2f}× faster, "
+                f"{c.memory_bytes / 1e6:.2f} MB: {exits}"
             )
     return "\n".join(lines)

@@ -16,15 +16,15 @@ S_c = α·H_c + (1 − α)·LG_c and LG_c = Σ_k L_k / (Σ_{k≤i} L_k + T_c) (e
 
 `overall` — holds the target on the *whole* model rather than per cache, with a stated risk (`certify`: Learn then
 Test). The candidate sets are those the integer program picks over α ∈ {0, 0.1, …, 1} and every subset of each. Half
-the calibrate rows tune: for each agreement level of a sequence, strictest first, thresholds are tuned jointly for
-every set by simulating the chained exits (each row leaves at the first exit whose selector says hit), and the set
-with the lowest expected latency at that level is the level's setting. The other half checks: the settings are tested
-in order against "agreement below the target" with an exact binomial test at level `risk` (default 0.05), stopping at
-the first that fails, and the fastest accepted setting is deployed (none accepted: no exit). Its agreement and latency
-are then measured on the evaluate split, which set nothing. This one is the default: per-cache thresholds ignore that
-a later cache only sees the rows earlier ones missed. It replaced a margin of two standard errors above the target on
-the rows that also tuned the thresholds, which on one build of the benchmark ResNet still ended at .9888 on the
-evaluate rows for a target of .99 (`certify` says why).
+the calibrate rows tune: thresholds are tuned jointly by simulating the chained exits (each row leaves at the first
+exit whose selector says hit); the set with the lowest expected latency at the target there gives the exits, and
+their thresholds are tuned again for each agreement level of a sequence, strictest first. The other half checks: the
+settings are tested in order against "agreement below the target" with an exact binomial test at level `risk`
+(default 0.05), stopping at the first that fails, and the fastest accepted setting is deployed (none accepted: no
+exit). Its agreement and latency are then measured on the evaluate split, which set nothing. This one is the default:
+per-cache thresholds ignore that a later cache only sees the rows earlier ones missed. It replaced a margin of two
+standard errors above the target on the rows that also tuned the thresholds, which on one build of the benchmark
+ResNet still ended at .9888 on the evaluate rows for a target of .99 (`certify` says why).
 
 Expected latency follows how the runtime will run the lookups (`Manifest.lookups`):
   - `async`, the paper's model (lookups beside the model: `caches.lookup: thread`, or `stream` on a GPU): a row
@@ -399,29 +399,29 @@ def certified_exits(
     floor: float = 0.0,
 ) -> Certified:
     """The fastest setting of chained exits that the check half of the calibrate rows (`cal`: scores and agrees,
-    [candidate, row]) certifies for `target` at `risk`; each level's setting is the fastest of `sets` with
-    thresholds tuned on the tune half (see the module docstring). A setting must also agree on at least `floor` of
-    the rows of each half."""
+    [candidate, row]) certifies for `target` at `risk`. The exits are the set of `sets` fastest on the tune half at
+    the target; the settings tested are their thresholds tuned there for each level in turn (see the module
+    docstring). A setting must also agree on at least `floor` of the rows of each half."""
     tune, check = split(cal[0].shape[1])
     tune_rows = cal[0][:, tune], cal[1][:, tune]
     check_rows = cal[0][:, check], cal[1][:, check]
-    settings: list[tuple[tuple[int, ...], list[tuple[int, float]]]] = []
-    for level in levels(target, floor):
-        trials = []
-        for subset in sets:
-            thresholds = tune_thresholds(subset, candidates, *tune_rows, block_latency_s, level, inline=inline)
-            exits = [(c, t) for c, t in zip(subset, thresholds, strict=True) if math.isfinite(t)]
-            trials.append((simulate(exits, candidates, *tune_rows, block_latency_s, inline=inline), subset, exits))
-        _, subset, exits = min(trials, key=lambda trial: trial[0].mean_latency_s)
-        settings.append((subset, exits))  # tune_thresholds reaches the level, if only with no exit
-    checked = [simulate(exits, candidates, *check_rows, block_latency_s, inline=inline) for _, exits in settings]
+
+    def tuned(subset: tuple[int, ...], level: float) -> list[tuple[int, float]]:
+        thresholds = tune_thresholds(subset, candidates, *tune_rows, block_latency_s, level, inline=inline)
+        return [(c, t) for c, t in zip(subset, thresholds, strict=True) if math.isfinite(t)]
+
+    def tune_latency(exits: list[tuple[int, float]]) -> float:
+        return simulate(exits, candidates, *tune_rows, block_latency_s, inline=inline).mean_latency_s
+
+    subset = min(sets, key=lambda s: tune_latency(tuned(s, max(target, floor))), default=())
+    settings = [tuned(subset, level) for level in levels(target, floor)]
+    checked = [simulate(exits, candidates, *check_rows, block_latency_s, inline=inline) for exits in settings]
     wrong = [round((1 - stats.agreement) * len(check)) for stats in checked]
     eligible = [i for i in range(accepted(wrong, len(check), target, risk)) if checked[i].agreement >= floor]
     if not eligible:
         return Certified([], None, simulate([], candidates, *check_rows, block_latency_s, inline=inline), risk)
     best = min(eligible, key=lambda i: checked[i].mean_latency_s)
-    subset, exits = settings[best]
-    return Certified(exits, subset, checked[best], risk)
+    return Certified(settings[best], subset, checked[best], risk)
 
 
 def _target_record(index: int, threshold: float, target: float, arrays: dict[str, np.ndarray]) -> TargetRecord:
