@@ -16,7 +16,8 @@ fresh random order per row (`runs.interleave`): the base model whole as the serv
 and eagerly, the base model's block chain, and `EarlyExit` with the lookups inline and on the side stream. Every
 method copies its row to the GPU and its answer back, inside the timing.
 
-Writes results/gati_gpu.json (or --output).
+Writes results/gati_gpu.json (or --output). `--plot` draws every results/gati_gpu*.json (one panel per batch size:
+mean, p50 and p99 per method) into results/gati_gpu.png; it needs no GPU.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from adaserve.adaptive.gati.runtime import EarlyExit, ExitPlan
 from adaserve.config import TensorSpec
 from adaserve.datasets import load_fashion_mnist
 from adaserve.engine.streams import GraphedForward
-from benchmarks.common import RESULTS, SCRATCH, command_line, machine, write_json
+from benchmarks.common import RESULTS, SCRATCH, command_line, figure, machine, write_json
 from benchmarks.gati.models import CLASSES, NETS, ROW_SHAPE, WEIGHTS
 from benchmarks.gati.runs import Method, early_exit, interleave, plain, summary
 
@@ -115,6 +116,27 @@ def run(directory: Path, output: Path, limit: int, device: torch.device, batch: 
     return report
 
 
+def plot(reports: list[Path], output: Path) -> None:
+    """One panel per result file, in batch order: mean, p50 and p99 latency per method, agreement in the labels."""
+    loaded = sorted((json.loads(path.read_text()) for path in reports), key=lambda r: r.get("batch", 1))
+    fig = figure(6 * len(loaded), 4.5)
+    for column, report in enumerate(loaded, start=1):
+        axes = fig.add_subplot(1, len(loaded), column)
+        methods = report["methods"]
+        positions = np.arange(len(methods))
+        for offset, key in ((-0.27, "mean_ms"), (0.0, "p50_ms"), (0.27, "p99_ms")):
+            axes.bar(positions + offset, [m[key] for m in methods.values()], 0.27, label=key.removesuffix("_ms"))
+        labels = [f"{name}\nagree {m['agreement']:.4f}" for name, m in methods.items()]
+        axes.set_xticks(positions, labels, fontsize=7, rotation=30, ha="right")
+        axes.set_ylabel("latency per request (ms)")
+        axes.set_title(f"batch {report.get('batch', 1)}, {report['rows']} rows, torch {report['torch']}", fontsize=9)
+        axes.legend(fontsize=8)
+    fig.suptitle("GATI on a GPU: " + ", ".join(loaded[0]["composition"]["exits"]), fontsize=9)
+    fig.tight_layout()
+    fig.savefig(output, dpi=110)
+    print(f"wrote {output}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pack", type=Path, help="copy the inputs of a GPU run into this folder, and stop")
@@ -124,13 +146,16 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1, help="rows per batch, one request each (default 1)")
     parser.add_argument("--device", default="cuda", help="cuda (default); cpu only to try the script")
     parser.add_argument("--output", type=Path, default=RESULTS / "gati_gpu.json")
+    parser.add_argument("--plot", action="store_true", help="draw results/gati_gpu*.json into gati_gpu.png, and stop")
     args = parser.parse_args()
-    if args.pack:
+    if args.plot:
+        plot(sorted(RESULTS.glob("gati_gpu*.json")), RESULTS / "gati_gpu.png")
+    elif args.pack:
         pack(args.pack, args.weights)
     elif args.packed:
         run(args.packed, args.output, args.rows, torch.device(args.device), args.batch)
     else:
-        parser.error("give --pack DIR (here) or --packed DIR (on the GPU machine)")
+        parser.error("give --pack DIR (here), --packed DIR (on the GPU machine) or --plot")
 
 
 if __name__ == "__main__":
