@@ -10,6 +10,9 @@ sleep between them, the pace at which a worker gets requests at concurrency 1. O
 costs several times a hot one, and the worker's own compute time at concurrency 1 (perf_analyzer's "Server Compute
 Infer", reported per case) is to be read against the paced figure.
 
+Beside adaserve, `benchmarks.grpc_floor` (the same gRPC service on grpc.aio, answering with a canned output, no
+model) takes the same gRPC concurrency-1 runs: the part of a gRPC request's latency that is grpcio's own.
+
     benchmarks/perf_analyzer_env.sh                     # once: Triton's perf_analyzer in .venv-perf
     .venv/bin/python -m benchmarks.serving_overhead     # ~3 minutes; --quick for a ~1 minute smoke run
 
@@ -24,7 +27,10 @@ import resource
 import shutil
 import statistics
 import subprocess
+import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +49,7 @@ from benchmarks.common import (
     wait_for_quiet,
     write_json,
 )
-from tests.server_utils import EXAMPLES, ServerHandle, link_example, running_server
+from tests.server_utils import EXAMPLES, ServerHandle, free_port, link_example, running_server, stop_server
 
 MODEL = "mlp"
 PROTOCOLS = ("http", "grpc")
@@ -88,6 +94,12 @@ def main() -> int:
             for repeat in range(args.repeats)
             for protocol in PROTOCOLS
             for concurrency in CONCURRENCIES
+        ]
+    with grpc_floor() as floor:
+        report["floor_command"] = _cmdline(floor.pid)
+        report["floor_runs"] = [
+            _perf_run(perf, floor, "grpc", 1, repeat, args.request_count, name="floor")
+            for repeat in range(args.repeats)
         ]
     report["in_process"].append(_in_process(args.iterations))
     report["load_end"] = load_average()
@@ -154,16 +166,59 @@ def _in_process(iterations: int, idle_s: float = 0.0) -> dict[str, Any]:
     return record
 
 
+@contextmanager
+def grpc_floor(ready_timeout_s: float = 60.0) -> Iterator[ServerHandle]:
+    """`benchmarks.grpc_floor` on a free loopback port until it answers ServerLive; stopped by its PID after."""
+    import grpc
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    port = free_port()
+    log = SCRATCH / "serving_overhead" / f"grpc-floor-{port}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.grpc_floor", "--port", str(port)],
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+    handle = ServerHandle("", f"127.0.0.1:{port}", process.pid, log)
+    try:
+        deadline = time.monotonic() + ready_timeout_s
+        with grpc.insecure_channel(handle.grpc_url) as channel:
+            live = service_pb2_grpc.GRPCInferenceServiceStub(channel).ServerLive
+            while True:
+                if process.poll() is not None:
+                    raise RuntimeError(f"the gRPC floor server exited ({process.returncode}); see {log}")
+                try:
+                    live(service_pb2.ServerLiveRequest(), timeout=1.0)
+                    break
+                except grpc.RpcError:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"the gRPC floor server did not answer in {ready_timeout_s} s") from None
+                    time.sleep(0.2)
+        yield handle
+    finally:
+        stop_server(process)
+
+
 def _cmdline(pid: int) -> str:
     parts = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
     return " ".join(part.decode() for part in parts)
 
 
 def _perf_run(
-    perf: dict[str, Any], server: ServerHandle, protocol: str, concurrency: int, repeat: int, count: int
+    perf: dict[str, Any],
+    server: ServerHandle,
+    protocol: str,
+    concurrency: int,
+    repeat: int,
+    count: int,
+    name: str = "adaserve",
 ) -> dict[str, Any]:
     """One perf_analyzer run; its CSV row, its own and the server's CPU over the run, the load average around it."""
-    csv_path = SCRATCH / "serving_overhead" / f"{protocol}-c{concurrency}-r{repeat}.csv"
+    csv_path = SCRATCH / "serving_overhead" / f"{name}-{protocol}-c{concurrency}-r{repeat}.csv"
     csv_path.unlink(missing_ok=True)
     url = server.http_url if protocol == "http" else server.grpc_url
     command = [
@@ -172,7 +227,7 @@ def _perf_run(
         "--measurement-request-count", str(count), "--stability-percentage", "25", "--max-trials", "10",
         "--percentile", "50", "-f", str(csv_path), "--verbose-csv",
     ]  # fmt: skip
-    run: dict[str, Any] = {"protocol": protocol, "concurrency": concurrency, "repeat": repeat}
+    run: dict[str, Any] = {"server": name, "protocol": protocol, "concurrency": concurrency, "repeat": repeat}
     run["command"] = f"LD_LIBRARY_PATH={perf['env']['LD_LIBRARY_PATH']} " + " ".join(command)
     run["quiet"] = wait_for_quiet(10.0)
     server_cpu = tree_cpu_s(server.pid)
@@ -197,10 +252,10 @@ def _perf_run(
             p50_ms=row["p50 latency"] / 1000,
             p90_ms=row["p90 latency"] / 1000,
             p99_ms=row["p99 latency"] / 1000,
-            server_compute_ms=row["Server Compute Infer"] / 1000,
+            server_compute_ms=row["Server Compute Infer"] / 1000 if "Server Compute Infer" in row else None,
         )
     print(
-        f"{protocol} c={concurrency} #{repeat}: "
+        f"{name} {protocol} c={concurrency} #{repeat}: "
         + (f"{run['throughput_rps']:.0f}/s p50 {run['p50_ms']:.3f} ms" if row else f"FAILED rc={run['returncode']}")
         + f"  others {run['other_cores']:.2f} cores, load {run['load_before'][0]}→{run['load_after'][0]}",
         flush=True,
@@ -219,36 +274,16 @@ def _csv_row(path: Path) -> dict[str, float] | None:
 def _summarize(report: dict[str, Any]) -> None:
     """Median per case over the repeats, the server/in-process ratios, and the bars."""
     limit = min(report["in_process"], key=lambda r: r["p50_ms"])
-    cases: dict[str, dict[str, Any]] = {}
-    for protocol in PROTOCOLS:
-        for concurrency in CONCURRENCIES:
-            runs = [
-                r
-                for r in report["runs"]
-                if r["protocol"] == protocol and r["concurrency"] == concurrency and "throughput_rps" in r
-            ]
-            case: dict[str, Any] = {"repeats_ok": len(runs)}
-            for figure_name in (
-                "throughput_rps",
-                "p50_ms",
-                "p90_ms",
-                "p99_ms",
-                "server_compute_ms",
-                "server_cores",
-                "perf_analyzer_cores",
-                "other_cores",
-            ):
-                values = [r[figure_name] for r in runs]
-                case[figure_name] = statistics.median(values) if values else None
-                case[f"{figure_name}_all"] = values
-            if runs:
-                case["server_cpu_us_per_request"] = case["server_cores"] / case["throughput_rps"] * 1e6
-                case["throughput_vs_in_process"] = case["throughput_rps"] / limit["throughput_rps"]
-                case["p50_vs_in_process"] = case["p50_ms"] / limit["p50_ms"]
-                case["p50_overhead_ms"] = case["p50_ms"] - limit["p50_ms"]
-            cases[f"{protocol}_c{concurrency}"] = case
+    cases = {
+        f"{protocol}_c{concurrency}": _case(
+            [r for r in report["runs"] if r["protocol"] == protocol and r["concurrency"] == concurrency], limit
+        )
+        for protocol in PROTOCOLS
+        for concurrency in CONCURRENCIES
+    }
     report["in_process_limit"] = {k: limit[k] for k in ("throughput_rps", "p50_ms", "p90_ms", "p99_ms")}
     report["cases"] = cases
+    report["grpc_floor_c1"] = _case(report["floor_runs"], limit)
     rest8, rest1, grpc1 = cases["http_c8"]["throughput_rps"], cases["http_c1"]["p50_ms"], cases["grpc_c1"]["p50_ms"]
     report["bars"] = {
         "rest_c8_throughput": _bar(
@@ -257,6 +292,31 @@ def _summarize(report: dict[str, Any]) -> None:
         "rest_c1_p50": _bar(rest1, f"<= {BAR_C1_P50_MS} ms", rest1 is not None and rest1 <= BAR_C1_P50_MS),
         "grpc_c1_p50": _bar(grpc1, f"<= {BAR_C1_P50_MS} ms", grpc1 is not None and grpc1 <= BAR_C1_P50_MS),
     }
+
+
+def _case(runs: list[dict[str, Any]], limit: dict[str, Any]) -> dict[str, Any]:
+    """The median of each figure over the runs that produced one, and the ratios to the in-process limit."""
+    runs = [r for r in runs if "throughput_rps" in r]
+    case: dict[str, Any] = {"repeats_ok": len(runs)}
+    for figure_name in (
+        "throughput_rps",
+        "p50_ms",
+        "p90_ms",
+        "p99_ms",
+        "server_compute_ms",
+        "server_cores",
+        "perf_analyzer_cores",
+        "other_cores",
+    ):
+        values = [r[figure_name] for r in runs if r.get(figure_name) is not None]  # the floor has no statistics
+        case[figure_name] = statistics.median(values) if values else None
+        case[f"{figure_name}_all"] = values
+    if runs:
+        case["server_cpu_us_per_request"] = case["server_cores"] / case["throughput_rps"] * 1e6
+        case["throughput_vs_in_process"] = case["throughput_rps"] / limit["throughput_rps"]
+        case["p50_vs_in_process"] = case["p50_ms"] / limit["p50_ms"]
+        case["p50_overhead_ms"] = case["p50_ms"] - limit["p50_ms"]
+    return case
 
 
 def _bar(measured: float | None, target: str, passed: bool) -> dict[str, Any]:
@@ -282,6 +342,9 @@ def _plot(report: dict[str, Any], path: Path) -> None:
         ax.grid(True, axis="y", alpha=0.3)
     left.axhline(BAR_REST_C8_RPS, color="C3", linestyle=":", label=f"bar: REST c=8 ≥ {BAR_REST_C8_RPS:.0f}/s")
     right.axhline(BAR_C1_P50_MS, color="C3", linestyle=":", label=f"bar: c=1 p50 ≤ {BAR_C1_P50_MS} ms")
+    floor = report["grpc_floor_c1"]["p50_ms"]
+    if floor is not None:
+        right.axhline(floor, color="C1", linestyle="-.", label=f"grpc.aio alone, canned answer, c=1: {floor:.3f} ms")
     right.set_yscale("log")
     left.set_ylabel("throughput (req/s, median; dots: repeats)")
     right.set_ylabel("p50 latency (ms, log)")
@@ -308,6 +371,12 @@ def _print(report: dict[str, Any], output: Path) -> None:
                 f"server {case['server_cores']:.2f} cores = {case['server_cpu_us_per_request']:.0f} µs CPU/request, "
                 f"perf_analyzer {case['perf_analyzer_cores']:.2f} cores)"
             )
+    floor = report["grpc_floor_c1"]
+    if floor["throughput_rps"] is not None:
+        print(
+            f"gRPC floor c=1 (grpc.aio, canned answer): {floor['throughput_rps']:.0f}/s  p50 {floor['p50_ms']:.3f} ms  "
+            f"server {floor['server_cpu_us_per_request']:.0f} µs CPU/request"
+        )
     for name, bar in report["bars"].items():
         print(f"bar {name}: {bar['measured']} {bar['target']}: {'PASS' if bar['pass'] else 'FAIL'}")
     print(f"load average {report['load_start']} → {report['load_end']}; wrote {output}")
