@@ -153,6 +153,18 @@ def test_early_exit_false_and_accuracy_pick_the_plan(chain: BlockChain, images: 
     assert early_exit.take_counts().lookups == {"stage2": 9}
 
 
+@pytest.mark.parametrize("lookup", LOOKUPS)
+def test_a_plan_with_no_exit_runs_the_model_whole(chain: BlockChain, images: np.ndarray, lookup: Lookup) -> None:
+    """What a request gets when certification accepted no setting for its target: the base model, no lookup."""
+    early_exit = runtime(chain, ExitPlan(0.99, {}), lookup=lookup)
+    with torch.inference_mode():
+        base = chain.run(torch.from_numpy(images)).numpy()
+    outputs, early, rest = run(early_exit, images, requests_of(4, 8))
+    assert early == [] and [p.offset for p in rest] == [0, 4]
+    np.testing.assert_allclose(outputs, base, rtol=1e-5, atol=1e-5)
+    assert early_exit.take_counts().lookups == {}
+
+
 def test_bad_parameters_are_refused(chain: BlockChain, images: np.ndarray) -> None:
     early_exit = runtime(chain, ExitPlan(0.99, {}))
     for values, name in (({"early_exit": "yes"}, "early_exit"), ({"accuracy": 1.5}, "accuracy")):
