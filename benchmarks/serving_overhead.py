@@ -49,7 +49,15 @@ from benchmarks.common import (
     wait_for_quiet,
     write_json,
 )
-from tests.server_utils import EXAMPLES, ServerHandle, free_port, link_example, running_server, stop_server
+from tests.server_utils import (
+    EXAMPLES,
+    ServerHandle,
+    free_port,
+    link_example,
+    running_server,
+    stop_server,
+    wait_until_ready,
+)
 
 MODEL = "mlp"
 PROTOCOLS = ("http", "grpc")
@@ -185,19 +193,16 @@ def grpc_floor(ready_timeout_s: float = 60.0) -> Iterator[ServerHandle]:
         )
     handle = ServerHandle("", f"127.0.0.1:{port}", process.pid, log)
     try:
-        deadline = time.monotonic() + ready_timeout_s
         with grpc.insecure_channel(handle.grpc_url) as channel:
             live = service_pb2_grpc.GRPCInferenceServiceStub(channel).ServerLive
-            while True:
-                if process.poll() is not None:
-                    raise RuntimeError(f"the gRPC floor server exited ({process.returncode}); see {log}")
+
+            def ready() -> bool:
                 try:
-                    live(service_pb2.ServerLiveRequest(), timeout=1.0)
-                    break
+                    return bool(live(service_pb2.ServerLiveRequest(), timeout=1.0).live)
                 except grpc.RpcError:
-                    if time.monotonic() > deadline:
-                        raise RuntimeError(f"the gRPC floor server did not answer in {ready_timeout_s} s") from None
-                    time.sleep(0.2)
+                    return False
+
+            wait_until_ready(handle, process, ready_timeout_s, ready)
         yield handle
     finally:
         stop_server(process)

@@ -14,7 +14,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,16 +85,26 @@ def stop_server(process: subprocess.Popen[bytes]) -> None:
 
 
 def _wait_ready(handle: ServerHandle, process: subprocess.Popen[bytes], timeout_s: float) -> None:
+    def ready() -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{handle.http_url}/v2/health/ready", timeout=2) as response:
+                return bool(response.status == 200)
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            return False
+
+    wait_until_ready(handle, process, timeout_s, ready)
+
+
+def wait_until_ready(
+    handle: ServerHandle, process: subprocess.Popen[bytes], timeout_s: float, ready: Callable[[], bool]
+) -> None:
+    """Poll `ready` until it says so; the server exiting first, or the time running out, raises with its log."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"server exited with {process.returncode}:\n{handle.log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(f"http://{handle.http_url}/v2/health/ready", timeout=2) as response:
-                if response.status == 200:
-                    return
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            pass
+        if ready():
+            return
         time.sleep(0.2)
     raise TimeoutError(f"server not ready after {timeout_s} s:\n{handle.log.read_text()[-3000:]}")
 
