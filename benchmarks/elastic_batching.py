@@ -1,7 +1,10 @@
 """Elastic batching (Ebird) against fixed-timeout (Triton / TF-Serving "OPT Wait") and no batching, on bursty load.
 
 One server holds the example `cnn` under several model entries that link the same artifact and differ only in
-config; they are measured one at a time with identical seeded schedules, all through `adaserve.bench` (HTTP):
+config; they are measured one at a time with identical seeded schedules over HTTP. The load generator is Triton's
+C++ perf_analyzer (`benchmarks/perf_load.py`: adaserve.bench draws each schedule, perf_analyzer replays it), so the
+generator neither adds a Python client's time to every request nor caps the throughput; `--generator adaserve`
+sends through adaserve.bench instead, as this benchmark did before:
 
 * `cnn_elastic`  — `batching: {policy: elastic}`, Ebird's default workers (batch 1, 1, 2, 4, 8, 16; 1 thread each);
 * `cnn_fixed`    — `fixed-timeout`, one worker of batch 16 with 2 threads (one instance on both cores, one batch at
@@ -66,6 +69,7 @@ from benchmarks.common import (
 )
 from benchmarks.packrat.models import REFERENCES, export_model
 from benchmarks.packrat.serving import link_model
+from benchmarks.perf_load import PerfAnalyzer, run_perf_analyzer
 from tests.server_utils import ServerHandle, link_example, running_server
 
 TRACE = ROOT.parent / "shared" / "data" / "traces" / "azure-llm-2023" / "AzureLLMInferenceTrace_conv.csv"
@@ -117,6 +121,7 @@ class Bench:
     server: ServerHandle
     repository: Path
     args: argparse.Namespace
+    perf: PerfAnalyzer | None  # the load generator: perf_analyzer, or adaserve.bench when None
     runs: list[dict[str, Any]] = field(default_factory=list)
     kept: dict[str, Any] = field(default_factory=dict)  # the record of the run `measure` returned last
 
@@ -145,12 +150,15 @@ class Bench:
         workload = parse_workload(
             {"requests": [{"model": policy.model}], "load": load, "duration_s": duration_s, "seed": self.args.seed}
         )
-        config = BenchConfig(url=self.server.http_url, workload=workload, drain_s=5.0)
         record: dict[str, Any] = {"stage": stage, "policy": policy.label, "model": policy.model, "load": load}
         record["quiet"] = wait_for_quiet(quiet_s)
         before, server_cpu = self.stats(policy.model), tree_cpu_s(self.server.pid)
         with load_window(record):
-            result = run_bench(config, command=[command_line()])
+            if self.perf is None:
+                config = BenchConfig(url=self.server.http_url, workload=workload, drain_s=5.0)
+                result = run_bench(config, command=[command_line()])
+            else:
+                result = run_perf_analyzer(self.perf, self.server.http_url, workload, self.repository.parent)
         record["server_cores"] = round((tree_cpu_s(self.server.pid) - server_cpu) / record["wall_s"], 3)
         # adaserve.bench's trace schedule gives the asked rate as numpy.float64, which the JSON encoder refuses.
         if result.summary.asked_rate_rps is not None:
@@ -227,9 +235,11 @@ def main() -> int:
     if args.omp_wait_policy:
         os.environ["OMP_WAIT_POLICY"] = args.omp_wait_policy  # the server and its workers inherit it
     report["server_environment"] = {k: os.environ[k] for k in sorted(os.environ) if k.startswith(("OMP_", "GOMP_"))}
+    perf = PerfAnalyzer.find(args.perf_venv) if args.generator == "perf_analyzer" else None
+    report["generator"] = "adaserve.bench" if perf is None else perf.shell_text(["…"])
     began = time.monotonic()
     with running_server(repository) as server:
-        bench = Bench(server, repository, args)
+        bench = Bench(server, repository, args, perf)
         report["server_command"] = " ".join(
             p.decode() for p in Path(f"/proc/{server.pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
         )
@@ -272,6 +282,9 @@ def _parse_args() -> argparse.Namespace:
     add("--quick", action="store_true", help="short phases and sweeps (~4 minutes, a smoke run)")
     add("--device", choices=["cpu", "cuda"], default="cpu", help="where the workers run (default cpu)")
     add("--model", choices=["cnn", *REFERENCES], default="cnn", help="the example cnn (default) or a reference model")
+    add("--generator", choices=["perf_analyzer", "adaserve"], default="perf_analyzer", help="the load generator: "
+        "Triton's C++ perf_analyzer (default; from benchmarks/perf_analyzer_env.sh) or adaserve bench")  # fmt: skip
+    add("--perf-venv", type=Path, default=ROOT / ".venv-perf", help="venv holding perf_analyzer")
     add("--qos-p99-ms", type=float, default=100.0, help="QoS target: p99 latency (default 100 ms)")
     add("--low-fraction", type=float, default=0.275, help="low rate as a fraction of elastic's capacity")
     add("--low-rate", type=float, help="low rate (req/s); default: from the capacity stage")

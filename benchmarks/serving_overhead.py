@@ -49,6 +49,7 @@ from benchmarks.common import (
     wait_for_quiet,
     write_json,
 )
+from benchmarks.perf_load import PerfAnalyzer
 from tests.server_utils import (
     EXAMPLES,
     ServerHandle,
@@ -74,7 +75,7 @@ def main() -> int:
     output: Path = args.output or (
         SCRATCH / "serving_overhead-quick.json" if args.quick else RESULTS / "serving_overhead.json"
     )
-    perf = _perf_analyzer(args.perf_venv)
+    perf = PerfAnalyzer.find(args.perf_venv)
     report: dict[str, Any] = {
         "benchmark": "serving_overhead",
         "command": command_line(),
@@ -131,14 +132,6 @@ def _parse_args() -> argparse.Namespace:
     args.request_count = args.request_count or (1000 if args.quick else 3000)
     args.iterations = args.iterations or (5000 if args.quick else 20000)
     return args
-
-
-def _perf_analyzer(venv: Path) -> dict[str, Any]:
-    binary = venv / "bin" / "perf_analyzer"
-    cuda = sorted(venv.glob("lib/python3*/site-packages/nvidia/cuda_runtime/lib"))
-    if not binary.is_file() or not cuda:
-        raise SystemExit(f"no perf_analyzer in {venv}: run benchmarks/perf_analyzer_env.sh first")
-    return {"binary": binary, "env": {"LD_LIBRARY_PATH": str(cuda[0]), "PATH": "/usr/bin:/bin"}}
 
 
 def _in_process(iterations: int, idle_s: float = 0.0) -> dict[str, Any]:
@@ -214,7 +207,7 @@ def _cmdline(pid: int) -> str:
 
 
 def _perf_run(
-    perf: dict[str, Any],
+    perf: PerfAnalyzer,
     server: ServerHandle,
     protocol: str,
     concurrency: int,
@@ -226,20 +219,21 @@ def _perf_run(
     csv_path = SCRATCH / "serving_overhead" / f"{name}-{protocol}-c{concurrency}-r{repeat}.csv"
     csv_path.unlink(missing_ok=True)
     url = server.http_url if protocol == "http" else server.grpc_url
-    command = [
-        str(perf["binary"]), "-m", MODEL, "-u", url, "-i", protocol, "--concurrency-range", str(concurrency),
+    arguments = [
+        "-m", MODEL, "-u", url, "-i", protocol, "--concurrency-range", str(concurrency),
         "--shape", "image:784", "-b", "1", "--measurement-mode", "count_windows",
         "--measurement-request-count", str(count), "--stability-percentage", "25", "--max-trials", "10",
         "--percentile", "50", "-f", str(csv_path), "--verbose-csv",
     ]  # fmt: skip
     run: dict[str, Any] = {"server": name, "protocol": protocol, "concurrency": concurrency, "repeat": repeat}
-    run["command"] = f"LD_LIBRARY_PATH={perf['env']['LD_LIBRARY_PATH']} " + " ".join(command)
+    run["command"] = perf.shell_text(arguments)
     run["quiet"] = wait_for_quiet(10.0)
     server_cpu = tree_cpu_s(server.pid)
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     with load_window(run):
         try:
-            done = subprocess.run(command, env=perf["env"], capture_output=True, text=True, timeout=300)
+            command = [str(perf.binary), *arguments]
+            done = subprocess.run(command, env=perf.env, capture_output=True, text=True, timeout=300)
             run["returncode"], run["stdout_tail"] = done.returncode, (done.stdout + done.stderr)[-1500:]
         except subprocess.TimeoutExpired:
             run["returncode"], run["stdout_tail"] = None, "timed out after 300 s"
