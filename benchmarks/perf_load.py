@@ -116,7 +116,12 @@ def run_perf_analyzer(
         machine=describe_machine(),
         command=[perf.shell_text(arguments)],
         started_at=started,
-        config={"generator": "perf_analyzer", "url": url, "protocol": protocol, "workload": workload.model_dump()},
+        config={
+            "generator": "perf_analyzer",
+            "url": url,
+            "protocol": protocol,
+            "workload": workload.model_dump(mode="json"),
+        },
         failure=failure,
         records=records,
         summary=summary,
