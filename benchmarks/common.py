@@ -67,6 +67,12 @@ def command_line() -> str:
     return shlex.join([os.path.relpath(sys.executable, ROOT), "-m", name, *sys.argv[1:]])
 
 
+def process_command(pid: int) -> str:
+    """The command line a running process was started with, as one string (for a result file)."""
+    parts = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+    return " ".join(part.decode() for part in parts)
+
+
 def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 

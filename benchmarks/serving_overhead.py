@@ -45,6 +45,7 @@ from benchmarks.common import (
     load_average,
     load_window,
     machine,
+    process_command,
     tree_cpu_s,
     wait_for_quiet,
     write_json,
@@ -96,7 +97,7 @@ def main() -> int:
     shutil.rmtree(repository, ignore_errors=True)
     link_example(repository, MODEL)
     with running_server(repository) as server:
-        report["server_command"] = _cmdline(server.pid)
+        report["server_command"] = process_command(server.pid)
         report["server_config"] = (repository / MODEL / "config.yaml").read_text()
         report["runs"] = [
             _perf_run(perf, server, protocol, concurrency, repeat, args.request_count)
@@ -105,7 +106,7 @@ def main() -> int:
             for concurrency in CONCURRENCIES
         ]
     with grpc_floor() as floor:
-        report["floor_command"] = _cmdline(floor.pid)
+        report["floor_command"] = process_command(floor.pid)
         report["floor_runs"] = [
             _perf_run(perf, floor, "grpc", 1, repeat, args.request_count, name="floor")
             for repeat in range(args.repeats)
@@ -199,11 +200,6 @@ def grpc_floor(ready_timeout_s: float = 60.0) -> Iterator[ServerHandle]:
         yield handle
     finally:
         stop_server(process)
-
-
-def _cmdline(pid: int) -> str:
-    parts = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
-    return " ".join(part.decode() for part in parts)
 
 
 def _perf_run(
