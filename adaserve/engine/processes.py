@@ -124,8 +124,9 @@ class ModelHost:
 
 class HostLauncher:
     """Starts model hosts, keeping `spares` of them started ahead: a spare has started Python, imported torch and
-    adaserve's engine (about 2.5 s of CPU on the 2-core machine, more than half of loading a small model) and waits
-    on its control socket for a model. A load takes a spare, if one is alive, and a new spare starts behind it.
+    adaserve's engine (about 2.5 s of CPU on the 2-core machine, more than half of loading a small model), paid the
+    first program load's one-off second (`host.prime_program_loading`), and waits on its control socket for a model.
+    A load takes a spare, if one is alive, and a new spare starts behind it.
 
     With `spares=0` every load starts its host then; the host code is the same either way.
     """

@@ -5,14 +5,18 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 
 from adaserve.engine.engine import ModelEngine
+from adaserve.engine.host import _launch_waiting
 from adaserve.engine.processes import HostLauncher
 from adaserve.repository import ModelRepository
-from tests.server_utils import link_example
+from tests.server_utils import EXAMPLES, link_example
 
 ONE_WORKER = [{"batch": 1, "threads": 1}]
 
@@ -91,3 +95,36 @@ def test_without_spares_each_load_starts_its_own_host(tmp_path: Path) -> None:
         assert launcher.launches == {"spare": 0, "cold": 2}
 
     asyncio.run(main())
+
+
+#: In a fresh interpreter as a spare starts: optionally prime, then count the modules the first program load imports.
+FIRST_LOAD = """
+import sys
+from pathlib import Path
+from adaserve.engine.host import prime_program_loading
+from adaserve.repository import read_artifact
+if sys.argv[2] == "prime":
+    prime_program_loading()
+before = set(sys.modules)
+read_artifact(Path(sys.argv[1]), 16)
+print(len(set(sys.modules) - before))
+"""
+
+
+def test_a_primed_spare_loads_its_first_program_without_importing_anything() -> None:
+    def modules_imported_by_first_load(prime: str) -> int:
+        artifact = str(EXAMPLES / "cnn" / "1" / "model.pt2")
+        command = [sys.executable, "-c", FIRST_LOAD, artifact, prime]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=True)
+        return int(done.stdout.split()[-1])
+
+    assert modules_imported_by_first_load("no") > 100  # what priming takes off the load's path
+    assert modules_imported_by_first_load("prime") == 0
+
+
+def test_only_a_host_still_waiting_for_its_model_primes() -> None:
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    with ours, theirs:
+        assert not _launch_waiting(theirs)  # a spare: nothing sent yet
+        ours.send(b"launch")
+        assert _launch_waiting(theirs)  # a host started for a load: the model is already there
