@@ -4,7 +4,8 @@
     async with cache.use("resnet"):      # a hit, or a load on a miss (evicting by the policy); pinned inside
         ...
 
-`load(name)` brings a model into memory and returns the bytes it measured; `unload(name)` frees it; `size_hint(name)`
+`load(name)` brings a model into memory and returns what it measured (`Loaded`: its bytes, and how long the load
+waited for a host process); `unload(name)` frees it; `size_hint(name)`
 estimates the bytes of a model never loaded. Concurrent requests for a model being loaded wait on that one load; a
 failed load is raised to every waiter (ModelLoadError, the cause chained) and leaves the model non-resident, so a
 later request tries again. When every resident model is in use, a request waits for one to be released, up to
@@ -29,6 +30,15 @@ from adaserve.errors import CacheBusyError, ModelLoadError, ModelTooLargeError
 log = logging.getLogger("adaserve.cache")
 
 DEFAULT_BUSY_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """What a load measured: the model's bytes once loaded, and the part of the load spent waiting for a host process
+    to take the model (a spare still starting; the server's cost, not the model's: `adaserve.cache.stats`)."""
+
+    size_bytes: int
+    host_wait_s: float = 0.0
 
 
 @dataclass
@@ -74,7 +84,7 @@ class ModelCache:
         self,
         budget_bytes: int,
         policy: str | EvictionPolicy,
-        load: Callable[[str], Awaitable[int]],
+        load: Callable[[str], Awaitable[Loaded]],
         unload: Callable[[str], Awaitable[None]],
         size_hint: Callable[[str], int],
         *,
@@ -119,7 +129,7 @@ class ModelCache:
                 state=residents[name].state.value if name in residents else "UNLOADED",
                 resident_bytes=residents[name].size_bytes if name in residents else 0,
                 counters=ModelCounters(**vars(counters)),
-                smoothed_load_s=self._core.stats.get(name).penalty_s,
+                smoothed_load_s=self._core.stats.penalty_s(name) if self._core.stats.get(name).loads else None,
             )
             for name, counters in self._counters.items()
         }
@@ -190,13 +200,14 @@ class ModelCache:
         try:
             await self._unloaded([name, *victims])
             began = self._clock()
-            size = await self._load_fn(name)
+            loaded = await self._load_fn(name)
             seconds = self._clock() - began
             counters.loads += 1
             counters.load_seconds_total += seconds
             counters.last_load_s = seconds
+            host_wait_s = min(loaded.host_wait_s, seconds)  # the engine's clock and this one may differ by a hair
             try:
-                self._evicted(self._core.loaded(name, size, seconds, self._clock()))
+                self._evicted(self._core.loaded(name, loaded.size_bytes, seconds, self._clock(), host_wait_s))
             except ModelTooLargeError:
                 self._start_unload(name)
                 raise

@@ -92,13 +92,14 @@ class Residency:
         self._residents[name] = Resident(name, size_bytes)
         return victims
 
-    def loaded(self, name: str, size_bytes: int, load_s: float, now: float) -> list[str]:
-        """The load of `name` finished: record its measured size and load time, mark it LOADED, and evict what
-        else must go if it came out larger than its estimate (returns those victims). A model larger than the
-        whole budget is dropped again and ModelTooLargeError raised; the caller unloads it."""
+    def loaded(self, name: str, size_bytes: int, load_s: float, now: float, host_wait_s: float = 0.0) -> list[str]:
+        """The load of `name` finished (`host_wait_s` of its `load_s` waiting for a host process): record its
+        measured size and load time, mark it LOADED, and evict what else must go if it came out larger than its
+        estimate (returns those victims). A model larger than the whole budget is dropped again and
+        ModelTooLargeError raised; the caller unloads it."""
         entry = self._residents[name]
         entry.size_bytes, entry.state = size_bytes, State.LOADED
-        self.stats.record_load(name, load_s, size_bytes)
+        self.stats.record_load(name, load_s, size_bytes, host_wait_s)
         self.policy.on_load(name, now)
         if size_bytes > self.budget_bytes:
             self.remove(name, now)

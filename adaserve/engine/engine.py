@@ -136,6 +136,7 @@ class ModelEngine:
         self.workers: dict[int, WorkerInfo] = {}
         self.model_bytes = 0  # the weights (and learned caches), measured by the host once it has loaded them
         self.cache_bytes = 0  # GATI's learned caches
+        self.host_wait_s = 0.0  # of the last start: waiting for a host process to take the model (a spare starting)
         self.early_exit: str | None = None  # the learned caches serving, as the host described them
         self._loop = asyncio.get_running_loop()
         self._owners: list[PendingRequest | None] = [None] * self.slots
@@ -213,12 +214,14 @@ class ModelEngine:
             os.close(self._stage_pipe[1])
         self._stage_pipe = os.pipe() if self.model.config.device == "cuda" else None
         stage_fd = self._stage_pipe[0] if self._stage_pipe is not None else None
+        launched = time.perf_counter()
         try:
             self._host = self._hosts.launch(self.model, pool_fd=self._pool_fd, slots=self.slots, stage_fd=stage_fd)
         finally:
             if stage_fd is not None:
                 os.close(stage_fd)  # the host holds its own copy
         ready = await self._host.ready()
+        self.host_wait_s = max(0.0, time.perf_counter() - launched - ready.load_s)
         self.model_bytes, self.cache_bytes, self.early_exit = ready.model_bytes, ready.cache_bytes, ready.early_exit
         if ready.early_exit_error is not None:
             log.error(

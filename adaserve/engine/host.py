@@ -22,6 +22,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -54,6 +55,7 @@ def host(control: socket.socket) -> int:
     data, fds, _, _ = socket.recv_fds(control, 1 << 20, 2)
     if not data:
         return 0  # a spare the server no longer needs
+    received = time.perf_counter()
     launch = decode_launch(data)
     config = ModelConfig.model_validate_json(launch.config_json)
     artifact = Path(launch.artifact)
@@ -78,7 +80,8 @@ def host(control: socket.socket) -> int:
         return 1
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # workers are reaped by the kernel; the server watches pipes
     description = early_exit.description if early_exit is not None else None
-    control.send(encode(HostReady(os.getpid(), model_bytes, description, early_exit_error, cache_bytes)))
+    loaded_s = time.perf_counter() - received
+    control.send(encode(HostReady(os.getpid(), model_bytes, description, early_exit_error, cache_bytes, loaded_s)))
     while True:
         data, fds, _, _ = socket.recv_fds(control, 1 << 16, 2)
         if not data:

@@ -41,6 +41,7 @@ class HostReady(msgspec.Struct, frozen=True, tag="host_ready"):
     early_exit: str | None = None  # GATI: the learned caches serving (None: the model runs whole)
     early_exit_error: str | None = None  # why a model configured with caches serves without them
     cache_bytes: int = 0  # the learned caches' parameters, included in model_bytes
+    load_s: float = 0.0  # from the launch's arrival to this message: the model's own load, without the host's start
 
 
 class HostFailed(msgspec.Struct, frozen=True, tag="host_failed"):

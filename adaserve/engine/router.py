@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
-from adaserve.cache import ModelCache
+from adaserve.cache import Loaded, ModelCache
 from adaserve.engine.engine import EngineState, ModelEngine
 from adaserve.engine.processes import HostLauncher
 from adaserve.errors import AdaserveError, ModelNotFoundError, ModelNotReadyError
@@ -157,9 +157,10 @@ class ModelRouter:
             await engine.stop()
 
     # -- the cache's view of a model: load and measure, unload, size before the first load -------------------
-    async def _load_resident(self, name: str) -> int:
+    async def _load_resident(self, name: str) -> Loaded:
         await self._start(name)
-        return self._engines[name].memory_bytes
+        engine = self._engines[name]
+        return Loaded(engine.memory_bytes, engine.host_wait_s)
 
     async def _unload_resident(self, name: str) -> None:
         await self._stop(name)

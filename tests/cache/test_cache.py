@@ -9,31 +9,33 @@ from typing import Any
 
 import pytest
 
-from adaserve.cache import ModelCache, State
+from adaserve.cache import Loaded, ModelCache, State
 from adaserve.errors import CacheBusyError, ModelLoadError, ModelTooLargeError
 from tests.cache.factories import FakeClock
 
 
 @dataclass
 class Backend:
-    """The router's side: load (returns measured bytes) and unload, with gates the test opens."""
+    """The router's side: load (returns measured bytes and the wait for a host) and unload, with gates the test
+    opens."""
 
     clock: FakeClock
     sizes: dict[str, int] = field(default_factory=dict)
     load_s: float = 2.0
+    host_wait_s: float = 0.0
     loads: list[str] = field(default_factory=list)
     unloads: list[str] = field(default_factory=list)
     gates: dict[str, asyncio.Event] = field(default_factory=dict)
     failures: dict[str, list[BaseException]] = field(default_factory=dict)
 
-    async def load(self, name: str) -> int:
+    async def load(self, name: str) -> Loaded:
         self.loads.append(name)
         if name in self.gates:
             await self.gates[name].wait()
         self.clock.advance(self.load_s)
         if self.failures.get(name):
             raise self.failures[name].pop(0)
-        return self.sizes.get(name, 10)
+        return Loaded(self.sizes.get(name, 10), self.host_wait_s)
 
     async def unload(self, name: str) -> None:
         if f"unload {name}" in self.gates:
@@ -241,5 +243,21 @@ def test_snapshot_counts_loads_time_and_bytes() -> None:
         assert snapshot.models[evicted].counters.evictions == 1 and snapshot.models[evicted].resident_bytes == 0
         model = snapshot.models["c"]
         assert (model.resident_bytes, model.counters.last_load_s, model.smoothed_load_s) == (9, 2.5, 2.5)
+
+    run(scenario)
+
+
+def test_a_load_that_waited_for_a_host_counts_the_wait_for_every_model() -> None:
+    async def scenario() -> None:
+        backend = Backend(FakeClock(), load_s=3.0, host_wait_s=2.5)
+        cache = _cache(backend, budget=100, policy="iam")
+        await _use(cache, "a")
+        backend.load_s, backend.host_wait_s = 1.0, 0.0
+        await _use(cache, "b")
+        snapshot = cache.snapshot()
+        assert snapshot.load_seconds_total == pytest.approx(4.0)  # as the requests waited
+        wait = 0.3 * 0.0 + 0.7 * 2.5  # the pooled wait, smoothed as P_i is (the default smoothing, 0.3)
+        assert snapshot.models["a"].smoothed_load_s == pytest.approx(0.5 + wait)
+        assert snapshot.models["b"].smoothed_load_s == pytest.approx(1.0 + wait)
 
     run(scenario)

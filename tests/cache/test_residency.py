@@ -114,7 +114,7 @@ def test_request_records_stats_and_reports_the_state() -> None:
     core.loaded("a", 2, 0.5, 3.0)
     assert core.request("a", 4.0) is State.LOADED
     stats = core.stats.get("a")
-    assert (stats.requests, stats.loads, stats.penalty_s) == (3, 1, 0.5)
+    assert (stats.requests, stats.loads, core.stats.penalty_s("a")) == (3, 1, 0.5)
 
 
 def test_the_policy_must_be_made_for_the_same_budget() -> None:

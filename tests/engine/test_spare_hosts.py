@@ -97,6 +97,23 @@ def test_without_spares_each_load_starts_its_own_host(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
+def test_a_load_on_a_host_started_for_it_counts_the_start_as_waiting_for_a_host(tmp_path: Path) -> None:
+    link_example(tmp_path, "mlp", workers=ONE_WORKER)
+
+    async def main() -> None:
+        engine = ModelEngine(ModelRepository(tmp_path).read("mlp"), hosts=HostLauncher())
+        began = asyncio.get_running_loop().time()
+        await engine.start()
+        try:
+            took = asyncio.get_running_loop().time() - began
+            # Starting Python and importing torch is most of a cold load; the mlp's own load is a small part.
+            assert 0.2 < engine.host_wait_s < took
+        finally:
+            await engine.stop(drain_timeout_s=5.0)
+
+    asyncio.run(main())
+
+
 #: In a fresh interpreter as a spare starts: optionally prime, then count the modules the first program load imports.
 FIRST_LOAD = """
 import sys
