@@ -5,12 +5,12 @@
         ...
 
 `load(name)` brings a model into memory and returns what it measured (`Loaded`: its bytes, and how long the load
-waited for a host process); `unload(name)` frees it; `size_hint(name)`
-estimates the bytes of a model never loaded. Concurrent requests for a model being loaded wait on that one load; a
-failed load is raised to every waiter (ModelLoadError, the cause chained) and leaves the model non-resident, so a
-later request tries again. When every resident model is in use, a request waits for one to be released, up to
-`busy_timeout_s`, then gets CacheBusyError. Victims are unloaded in the background; a load waits for the unloads
-that make its room (and for its own model's unload, if it was just evicted).
+waited for a host process); `unload(name)` frees it; `size_hint(name)` estimates the bytes of a model never loaded.
+Concurrent requests for a model being loaded wait on that one load; a failed load is raised to every waiter
+(ModelLoadError, the cause chained) and leaves the model non-resident, so a later request tries again. When every
+resident model is in use, a request waits for one to be released, up to `busy_timeout_s`, then gets CacheBusyError.
+Victims are unloaded in the background; a load waits for the unloads that make its room (and for its own model's
+unload, if it was just evicted).
 """
 
 from __future__ import annotations

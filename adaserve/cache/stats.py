@@ -10,7 +10,7 @@ model's loads. The wait is the server's, not the model's: with a spare host it i
 rest of a Python start and torch import (up to ~2.5 s here) when the spare behind the last load was still starting,
 which turns on how close together loads came, not on which model was loaded. Charged to the model that happened to
 wait, it made P_i, and IAM's and GDSF's rankings by P_i/S_i, mostly a record of spare timing (a server probe on the
-benchmark models measured 2.84 s for a 11 MiB MLP that loads in 0.05 s from a ready spare). Pooled, it still counts
+benchmark models measured 2.84 s for an 11 MiB MLP that loads in 0.05 s from a ready spare). Pooled, it still counts
 in every P_i, as it does in every reload.
 
 Nothing here reads a clock: every call that depends on time takes `now` (seconds on the caller's monotonic clock),
