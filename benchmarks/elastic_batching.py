@@ -312,7 +312,8 @@ def _parse_args() -> argparse.Namespace:
     args = parser.parse_args()
     args.quiet_s = args.quiet_s if args.quiet_s is not None else (2.0 if args.quick else 10.0)
     args.quiet_short_s = min(args.quiet_s, 1.0 if args.quick else 4.0)
-    args.delays_us = args.delays_us or ([1000, 5000] if args.quick else [500, 1000, 2000, 5000])
+    # Ascending: the first is the shortest delay, the sensitivity entry's.
+    args.delays_us = sorted(args.delays_us or ([1000, 5000] if args.quick else [500, 1000, 2000, 5000]))
     args.phase_s = args.phase_s or (6.0 if args.quick else 20.0)
     args.trace_s = args.trace_s or (10.0 if args.quick else 45.0)
     args.sweep_s = args.sweep_s or (3.0 if args.quick else 8.0)

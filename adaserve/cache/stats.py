@@ -56,7 +56,7 @@ class StatsRegistry:
             raise ValueError(f"penalty_smoothing must be in (0, 1], got {penalty_smoothing}")
         self.rate_time_constant_s = rate_time_constant_s
         self.penalty_smoothing = penalty_smoothing
-        self.host_wait_s = 0.0  # smoothed over every model's loads
+        self.host_wait_s: float | None = None  # smoothed over every model's loads; None before the first
         self._models: dict[str, ModelStats] = {}
 
     def get(self, name: str) -> ModelStats:
@@ -78,7 +78,7 @@ class StatsRegistry:
             )
         stats = self.get(name)
         stats.own_load_s = self._smoothed(stats.own_load_s, seconds - host_wait_s)
-        self.host_wait_s = self._smoothed(self.host_wait_s if self.loads() else None, host_wait_s)
+        self.host_wait_s = self._smoothed(self.host_wait_s, host_wait_s)
         stats.last_load_s = seconds
         stats.size_bytes = size_bytes
         stats.loads += 1
@@ -103,11 +103,7 @@ class StatsRegistry:
         """P_i: the model's smoothed own load time plus the smoothed wait for a host; 0 for a model never loaded
         (policies only weigh loaded ones)."""
         own = self.get(name).own_load_s
-        return 0.0 if own is None else own + self.host_wait_s
-
-    def loads(self) -> int:
-        """Loads recorded, of every model."""
-        return sum(stats.loads for stats in self._models.values())
+        return 0.0 if own is None else own + (self.host_wait_s or 0.0)
 
     def _smoothed(self, previous: float | None, newest: float) -> float:
         alpha = self.penalty_smoothing
