@@ -5,6 +5,7 @@ the server itself measured, cell by cell.
     .venv/bin/python -m benchmarks.mcache.server            # 80 requests, 9 cells (~27 min, load average 2-4)
     .venv/bin/python -m benchmarks.mcache.server --requests 40 --budget-min 30   # the cells that fit in 30 min
     .venv/bin/python -m benchmarks.mcache.server --quick    # 24 requests, IAM and LFU at 40 and 80%, results/tmp/
+    .venv/bin/python -m benchmarks.mcache.server --seeds 0,1,2 --cells iam@40,lfu@40   # three sequences per cell
 
 Steps:
 
@@ -16,16 +17,20 @@ Steps:
    (`adaserve_model_loading_seconds_total / adaserve_model_loads_total`); the hit's latency is the execution time.
    Budgets are shares of the total of these sizes.
 3. Workload: `adaserve.cache.workload.build_workload`, random assignment (the paper's comparison), `--requests`
-   requests, written as a request sequence (time_s,model) and replayed by `adaserve bench` as a closed loop of one
-   client: the requests in trace order, each sent when the last is answered. Each request then waits for at most one
-   load and nothing else, so the server's `loading_seconds_total / requests` is the mean model-load time per request,
-   and throughput is that of a busy server, as in the simulator benchmark's throughput figures.
-4. Every cell (policy at a share) is a fresh server; its figures come from the bench records (throughput, latency,
-   failures) and from /metrics (hits, misses, loads, load time, evictions). The simulator replays the same sequence
-   with `clients=1` and the probe's sizes, penalties and execution times, through the same policy objects.
+   requests per seed (`--seeds`: one sequence each), written as a request sequence (time_s,model) and replayed by
+   `adaserve bench` as a closed loop of one client: the requests in trace order, each sent when the last is
+   answered. Each request then waits for at most one load and nothing else, so the server's `loading_seconds_total /
+   requests` is the mean model-load time per request, and throughput is that of a busy server, as in the simulator
+   benchmark's throughput figures.
+4. Every cell (policy at a share, on one seed's sequence) is a fresh server; its figures come from the bench records
+   (throughput, latency, failures) and from /metrics (hits, misses, loads, load time, evictions). The simulator
+   replays the same sequence with `clients=1` and the probe's sizes, penalties and execution times, through the same
+   policy objects.
 
 The bars are the paper's (IAM vs LFU: throughput ≥ 1.5× at 40% and ≥ 2.39× at 80%; mean load time ≥ 27/43/62% lower
-at 40/60/80%), computed from the server's figures wherever both cells were run.
+at 40/60/80%), computed from the server's figures on every seed where both cells were run; a bar is judged on the
+mean of the seeds' ratios, and each seed's ratio is kept beside it: one sequence of 80 requests tells policies apart
+by little more than its own noise.
 """
 
 from __future__ import annotations
@@ -33,8 +38,10 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import statistics
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +79,9 @@ REQUEST_TIMEOUT_S = 120.0
 #: cell of 100% or more gets the total times this: it is the cell where every model stays resident, and a budget of
 #: exactly the probed total evicted 9 times in 80 requests when a few models came back 1% larger.
 SIZE_MARGIN = 1.1
+
+#: A cell of the run: (policy, share of the total, workload seed).
+CellKey = tuple[str, float, int]
 
 
 def serving_repository(scratch: Path, names: tuple[str, ...]) -> Path:
@@ -145,16 +155,16 @@ def probe(repository: Path, names: tuple[str, ...], scratch: Path) -> dict[str, 
 
 
 def run_cell(
-    repository: Path, policy: str, share: float, budget: int, total: int, sequence: Path, scratch: Path
+    repository: Path, policy: str, share: float, seed: int, budget: int, total: int, sequence: Path, scratch: Path
 ) -> dict[str, Any]:
-    """One fresh server at `budget` bytes under `policy`, the sequence replayed through it."""
-    record: dict[str, Any] = {"policy": policy, "share": share, "budget_bytes": budget}
+    """One fresh server at `budget` bytes under `policy`, seed `seed`'s sequence replayed through it."""
+    record: dict[str, Any] = {"policy": policy, "share": share, "seed": seed, "budget_bytes": budget}
     if budget > share * total:
         held = "every model" if share >= 1 else "the largest model"
         record["note"] = f"budget raised to {budget / total:.1%} of the total to hold {held}"
     extra = ("--model-memory-budget", str(budget), "--cache-policy", policy)
     with load_window(record), running_server(repository, *extra) as server:
-        result = replay(server, sequence, scratch / "records" / f"{policy}-{share:.0%}.json")
+        result = replay(server, sequence, scratch / "records" / f"{policy}-{share:.0%}-seed{seed}.json")
         metrics = model_metrics(server)
     summary = result.summary
     sums = {name: sum(values.values()) for name, values in metrics.items()}
@@ -185,54 +195,96 @@ def _seconds(ms: float | None) -> float | None:
     return None if ms is None else ms / 1000
 
 
-def bars(cells: dict[tuple[str, float], dict[str, Any]], side: str) -> list[dict[str, Any]]:
-    """The paper's IAM-vs-LFU bars on `side` ("server" or "simulator"), for the shares where both were run."""
+def bars(cells: dict[CellKey, dict[str, Any]], side: str) -> list[dict[str, Any]]:
+    """The paper's IAM-vs-LFU bars on `side` ("server" or "simulator"), for the shares where both policies were
+    run: the ratio on every seed that has both cells, judged on their mean."""
     checks = []
     for share, target in THROUGHPUT_BARS.items():
-        if ("iam", share) in cells and ("lfu", share) in cells:
-            iam, lfu = cells["iam", share][side], cells["lfu", share][side]
-            ratio = iam["throughput_rps"] / lfu["throughput_rps"]
-            checks.append(
-                _check(
-                    f"IAM vs LFU throughput at {share:.0%}", f">= {target}x", f"{ratio:.2f}x", ratio, ratio >= target
-                )
-            )
+        ratios = _per_seed(cells, share, side, lambda iam, lfu: iam["throughput_rps"] / lfu["throughput_rps"])
+        if ratios:
+            mean = statistics.fmean(ratios.values())
+            measured = _spread(ratios, mean, lambda value: f"{value:.2f}x")
+            bar = f"IAM vs LFU throughput at {share:.0%}"
+            checks.append(_check(bar, f">= {target}x", measured, mean, mean >= target, ratios))
     for share, target in LOAD_TIME_BARS.items():
-        if ("iam", share) in cells and ("lfu", share) in cells:
-            iam, lfu = cells["iam", share][side], cells["lfu", share][side]
-            lower = 1 - iam["mean_load_wait_s"] / lfu["mean_load_wait_s"] if lfu["mean_load_wait_s"] else 0.0
-            checks.append(
-                _check(
-                    f"IAM vs LFU mean load time at {share:.0%}",
-                    f">= {target:.0%} lower",
-                    f"{lower:.1%} lower",
-                    lower,
-                    lower >= target,
-                )
-            )
+        lowers = _per_seed(cells, share, side, _load_time_lower)
+        if lowers:
+            mean = statistics.fmean(lowers.values())
+            measured = _spread(lowers, mean, lambda value: f"{value:.1%} lower")
+            bar = f"IAM vs LFU mean load time at {share:.0%}"
+            checks.append(_check(bar, f">= {target:.0%} lower", measured, mean, mean >= target, lowers))
     return checks
 
 
-def _check(bar: str, target: str, measured: str, value: float, passed: bool) -> dict[str, Any]:
-    return {"bar": bar, "target": target, "measured": measured, "value": value, "pass": passed}
+def _per_seed(
+    cells: dict[CellKey, dict[str, Any]],
+    share: float,
+    side: str,
+    compare: Callable[[dict[str, Any], dict[str, Any]], float],
+) -> dict[int, float]:
+    """`compare(iam, lfu)` on `side`'s figures at `share`, for every seed where both cells were run."""
+    seeds = sorted(seed for policy, at, seed in cells if policy == "iam" and at == share)
+    return {
+        seed: compare(cells["iam", share, seed][side], cells["lfu", share, seed][side])
+        for seed in seeds
+        if ("lfu", share, seed) in cells
+    }
 
 
-def plot(cells: dict[tuple[str, float], dict[str, Any]], path: Path, title: str) -> None:
-    """Hit ratio, mean load time and throughput against the budget: server solid, simulator dashed."""
+def _load_time_lower(iam: dict[str, Any], lfu: dict[str, Any]) -> float:
+    """How much lower IAM's mean load time is than LFU's (0 when LFU never waited)."""
+    return 1 - iam["mean_load_wait_s"] / lfu["mean_load_wait_s"] if lfu["mean_load_wait_s"] else 0.0
+
+
+def _spread(values: dict[int, float], mean: float, show: Callable[[float], str]) -> str:
+    """The mean, and with several seeds their range: "1.31x (mean of 3 seeds; 1.05x to 1.50x)"."""
+    if len(values) == 1:
+        return show(mean)
+    return f"{show(mean)} (mean of {len(values)} seeds; {show(min(values.values()))} to {show(max(values.values()))})"
+
+
+def _check(bar: str, target: str, measured: str, value: float, passed: bool, seeds: dict[int, float]) -> dict[str, Any]:
+    return {
+        "bar": bar,
+        "target": target,
+        "measured": measured,
+        "value": value,
+        "pass": passed,
+        "seeds": {str(seed): value for seed, value in seeds.items()},
+    }
+
+
+def plot(cells: dict[CellKey, dict[str, Any]], path: Path, title: str) -> None:
+    """Hit ratio, mean load time and throughput against the budget: server solid, simulator dashed; with several
+    seeds, the mean of the seeds and their range."""
     panels = (
-        ("hit_ratio", "hit ratio", 1.0),
-        ("mean_load_wait_s", "mean load time (s)", 1.0),
-        ("throughput_rps", "throughput, 1 client (req/s)", 1.0),
+        ("hit_ratio", "hit ratio"),
+        ("mean_load_wait_s", "mean load time (s)"),
+        ("throughput_rps", "throughput, 1 client (req/s)"),
     )
     fig = figure(15, 4.5)
     axes = fig.subplots(1, len(panels))
-    for ax, (metric, label, scale) in zip(axes, panels, strict=True):
-        for index, policy in enumerate(sorted({policy for policy, _ in cells})):
-            shares = sorted(share for p, share in cells if p == policy)
+    for ax, (metric, label) in zip(axes, panels, strict=True):
+        for index, policy in enumerate(sorted({policy for policy, _, _ in cells})):
+            shares = sorted({share for p, share, _ in cells if p == policy})
             colour = f"C{index}"
-            for side, style in (("server", "-"), ("simulator", "--")):
-                ys = [cells[policy, share][side][metric] * scale for share in shares]
-                ax.plot([s * 100 for s in shares], ys, style, marker="o", color=colour, label=f"{policy} {side}")
+            for side, style in (("server", "-o"), ("simulator", "--o")):
+                runs = [
+                    [cell[side][metric] for (p, s, _), cell in cells.items() if (p, s) == (policy, share)]
+                    for share in shares
+                ]
+                means = [statistics.fmean(values) for values in runs]
+                below = [mean - min(values) for mean, values in zip(means, runs, strict=True)]
+                above = [max(values) - mean for mean, values in zip(means, runs, strict=True)]
+                ax.errorbar(
+                    [share * 100 for share in shares],
+                    means,
+                    yerr=[below, above],
+                    fmt=style,
+                    color=colour,
+                    capsize=3,
+                    label=f"{policy} {side}",
+                )
         ax.set_xlabel("budget (% of the models' total, as the server measures them)")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
@@ -252,10 +304,25 @@ def parse_cells(text: str) -> list[tuple[str, float]]:
     return cells
 
 
+def parse_seeds(text: str) -> list[int]:
+    try:
+        seeds = [int(item) for item in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"seeds {text!r}: expected integers separated by commas, e.g. 0,1,2") from None
+    if len(set(seeds)) != len(seeds):
+        raise argparse.ArgumentTypeError(f"seeds {text!r}: a seed is named twice")
+    return seeds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--requests", type=int, default=80, help="requests in the sequence (default 80)")
-    parser.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    parser.add_argument("--requests", type=int, default=80, help="requests in each sequence (default 80)")
+    parser.add_argument(
+        "--seeds",
+        type=parse_seeds,
+        default=[0],
+        help="workload seeds, one sequence each, every cell run on each (default 0)",
+    )
     parser.add_argument("--cells", type=parse_cells, help=f"POLICY@PERCENT,... (default {FULL_CELLS})")
     parser.add_argument("--quick", action="store_true", help=f"24 requests, {QUICK_CELLS}, under results/tmp/")
     parser.add_argument("--output", type=Path, help="result JSON (default results/mcache_server.json)")
@@ -263,7 +330,9 @@ def main() -> None:
         "--budget-min", type=float, default=60.0, help="start no cell after this many minutes (default 60)"
     )
     parser.add_argument(
-        "--resume", action="store_true", help="keep --output's probe, sequence and cells; run only the missing cells"
+        "--resume",
+        action="store_true",
+        help="keep --output's probe, sequences and cells; run only the missing cells (a new seed adds its sequence)",
     )
     args = parser.parse_args()
     began = time.monotonic()
@@ -273,43 +342,53 @@ def main() -> None:
     repository = serving_repository(scratch, MODELS)
     if args.resume:
         record = json.loads(output.read_text())
+        if "sequences" not in record:
+            parser.error(f"{output} was written before --seeds (it has no 'sequences'); run without --resume")
         record.setdefault("resumed", []).append({"at": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "by": command_line()})
     else:
-        record = new_record(repository, scratch, 24 if args.quick else args.requests, args.seed)
+        record = new_record(repository, scratch, 24 if args.quick else args.requests)
+    sequences: dict[str, list[list[Any]]] = record["sequences"]
+    for seed in args.seeds:
+        if str(seed) not in sequences:
+            sequences[str(seed)] = draw_sequence(record["requests"], seed)
+    record["seeds"] = sorted(int(seed) for seed in sequences)
     measured = record["models"]
-    requests = [Request(time_s, model) for time_s, model in record["sequence"]]
-    sequence = write_sequence(requests, scratch / "sequence.csv")
     figures = models_from(measured, "the probe")
     total = record["total_bytes"]
-    cells = {(cell["policy"], cell["share"]): cell for cell in record.get("cells", [])}
+    cells = {(cell["policy"], cell["share"], cell["seed"]): cell for cell in record.get("cells", [])}
     record["not_run"] = []
     floor = int(SIZE_MARGIN * max(entry["size_bytes"] for entry in measured.values()))
-    for policy, share in (cell for cell in chosen if cell not in cells):
-        if time.monotonic() - began > args.budget_min * 60:  # the run's time is spent: say which cells are missing
-            record["not_run"].append(f"{policy}@{share:.0%}")
-            continue
-        budget = max(int(total * share * (SIZE_MARGIN if share >= 1 else 1)), floor)
-        cell = run_cell(repository, policy, share, budget, total, sequence, scratch)
-        sim = simulate(requests, figures, budget, policy, clients=1).as_dict()
-        cell["simulator"] = {key: value for key, value in sim.items() if key != "policy"}
-        cells[policy, share] = cell
-        server = cell["server"]
-        print(
-            f"{policy}@{share:.0%}: server hit {server['hit_ratio']:.2f} load {server['mean_load_wait_s']:.2f} s "
-            f"{server['throughput_rps']:.3f} req/s failed {server['failed']} | simulator hit {sim['hit_ratio']:.2f} "
-            f"load {sim['mean_load_wait_s']:.2f} s {sim['throughput_rps']:.3f} req/s ({cell['wall_s']:.0f} s)",
-            flush=True,
-        )
-        record["cells"] = list(cells.values())
-        write_json(record, output)  # after every cell, so an interrupted run keeps what it measured
+    for seed in args.seeds:
+        requests = [Request(time_s, model) for time_s, model in sequences[str(seed)]]
+        sequence = write_sequence(requests, scratch / f"sequence-seed{seed}.csv")
+        for policy, share in (cell for cell in chosen if (*cell, seed) not in cells):
+            if time.monotonic() - began > args.budget_min * 60:  # the run's time is spent: say which cells are missing
+                record["not_run"].append(f"{policy}@{share:.0%} seed {seed}")
+                continue
+            budget = max(int(total * share * (SIZE_MARGIN if share >= 1 else 1)), floor)
+            cell = run_cell(repository, policy, share, seed, budget, total, sequence, scratch)
+            sim = simulate(requests, figures, budget, policy, clients=1).as_dict()
+            cell["simulator"] = {key: value for key, value in sim.items() if key != "policy"}
+            cells[policy, share, seed] = cell
+            server = cell["server"]
+            print(
+                f"{policy}@{share:.0%} seed {seed}: server hit {server['hit_ratio']:.2f} "
+                f"load {server['mean_load_wait_s']:.2f} s {server['throughput_rps']:.3f} req/s "
+                f"failed {server['failed']} | simulator hit {sim['hit_ratio']:.2f} "
+                f"load {sim['mean_load_wait_s']:.2f} s {sim['throughput_rps']:.3f} req/s ({cell['wall_s']:.0f} s)",
+                flush=True,
+            )
+            record["cells"] = list(cells.values())
+            write_json(record, output)  # after every cell, so an interrupted run keeps what it measured
     record["bars"] = {"server": bars(cells, "server"), "simulator": bars(cells, "simulator")}
     record["failed_requests"] = sum(cell["server"]["failed"] for cell in cells.values())
     write_json(record, output)
+    seeds = sorted({seed for _, _, seed in cells})
     plot(
         cells,
         output.with_suffix(".png"),
-        f"mCache, real server vs simulator: {len(MODELS)} models, {len(requests)} requests (random), "
-        "closed loop, 1 client",
+        f"mCache, real server vs simulator: {len(MODELS)} models, {record['requests']} requests (random) per seed, "
+        f"seeds {', '.join(map(str, seeds))}, closed loop, 1 client",
     )
     for check in record["bars"]["server"]:
         print(
@@ -319,8 +398,8 @@ def main() -> None:
     print(f"failed requests: {record['failed_requests']}; not run: {record['not_run'] or 'none'}; wrote {output}")
 
 
-def new_record(repository: Path, scratch: Path, requests: int, seed: int) -> dict[str, Any]:
-    """The run's header, the probe's figures and the request sequence."""
+def new_record(repository: Path, scratch: Path, requests: int) -> dict[str, Any]:
+    """The run's header and the probe's figures; `sequences` (seed → requests) is filled in by the caller."""
     record: dict[str, Any] = {
         "benchmark": "mcache_server",
         "created": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
@@ -329,7 +408,7 @@ def new_record(repository: Path, scratch: Path, requests: int, seed: int) -> dic
         "trace": str(TRACE),
         "assignment": "random",
         "requests": requests,
-        "seed": seed,
+        "sequences": {},
         "replay": "closed loop, 1 client, in trace order (adaserve bench, sequence workload)",
         "workers": WORKERS,
     }
@@ -342,11 +421,15 @@ def new_record(repository: Path, scratch: Path, requests: int, seed: int) -> dic
             f"{name}: {entry['size_bytes'] / 2**20:.1f} MiB, load {entry['load_s']:.2f} s, "
             f"exec {entry['exec_s'] * 1e3:.0f} ms"
         )
-    # A random assignment draws each function's model uniformly, so the models go in by name rather than by the
-    # probe's noisy load times: a seed then names one sequence from run to run.
-    workload = build_workload(TRACE, dict.fromkeys(MODELS, 0.0), assign="random", requests=requests, seed=seed)
-    record["sequence"] = [[r.time_s, r.model] for r in workload.requests]
     return record
+
+
+def draw_sequence(requests: int, seed: int) -> list[list[Any]]:
+    """Seed `seed`'s request sequence, as [time_s, model] rows. A random assignment draws each function's model
+    uniformly, so the models go in by name rather than by the probe's noisy load times: a seed then names one
+    sequence from run to run."""
+    workload = build_workload(TRACE, dict.fromkeys(MODELS, 0.0), assign="random", requests=requests, seed=seed)
+    return [[r.time_s, r.model] for r in workload.requests]
 
 
 if __name__ == "__main__":
