@@ -210,7 +210,7 @@ def bars(cells: dict[CellKey, dict[str, Any]], side: str) -> list[dict[str, Any]
         lowers = _per_seed(cells, share, side, _load_time_lower)
         if lowers:
             mean = statistics.fmean(lowers.values())
-            measured = _spread(lowers, mean, lambda value: f"{value:.1%} lower")
+            measured = _spread(lowers, mean, _lower_or_higher)
             bar = f"IAM vs LFU mean load time at {share:.0%}"
             checks.append(_check(bar, f">= {target:.0%} lower", measured, mean, mean >= target, lowers))
     return checks
@@ -234,6 +234,10 @@ def _per_seed(
 def _load_time_lower(iam: dict[str, Any], lfu: dict[str, Any]) -> float:
     """How much lower IAM's mean load time is than LFU's (0 when LFU never waited)."""
     return 1 - iam["mean_load_wait_s"] / lfu["mean_load_wait_s"] if lfu["mean_load_wait_s"] else 0.0
+
+
+def _lower_or_higher(lower: float) -> str:
+    return f"{lower:.1%} lower" if lower >= 0 else f"{-lower:.1%} higher"
 
 
 def _spread(values: dict[int, float], mean: float, show: Callable[[float], str]) -> str:

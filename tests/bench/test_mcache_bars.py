@@ -1,0 +1,52 @@
+"""The mCache server benchmark's bars over several seeds: per-seed IAM/LFU ratios, judged on their mean."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import pytest
+
+from benchmarks.mcache.server import CellKey, bars, parse_seeds
+
+
+def cell(throughput: float, wait: float) -> dict[str, Any]:
+    figures = {"throughput_rps": throughput, "mean_load_wait_s": wait}
+    return {"server": figures, "simulator": figures}
+
+
+def test_bars_are_judged_on_the_mean_of_the_seeds_ratios() -> None:
+    cells: dict[CellKey, dict[str, Any]] = {
+        ("iam", 0.4, 0): cell(1.8, 0.5),
+        ("lfu", 0.4, 0): cell(1.0, 1.0),
+        ("iam", 0.4, 1): cell(1.4, 0.9),
+        ("lfu", 0.4, 1): cell(1.0, 1.0),
+        ("iam", 0.4, 2): cell(9.0, 0.0),  # no LFU cell on seed 2: left out of the ratios
+    }
+    throughput, load_time = bars(cells, "server")
+    assert throughput["bar"] == "IAM vs LFU throughput at 40%"
+    assert throughput["value"] == pytest.approx(1.6)
+    assert throughput["pass"] is True  # the mean reaches 1.5x, though seed 1 alone does not
+    assert throughput["seeds"] == {"0": pytest.approx(1.8), "1": pytest.approx(1.4)}
+    assert throughput["measured"] == "1.60x (mean of 2 seeds; 1.40x to 1.80x)"
+    assert load_time["value"] == pytest.approx(0.3)
+    assert load_time["pass"] is True
+    assert load_time["measured"] == "30.0% lower (mean of 2 seeds; 10.0% lower to 50.0% lower)"
+
+
+def test_one_seed_reports_its_ratio_alone() -> None:
+    cells: dict[CellKey, dict[str, Any]] = {("iam", 0.8, 3): cell(2.0, 0.2), ("lfu", 0.8, 3): cell(1.0, 0.0)}
+    throughput, load_time = bars(cells, "simulator")
+    assert (throughput["measured"], throughput["pass"]) == ("2.00x", False)  # 2.39x at 80%
+    assert load_time["value"] == 0.0  # LFU never waited: IAM cannot be lower
+    cells = {("iam", 0.6, 0): cell(1.0, 1.2), ("lfu", 0.6, 0): cell(1.0, 1.0)}
+    assert bars(cells, "server")[0]["measured"] == "20.0% higher"
+    assert bars({("iam", 0.6, 0): cell(1.0, 1.0)}, "server") == []
+
+
+def test_seeds_must_be_distinct_integers() -> None:
+    assert parse_seeds("0,1,2") == [0, 1, 2]
+    with pytest.raises(argparse.ArgumentTypeError, match="expected integers"):
+        parse_seeds("0,x")
+    with pytest.raises(argparse.ArgumentTypeError, match="named twice"):
+        parse_seeds("1,1")
