@@ -139,7 +139,7 @@ class AdaptationSpec(_Strict):
 
 
 #: Where GATI's lookups run (`caches.lookup` with `auto` resolved).
-Lookup = Literal["core", "stream", "inline"]
+Lookup = Literal["thread", "stream", "inline"]
 
 
 class LearnedCachesSpec(_Strict):
@@ -167,12 +167,12 @@ class LearnedCachesSpec(_Strict):
     memory_budget_mb: float | None = Field(
         default=None, gt=0, description="memory all chosen caches of one target may hold (MB); default: no limit"
     )
-    lookup: Literal["auto", "core", "stream", "inline"] = Field(
+    lookup: Literal["auto", "thread", "stream", "inline"] = Field(
         default="auto",
-        description="where a cache lookup runs: 'core' (CPU), in a lookup process on another core while the next "
-        "block runs, so a miss costs no time (it spins on that core while a batch runs); 'stream' (cuda), on a side "
-        "stream while the next block runs; 'inline', before the next block; or 'auto' (inline: it takes no second "
-        "core, and on an H100 it beat the side stream)",
+        description="where a cache lookup runs: 'thread' (CPU), beside the model (the rest of the chain runs ahead "
+        "on a model thread, so a miss costs no time; needs a second core), 'stream' (cuda), on a side stream while "
+        "the next block runs, 'inline' before the next block, or 'auto' (inline: on the benchmark CNN at batch 1 it "
+        "beat both overlapped forms, on 2 CPU cores and on an H100)",
     )
     adaptation: AdaptationSpec | None = Field(
         default=None,
@@ -364,12 +364,12 @@ class ModelConfig(_Strict):
 
 
 def _check_lookup(lookup: str, device: str, *, cuda_graphs: bool) -> None:
-    """GATI on each device: a lookup process on a core of its own is the CPU's overlap, a side stream the GPU's; and
-    on the GPU the chain runs block by block, eagerly (one graph of the whole model could not stop at an exit)."""
+    """GATI on each device: a thread of its own is the CPU's overlap, a side stream the GPU's; and on the GPU the
+    chain runs block by block, eagerly (one graph of the whole model could not stop at an exit)."""
     if device == "cpu" and lookup == "stream":
         raise ValueError("caches.lookup: stream runs lookups on a CUDA side stream; it needs device: cuda")
-    if device == "cuda" and lookup == "core":
-        raise ValueError("caches.lookup: core is the CPU's overlap; on cuda use stream (a side stream) or inline")
+    if device == "cuda" and lookup == "thread":
+        raise ValueError("caches.lookup: thread is the CPU's overlap; on cuda use stream (a side stream) or inline")
     if device == "cuda" and cuda_graphs:
         raise ValueError("caches on cuda run the model block by block, eagerly: set cuda_graphs: false")
 

@@ -7,18 +7,23 @@ rows that are left. At most one lookup is in flight, as composition assumed.
 
 Where the lookup runs (`caches.lookup`): the paper gives it its own core (a side stream on GPU), so that a miss
 costs the request nothing. `inline` runs each lookup before the next block: every row that reaches an exit pays its
-lookup. `core` hands each lookup to a lookup process on another core (`lookup_core`) and runs the next block
-meanwhile; `stream`, on a GPU, launches the lookup on a side stream (after the block's output, by an event), then the
-next block on the worker's stream. Either way the lookup's hits leave the batch before the block after that one
-runs: a hit is acted on one block after its exit (that block's work on the answered rows is wasted, not their
-time). On two CPU cores `core` made a miss free and beat inline at the tail (p99 2.40 against 2.95 ms on the
-benchmark ResNet-style CNN, mean about equal); an earlier form with a lookup thread inside the worker lost to inline,
-its hand-offs and the GIL costing more than the lookups they moved. On an H100 `stream` lost to inline (1.60 against
-1.15 ms mean): each block is a dozen small kernels, the cost is the CPU's launches, not the GPU's work, and a side
-stream hides only the GPU's (`benchmarks/README.md` §4). `auto`, the default, is inline on both: `core` takes a
-second core while a batch runs. A lookup is its cache as one TorchScript graph (`LearnedCache.scripted`), and a
-hit's bookkeeping is a few operations (see `_Pass`): right after a block every small operator costs several times
-what it does back to back.
+lookup. `thread` runs the lookups beside the model: the worker's thread runs the blocks up to the first exit, then
+hands the rest of the chain to a model thread and consults the caches on each exit's output while the model thread
+goes on; a hit is answered the moment its lookup ends, and the model thread drops answered rows at its next block
+boundary (it stops once every row is answered). One hand-over per batch, not one per lookup: a first form that
+handed each lookup to a thread and waited for it after the next block lost to inline (1.76× against 2.64× mean
+speedup on the benchmark ResNet), because each hit was acted on a block late and each lookup paid a thread's
+wake-up. A batch that finds the model thread still finishing an abandoned batch runs inline. `stream`, on a GPU,
+needs no thread: kernels are launched asynchronously, so after an exit the worker's thread launches the lookup on a
+side stream (after the block's output, by an event), launches the next block on the worker's stream, and only then
+waits for the lookup's flags; its hits leave the batch before the block after that is launched. The GPU runs the
+lookup beside the next block, and a hit is acted on one block ahead of where it was found (that block's work on the
+answered rows is wasted, not their time). `auto`, the default, is inline on both: on the benchmark ResNet-style CNN
+at batch 1 it beat `thread` on two CPU cores (3.06× against 2.50× over the base) and `stream` on an H100 (1.15 ms
+against 1.60 ms mean): there each block is a dozen small kernels, the cost is the CPU's launches, not the GPU's
+work, and a side stream hides only the GPU's (`benchmarks/README.md` §4). Either way a lookup is its cache as one
+TorchScript graph (`LearnedCache.scripted`), and a hit's bookkeeping is a few operations (see `_Pass`): right after
+a block every small operator costs several times what it does back to back.
 
 The worker runs every row through this chain, the rows with `early_exit: false` too (all blocks, no lookup): one
 execution path. A small `verify_fraction` of hits is answered from the cache and also run to the end, so the live
@@ -31,10 +36,11 @@ serve (missing, corrupt, built for other blocks or another artifact) is reported
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
-from collections.abc import Callable, Sequence
+import queue
+import threading
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,7 +50,6 @@ import torch
 
 from adaserve.adaptive.gati.blocks import BlockChain, split_model
 from adaserve.adaptive.gati.cacheset import CacheSetError, LearnedCache, load_cache_set
-from adaserve.adaptive.gati.lookup_core import LookupCore, Sizes
 from adaserve.adaptive.gati.requests import exit_target
 from adaserve.config import Lookup, ModelConfig
 from adaserve.engine.messages import ExitCounts, RowParameters
@@ -57,6 +62,8 @@ __all__ = ["EarlyExit", "ExitPlan", "Lookup"]
 
 log = logging.getLogger("adaserve.gati")
 
+#: A lookup under way on the side stream: the exit's block index, its output, and the lookup's flags and logits.
+_Looking = tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]
 
 #: Calls of each scripted lookup at warm-up: TorchScript profiles the first runs of a graph and optimizes it after.
 WARM_UP_LOOKUPS = 3
@@ -95,7 +102,7 @@ class EarlyExit:
         self.verify_fraction = verify_fraction
         self.description = description
         self._running: Lookup = "inline"  # where lookups run now (`start_lookups`, in the worker)
-        self._core: LookupCore | None = None  # with `core`; started in the worker, after the fork
+        self._ahead: _ModelThread | None = None  # with `thread`; started in the worker: threads do not survive fork
         self._side: torch.cuda.Stream | None = None  # with `stream` on a GPU (on CPU the same order runs in turn)
         self._rng = np.random.default_rng()
         self._counts = ExitStats()
@@ -148,41 +155,28 @@ class EarlyExit:
 
     # -- in the worker ---------------------------------------------------------------------------------------
     def warm_up(self, rows: int, row_shape: tuple[int, ...], dtype: torch.dtype) -> None:
-        """Run the chain on zeros of a `rows`-row batch, and every plan's lookups a few times; then start the lookups
-        where the config asks (a lookup process holds what this batch's largest activation and logits need)."""
+        """Start the lookups where the config asks; run the chain on zeros, and every plan's lookups a few times."""
+        self.start_lookups(self.lookup)
         zeros = torch.zeros((rows, *row_shape), dtype=dtype, device=self.device)
         self.chain.run(zeros)
-        activation_bytes = logits_bytes = 0
         for plan in self.plans:
             for index, lookup in plan.lookups.items():
                 activation = self.chain.run(zeros, 0, index + 1)
                 for _ in range(WARM_UP_LOOKUPS):
-                    _, logits, _ = lookup(activation)
+                    lookup(activation)
                     lookup(activation[:1])  # batch 1 too: a new shape's first call costs about a millisecond
-                activation_bytes = max(activation_bytes, activation[0].nbytes)
-                logits_bytes = max(logits_bytes, logits[0].nbytes)
-        self.start_lookups(self.lookup, Sizes(rows, activation_bytes, logits_bytes))
 
     @property
     def lookups_run(self) -> Lookup:
         """Where lookups run now (after `start_lookups`)."""
         return self._running
 
-    def start_lookups(self, lookup: Lookup, sizes: Sizes | None = None) -> None:
-        """Lookups beside the model (in a lookup process whose buffers hold `sizes`, or on a side stream) or inline;
-        in the worker, after the fork (on a GPU, in the worker's thread)."""
+    def start_lookups(self, lookup: Lookup) -> None:
+        """Lookups beside the model (on a model thread, or a side stream) or inline; in the worker, after the fork
+        (on a GPU, in the worker's thread)."""
         self._running = lookup
-        if lookup == "core":
-            if sizes is None:
-                raise ValueError("a lookup process needs the sizes of the batch it serves (see warm_up)")
-            self._core = LookupCore([plan.lookups for plan in self.plans], sizes)
+        self._ahead = _ModelThread(self.chain) if lookup == "thread" else None
         self._side = torch.cuda.Stream(self.device) if lookup == "stream" and self.device.type == "cuda" else None
-
-    def stop_lookups(self) -> None:
-        """End the lookup process, if there is one."""
-        if self._core is not None:
-            self._core.close()
-            self._core, self._running = None, "inline"
 
     def take_counts(self) -> ExitCounts:
         """What the caches did since the last call."""
@@ -199,20 +193,6 @@ class EarlyExit:
         """Compute a batch's rows (`inputs` its slice of the input ring, on the model's device; `outputs` its slice
         of the pool's output ring; `requests` each request's rows and parameters); requests answered early go to
         `answer`; returns the response parameters of the others."""
-        core = self._core
-        if core is not None and not core.alive():
-            log.error("the lookup process exited (code %s); lookups run inline from now on", core.exitcode)
-            self._core, self._running, core = None, "inline", None
-        with core.batch() if core is not None else contextlib.nullcontext():
-            return self._run(inputs, outputs, requests, answer)
-
-    def _run(
-        self,
-        inputs: torch.Tensor,
-        outputs: np.ndarray,
-        requests: Sequence[RowParameters],
-        answer: Answer,
-    ) -> list[RowParameters]:
         groups: dict[ExitPlan | None, list[RowParameters]] = {}
         for request in requests:
             groups.setdefault(self._plan(exit_target(request.values, self.default_target)), []).append(request)
@@ -273,53 +253,72 @@ class _Pass:
 
     def run(self, x: torch.Tensor) -> list[RowParameters]:
         chain, last = self.runtime.chain, len(self.runtime.chain.blocks) - 1
+        ahead = self.runtime._ahead
         alive = np.arange(len(self.rows))  # rows of this pass still in the batch, in x's order
         for index, block in enumerate(chain.blocks):
             x = block(x)
             lookup = self.plan.lookups.get(index)
             if lookup is not None and index != last:
-                if self.runtime._running != "inline":
+                if ahead is not None and ahead.idle():
+                    return self._beside(ahead, index, x, alive)
+                if self.runtime._running == "stream":
                     return self._overlapped(index, x, alive)
                 x, alive = _leave(x, alive, self._look_up(index, lookup, x, alive))
             if not len(alive):
                 return []  # every row is answered: the blocks left would run on an empty batch
         return self._finish(x, alive)
 
+    def _beside(self, ahead: _ModelThread, first: int, x: torch.Tensor, alive: np.ndarray) -> list[RowParameters]:
+        """From the first exit on (block `first`, output `x`): the model thread runs the blocks after it while this
+        thread consults each exit's cache as its output comes; `answered` tells the model thread which rows left."""
+        answered = np.zeros(len(self.rows), dtype=bool)  # by row of this pass; written here, read by the model thread
+        job = ahead.start(_Job(x, alive, first + 1, self.plan.lookups, answered))
+        index = first
+        try:
+            while True:
+                x, alive = _leave(x, alive, ~answered[alive])  # rows answered since the model thread dropped some
+                if index == len(self.runtime.chain.blocks) - 1:
+                    return self._finish(x, alive)
+                stay = self._look_up(index, self.plan.lookups[index], x, alive)
+                if stay is not None:
+                    answered[alive[~stay]] = True
+                if answered.all():
+                    return []
+                index, x, alive = job.next()
+        finally:
+            job.cancel()
+
     def _overlapped(self, first: int, x: torch.Tensor, alive: np.ndarray) -> list[RowParameters]:
-        """From the first exit on (block `first`, output `x`), lookups beside the model: each exit's lookup is
-        launched (in the lookup process, or on the side stream), the next block runs, and the lookup's hits leave
-        the batch before the block after that."""
+        """From the first exit on (block `first`, output `x`), lookups on the side stream: each exit's lookup is
+        launched there, the next block on the worker's stream, and the lookup's hits leave the batch before the
+        block after that is launched."""
         blocks, last, side = self.runtime.chain.blocks, len(self.runtime.chain.blocks) - 1, self.runtime._side
         index = first
-        looking: _Looking | None = self._launch(first, x)
+        looking: _Looking | None = self._launch(first, x, side)
         while True:
             index += 1
             x = blocks[index](x)
             if looking is not None:
-                found, logits = looking.outcome()
+                exit_index, _, found, logits = looking
                 with torch.cuda.stream(side):  # None (CPU): no stream to switch to
-                    x, alive = _leave(x, alive, self._take_hits(looking.index, found, logits, alive))
+                    x, alive = _leave(x, alive, self._take_hits(exit_index, found, logits, alive))
                 looking = None
                 if not len(alive):
                     return []
             if index == last:
                 return self._finish(x, alive)
             if index in self.plan.lookups:
-                looking = self._launch(index, x)
+                looking = self._launch(index, x, side)
 
-    def _launch(self, index: int, x: torch.Tensor) -> _Looking:
-        """Block `index`'s lookup on its output `x`: handed to the lookup process, or launched on the side stream
-        once the block is done; on a CPU without either (`stream` there), run at once."""
-        core, side = self.runtime._core, self.runtime._side
-        if core is not None:
-            sequence = core.launch(self.runtime.plans.index(self.plan), index, x)
-            return _Looking(index, x, functools.partial(core.result, sequence, len(x)))
+    def _launch(self, index: int, x: torch.Tensor, side: torch.cuda.Stream | None) -> _Looking:
+        """Block `index`'s lookup on its output `x`: (index, x, found, logits), launched on the side stream once the
+        block is done (x is kept with them: the side stream reads it until the flags are in); on CPU, run at once."""
         lookup = self.plan.lookups[index]
         if side is not None:
             side.wait_stream(torch.cuda.current_stream(side.device))
         with torch.cuda.stream(side):
             found, logits, _ = lookup(x)
-        return _Looking(index, x, lambda: (found, logits))
+        return index, x, found, logits
 
     def _look_up(
         self, index: int, lookup: torch.jit.ScriptModule, activation: torch.Tensor, alive: np.ndarray
@@ -413,14 +412,73 @@ class _Pass:
         return RowParameters(self.requests[request].offset, rows, {"exit_block": block, "exited_rows": exited})
 
 
-@dataclass(frozen=True)
-class _Looking:
-    """A lookup under way: the exit's block index, its output (kept: a side stream reads it until the flags are in),
-    and how to get the lookup's flags and logits."""
+@dataclass(eq=False)
+class _Job:
+    """One batch's blocks on the model thread: what to run (blocks from `block` on `x`, rows `alive` of the pass,
+    reporting after `exits` and the last block, skipping rows `answered`) and the outputs, in order."""
 
-    index: int
     x: torch.Tensor
-    outcome: Callable[[], tuple[torch.Tensor, torch.Tensor]]
+    alive: np.ndarray
+    block: int
+    exits: Mapping[int, object]
+    answered: np.ndarray
+    cancelled: bool = False
+    outputs: queue.SimpleQueue[tuple[int, torch.Tensor, np.ndarray] | BaseException] = field(
+        default_factory=queue.SimpleQueue
+    )
+
+    def next(self) -> tuple[int, torch.Tensor, np.ndarray]:
+        """The next exit's (or the last block's) index, output and rows; the block's error if one failed."""
+        item = self.outputs.get()
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def cancel(self) -> None:
+        """The batch is done with (answered, or failed): the model thread stops at its next block boundary."""
+        self.cancelled = True
+
+
+class _ModelThread:
+    """A thread that runs the rest of a batch's chain ahead of the lookups (`caches.lookup: thread`)."""
+
+    def __init__(self, chain: BlockChain) -> None:
+        self.chain = chain
+        self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        self._busy = threading.Event()
+        threading.Thread(target=self._serve, name="gati-model", daemon=True).start()
+
+    def idle(self) -> bool:
+        """No batch is running here (an abandoned one may still be finishing its block)."""
+        return not self._busy.is_set()
+
+    def start(self, job: _Job) -> _Job:
+        """Queue the batch's job; the thread is busy until the job ends."""
+        self._busy.set()
+        self._jobs.put(job)
+        return job
+
+    def _serve(self) -> None:
+        with torch.inference_mode():  # thread-local: the worker's thread runs in it already, this one must enter it
+            while True:
+                job = self._jobs.get()
+                try:
+                    self._run(job)
+                except BaseException as exc:  # the worker's thread raises it as the batch's error
+                    job.outputs.put(exc)
+                finally:
+                    self._busy.clear()
+
+    def _run(self, job: _Job) -> None:
+        x, alive, last = job.x, job.alive, len(self.chain.blocks) - 1
+        for index in range(job.block, last + 1):
+            keep = ~job.answered[alive]
+            if job.cancelled or not keep.any():
+                return
+            x, alive = _leave(x, alive, keep)
+            x = self.chain.blocks[index](x)
+            if index in job.exits or index == last:
+                job.outputs.put((index, x, alive))
 
 
 def _leave(x: torch.Tensor, alive: np.ndarray, keep: np.ndarray | None) -> tuple[torch.Tensor, np.ndarray]:

@@ -1,8 +1,8 @@
 """GATI's early exit as a worker runs it, on the example CNN with hand-made caches (thresholds chosen so that some,
 all or no rows hit): rows a cache answers carry its prediction and leave the batch, the rest are the model's
-output exactly, requests answered early are reported at once, and the counts add up — inline, and with each lookup
-beside the next block (in a lookup process on another core; on a side stream on a GPU, and here, without one, the
-same order run in turn) alike; on a GPU too, when there is one."""
+output exactly, requests answered early are reported at once, and the counts add up — inline, with the lookups beside
+the model (the model on a thread of its own), and with each lookup beside the next block (a side stream on a GPU;
+here, without one, the same order run in turn) alike; on a GPU too, when there is one."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ import torch
 
 from adaserve.adaptive.gati.blocks import BlockChain, load_chain, split_model
 from adaserve.adaptive.gati.cacheset import CacheSetError, ExitRecord, LearnedCache
-from adaserve.adaptive.gati.lookup_core import Sizes
 from adaserve.adaptive.gati.predictors import VariantSpec, build_predictor
 from adaserve.adaptive.gati.runtime import EarlyExit, ExitPlan, Lookup
 from adaserve.adaptive.gati.selectors import Selector
@@ -62,16 +61,14 @@ def chain_on_gpu() -> BlockChain:
     return split_model(stored, "auto")
 
 
-LOOKUPS: list[Lookup] = ["inline", "core", "stream"]
-#: Buffers a lookup process needs for the example CNN's batches of 12 rows, and then some.
-ROOMY = Sizes(rows=12, activation_row_bytes=1 << 16, logits_row_bytes=1 << 10)
+LOOKUPS: list[Lookup] = ["inline", "thread", "stream"]
 
 
 def runtime(
     chain: BlockChain, *plans: ExitPlan, lookup: Lookup = "inline", verify: float = 0.0, device: str = "cpu"
 ) -> EarlyExit:
     early_exit = EarlyExit(chain, plans, verify, "test", lookup, torch.device(device))
-    early_exit.start_lookups(lookup, ROOMY)
+    early_exit.start_lookups(lookup)
     return early_exit
 
 
@@ -139,7 +136,7 @@ def test_rows_that_hit_at_the_first_exit_skip_the_second(chain: BlockChain, imag
 def test_early_exit_false_and_accuracy_pick_the_plan(chain: BlockChain, images: np.ndarray) -> None:
     never, always = cache_after(chain, 1, NEVER), cache_after(chain, 1, ALWAYS)
     # The config's first target (0.99) is the default; accuracy picks the least target at or above it.
-    early_exit = runtime(chain, ExitPlan(0.99, {1: never}), ExitPlan(0.9, {1: always}), lookup="core")
+    early_exit = runtime(chain, ExitPlan(0.99, {1: never}), ExitPlan(0.9, {1: always}), lookup="thread")
     with torch.inference_mode():
         base = chain.run(torch.from_numpy(images)).numpy()
     requests = [
@@ -183,13 +180,13 @@ def test_a_missing_or_mismatched_cache_set_is_named(tmp_path: Path) -> None:
         EarlyExit.load(spec.config, spec.artifact, stored)
 
 
-@pytest.mark.parametrize("lookup", ["core", "stream"])
+@pytest.mark.parametrize("lookup", ["thread", "stream"])
 def test_a_block_that_fails_after_an_exit_fails_the_batch(
     chain: BlockChain, images: np.ndarray, lookup: Lookup
 ) -> None:
-    """With lookups beside the model, the blocks after the first exit run while a lookup is under way; a block's
-    error there is the batch's error, and the next batch is served (with `core`, the lookup process left with a
-    lookup nobody takes is ready for the next batch's)."""
+    """With lookups beside the model, the blocks after the first exit run while a lookup is under way (with
+    `thread`, on the model thread); a block's error there is the batch's error, raised on the worker's thread (the
+    only one that answers), and the next batch is served."""
     failed: list[bool] = []
 
     def fails_once(x: torch.Tensor) -> torch.Tensor:
@@ -259,7 +256,7 @@ def test_once_every_row_is_answered_no_block_runs(chain: BlockChain, images: np.
 
 @pytest.mark.parametrize(
     ("asked", "where"),
-    [("core", "core"), ("inline", "inline"), ("auto", "inline"), ("stream", "stream")],
+    [("thread", "thread"), ("inline", "inline"), ("auto", "inline"), ("stream", "stream")],
 )
 def test_the_lookup_runs_where_the_config_says(chain: BlockChain, asked: str, where: Lookup) -> None:
     spec = LearnedCachesSpec.model_validate({"lookup": asked})

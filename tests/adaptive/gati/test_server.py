@@ -10,7 +10,6 @@ import json
 import shutil
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -40,25 +39,17 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
     link_example(root, "cnn", "cnn_gati", caches=CACHES, **WORKERS)
     link_example(root, "cnn", "cnn_nocache", caches=CACHES, **WORKERS)
     build_timed_alike(ModelRepository(root).read("cnn_gati"), BUILD, [0.8])
-    # The same caches with their lookups in a lookup process on another core.
-    link_example(root, "cnn", "cnn_gati_core", caches=CACHES | {"lookup": "core"}, **WORKERS)
-    copy_cache_set(root, "cnn_gati", "cnn_gati_core")
-    models = ["--model=cnn", "--model=cnn_gati", "--model=cnn_nocache", "--model=cnn_gati_core"]
+    models = ["--model=cnn", "--model=cnn_gati", "--model=cnn_nocache"]
     if torch.cuda.is_available():  # the same caches served from the GPU
         gpu = {"caches": CACHES | {"lookup": "stream"}, "device": "cuda", "cuda_graphs": False}
         link_example(root, "cnn", "cnn_gati_gpu", **gpu, **WORKERS)
-        copy_cache_set(root, "cnn_gati", "cnn_gati_gpu")
+        built = load_cache_set(ModelRepository(root).read("cnn_gati"))
+        copy = root / "cnn_gati_gpu" / "caches" / built.directory.name
+        shutil.copytree(built.directory, copy)
+        rewrite_manifest(copy, built.manifest.model_copy(update={"model": "cnn_gati_gpu"}))
         models.append("--model=cnn_gati_gpu")
     with running_server(root, *models) as handle:
         yield handle
-
-
-def copy_cache_set(root: Path, model: str, to: str) -> None:
-    """`model`'s built cache set, as `to`'s (the same example model under another name)."""
-    built = load_cache_set(ModelRepository(root).read(model))
-    copy = root / to / "caches" / built.directory.name
-    shutil.copytree(built.directory, copy)
-    rewrite_manifest(copy, built.manifest.model_copy(update={"model": to}))
 
 
 def infer(
@@ -98,24 +89,6 @@ def test_answers_name_their_exit_and_rows_that_ran_whole_are_the_model(server: S
     tensor.set_data_from_numpy(images[0])
     response = grpc.infer("cnn_gati", [tensor], parameters={"accuracy": 0.8}).get_response(as_json=True)
     assert response["parameters"]["exit_block"]["string_param"] in {"stage1", "stage2", "head"}
-
-
-def test_lookups_on_a_core_of_their_own_answer_as_inline_ones(server: ServerHandle) -> None:
-    """`lookup: core` runs the same cache graphs in the lookup process: the same exits and the same logits; a hit is
-    acted on a block later, which changes when it is answered, not what."""
-    images, _ = load_fashion_mnist("test")
-    images = images[:40].reshape(40, 1, 1, 28, 28).astype(np.float32)
-    client = httpclient.InferenceServerClient(server.http_url)
-    exits = []
-    for image in images:
-        inline, inline_parameters = infer(client, "cnn_gati", image)
-        core, core_parameters = infer(client, "cnn_gati_core", image)
-        assert core_parameters["exit_block"] == inline_parameters["exit_block"]
-        np.testing.assert_allclose(core, inline, rtol=1e-6, atol=1e-6)
-        exits.append(core_parameters["exit_block"])
-    assert set(exits) - {"head"}, exits
-    logits, parameters = infer(client, "cnn_gati_core", images[:4, 0])  # a batch: rows that hit leave it
-    assert logits.shape == (4, 10) and 0 <= parameters["exited_rows"] <= 4  # type: ignore[operator]
 
 
 @needs_cuda
