@@ -112,8 +112,8 @@ class ModelHost:
         except OSError:  # reset by a host that died: the same as its end closing
             data = b""
         if not data:
-            code = self.process.poll()
-            raise ConfigError(f"model '{self.model.name}': its host process exited (code {code})")
+            how = await _how_it_ended(self.process)
+            raise ConfigError(f"model '{self.model.name}': its host process {how}")
         return decode_from_host(data)
 
     async def stop(self) -> None:
@@ -192,6 +192,20 @@ def _start_host() -> tuple[subprocess.Popen[bytes], socket.socket]:
     )
     theirs.close()
     return process, ours
+
+
+async def _how_it_ended(process: subprocess.Popen[bytes], timeout_s: float = 1.0) -> str:
+    """How a process whose end of a socket closed ended, for an error message: its exit code or the signal that
+    killed it. The socket closes before the process is reaped, so it is waited for a moment first."""
+    loop = asyncio.get_running_loop()
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(loop.run_in_executor(None, process.wait), timeout_s)
+    code = process.poll()
+    if code is None:
+        return "closed its control socket"
+    if code < 0:
+        return f"was killed by {signal.Signals(-code).name}"
+    return f"exited with code {code}"
 
 
 async def _wait_or_kill(process: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:

@@ -15,6 +15,7 @@ import numpy as np
 from adaserve.engine.engine import ModelEngine
 from adaserve.engine.host import _launch_waiting
 from adaserve.engine.processes import HostLauncher
+from adaserve.errors import ConfigError
 from adaserve.repository import ModelRepository
 from tests.server_utils import EXAMPLES, link_example
 
@@ -145,3 +146,24 @@ def test_only_a_host_still_waiting_for_its_model_primes() -> None:
         assert not _launch_waiting(theirs)  # a spare: nothing sent yet
         ours.send(b"launch")
         assert _launch_waiting(theirs)  # a host started for a load: the model is already there
+
+
+def test_a_host_killed_while_it_loads_fails_the_load_naming_the_signal(tmp_path: Path) -> None:
+    """The control socket closes before the dead host is reaped; the error says how it ended, not "code None"."""
+    link_example(tmp_path, "mlp", workers=ONE_WORKER)
+
+    async def main() -> None:
+        launcher = HostLauncher(spares=0)
+        engine = ModelEngine(ModelRepository(tmp_path).read("mlp"), hosts=launcher)
+        starting = asyncio.get_running_loop().create_task(engine.start())
+        while engine._host is None:  # a cold host takes seconds to import torch: it is still loading
+            await asyncio.sleep(0.005)
+        os.kill(engine._host.process.pid, signal.SIGKILL)  # our own host, by its PID
+        try:
+            await starting
+        except ConfigError as error:
+            assert str(error) == "model 'mlp': its host process was killed by SIGKILL"
+        else:
+            raise AssertionError("the load succeeded with its host killed")
+
+    asyncio.run(main())
