@@ -26,6 +26,7 @@ import numpy as np
 
 from adaserve.adaptive.activator.select import prepare_parameters
 from adaserve.adaptive.gati.requests import exit_target
+from adaserve.adaptive.responses import Part, combine
 from adaserve.config import AdaptationSpec, WorkerSpec
 from adaserve.engine.batching import WorkerSlot, create_batching_policy
 from adaserve.engine.messages import (
@@ -89,7 +90,15 @@ class PendingRequest:
     deaths: set[int] = field(default_factory=set)
     error: str | None = None
     reason: str = ""
-    response_parameters: dict[str, Any] = field(default_factory=dict)
+    # The response parameters its batches reported, by the first slot of each part (`responses.combine`)
+    parts: dict[int, Part] = field(default_factory=dict)
+
+    def record(self, slot: int, rows: int, values: dict[str, Any]) -> None:
+        """A batch's response parameters for the request's rows [slot, slot + rows). Rows that ran again after
+        their worker died replace what their first run reported, however the new batches split them."""
+        for start in [s for s, (n, _) in self.parts.items() if s < slot + rows and slot < s + n]:
+            del self.parts[start]
+        self.parts[slot] = (rows, values)
 
 
 @dataclass(frozen=True)
@@ -138,6 +147,7 @@ class ModelEngine:
         self.cache_bytes = 0  # GATI's learned caches
         self.host_wait_s = 0.0  # of the last start: waiting for a host process to take the model (a spare starting)
         self.early_exit: str | None = None  # the learned caches serving, as the host described them
+        self.exit_blocks: list[str] = []  # their model's block chain, in order
         self._loop = asyncio.get_running_loop()
         self._owners: list[PendingRequest | None] = [None] * self.slots
         self._processes: dict[int, WorkerProcess] = {}
@@ -223,6 +233,7 @@ class ModelEngine:
         ready = await self._host.ready()
         self.host_wait_s = max(0.0, time.perf_counter() - launched - ready.load_s)
         self.model_bytes, self.cache_bytes, self.early_exit = ready.model_bytes, ready.cache_bytes, ready.early_exit
+        self.exit_blocks = ready.exit_blocks
         if ready.early_exit_error is not None:
             log.error(
                 "learned caches cannot serve; the model serves without early exit",
@@ -498,9 +509,10 @@ class ModelEngine:
             if self.adaptation is not None:
                 self.adaptation.observe(message.early_exit)
         for row_parameters in message.parameters:
-            owner = self._owners[batch.start + row_parameters.offset]
+            slot = batch.start + row_parameters.offset
+            owner = self._owners[slot]
             if owner is not None:
-                owner.response_parameters.update(row_parameters.values)
+                owner.record(slot, row_parameters.rows, row_parameters.values)
         for index, (pending, _, rows) in enumerate(list(self._requests_in(batch))):
             pending.outstanding -= rows
             if message.errors is not None and message.errors[index] is not None:
@@ -511,18 +523,19 @@ class ModelEngine:
 
     def _on_rows_done(self, message: RowsDone) -> None:
         """Requests a learned cache answered while the rest of their batch runs on: answer them now (their slots
-        are freed with the batch). A request with rows in another batch too waits for all of them."""
+        are freed with the batch). A request with rows in another batch too keeps this part's parameters and waits
+        for all of its batches."""
         batch = self.scheduler.running(message.batch_id)
         if batch is None:
             return  # abandoned: its worker died, and its rows run again
         for answered in message.answered:
-            pending = self._owners[batch.start + answered.offset]
-            if pending is None or (pending.start, pending.rows) != (batch.start + answered.offset, answered.rows):
-                continue
-            if pending.answered:
+            slot = batch.start + answered.offset
+            pending = self._owners[slot]
+            if pending is None or pending.answered:
                 continue  # answered already (its rows ran again after an error in their batch)
-            pending.response_parameters.update(answered.values)
-            self._answer(pending)
+            pending.record(slot, answered.rows, answered.values)
+            if (pending.start, pending.rows) == (slot, answered.rows):
+                self._answer(pending)
 
     def _on_exit(self, process: WorkerProcess) -> None:
         """A worker's pipe closed: it stopped or died. Re-run what it held and replace it if serving."""
@@ -616,7 +629,8 @@ class ModelEngine:
             if ok:
                 end = pending.start + pending.rows
                 outputs = [ring[pending.start : end].copy() for ring in self.rings.outputs]
-                pending.future.set_result(EngineResult(outputs, pending.response_parameters))
+                parameters = combine([pending.parts[slot] for slot in sorted(pending.parts)], self.exit_blocks)
+                pending.future.set_result(EngineResult(outputs, parameters))
             else:
                 pending.future.set_exception(InferenceError(f"model '{self.model.name}': {pending.error}"))
         self.stats.record_request(

@@ -80,8 +80,10 @@ def host(control: socket.socket) -> int:
         return 1
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # workers are reaped by the kernel; the server watches pipes
     description = early_exit.description if early_exit is not None else None
+    blocks = list(early_exit.chain.names) if early_exit is not None else []
     loaded_s = time.perf_counter() - received
-    control.send(encode(HostReady(os.getpid(), model_bytes, description, early_exit_error, cache_bytes, loaded_s)))
+    ready = HostReady(os.getpid(), model_bytes, description, early_exit_error, cache_bytes, loaded_s, blocks)
+    control.send(encode(ready))
     while True:
         data, fds, _, _ = socket.recv_fds(control, 1 << 16, 2)
         if not data:

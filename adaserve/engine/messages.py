@@ -42,6 +42,7 @@ class HostReady(msgspec.Struct, frozen=True, tag="host_ready"):
     early_exit_error: str | None = None  # why a model configured with caches serves without them
     cache_bytes: int = 0  # the learned caches' parameters, included in model_bytes
     load_s: float = 0.0  # from the launch's arrival to this message: the model's own load, without the host's start
+    exit_blocks: list[str] = []  # GATI: the block chain in order (to combine the exits of a request split in batches)
 
 
 class HostFailed(msgspec.Struct, frozen=True, tag="host_failed"):
@@ -110,8 +111,9 @@ class BatchDone(msgspec.Struct, frozen=True, tag="done"):
 
 class RowsDone(msgspec.Struct, frozen=True, tag="rows_done"):
     """Requests of a running batch answered before it ends (a learned cache hit): their outputs are in the pool.
-    Each entry is a whole request (offset in the batch, its rows, its response parameters); its slots stay held
-    until the batch's `BatchDone`."""
+    Each entry is a request's rows in the batch (offset in the batch, its rows, its response parameters): the whole
+    request, or its part when its other rows are in other batches. Its slots stay held until the batch's
+    `BatchDone`."""
 
     batch_id: int
     answered: list[RowParameters]

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from adaserve.config import WorkerSpec
-from adaserve.engine.engine import ModelEngine
+from adaserve.engine.engine import ModelEngine, PendingRequest
 from adaserve.engine.worker_sets import WorkerSetChoice
 from adaserve.errors import InvalidInputError
 from tests.engine.engines import run_engine
@@ -170,3 +170,20 @@ def test_parameters_that_cannot_reach_a_worker_are_refused_and_the_model_keeps_s
         assert engine._ring.in_use == 0
 
     run_engine(tmp_path, body)
+
+
+def test_a_request_keeps_one_report_per_row_when_its_rows_run_again_split_differently() -> None:
+    """Rows whose worker died after reporting them run again, perhaps split into other batches: the new reports
+    replace the old ones they overlap, so no row counts twice."""
+    loop = asyncio.new_event_loop()
+    try:
+        pending = PendingRequest(10, 6, 0, {}, loop.create_future(), outstanding=6)
+        pending.record(10, 2, {"exited_rows": 2})
+        pending.record(12, 4, {"exited_rows": 1})
+        pending.record(12, 2, {"exited_rows": 0})  # rows 12-15 ran again as 2 + 2
+        pending.record(14, 2, {"exited_rows": 2})
+        assert pending.parts == {10: (2, {"exited_rows": 2}), 12: (2, {"exited_rows": 0}), 14: (2, {"exited_rows": 2})}
+        pending.record(10, 4, {"exited_rows": 3})  # and rows 10-13 again as one batch
+        assert pending.parts == {10: (4, {"exited_rows": 3}), 14: (2, {"exited_rows": 2})}
+    finally:
+        loop.close()

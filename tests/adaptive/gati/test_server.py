@@ -91,6 +91,24 @@ def test_answers_name_their_exit_and_rows_that_ran_whole_are_the_model(server: S
     assert response["parameters"]["exit_block"]["string_param"] in {"stage1", "stage2", "head"}
 
 
+def test_a_request_split_over_batches_reports_every_rows_exit(server: ServerHandle) -> None:
+    """A request of 7 rows runs on the batch-4 worker as two batches; the rows the caches answered in either count
+    (they used to count only in the last batch's part). An answered row carries its cache's logits, the others the
+    base model's, so the count is checked against the outputs."""
+    images, _ = load_fashion_mnist("test")
+    client = httpclient.InferenceServerClient(server.http_url)
+    counts = []
+    for start in range(0, 70, 7):
+        rows = images[start : start + 7].reshape(7, 1, 28, 28).astype(np.float32)
+        base, _ = infer(client, "cnn", rows)
+        logits, parameters = infer(client, "cnn_gati", rows)
+        cached = int(np.sum(~np.isclose(logits, base, rtol=1e-5, atol=1e-5).all(axis=1)))
+        assert parameters["exited_rows"] == cached, (parameters, cached)
+        assert parameters["exit_block"] == "head" if cached < 7 else parameters["exit_block"] in {"stage1", "stage2"}
+        counts.append(cached)
+    assert any(0 < count < 7 for count in counts), counts
+
+
 @needs_cuda
 def test_on_a_gpu_the_caches_answer_as_they_do_on_the_cpu(server: ServerHandle) -> None:
     """The GPU form (the lookups on a side stream, each beside the next block) answers what the CPU form answers:
