@@ -203,9 +203,12 @@ async def _how_it_ended(process: subprocess.Popen[bytes], timeout_s: float = 1.0
     code = process.poll()
     if code is None:
         return "closed its control socket"
-    if code < 0:
+    if code >= 0:
+        return f"exited with code {code}"
+    try:
         return f"was killed by {signal.Signals(-code).name}"
-    return f"exited with code {code}"
+    except ValueError:  # a signal Python has no name for (a real-time one)
+        return f"was killed by signal {-code}"
 
 
 async def _wait_or_kill(process: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:

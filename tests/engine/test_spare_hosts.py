@@ -14,7 +14,7 @@ import numpy as np
 
 from adaserve.engine.engine import ModelEngine
 from adaserve.engine.host import _launch_waiting
-from adaserve.engine.processes import HostLauncher
+from adaserve.engine.processes import HostLauncher, _how_it_ended
 from adaserve.errors import ConfigError
 from adaserve.repository import ModelRepository
 from tests.server_utils import EXAMPLES, link_example
@@ -165,5 +165,18 @@ def test_a_host_killed_while_it_loads_fails_the_load_naming_the_signal(tmp_path:
             assert str(error) == "model 'mlp': its host process was killed by SIGKILL"
         else:
             raise AssertionError("the load succeeded with its host killed")
+
+    asyncio.run(main())
+
+
+def test_how_a_process_ended_is_named_by_its_code_or_signal() -> None:
+    async def ended(code: str) -> str:
+        process = subprocess.Popen([sys.executable, "-c", code])
+        return await _how_it_ended(process)
+
+    async def main() -> None:
+        assert await ended("raise SystemExit(3)") == "exited with code 3"
+        assert await ended("import os, signal; os.kill(os.getpid(), signal.SIGTERM)") == "was killed by SIGTERM"
+        assert await ended("import os; os.kill(os.getpid(), 40)") == "was killed by signal 40"
 
     asyncio.run(main())
