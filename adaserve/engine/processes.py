@@ -197,9 +197,8 @@ def _start_host() -> tuple[subprocess.Popen[bytes], socket.socket]:
 async def _how_it_ended(process: subprocess.Popen[bytes], timeout_s: float = 1.0) -> str:
     """How a process whose end of a socket closed ended, for an error message: its exit code or the signal that
     killed it. The socket closes before the process is reaped, so it is waited for a moment first."""
-    loop = asyncio.get_running_loop()
     with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(loop.run_in_executor(None, process.wait), timeout_s)
+        await _wait(process, timeout_s)
     code = process.poll()
     if code is None:
         return "closed its control socket"
@@ -212,9 +211,13 @@ async def _how_it_ended(process: subprocess.Popen[bytes], timeout_s: float = 1.0
 
 
 async def _wait_or_kill(process: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
     try:
-        await asyncio.wait_for(loop.run_in_executor(None, process.wait), timeout_s)
+        await _wait(process, timeout_s)
     except TimeoutError:
         process.kill()
-        await loop.run_in_executor(None, process.wait)
+        await _wait(process)
+
+
+async def _wait(process: subprocess.Popen[bytes], timeout_s: float | None = None) -> None:
+    """Until the process has exited (TimeoutError after `timeout_s`), off the event loop."""
+    await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(None, process.wait), timeout_s)

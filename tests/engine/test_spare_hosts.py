@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from adaserve.engine.engine import ModelEngine
 from adaserve.engine.host import _launch_waiting
@@ -159,12 +160,9 @@ def test_a_host_killed_while_it_loads_fails_the_load_naming_the_signal(tmp_path:
         while engine._host is None:  # a cold host takes seconds to import torch: it is still loading
             await asyncio.sleep(0.005)
         os.kill(engine._host.process.pid, signal.SIGKILL)  # our own host, by its PID
-        try:
+        with pytest.raises(ConfigError) as error:
             await starting
-        except ConfigError as error:
-            assert str(error) == "model 'mlp': its host process was killed by SIGKILL"
-        else:
-            raise AssertionError("the load succeeded with its host killed")
+        assert str(error.value) == "model 'mlp': its host process was killed by SIGKILL"
 
     asyncio.run(main())
 
