@@ -163,7 +163,11 @@ class ModelEngine:
         self._host: ModelHost | None = None
         self._host_lock = asyncio.Lock()  # one relaunch, however many spawns find the host gone
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._standby: set[int] = set()  # ready workers of a set that is not active yet
+        # Each worker belongs to the worker set it was started for. The scheduler feeds the active set's; a worker of a
+        # later set waits (standby) until `switch_workers` activates it; one of an earlier set is stopped.
+        self._active_set = 0
+        self._set_ids = itertools.count(1)
+        self._set_of: dict[int, int] = {}  # worker id → its set
         self._retiring: set[int] = set()  # workers of a replaced set: they finish their batch, then stop
         self._undelivered: set[int] = set()  # batches sent to a worker already gone (see _dispatch)
         self._idle = asyncio.Event()  # set when no request holds slots
@@ -214,7 +218,7 @@ class ModelEngine:
 
     async def _start_processes(self) -> None:
         await self._launch_host()
-        starts = [await self._spawn(worker) for worker in self.worker_set.workers]
+        starts = [await self._spawn(worker, self._active_set) for worker in self.worker_set.workers]
         await asyncio.gather(*(started for _, started in starts))
 
     async def _launch_host(self) -> None:
@@ -264,7 +268,10 @@ class ModelEngine:
             depth = self.scheduler.ready + self.scheduler.inflight
             choice = self.planner.observe(depth, self._arrived_rows, time.monotonic())
             if choice is not None and self.state is EngineState.READY:
-                await self.switch_workers(choice)
+                try:
+                    await self.switch_workers(choice)
+                except Exception:  # a bug must not end load-following for the model's life, silently
+                    log.exception("worker set switch failed", extra={"model": self.model.name})
 
     async def switch_workers(self, choice: WorkerSetChoice) -> None:
         """Active/passive: start the new set beside the old, activate it once all of it is ready, retire the old.
@@ -273,29 +280,33 @@ class ModelEngine:
         new set cannot start, the old one keeps serving.
         """
         began = time.monotonic()
-        old = [w for w in self._processes if w not in self._standby and w not in self._retiring]
-        starts = [await self._spawn(spec, standby=True) for spec in choice.workers]
-        # From the spawns, not from the processes alive now: a new worker may already have started and died.
-        new = {worker_id: spec for (worker_id, _), spec in zip(starts, choice.workers, strict=True)}
+        set_id = next(self._set_ids)
+        starts: list[tuple[int, asyncio.Future[None]]] = []
         try:
+            for spec in choice.workers:
+                starts.append(await self._spawn(spec, set_id))
             await asyncio.gather(*(started for _, started in starts))
         except ConfigError as exc:
             log.error(
                 "new worker set failed to start; keeping the old one",
                 extra={"model": self.model.name, "error": str(exc)},
             )
-            for worker_id in new:
+            for worker_id, _ in starts:
                 if worker_id in self._processes:
                     self._retire(worker_id, idle=True)  # never given work; a worker still starting reads Stop next
             return
-        for worker_id in old:
+        # From the spawns, not from the processes alive now: a new worker may already have started and died.
+        new = {worker_id: spec for (worker_id, _), spec in zip(starts, choice.workers, strict=True)}
+        self._active_set = set_id
+        # The old set as it is now: a worker that died during the start was replaced by one that is old too (if that
+        # replacement is still being forked, `_on_ready` stops it).
+        for worker_id in [w for w in self._processes if self._set_of[w] != set_id and w not in self._retiring]:
             self._retire(worker_id, idle=self.scheduler.retire_worker(worker_id))
         self.scheduler.max_inflight = self.model.config.inflight_limit_for(choice.workers)
         for worker_id, spec in new.items():
             if worker_id not in self._processes:
-                self._respawn(spec)  # died after it was ready: start it again, so the new set is not one short
+                self._respawn(spec, set_id)  # died after it was ready: start another, so the new set is not one short
                 continue
-            self._standby.discard(worker_id)
             self.scheduler.add_worker(WorkerSlot(worker_id, spec.batch, spec.threads))
         self.worker_set = choice
         self.stats.reconfigurations += 1
@@ -313,7 +324,6 @@ class ModelEngine:
     def _retire(self, worker_id: int, *, idle: bool) -> None:
         """Stop a worker of a replaced set now if idle, else after its batch (see `_on_batch_done`)."""
         self._retiring.add(worker_id)
-        self._standby.discard(worker_id)
         if idle:
             self._processes[worker_id].stop()
 
@@ -446,15 +456,11 @@ class ModelEngine:
             slot += rows
 
     # -- worker messages -------------------------------------------------------------------------------------
-    async def _spawn(self, spec: WorkerSpec, *, standby: bool = False) -> tuple[int, asyncio.Future[None]]:
-        """Fork a worker from the host: its id, and a future that resolves when it has warmed up and is ready.
-
-        A standby worker (of a set that is being started) gets no work until `switch_workers` activates its set.
-        """
+    async def _spawn(self, spec: WorkerSpec, set_id: int) -> tuple[int, asyncio.Future[None]]:
+        """Fork a worker of set `set_id` from the host: its id, and a future that resolves when it has warmed up and
+        is ready. A worker of a set that is being started gets no work until `switch_workers` activates its set."""
         assert self._host is not None
         worker_id = next(self._ids)
-        if standby:
-            self._standby.add(worker_id)
         host = self._host
         try:
             process = await host.spawn(worker_id, spec)
@@ -462,6 +468,7 @@ class ModelEngine:
             await self._relaunch_host(host)
             process = await self._host.spawn(worker_id, spec)
         self._processes[worker_id] = process
+        self._set_of[worker_id] = set_id
         self._readers[worker_id] = FrameReader()
         self._gone.clear()
         started: asyncio.Future[None] = self._loop.create_future()
@@ -493,8 +500,11 @@ class ModelEngine:
         self.workers[process.id] = WorkerInfo(
             process.id, message.pid, process.spec.batch, message.threads, message.cpus, message.workspace_bytes
         )
-        if process.id not in self._standby and process.id not in self._retiring:
+        worker_set = self._set_of[process.id]  # a retiring worker's set is never the active one
+        if worker_set == self._active_set:
             self.scheduler.add_worker(WorkerSlot(process.id, process.spec.batch, process.spec.threads))
+        elif worker_set < self._active_set and process.id not in self._retiring:
+            self._retire(process.id, idle=True)  # a replacement forked for a set that was switched away meanwhile
         self._start_failures = 0
         self._starting.pop(process.id).set_result(None)
         self._pump()
@@ -555,10 +565,11 @@ class ModelEngine:
             self._start_failures += 1
         if not self._processes:
             self._gone.set()
-        planned_stop = process.id in self._retiring or process.id in self._standby
+        # Only the active set's workers are replaced: a standby worker that dies fails its set's switch (see
+        # switch_workers), and an old set's is not needed.
+        active = self._set_of.pop(process.id) == self._active_set
         self._retiring.discard(process.id)
-        self._standby.discard(process.id)  # a standby worker that dies fails its set's switch (see switch_workers)
-        if self.state is EngineState.READY and not planned_stop:
+        if self.state is EngineState.READY and active:
             self._replace(process)
         self._pump()
 
@@ -574,10 +585,10 @@ class ModelEngine:
             "worker exited; restarting",
             extra={"model": self.model.name, "pid": process.pid, "batch": process.spec.batch},
         )
-        self._respawn(process.spec)
+        self._respawn(process.spec, self._active_set)
 
-    def _respawn(self, spec: WorkerSpec) -> None:
-        task = self._loop.create_task(self._spawn(spec))
+    def _respawn(self, spec: WorkerSpec, set_id: int) -> None:
+        task = self._loop.create_task(self._spawn(spec, set_id))
         self._keep(task)
         task.add_done_callback(self._restarted)
 

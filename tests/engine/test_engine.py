@@ -44,9 +44,9 @@ def test_a_new_worker_that_dies_before_the_switch_is_started_again(tmp_path: Pat
         original = engine._spawn
         killed: list[int] = []
 
-        async def spawn_then_kill_first(spec: WorkerSpec, standby: bool = False) -> tuple[int, asyncio.Future[None]]:
-            worker_id, started = await original(spec, standby=standby)
-            if standby and not killed:
+        async def spawn_then_kill_first(spec: WorkerSpec, set_id: int) -> tuple[int, asyncio.Future[None]]:
+            worker_id, started = await original(spec, set_id)
+            if set_id != engine._active_set and not killed:
                 killed.append(worker_id)
                 await started
                 os.kill(engine._processes[worker_id].pid, signal.SIGKILL)  # our own worker, by its PID
@@ -64,6 +64,50 @@ def test_a_new_worker_that_dies_before_the_switch_is_started_again(tmp_path: Pat
         rows = np.zeros((3, 784), dtype=np.float32)
         result: Any = await engine.infer([rows], 3, {})
         assert result.outputs[0].shape == (3, 10)
+
+    run_engine(tmp_path, body)
+
+
+@pytest.mark.parametrize("replaced_before_the_switch", [True, False])
+def test_an_old_worker_that_dies_while_the_new_set_starts_leaves_only_the_new_set(
+    tmp_path: Path, replaced_before_the_switch: bool
+) -> None:
+    """An old worker dies while the new set warms up, and is replaced: the replacement belongs to the old set and
+    stops at the switch, whether it was ready before the switch or forked after it. Found by a soak of `workers:
+    auto` under worker kills: the switch retired the old workers it had listed before the wait, failed on the
+    dead one's id (KeyError), which ended Packrat's load-following task with the new set never activated, and the
+    replacement served on beside it."""
+    link_example(tmp_path, "mlp", workers=ONE_WORKER)
+
+    async def body(engine: ModelEngine) -> None:
+        original = engine._spawn
+        switched = asyncio.Event()
+        (old_id,) = engine._processes
+
+        async def spawn(spec: WorkerSpec, set_id: int) -> tuple[int, asyncio.Future[None]]:
+            if set_id == 0 and not replaced_before_the_switch:
+                await switched.wait()  # the old worker's replacement is forked only after the switch
+            worker_id, started = await original(spec, set_id)
+            if set_id == 1 and old_id in engine._processes:
+                os.kill(engine._processes[old_id].pid, signal.SIGKILL)  # our own worker, by its PID
+                while old_id in engine._processes or (
+                    replaced_before_the_switch and len([w for w in engine.workers if w != worker_id]) < 1
+                ):
+                    await asyncio.sleep(0.01)
+            return worker_id, started
+
+        engine._spawn = spawn  # type: ignore[method-assign]
+        planned = (WorkerSpec(batch=2, threads=1), WorkerSpec(batch=2, threads=1))
+        await engine.switch_workers(WorkerSetChoice(workers=planned, reason="test"))
+        switched.set()
+        assert engine.stats.worker_restarts == 1 and engine.stats.reconfigurations == 1
+        deadline = time.monotonic() + 60.0  # the replacement forks, warms up and stops: slow on a busy machine
+        while len(engine._processes) != 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert sorted(p.spec.batch for p in engine._processes.values()) == [2, 2]
+        assert sorted(w.batch for w in engine.scheduler.workers) == [2, 2]
+        rows = np.zeros((3, 784), dtype=np.float32)
+        assert (await engine.infer([rows], 3, {})).outputs[0].shape == (3, 10)
 
     run_engine(tmp_path, body)
 
