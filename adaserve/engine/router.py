@@ -145,16 +145,22 @@ class ModelRouter:
         task.add_done_callback(self._reloads.discard)
 
     async def unload(self, name: str) -> None:
+        """Triton's unload: a model of the repository that is not loaded stays so and the call succeeds (a failed
+        load's reason is cleared); a name the repository does not know is a ModelNotFoundError."""
+        if name not in self._engines:
+            self._check_known(name)
         await self._stop(name)
+        self._errors.pop(name, None)
         if self.cache is not None:
             self.cache.forget(name)
 
     async def _stop(self, name: str) -> None:
+        """Stop the model's engine, if it has one: an unload through the API and the cache's eviction of the same
+        model may both come to stop it."""
         async with self._lock(name):
             engine = self._engines.pop(name, None)
-            if engine is None:
-                raise ModelNotFoundError(f"model '{name}' is not loaded")
-            await engine.stop()
+            if engine is not None:
+                await engine.stop()
 
     # -- the cache's view of a model: load and measure, unload, size before the first load -------------------
     async def _load_resident(self, name: str) -> Loaded:

@@ -154,5 +154,9 @@ def test_a_load_that_sends_a_config_is_refused_not_ignored(client: grpcclient.In
     assert raised.value.status() == "StatusCode.INVALID_ARGUMENT"
     client.unload_model("mlp_torchscript")  # sends unload_dependents, which is accepted
     assert not client.is_model_ready("mlp_torchscript")
+    client.unload_model("mlp_torchscript")  # Triton's rule: unloading a model that is not loaded succeeds
+    with pytest.raises(InferenceServerException, match="unknown model 'no_such_model'") as raised:
+        client.unload_model("no_such_model")
+    assert raised.value.status() == "StatusCode.NOT_FOUND"
     client.load_model("mlp_torchscript")
     assert client.is_model_ready("mlp_torchscript") and client.is_model_ready("mlp")

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
 from adaserve.datasets import load_fashion_mnist
 from tests.conftest import MAX_REQUEST_BYTES
@@ -354,6 +355,10 @@ def test_unload_and_load_through_the_repository_api(client: httpclient.Inference
     assert not client.is_model_ready("mlp_torchscript")
     with pytest.raises(Exception, match="not loaded"):
         client_infer(client, "mlp_torchscript", GOOD)
+    client.unload_model("mlp_torchscript")  # Triton's rule: unloading a model that is not loaded succeeds
+    with pytest.raises(InferenceServerException, match="unknown model 'no_such_model'") as raised:
+        client.unload_model("no_such_model")
+    assert raised.value.status() == "404"
     client.load_model("mlp_torchscript")
     assert client.is_model_ready("mlp_torchscript")
     np.testing.assert_allclose(
