@@ -514,10 +514,10 @@ class ModelEngine:
         if batch.worker_id in self._retiring:
             self._processes[batch.worker_id].stop()  # its set was replaced while it ran this batch
         self.stats.record_batch(batch.rows, message.compute_ns)
-        if message.early_exit is not None:
-            self.stats.early_exit.add(message.early_exit)
+        for counts in message.early_exit:
+            self.stats.early_exit.add(counts)
             if self.adaptation is not None:
-                self.adaptation.observe(message.early_exit)
+                self.adaptation.observe(counts)
         for row_parameters in message.parameters:
             slot = batch.start + row_parameters.offset
             owner = self._owners[slot]

@@ -92,8 +92,9 @@ class WorkerFailed(msgspec.Struct, frozen=True, tag="failed"):
 
 
 class ExitCounts(msgspec.Struct, frozen=True):
-    """What GATI's learned caches did in one batch."""
+    """What GATI's learned caches of one target's plan did in one batch (its rows asked for that target)."""
 
+    target: float  # the configured accuracy target whose composition served these rows
     lookups: dict[str, int]  # exit block → rows looked up there
     hits: dict[str, int]  # exit block → rows answered there
     whole: int  # rows with early exit on that ran to the end
@@ -106,7 +107,7 @@ class BatchDone(msgspec.Struct, frozen=True, tag="done"):
     compute_ns: int
     errors: list[str | None] | None = None  # None: all rows computed; else one entry per request of the batch
     parameters: list[RowParameters] = []
-    early_exit: ExitCounts | None = None
+    early_exit: list[ExitCounts] = []  # one entry per target whose plan ran rows of the batch
 
 
 class RowsDone(msgspec.Struct, frozen=True, tag="rows_done"):

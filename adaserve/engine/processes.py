@@ -200,14 +200,17 @@ async def _how_it_ended(process: subprocess.Popen[bytes], timeout_s: float = 1.0
     with contextlib.suppress(TimeoutError):
         await _wait(process, timeout_s)
     code = process.poll()
-    if code is None:
-        return "closed its control socket"
-    if code >= 0:
-        return f"exited with code {code}"
+    return "closed its control socket" if code is None else how_it_exited(code)
+
+
+def how_it_exited(returncode: int) -> str:
+    """A child's return code in words: 'exited with code 1', 'was killed by SIGKILL'."""
+    if returncode >= 0:
+        return f"exited with code {returncode}"
     try:
-        return f"was killed by {signal.Signals(-code).name}"
+        return f"was killed by {signal.Signals(-returncode).name}"
     except ValueError:  # a signal Python has no name for (a real-time one)
-        return f"was killed by signal {-code}"
+        return f"was killed by signal {-returncode}"
 
 
 async def _wait_or_kill(process: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:

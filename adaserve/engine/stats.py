@@ -75,9 +75,9 @@ class ExitStats:
         self.verified += counts.verified
         self.agreed += counts.agreed
 
-    def message(self) -> ExitCounts:
-        """These counts as the worker reports them with a batch."""
-        return ExitCounts(dict(self.lookups), dict(self.hits), self.whole, self.verified, self.agreed)
+    def message(self, target: float) -> ExitCounts:
+        """These counts, of the plan for `target`, as the worker reports them with a batch."""
+        return ExitCounts(target, dict(self.lookups), dict(self.hits), self.whole, self.verified, self.agreed)
 
 
 @dataclass

@@ -62,7 +62,7 @@ class EarlyExitStrategy(Protocol):
 
     def warm_up(self, rows: int, row_shape: tuple[int, ...], dtype: torch.dtype) -> None: ...
 
-    def take_counts(self) -> ExitCounts: ...
+    def take_counts(self) -> list[ExitCounts]: ...
 
 
 class BatchRunner:
@@ -160,9 +160,9 @@ class BatchRunner:
         if self.strategy is not None:
             self.strategy.warm_up()
 
-    def exit_counts(self) -> ExitCounts | None:
-        """What the learned caches did since the last call (None without them)."""
-        return self.early_exit.take_counts() if self.early_exit is not None else None
+    def exit_counts(self) -> list[ExitCounts]:
+        """What the learned caches did since the last call, per target (none without them)."""
+        return self.early_exit.take_counts() if self.early_exit is not None else []
 
 
 def _request_rows(

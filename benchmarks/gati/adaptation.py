@@ -241,7 +241,7 @@ def serve(early_exit: EarlyExit, x: np.ndarray, base: np.ndarray, batch: int) ->
             part = slice(start, min(start + batch, len(x)))
             requests = [RowParameters(i, 1, {}) for i in range(part.stop - part.start)]
             early_exit.run(torch.from_numpy(x[part]), outputs[part], requests, answered.extend)
-    counts = early_exit.take_counts()
+    (counts,) = early_exit.take_counts()  # one target
     return {
         "hit_rate": sum(counts.hits.values()) / len(x),
         "agreement": float(np.mean(outputs.argmax(1) == base)),

@@ -261,7 +261,9 @@ def adapt(
             update={"variants": tuple(v.model_copy(update={"targets": {}}) for v in variants), "compositions": ()}
         ),
         arrays,
-        [composition.target],
+        # Every target the set serves, so that a stricter one is not served by this target's caches afterwards;
+        # the others are composed afresh from the retrained caches, certified as this one is.
+        sorted({c.target for c in manifest.compositions if c.default} | {composition.target}),
         alpha=composition.alpha,
         memory_budget_bytes=composition.memory_budget_bytes,
         risk=DEFAULT_RISK if composition.risk is None else composition.risk,  # as the deployed set was certified

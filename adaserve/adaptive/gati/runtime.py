@@ -105,7 +105,7 @@ class EarlyExit:
         self._ahead: _ModelThread | None = None  # with `thread`; started in the worker: threads do not survive fork
         self._side: torch.cuda.Stream | None = None  # with `stream` on a GPU (on CPU the same order runs in turn)
         self._rng = np.random.default_rng()
-        self._counts = ExitStats()
+        self._counts: dict[float, ExitStats] = {}  # by plan target, since the last `take_counts`
 
     @classmethod
     def load(cls, config: ModelConfig, artifact: Path, stored: Any, device: torch.device | None = None) -> EarlyExit:
@@ -178,10 +178,10 @@ class EarlyExit:
         self._ahead = _ModelThread(self.chain) if lookup == "thread" else None
         self._side = torch.cuda.Stream(self.device) if lookup == "stream" and self.device.type == "cuda" else None
 
-    def take_counts(self) -> ExitCounts:
-        """What the caches did since the last call."""
-        counts, self._counts = self._counts, ExitStats()
-        return counts.message()
+    def take_counts(self) -> list[ExitCounts]:
+        """What the caches did since the last call, per target whose plan ran rows."""
+        counts, self._counts = self._counts, {}
+        return [stats.message(target) for target, stats in sorted(counts.items())]
 
     def run(
         self,
@@ -244,7 +244,7 @@ class _Pass:
         self.open_rows = [r.rows for r in requests]  # rows not answered yet, per request
         self.deepest = [-1] * len(requests)  # deepest exit block of each request's answered rows
         self.verify_label: dict[int, int] = {}  # row → the cache's class, for rows answered and still running
-        self.counts = runtime._counts
+        self.counts = runtime._counts.setdefault(plan.target, ExitStats())
 
     @functools.cached_property
     def owner(self) -> np.ndarray:

@@ -26,6 +26,7 @@ from adaserve.adaptive.gati.adapt import HitRateMonitor, SampleWindow
 from adaserve.adaptive.gati.cacheset import load_cache_set
 from adaserve.config import AdaptationSpec
 from adaserve.engine.messages import ExitCounts
+from adaserve.engine.processes import how_it_exited
 from adaserve.repository import ModelSpec
 
 log = logging.getLogger("adaserve.gati")
@@ -40,7 +41,8 @@ class CacheAdaptation:
         self.settings = settings
         self.on_deployed = on_deployed
         self.cache_set = load_cache_set(model, "latest")
-        self.composition = self.cache_set.composition(model.config.caches.targets[0])
+        self.target = model.config.caches.targets[0]  # the default: the target retrained and watched
+        self.composition = self.cache_set.composition(self.target)
         self.window = SampleWindow(settings.window_rows, fraction=settings.sample_fraction)
         self.monitor = HitRateMonitor(
             self.composition,
@@ -62,7 +64,10 @@ class CacheAdaptation:
         self.window.offer(rows)
 
     def observe(self, counts: ExitCounts) -> None:
-        self.monitor.observe(counts)
+        """A batch's counts; only the default target's rows are judged against its composition's expected rates
+        (a stricter target's caches hit less by design, which is no drift)."""
+        if counts.target == self.target:
+            self.monitor.observe(counts)
 
     async def follow(self, serving: Callable[[], bool]) -> None:
         """Check the trigger every `check_interval_s` while `serving()`; retrain when it fires."""
@@ -101,12 +106,14 @@ class CacheAdaptation:
                 stderr=asyncio.subprocess.PIPE,
             )
             out, err = await process.communicate()
+            returncode = await process.wait()  # at once: communicate() has waited for the exit
             self._process = None
         try:
             result = json.loads(out.decode().strip().splitlines()[-1])
         except (IndexError, ValueError):
             self.retrainings["failed"] += 1
-            log.error("cache retraining failed", extra={**extra, "error": err.decode()[-2000:]})
+            ended = f"the retraining process {how_it_exited(returncode)}"
+            log.error("cache retraining failed", extra={**extra, "error": f"{ended}; {err.decode()[-2000:]}"})
             return False
         self.last_retrain_s = result["retrain_s"]
         outcome = "accepted" if result["accepted"] else "refused"

@@ -3,6 +3,7 @@ example CNN — an accepted version that the worker's `EarlyExit.load` serves, a
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -19,10 +20,12 @@ from adaserve.adaptive.gati.cacheset import (
     ExitRecord,
     load_cache_set,
 )
+from adaserve.adaptive.gati.compose import compose
 from adaserve.adaptive.gati.explore import ExploreSettings, load_build_data, load_data
 from adaserve.adaptive.gati.predictors import TrainSettings, VariantSpec
 from adaserve.adaptive.gati.runtime import EarlyExit
-from adaserve.config import LearnedCachesSpec
+from adaserve.adaptive.gati.service import CacheAdaptation
+from adaserve.config import AdaptationSpec, LearnedCachesSpec
 from adaserve.datasets import load_fashion_mnist
 from adaserve.engine.messages import ExitCounts
 from adaserve.errors import InvalidInputError
@@ -103,7 +106,7 @@ def composition(*exit_rates: float) -> CompositionRecord:
 
 
 def counts(rows: int, verified: int = 0, agreed: int = 0, **hits: int) -> ExitCounts:
-    return ExitCounts(dict(hits), dict(hits), rows - sum(hits.values()), verified, agreed)
+    return ExitCounts(0.9, dict(hits), dict(hits), rows - sum(hits.values()), verified, agreed)
 
 
 def test_the_trigger_fires_on_a_low_hit_rate_or_when_the_period_passes() -> None:
@@ -195,6 +198,54 @@ def test_an_adaptation_that_lowers_held_out_agreement_is_refused(built: Built) -
     assert result.reason.startswith("held-out agreement would fall from")
     with pytest.raises(CacheSetError, match="a refused adaptation of v1 cannot be deployed: held-out agreement"):
         deploy(built.spec, result)
+
+
+def test_an_adaptation_composes_every_target_the_set_serves(built: Built) -> None:
+    """The default target is retrained; a stricter target of the same set must come out composed for itself, not
+    served by the default's caches (what `CacheSet.composition` falls back to when its target is missing)."""
+    two = compose(built.cache_set.manifest, built.cache_set.scores(), [0.9, 0.97])
+    source = CacheSet(built.cache_set.directory, built.cache_set.version, two)
+    result = adapt(built.chain, source, source.composition(0.9), built.stream, built.validation_x, FAST)
+    defaults = {c.target: c for c in result.manifest.compositions if c.default}
+    assert sorted(defaults) == [0.9, 0.97]
+    assert result.composition == defaults[0.9]
+    retrained = {v.key for v in result.manifest.variants}
+    assert {e.key for c in defaults.values() for e in c.exits} <= retrained == set(result.weights)
+
+
+def test_the_service_judges_the_default_targets_rows_alone(built: Built) -> None:
+    """Rows served by a stricter target's caches hit less by design: counted with the default's, they read as a
+    drift and retrain for nothing (a soak with requests at two targets retrained, and was refused, every few s)."""
+    caches = LearnedCachesSpec(targets=(0.97, 0.99), adaptation=AdaptationSpec())
+    spec = replace(built.spec, config=built.spec.config.model_copy(update={"caches": caches}))
+    service = CacheAdaptation(spec, AdaptationSpec(), on_deployed=lambda: None)
+    service.observe(ExitCounts(0.99, {"stage1": 8}, {}, 8, 0, 0))
+    assert service.monitor.rows == 0
+    service.observe(ExitCounts(0.97, {"stage1": 8}, {"stage1": 2}, 6, 0, 0))
+    assert service.monitor.rows == 8
+
+
+def test_a_retraining_whose_process_is_killed_fails_saying_how_it_ended(
+    built: Built, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A retraining process that dies says nothing on stderr; the failure must still name what happened (a soak
+    that killed the server's children logged failures whose error was an empty string)."""
+    caches = LearnedCachesSpec(targets=(0.97,), adaptation=AdaptationSpec())
+    spec = replace(built.spec, config=built.spec.config.model_copy(update={"caches": caches}))
+    service = CacheAdaptation(spec, AdaptationSpec(), on_deployed=lambda: None)
+    service.window.offer(built.stream)
+
+    async def retrain_then_close() -> bool:
+        retraining = asyncio.get_running_loop().create_task(service.retrain("test"))
+        while service._process is None:
+            await asyncio.sleep(0.01)
+        service.close()  # the model unloads: the retraining is killed by its PID
+        return await retraining
+
+    assert asyncio.run(retrain_then_close()) is False
+    assert service.retrainings == {"failed": 1}
+    (failure,) = [r for r in caplog.records if r.getMessage() == "cache retraining failed"]
+    assert failure.error.startswith("the retraining process was killed by SIGKILL")  # type: ignore[attr-defined]
 
 
 def test_bad_input_is_named(built: Built, tmp_path: Path) -> None:

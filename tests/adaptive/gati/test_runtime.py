@@ -116,20 +116,20 @@ def test_hits_leave_the_batch_and_the_rest_is_the_model_exactly(
         found = [p for p in (early if answered_early else rest) if p.offset == request.offset]
         assert len(found) == 1 and found[0].rows == request.rows
         assert found[0].values == {"exit_block": "stage2" if answered_early else "head", "exited_rows": exited}
-    counts = early_exit.take_counts()
+    (counts,) = early_exit.take_counts()
     assert counts.lookups == {"stage2": len(images)} and counts.hits == {"stage2": int(hit.sum())}
     assert counts.whole == int((~hit).sum())
     # verify_fraction 1: every hit also ran to the end and was compared with the model; 0: none did
     agree = probe_logits.numpy()[hit].argmax(1) == base[hit].argmax(1)
     assert counts.verified == int(hit.sum() * verify) and counts.agreed == int(agree.sum() * verify)
-    assert early_exit.take_counts().lookups == {}  # taken: the next batch starts from zero
+    assert early_exit.take_counts() == []  # taken: the next batch starts from zero
 
 
 def test_rows_that_hit_at_the_first_exit_skip_the_second(chain: BlockChain, images: np.ndarray) -> None:
     early_exit = runtime(chain, ExitPlan(0.9, {0: cache_after(chain, 0, ALWAYS), 1: cache_after(chain, 1, ALWAYS)}))
     _, early, rest = run(early_exit, images, requests_of(4, 8))
     assert rest == [] and [p.values["exit_block"] for p in early] == ["stage1", "stage1"]
-    counts = early_exit.take_counts()
+    (counts,) = early_exit.take_counts()
     assert counts.lookups == {"stage1": 12} and counts.hits == {"stage1": 12} and counts.whole == 0
 
 
@@ -150,7 +150,11 @@ def test_early_exit_false_and_accuracy_pick_the_plan(chain: BlockChain, images: 
     assert sorted(p.offset for p in rest) == [0, 6]
     whole = [0, 1, 2, 6, 7, 8, 9, 10, 11]  # computed in a batch of 9, the base in one of 12: close, not bit-equal
     np.testing.assert_allclose(outputs[whole], base[whole], rtol=1e-5, atol=1e-5)
-    assert early_exit.take_counts().lookups == {"stage2": 9}
+    # Counted per target: the monitor of adaptation judges the default target's rows alone.
+    assert [(c.target, c.lookups, c.hits) for c in early_exit.take_counts()] == [
+        (0.9, {"stage2": 3}, {"stage2": 3}),
+        (0.99, {"stage2": 6}, {}),
+    ]
 
 
 @pytest.mark.parametrize("lookup", LOOKUPS)
@@ -162,7 +166,8 @@ def test_a_plan_with_no_exit_runs_the_model_whole(chain: BlockChain, images: np.
     outputs, early, rest = run(early_exit, images, requests_of(4, 8))
     assert early == [] and [p.offset for p in rest] == [0, 4]
     np.testing.assert_allclose(outputs, base, rtol=1e-5, atol=1e-5)
-    assert early_exit.take_counts().lookups == {}
+    (counts,) = early_exit.take_counts()
+    assert counts.lookups == {} and counts.whole == 12
 
 
 def test_bad_parameters_are_refused(chain: BlockChain, images: np.ndarray) -> None:
@@ -239,7 +244,7 @@ def test_rows_left_by_each_exit_are_answered_by_the_next(
         ]
         rest_rows = ~first & ~second
         np.testing.assert_allclose(outputs[rest_rows], base[rest_rows], rtol=1e-5, atol=1e-5)
-        counts = early_exit.take_counts()
+        (counts,) = early_exit.take_counts()
         assert counts.lookups == {"stage1": 12, "stage2": int((~first).sum())}
         assert counts.whole == int(rest_rows.sum())
 
@@ -277,6 +282,6 @@ def test_a_verified_hit_is_not_looked_up_again(chain: BlockChain, images: np.nda
         expected = first(chain.run(torch.from_numpy(images), 0, 1))[1].numpy()
     np.testing.assert_allclose(outputs, expected, rtol=1e-5, atol=1e-6)
     assert [p.values for p in early] == [{"exit_block": "stage1", "exited_rows": 12}] and rest == []
-    counts = early_exit.take_counts()
+    (counts,) = early_exit.take_counts()
     assert counts.lookups == {"stage1": 12, "stage2": 0} and counts.hits == {"stage1": 12}
     assert counts.verified == 12 and counts.whole == 0
