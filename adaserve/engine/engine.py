@@ -287,13 +287,15 @@ class ModelEngine:
                 starts.append(await self._spawn(spec, set_id))
             await asyncio.gather(*(started for _, started in starts))
         except ConfigError as exc:
-            log.error(
-                "new worker set failed to start; keeping the old one",
-                extra={"model": self.model.name, "error": str(exc)},
-            )
-            for worker_id, _ in starts:
-                if worker_id in self._processes:
-                    self._retire(worker_id, idle=True)  # never given work; a worker still starting reads Stop next
+            if self.state is EngineState.READY:
+                log.error(
+                    "new worker set failed to start; keeping the old one",
+                    extra={"model": self.model.name, "error": str(exc)},
+                )
+            self._abandon(starts)
+            return
+        if self.state is not EngineState.READY:  # the model began to unload while the new set started
+            self._abandon(starts)
             return
         # From the spawns, not from the processes alive now: a new worker may already have started and died.
         new = {worker_id: spec for (worker_id, _), spec in zip(starts, choice.workers, strict=True)}
@@ -320,6 +322,13 @@ class ModelEngine:
             },
         )
         self._pump()
+
+    def _abandon(self, starts: list[tuple[int, asyncio.Future[None]]]) -> None:
+        """Stop the workers of a set that will not be switched to; they were never given work (one still starting
+        reads Stop next)."""
+        for worker_id, _ in starts:
+            if worker_id in self._processes:
+                self._retire(worker_id, idle=True)
 
     def _retire(self, worker_id: int, *, idle: bool) -> None:
         """Stop a worker of a replaced set now if idle, else after its batch (see `_on_batch_done`)."""
@@ -465,6 +474,8 @@ class ModelEngine:
         try:
             process = await host.spawn(worker_id, spec)
         except ConfigError:
+            if self.state is EngineState.UNLOADING:
+                raise  # stop() has ended the host: no new one for a model that is going
             await self._relaunch_host(host)
             process = await self._host.spawn(worker_id, spec)
         self._processes[worker_id] = process
@@ -474,6 +485,8 @@ class ModelEngine:
         started: asyncio.Future[None] = self._loop.create_future()
         self._starting[worker_id] = started
         self._loop.add_reader(process.result_fd, self._on_readable, process)
+        if self.state is EngineState.UNLOADING:
+            process.stop()  # forked while stop() ran (it let the host finish this spawn): it stops once warmed up
         return worker_id, started
 
     def _on_readable(self, process: WorkerProcess) -> None:

@@ -77,11 +77,13 @@ class ModelHost:
         self.process = process
         self._control = control
         self._control.setblocking(False)
+        # One exchange at a time; `stop` takes it too, since a socket closed under a pending receive never wakes it.
         self._lock = asyncio.Lock()
 
     async def ready(self) -> HostReady:
         """Wait until the model is loaded; ConfigError with the host's reason when it cannot be."""
-        reply = await self._receive()
+        async with self._lock:
+            reply = await self._receive()
         if isinstance(reply, HostFailed):
             raise ConfigError(reply.error)
         assert isinstance(reply, HostReady)
@@ -102,7 +104,14 @@ class ModelHost:
             finally:
                 os.close(command_read)  # the worker holds its own copies now
                 os.close(result_write)
-            reply = await self._receive()
+            try:
+                reply = await self._receive()
+            except ConfigError:
+                # The host may have forked the worker and died before naming it: closing our ends gives that
+                # worker end-of-file on its command pipe, and it exits instead of waiting for commands forever.
+                os.close(command_write)
+                os.close(result_read)
+                raise
             assert isinstance(reply, WorkerSpawned)
             return WorkerProcess(worker_id, spec, reply.pid, command_write, result_read)
 
@@ -117,8 +126,10 @@ class ModelHost:
         return decode_from_host(data)
 
     async def stop(self) -> None:
-        """Close the control socket; the host exits at once (workers are stopped separately)."""
-        self._control.close()
+        """Close the control socket, after the exchange under way; the host exits at once (workers are stopped
+        separately)."""
+        async with self._lock:
+            self._control.close()
         await _wait_or_kill(self.process)
 
 

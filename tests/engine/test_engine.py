@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
@@ -16,6 +17,7 @@ from adaserve.config import WorkerSpec
 from adaserve.engine.engine import ModelEngine, PendingRequest
 from adaserve.engine.worker_sets import WorkerSetChoice
 from adaserve.errors import InvalidInputError
+from adaserve.repository import ModelRepository
 from tests.engine.engines import run_engine
 from tests.server_utils import link_example
 
@@ -110,6 +112,38 @@ def test_an_old_worker_that_dies_while_the_new_set_starts_leaves_only_the_new_se
         assert (await engine.infer([rows], 3, {})).outputs[0].shape == (3, 10)
 
     run_engine(tmp_path, body)
+
+
+def test_a_switch_under_way_when_the_model_unloads_ends_and_leaves_no_process(tmp_path: Path) -> None:
+    """Packrat's switch forks its new set while the model unloads (an eviction, an API unload): stop() ends the
+    host mid-fork. The switch must end, start no new host, and leave no worker behind. Before, its spawn took the
+    ended host for a dead one, started another, and waited for ever on a worker that never came."""
+    link_example(tmp_path, "mlp", workers=ONE_WORKER)
+
+    async def main() -> None:
+        engine = ModelEngine(ModelRepository(tmp_path).read("mlp"))
+        await engine.start()
+        planned = (WorkerSpec(batch=2, threads=1), WorkerSpec(batch=2, threads=1))
+        switch = asyncio.get_running_loop().create_task(engine.switch_workers(WorkerSetChoice(planned, "test")))
+        await asyncio.sleep(0)  # the switch has sent its first spawn to the host
+        # Well under stop()'s own 10 s wait for the workers it told to stop: no worker forked meanwhile was missed.
+        await asyncio.wait_for(engine.stop(drain_timeout_s=5.0), 8.0)
+        await asyncio.wait_for(switch, 5.0)  # at once: a spawn the host had answered, or one it never will
+        assert engine._processes == {} and engine.stats.host_restarts == 0
+        assert _live_children() == []  # the host (its workers were waited for by stop())
+
+    asyncio.run(main())
+
+
+def _live_children() -> list[int]:
+    """This process's children that have not exited (zombies not yet reaped are left out)."""
+    children = Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").read_text().split()
+    alive = []
+    for child in children:
+        with contextlib.suppress(OSError):
+            if Path(f"/proc/{child}/stat").read_text().split()[2] != "Z":
+                alive.append(int(child))
+    return alive
 
 
 def test_a_request_that_finds_no_contiguous_slots_waits_for_them_and_is_answered(tmp_path: Path) -> None:
