@@ -27,6 +27,7 @@ from adaserve.server.protocol import (
     array_from_buffer,
     array_from_values,
     check_shape,
+    refuse_unsupported,
 )
 
 log = logging.getLogger("adaserve.grpc")
@@ -131,7 +132,9 @@ def decode_request(message: Any) -> InferenceRequest:
     if raw and len(raw) != len(message.inputs):
         raise InvalidInputError(f"{len(raw)} raw_input_contents for {len(message.inputs)} inputs")
     inputs = []
+    refuse_unsupported("request", message.parameters)
     for index, tensor in enumerate(message.inputs):
+        refuse_unsupported(f"input '{tensor.name}'", tensor.parameters)
         shape = check_shape(tensor.name, list(tensor.shape))
         if raw:
             data = array_from_buffer(tensor.name, tensor.datatype, shape, raw[index])
@@ -141,6 +144,8 @@ def decode_request(message: Any) -> InferenceRequest:
                 raise InvalidInputError(f"input '{tensor.name}': {tensor.datatype} data must be sent as raw contents")
             data = array_from_values(tensor.name, tensor.datatype, shape, getattr(tensor.contents, field))
         inputs.append(Tensor(tensor.name, tensor.datatype, shape, data))
+    for output in message.outputs:
+        refuse_unsupported(f"output '{output.name}'", output.parameters)
     outputs = [RequestedOutput(output.name) for output in message.outputs] or None
     return InferenceRequest(
         model_name=message.model_name,

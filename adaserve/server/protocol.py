@@ -6,6 +6,7 @@ The REST codec and the gRPC codec each translate their wire form to these types;
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,6 +14,25 @@ import numpy as np
 
 from adaserve.config import DATATYPES
 from adaserve.errors import InvalidInputError
+
+#: Parameters that ask for a protocol extension this server does not implement, and what it is called: refused
+#: with a 400 that names it, never ignored (a request asking for top classes must not get the whole logits back).
+UNSUPPORTED = {
+    "shared_memory_region": "the shared-memory extension",
+    "classification": "the classification extension",
+    "sequence_id": "the sequence extension (every model here is stateless)",
+    "sequence_start": "the sequence extension (every model here is stateless)",
+    "sequence_end": "the sequence extension (every model here is stateless)",
+}
+
+
+def refuse_unsupported(where: str, parameters: Iterable[str]) -> None:
+    """InvalidInputError if `where` (a request, an input, an output) asks for an extension not implemented here."""
+    for name in parameters:
+        if name in UNSUPPORTED:
+            raise InvalidInputError(
+                f"{where}: parameter '{name}' asks for {UNSUPPORTED[name]}, which this server does not implement"
+            )
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from adaserve.server.protocol import (
     array_from_buffer,
     array_from_values,
     check_shape,
+    refuse_unsupported,
 )
 
 HEADER_LENGTH = "inference-header-content-length"
@@ -61,6 +62,7 @@ def _request(model: str, version: str, document: dict[str, Any], binary: memoryv
     if offset != len(binary):
         raise InvalidInputError(f"{len(binary) - offset} bytes of binary data are not claimed by any input")
     parameters = _parameters(document.get("parameters"), "request")
+    refuse_unsupported("request", parameters)
     outputs = None
     if "outputs" in document:
         raw_outputs = document["outputs"]
@@ -87,7 +89,9 @@ def _input(raw: Any, binary: memoryview) -> tuple[Tensor, int]:
     if not isinstance(datatype, str):
         raise InvalidInputError(f"input '{name}': missing 'datatype'")
     shape = check_shape(name, raw.get("shape"))
-    size = _parameters(raw.get("parameters"), f"input '{name}'").get("binary_data_size")
+    parameters = _parameters(raw.get("parameters"), f"input '{name}'")
+    refuse_unsupported(f"input '{name}'", parameters)
+    size = parameters.get("binary_data_size")
     if size is not None:
         if not isinstance(size, int) or size < 0 or size > len(binary):
             raise InvalidInputError(f"input '{name}': binary_data_size {size!r} exceeds the binary data sent")
@@ -101,8 +105,7 @@ def _requested_output(raw: Any) -> RequestedOutput:
     if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
         raise InvalidInputError("each requested output must be an object with a 'name'")
     parameters = _parameters(raw.get("parameters"), f"output '{raw['name']}'")
-    if "classification" in parameters:
-        raise InvalidInputError(f"output '{raw['name']}': the classification extension is not supported")
+    refuse_unsupported(f"output '{raw['name']}'", parameters)
     return RequestedOutput(raw["name"], parameters.get("binary_data", False))  # a boolean: `_parameters`
 
 

@@ -1,0 +1,53 @@
+"""Protocol extensions this server does not implement are refused by name over REST and gRPC, never ignored: a
+client asking for the top classes, a shared-memory region or a sequence must not get an answer that looks right."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests.server_utils import ServerHandle
+
+PROTOCOLS = {"http": (httpclient, "400"), "grpc": (grpcclient, "StatusCode.INVALID_ARGUMENT")}
+
+
+def top_classes(client: Any, module: Any, tensor: Any) -> Any:
+    return client.infer("mlp", [tensor], outputs=[module.InferRequestedOutput("logits", class_count=3)])
+
+
+def shared_memory(client: Any, module: Any, tensor: Any) -> Any:
+    tensor.set_shared_memory("region0", 784 * 4)
+    return client.infer("mlp", [tensor])
+
+
+def sequence(client: Any, module: Any, tensor: Any) -> Any:
+    return client.infer("mlp", [tensor], sequence_id=7, sequence_start=True)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.parametrize(
+    ("ask", "message"),
+    [
+        (top_classes, "output 'logits': parameter 'classification' asks for the classification extension"),
+        (shared_memory, "input 'image': parameter 'shared_memory_region' asks for the shared-memory extension"),
+        (sequence, "asks for the sequence extension (every model here is stateless), which this server does not"),
+    ],
+)
+def test_an_extension_not_implemented_is_refused_by_name(
+    server: ServerHandle, protocol: str, ask: Callable[[Any, Any, Any], Any], message: str
+) -> None:
+    module, status = PROTOCOLS[protocol]
+    client = module.InferenceServerClient(server.http_url if protocol == "http" else server.grpc_url)
+    tensor = module.InferInput("image", [1, 784], "FP32")
+    tensor.set_data_from_numpy(np.zeros((1, 784), dtype=np.float32))
+    with pytest.raises(InferenceServerException) as raised:
+        ask(client, module, tensor)
+    assert raised.value.status() == status
+    assert message in raised.value.message()
+    assert client.is_server_ready()
