@@ -45,7 +45,7 @@ from adaserve.engine.processes import HostLauncher, ModelHost, WorkerProcess
 from adaserve.engine.scheduler import Batch, Scheduler
 from adaserve.engine.stats import ModelStats
 from adaserve.engine.worker_sets import WorkerSetChoice, create_worker_set_planner
-from adaserve.errors import ConfigError, InferenceError, ModelNotReadyError, OverloadedError
+from adaserve.errors import ConfigError, InferenceError, InvalidInputError, ModelNotReadyError, OverloadedError
 from adaserve.repository import ModelSpec
 
 if TYPE_CHECKING:
@@ -376,6 +376,7 @@ class ModelEngine:
             parameters = prepare_parameters(parameters)  # a bad target is a 400 before anything is queued
         if self.model.config.caches is not None:
             exit_target(parameters, 1.0)  # the same: a bad `early_exit` or `accuracy` is refused here
+        timeout_s = queue_timeout_s(parameters)
         queued = self.scheduler.ready + self._waiting_rows
         if queued + rows > self.model.config.max_queue_size:
             self.stats.failures["overloaded"] += 1
@@ -399,8 +400,21 @@ class ModelEngine:
         self._owners[start : start + rows] = [pending] * rows
         self._idle.clear()
         self.scheduler.enqueue(start, rows, time.monotonic())
+        if timeout_s is not None:
+            waited_s = (time.perf_counter_ns() - arrived_ns) / 1e9  # for contiguous slots, maybe
+            self._loop.call_later(max(0.0, timeout_s - waited_s), self._expire, pending, timeout_s)
         self._pump()
         return await pending.future
+
+    def _expire(self, pending: PendingRequest, timeout_s: float) -> None:
+        """Triton's request timeout: a request none of whose rows has started by then is refused (503), its rows
+        taken back from the queue; one that has started runs to the end."""
+        if pending.dispatched_ns or pending.answered or not self.scheduler.withdraw(pending.start, pending.rows):
+            return
+        pending.error = f"its timeout ({timeout_s * 1e6:.0f} µs) passed before any of its rows started"
+        pending.reason = "timeout"
+        pending.outstanding = 0
+        self._complete(pending)
 
     async def _wait_for_slots(self, rows: int) -> int:
         """The pool is fragmented by a slow batch; wait (bounded by the queue limit) for contiguous slots."""
@@ -656,7 +670,8 @@ class ModelEngine:
                 parameters = combine([pending.parts[slot] for slot in sorted(pending.parts)], self.exit_blocks)
                 pending.future.set_result(EngineResult(outputs, parameters))
             else:
-                pending.future.set_exception(InferenceError(f"model '{self.model.name}': {pending.error}"))
+                failure = OverloadedError if pending.reason == "timeout" else InferenceError
+                pending.future.set_exception(failure(f"model '{self.model.name}': {pending.error}"))
         self.stats.record_request(
             ok=ok,
             total_ns=now_ns - pending.arrived_ns,
@@ -673,6 +688,17 @@ class ModelEngine:
             if not future.done():
                 future.set_exception(ModelNotReadyError(f"model '{self.model.name}': {reason}"))
         self._waiting.clear()
+
+
+def queue_timeout_s(parameters: dict[str, Any]) -> float | None:
+    """Triton's `timeout` request parameter (tritonclient's `infer(timeout=...)`): the microseconds a request may
+    wait before its rows start; 0 or absent, no limit. InvalidInputError naming it when it is not such a number."""
+    value = parameters.get("timeout")
+    if value is None or value == 0:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidInputError(f"parameter 'timeout' must be a whole number of microseconds >= 0, got {value!r}")
+    return value / 1e6
 
 
 def _adaptation_service(model: ModelSpec, settings: AdaptationSpec, reload: Callable[[], None]) -> CacheAdaptation:

@@ -100,6 +100,15 @@ class Scheduler:
         self._queue.appendleft(ReadyRun(start, rows, arrived_at))
         self.ready += rows
 
+    def withdraw(self, start: int, rows: int) -> bool:
+        """Take a request's rows back out of the queue if none has started; False if they are not all waiting."""
+        for run in self._queue:
+            if (run.start, run.rows) == (start, rows):
+                self._queue.remove(run)
+                self.ready -= rows
+                return True
+        return False
+
     # -- the algorithm ---------------------------------------------------------------------------------------
     def schedule(self, now: float) -> list[Batch]:
         """Start every batch the policy allows now."""

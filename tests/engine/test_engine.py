@@ -16,10 +16,10 @@ import pytest
 from adaserve.config import WorkerSpec
 from adaserve.engine.engine import ModelEngine, PendingRequest
 from adaserve.engine.worker_sets import WorkerSetChoice
-from adaserve.errors import InvalidInputError
+from adaserve.errors import InvalidInputError, OverloadedError
 from adaserve.repository import ModelRepository
 from tests.engine.engines import run_engine
-from tests.server_utils import link_example
+from tests.server_utils import link_example, write_slow_model
 
 ONE_WORKER = [{"batch": 4, "threads": 1}]
 
@@ -144,6 +144,27 @@ def _live_children() -> list[int]:
             if Path(f"/proc/{child}/stat").read_text().split()[2] != "Z":
                 alive.append(int(child))
     return alive
+
+
+def test_a_request_whose_timeout_passes_before_it_starts_is_refused_and_its_slots_freed(tmp_path: Path) -> None:
+    """Triton's `timeout` request parameter (microseconds): a request still queued when it passes is answered with
+    a 503 naming it; one that started runs to the end; a bad value is refused before anything is queued."""
+    write_slow_model(tmp_path, "slow", rounds=400)  # one worker of batch 1; tens of ms per row
+
+    async def body(engine: ModelEngine) -> None:
+        x = np.ones((1, 4), dtype=np.float32)
+        running = asyncio.get_running_loop().create_task(engine.infer([x], 1, {"timeout": 1000}))
+        await asyncio.sleep(0)  # dispatched at once: the worker was idle
+        with pytest.raises(OverloadedError, match=r"its timeout \(1000 µs\) passed before any of its rows started"):
+            await engine.infer([x], 1, {"timeout": 1000})
+        np.testing.assert_array_equal((await running).outputs[0], x)  # started in time: it ran to the end
+        assert engine.stats.failures["timeout"] == 1 and engine._ring.in_use == 0
+        assert (await engine.infer([x], 1, {"timeout": 0})).outputs[0].shape == (1, 4)  # 0: no limit
+        for bad in (-1, 1.5, "soon", True):
+            with pytest.raises(InvalidInputError, match="parameter 'timeout' must be a whole number of micro"):
+                await engine.infer([x], 1, {"timeout": bad})
+
+    run_engine(tmp_path, body, model="slow")
 
 
 def test_a_request_that_finds_no_contiguous_slots_waits_for_them_and_is_answered(tmp_path: Path) -> None:

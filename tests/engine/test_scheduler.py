@@ -339,3 +339,18 @@ def test_retiring_a_worker_that_was_never_added_is_allowed() -> None:
     scheduler = make_scheduler(1)
     assert scheduler.retire_worker(99) is True
     assert [w.id for w in scheduler.workers] == [0]
+
+
+def test_a_request_that_has_not_started_can_be_withdrawn_and_one_that_has_cannot() -> None:
+    """Triton's request timeout: rows that never started are taken back; the rest of the queue runs as before."""
+    scheduler = make_scheduler(1)
+    scheduler.enqueue(0, 1, arrived_at=0.0)
+    scheduler.enqueue(1, 2, arrived_at=0.0)
+    scheduler.enqueue(3, 1, arrived_at=0.0)
+    assert spans(scheduler.schedule(now=0.0)) == [(0, 0, 1)]
+    assert not scheduler.withdraw(0, 1)  # running
+    assert scheduler.withdraw(1, 2)
+    assert not scheduler.withdraw(1, 2)  # gone already
+    assert scheduler.ready == 1
+    scheduler.finish(0)
+    assert spans(scheduler.schedule(now=0.0)) == [(0, 3, 1)]

@@ -51,3 +51,17 @@ def test_an_extension_not_implemented_is_refused_by_name(
     assert raised.value.status() == status
     assert message in raised.value.message()
     assert client.is_server_ready()
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_the_timeout_parameter_is_read_not_passed_over(server: ServerHandle, protocol: str) -> None:
+    """tritonclient's `infer(timeout=...)` reaches the engine (tests/engine/test_engine.py checks what it does)."""
+    module, status = PROTOCOLS[protocol]
+    client = module.InferenceServerClient(server.http_url if protocol == "http" else server.grpc_url)
+    tensor = module.InferInput("image", [1, 784], "FP32")
+    tensor.set_data_from_numpy(np.zeros((1, 784), dtype=np.float32))
+    assert client.infer("mlp", [tensor], timeout=10_000_000).as_numpy("logits").shape == (1, 10)
+    with pytest.raises(InferenceServerException) as raised:
+        client.infer("mlp", [tensor], timeout=-5)
+    assert raised.value.status() == status
+    assert "parameter 'timeout' must be a whole number of microseconds >= 0, got -5" in raised.value.message()
