@@ -131,7 +131,7 @@ def test_a_switch_under_way_when_the_model_unloads_ends_and_leaves_no_process(tm
         await asyncio.wait_for(engine.stop(drain_timeout_s=5.0), 8.0)
         await asyncio.wait_for(switch, 5.0)  # at once: a spawn the host had answered, or one it never will
         assert engine._processes == {} and engine.stats.host_restarts == 0
-        assert _live_children() == others  # the host is gone (its workers were waited for by stop())
+        assert set(_live_children()) <= set(others)  # the host is gone (its workers were waited for by stop())
 
     asyncio.run(main())
 
