@@ -77,6 +77,7 @@ class CacheAdaptation:
                 extra={"model": self.model.name, "target": self.composition.target},
             )
             return
+        in_vain = 0  # retrainings in a row that deployed nothing
         while serving():
             await asyncio.sleep(self.settings.check_interval_s)
             reason = self.monitor.check(time.monotonic())
@@ -87,6 +88,10 @@ class CacheAdaptation:
             if accepted:
                 self.on_deployed()
                 return  # the reloaded model has a service of its own
+            # The trigger that fired will likely fire again on the same stream, and each retraining takes a core for
+            # seconds: after one in vain, wait twice as long as after the last, up to the period.
+            in_vain = min(in_vain + 1, 32)
+            await asyncio.sleep(min(self.settings.period_s, self.settings.check_interval_s * 2**in_vain))
 
     async def retrain(self, reason: str) -> bool:
         """One retraining in a child process; True when a new version was deployed."""

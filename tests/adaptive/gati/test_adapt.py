@@ -6,10 +6,12 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
+from adaserve.adaptive.gati import service as service_module
 from adaserve.adaptive.gati.adapt import AdaptSettings, HitRateMonitor, SampleWindow, acceptance, adapt, deploy
 from adaserve.adaptive.gati.blocks import BlockChain, load_chain
 from adaserve.adaptive.gati.cacheset import (
@@ -223,6 +225,33 @@ def test_the_service_judges_the_default_targets_rows_alone(built: Built) -> None
     assert service.monitor.rows == 0
     service.observe(ExitCounts(0.97, {"stage1": 8}, {"stage1": 2}, 6, 0, 0))
     assert service.monitor.rows == 8
+
+
+def test_retrainings_in_vain_back_off_up_to_the_period(built: Built, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A trigger that keeps firing on a stream retraining cannot help must not retrain every check (a soak saw one
+    every few seconds, each refused, each a core for seconds): the wait doubles after each, up to the period."""
+    settings = AdaptationSpec(check_interval_s=5, period_s=60, min_window_rows=20)
+    caches = LearnedCachesSpec(targets=(0.97,), adaptation=settings)
+    spec = replace(built.spec, config=built.spec.config.model_copy(update={"caches": caches}))
+    service = CacheAdaptation(spec, settings, on_deployed=lambda: None)
+    # The built set's composition: an earlier test may have deployed a version certified with no exit to watch.
+    service.composition = built.cache_set.composition(0.97)
+    service.window.offer(built.stream)
+    monkeypatch.setattr(service.monitor, "check", lambda now: "always")
+    retrained: list[str] = []
+    waited: list[float] = []
+
+    async def retrain(reason: str) -> bool:
+        retrained.append(reason)
+        return False  # refused
+
+    async def sleep(seconds: float) -> None:  # virtual time
+        waited.append(seconds)
+
+    monkeypatch.setattr(service, "retrain", retrain)
+    monkeypatch.setattr(service_module, "asyncio", SimpleNamespace(sleep=sleep))
+    asyncio.run(service.follow(lambda: len(retrained) < 6))
+    assert waited == [5, 10, 5, 20, 5, 40, 5, 60, 5, 60, 5, 60]  # a check, then the back-off after each in vain
 
 
 def test_a_retraining_whose_process_is_killed_fails_saying_how_it_ended(
