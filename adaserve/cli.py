@@ -41,6 +41,7 @@ def _serve(args: argparse.Namespace) -> int:
         http_port=args.http_port,
         grpc_port=args.grpc_port,
         max_request_bytes=args.max_request_bytes,
+        http_idle_timeout_s=args.http_idle_timeout,
         models=args.model or None,
         cache=cache,
         spare_hosts=args.spare_hosts if args.spare_hosts is not None else int(cache is not None),
@@ -84,6 +85,17 @@ def spare_hosts(text: str) -> int:
     if not text.isdigit():
         raise argparse.ArgumentTypeError(f"expected a whole number of host processes, 0 or more; got {text!r}")
     return int(text)
+
+
+def positive_seconds(text: str) -> float:
+    """`--http-idle-timeout`: seconds, more than 0."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0 or seconds == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds above 0; got {text!r}")
+    return seconds
 
 
 def _models_list(args: argparse.Namespace) -> int:
@@ -139,6 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     from adaserve.cache.cli import register as register_cache
     from adaserve.cache.policies import POLICIES
     from adaserve.cpu.cli import register as register_cpu
+    from adaserve.server.http import IDLE_TIMEOUT_S
 
     parser = argparse.ArgumentParser(prog="adaserve", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -153,6 +166,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=64 * 1024 * 1024,
         help="largest inference request accepted (413 / RESOURCE_EXHAUSTED beyond)",
+    )
+    serve.add_argument(
+        "--http-idle-timeout",
+        type=positive_seconds,
+        default=IDLE_TIMEOUT_S,
+        help=f"seconds an HTTP connection may send nothing while no answer is being computed before it is closed "
+        f"(a 408 if it stopped mid-request; default {IDLE_TIMEOUT_S:g})",
     )
     serve.add_argument("--model", action="append", help="load only this model (repeatable; default: all)")
     serve.add_argument(

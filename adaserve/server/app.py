@@ -21,7 +21,7 @@ from adaserve.errors import ConfigError
 from adaserve.repository import ModelRepository
 from adaserve.server.dataplane import DataPlane
 from adaserve.server.grpc_service import InferenceServicer
-from adaserve.server.http import HttpServer
+from adaserve.server.http import IDLE_TIMEOUT_S, HttpServer
 from adaserve.server.rest import create_app, error_response
 
 log = logging.getLogger("adaserve.server")
@@ -34,6 +34,7 @@ class ServeOptions:
     http_port: int = 8000
     grpc_port: int = 8001
     max_request_bytes: int = 64 * 1024 * 1024
+    http_idle_timeout_s: float = IDLE_TIMEOUT_S
     models: list[str] | None = None  # None: every model in the repository (none under a memory budget)
     cache: CacheSettings | None = None  # mCache: a memory budget and an eviction policy
     spare_hosts: int = 0  # model host processes started ahead of loads (see HostLauncher)
@@ -58,7 +59,12 @@ async def serve(options: ServeOptions) -> None:
     router = ModelRouter(ModelRepository(options.model_repository), options.cache, spare_hosts=options.spare_hosts)
     plane = DataPlane(router)
     http_socket = _listen(options.host, options.http_port)
-    http = HttpServer(create_app(plane), max_body_bytes=options.max_request_bytes, on_error=error_response)
+    http = HttpServer(
+        create_app(plane),
+        max_body_bytes=options.max_request_bytes,
+        on_error=error_response,
+        idle_timeout_s=options.http_idle_timeout_s,
+    )
     grpc_server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", options.max_request_bytes),

@@ -5,7 +5,7 @@ and by syscalls that wake another process. uvicorn writes a response's headers a
 ASGI layers cost about 140 µs of CPU per request; this server parses with httptools, routes with one table, and
 answers with a single write. It does what the REST frontend needs: keep-alive, pipelined requests answered in
 order, chunked request bodies, `Expect: 100-continue`, a body limit enforced before the body is read, and a
-graceful stop that lets requests in progress finish.
+graceful stop that lets requests in progress finish, and an idle timeout.
 """
 
 from __future__ import annotations
@@ -33,6 +33,9 @@ LINGER_S = 2.0
 #: cannot grow the server's memory with headers (the body has its own limit, `max_body_bytes`). Counted in whole
 #: chunks of input, so a request may get up to one chunk past it.
 MAX_HEAD_BYTES = 64 * 1024
+#: A connection that sends nothing for this long while no answer is being computed is closed (nginx's keep-alive
+#: timeout), so idle or abandoned connections cannot pile up; one that stops in the middle of a request gets a 408.
+IDLE_TIMEOUT_S = 75.0
 
 
 @dataclass
@@ -104,8 +107,10 @@ class HttpProtocol(asyncio.Protocol):
         max_body_bytes: int,
         on_error: Callable[[int, str], Response],
         connections: set[HttpProtocol],
+        idle_timeout_s: float = IDLE_TIMEOUT_S,
     ) -> None:
         self.app = app
+        self.idle_timeout_s = idle_timeout_s
         self.max_body_bytes = max_body_bytes
         self.on_error = on_error
         self.connections = connections
@@ -116,6 +121,10 @@ class HttpProtocol(asyncio.Protocol):
         self.closing = False  # the last answer is written; input is drained and discarded until close
         self._messages = 0  # requests begun on this connection
         self._in_head = True  # the current request's URL and headers are not complete yet
+        self._partial = False  # a request has begun and is not whole yet
+        self._loop = asyncio.get_running_loop()
+        self._last_input = self._loop.time()  # or the last answer's: what the idle timeout counts from
+        self._idle_timer: asyncio.TimerHandle | None = None
         self._reset()
 
     def _reset(self) -> None:
@@ -130,14 +139,18 @@ class HttpProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's TCPTransport does not subclass it
         self.connections.add(self)
+        self._idle_timer = self._loop.call_later(self.idle_timeout_s, self._check_idle)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.connections.discard(self)
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
         if self.task is not None:
             self.task.cancel()  # an abandoned request still finishes in the engine; only its answer is dropped
         self.transport = None
 
     def data_received(self, data: bytes) -> None:
+        self._last_input = self._loop.time()  # a float per chunk; the timer reads it when it fires
         if self.closing or self._head_size > MAX_HEAD_BYTES:
             return
         in_head, message = self._in_head, self._messages
@@ -155,6 +168,7 @@ class HttpProtocol(asyncio.Protocol):
     # -- httptools callbacks ---------------------------------------------------------------------------------
     def on_message_begin(self) -> None:
         self._messages += 1
+        self._partial = True
         self._reset()
 
     def on_url(self, url: bytes) -> None:
@@ -184,6 +198,7 @@ class HttpProtocol(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         self._in_head = True  # of the next request
+        self._partial = False
         keep_alive = self.parser.should_keep_alive()
         if self._refused is not None:
             self._enqueue(self._refused, False)
@@ -217,6 +232,7 @@ class HttpProtocol(asyncio.Protocol):
             if self.transport is None:
                 break
             self.transport.write(render(response, keep_alive))
+            self._last_input = self._loop.time()
             if not keep_alive:
                 self._linger()
                 break
@@ -234,6 +250,20 @@ class HttpProtocol(asyncio.Protocol):
             self.transport.write_eof()
         asyncio.get_running_loop().call_later(LINGER_S, self.transport.close)
 
+    def _check_idle(self) -> None:
+        """The idle timer fired: close a connection quiet for `idle_timeout_s` (a 408 if it stopped mid-request);
+        otherwise look again when it could first be."""
+        if self.transport is None or self.closing:
+            return
+        quiet_s = self._loop.time() - self._last_input
+        if self.busy or quiet_s < self.idle_timeout_s:
+            wait_s = self.idle_timeout_s if self.busy else self.idle_timeout_s - quiet_s
+            self._idle_timer = self._loop.call_later(wait_s, self._check_idle)
+        elif self._partial:
+            self._fail(408, f"the request stopped arriving: nothing came for {self.idle_timeout_s:g} s")
+        else:
+            self.transport.close()
+
     @property
     def busy(self) -> bool:
         return self.task is not None
@@ -242,17 +272,26 @@ class HttpProtocol(asyncio.Protocol):
 class HttpServer:
     """Listens on a bound socket and serves `app`; `stop()` closes idle connections and waits for busy ones."""
 
-    def __init__(self, app: Application, *, max_body_bytes: int, on_error: Callable[[int, str], Response]) -> None:
+    def __init__(
+        self,
+        app: Application,
+        *,
+        max_body_bytes: int,
+        on_error: Callable[[int, str], Response],
+        idle_timeout_s: float = IDLE_TIMEOUT_S,
+    ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.on_error = on_error
+        self.idle_timeout_s = idle_timeout_s
         self.connections: set[HttpProtocol] = set()
         self._server: asyncio.Server | None = None
 
     async def start(self, sock: socket.socket) -> None:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: HttpProtocol(self.app, self.max_body_bytes, self.on_error, self.connections), sock=sock
+            lambda: HttpProtocol(self.app, self.max_body_bytes, self.on_error, self.connections, self.idle_timeout_s),
+            sock=sock,
         )
 
     async def stop(self, grace_s: float = 10.0) -> None:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 
 import numpy as np
 
-from adaserve.server.http import MAX_HEAD_BYTES
+from adaserve.server.http import MAX_HEAD_BYTES, HttpServer, Request, Response
 from tests.conftest import MAX_REQUEST_BYTES
 from tests.server.reference import reference_outputs
 from tests.server_utils import ServerHandle
@@ -148,3 +149,43 @@ def test_a_large_body_sent_with_its_headers_is_not_taken_for_headers(server: Ser
         sock.sendall(post("/v2/models/mlp/infer", body.encode()) * 2)  # two, pipelined, in one send
         buffer = bytearray()
         assert [read_response(sock, buffer)[0] for _ in range(2)] == [200, 200]
+
+
+def test_idle_connections_are_closed_and_a_stalled_request_gets_a_408() -> None:
+    """An in-process server with a 0.3 s idle timeout: a connection that sends nothing is closed, one that stops
+    mid-request gets a 408 then is closed, and one whose answer is being computed is kept however long it takes."""
+
+    async def main() -> None:
+        release = asyncio.Event()
+
+        async def app(request: Request) -> Response:
+            await release.wait()  # a long inference
+            return Response(body=b"{}")
+
+        server = HttpServer(
+            app, max_body_bytes=1024, on_error=lambda status, text: Response(status), idle_timeout_s=0.3
+        )
+        listener = socket.create_server(("127.0.0.1", 0))
+        await server.start(listener)
+        address = listener.getsockname()
+
+        reader, writer = await asyncio.open_connection(*address)
+        assert await asyncio.wait_for(reader.read(), 10.0) == b""  # idle: closed
+        writer.close()
+
+        reader, writer = await asyncio.open_connection(*address)
+        writer.write(b"POST /infer HTTP/1.1\r\nhost: x\r\ncontent-length: 10\r\n\r\n12345")
+        answer = await asyncio.wait_for(reader.read(), 10.0)
+        assert answer.startswith(b"HTTP/1.1 408 ")  # stalled mid-body: told so, then closed
+        writer.close()
+
+        reader, writer = await asyncio.open_connection(*address)
+        writer.write(b"GET /slow HTTP/1.1\r\nhost: x\r\n\r\n")
+        await asyncio.sleep(1.0)  # more than three timeouts while its answer is computed
+        release.set()
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10.0)
+        assert head.startswith(b"HTTP/1.1 200 ")
+        writer.close()
+        await server.stop(grace_s=1.0)
+
+    asyncio.run(main())
