@@ -401,7 +401,7 @@ class ModelEngine:
         self._idle.clear()
         self.scheduler.enqueue(start, rows, time.monotonic())
         if timeout_s is not None:
-            waited_s = (time.perf_counter_ns() - arrived_ns) / 1e9  # for contiguous slots, maybe
+            waited_s = (time.perf_counter_ns() - arrived_ns) / 1e9  # a wait for contiguous slots counts too
             self._loop.call_later(max(0.0, timeout_s - waited_s), self._expire, pending, timeout_s)
         self._pump()
         return await pending.future
