@@ -16,6 +16,8 @@ from tritonclient.utils import InferenceServerException
 from adaserve.errors import AdaserveError, ConfigError
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from adaserve.cache.budget import Budget
 
 #: The example repository shipped in the source tree; `adaserve serve` with no arguments serves it.
@@ -53,6 +55,7 @@ def _serve(args: argparse.Namespace) -> int:
 def memory_budget(text: str) -> Budget:
     """`--model-memory-budget`: bytes with a unit, or a percentage, resolved by `_budget_bytes` once the repository
     says which device's memory a percentage is of."""
+
     from adaserve.cache.budget import Budget
 
     try:
@@ -98,6 +101,27 @@ def positive_seconds(text: str) -> float:
     return seconds
 
 
+def json_object(text: str) -> dict[str, object]:
+    """`--parameters`: a JSON object."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON ({exc}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object such as '{{\"latency_ms\": 5}}'; got {text!r}")
+    return value
+
+
+def npy_array(text: str) -> np.ndarray:
+    """`--input`: a .npy file's array (never pickled objects)."""
+    import numpy as np
+
+    try:
+        return np.load(text, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(f"cannot read {text} as a .npy array: {exc}") from None
+
+
 def _models_list(args: argparse.Namespace) -> int:
     from adaserve.repository import ModelRepository
 
@@ -118,10 +142,9 @@ def _models_list(args: argparse.Namespace) -> int:
 
 
 def _infer(args: argparse.Namespace) -> int:
-    import numpy as np
     import tritonclient.http as httpclient
 
-    array = np.load(args.input, allow_pickle=False)
+    array = args.input
     client = httpclient.InferenceServerClient(args.url)
     metadata = client.get_model_metadata(args.model)
     spec = metadata["inputs"][0]
@@ -131,8 +154,7 @@ def _infer(args: argparse.Namespace) -> int:
         array = array[None]
     tensor = httpclient.InferInput(spec["name"], list(array.shape), spec["datatype"])
     tensor.set_data_from_numpy(array.astype(httpclient.triton_to_np_dtype(spec["datatype"])))
-    parameters = json.loads(args.parameters) if args.parameters else None
-    result = client.infer(args.model, [tensor], parameters=parameters)
+    result = client.infer(args.model, [tensor], parameters=args.parameters)
     response = result.get_response()
     for output in response["outputs"]:
         values = result.as_numpy(output["name"])
@@ -204,9 +226,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     infer = commands.add_parser("infer", help="send one .npy tensor to a running server and print the outputs")
     infer.add_argument("model")
-    infer.add_argument("--input", type=Path, required=True, help=".npy file (with or without the batch dimension)")
+    infer.add_argument("--input", type=npy_array, required=True, help=".npy file (with or without the batch dimension)")
     infer.add_argument("--url", default="127.0.0.1:8000")
-    infer.add_argument("--parameters", help="request parameters as JSON, e.g. '{\"latency_ms\": 5}'")
+    infer.add_argument("--parameters", type=json_object, help="request parameters as JSON, e.g. '{\"latency_ms\": 5}'")
     infer.set_defaults(func=_infer)
 
     register_bench(commands)

@@ -54,6 +54,15 @@ def test_errors_are_plain_and_exit_non_zero(tmp_path: Path) -> None:
     np.save(tmp_path / "x.npy", np.zeros((784,), dtype=np.float32))
     refused = adaserve("infer", "mlp", "--input", str(tmp_path / "x.npy"), "--url", "127.0.0.1:1")
     assert refused.returncode == 1 and "adaserve: error:" in refused.stderr
+    (tmp_path / "text.npy").write_text("hello")
+    for input_file, parameters, message in (
+        (tmp_path / "text.npy", "{}", f"--input: cannot read {tmp_path / 'text.npy'} as a .npy array"),
+        (tmp_path / "absent.npy", "{}", f"--input: cannot read {tmp_path / 'absent.npy'} as a .npy array"),
+        (tmp_path / "x.npy", "{bad", "--parameters: not JSON"),
+        (tmp_path / "x.npy", "[5]", "--parameters: expected a JSON object"),
+    ):
+        bad = adaserve("infer", "mlp", "--input", str(input_file), "--parameters", parameters, "--url", "127.0.0.1:1")
+        assert bad.returncode == 2 and message in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
