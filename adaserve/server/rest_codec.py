@@ -62,7 +62,6 @@ def _request(model: str, version: str, document: dict[str, Any], binary: memoryv
     if offset != len(binary):
         raise InvalidInputError(f"{len(binary) - offset} bytes of binary data are not claimed by any input")
     parameters = _parameters(document.get("parameters"), "request")
-    refuse_unsupported("request", parameters)
     outputs = None
     if "outputs" in document:
         raw_outputs = document["outputs"]
@@ -89,9 +88,7 @@ def _input(raw: Any, binary: memoryview) -> tuple[Tensor, int]:
     if not isinstance(datatype, str):
         raise InvalidInputError(f"input '{name}': missing 'datatype'")
     shape = check_shape(name, raw.get("shape"))
-    parameters = _parameters(raw.get("parameters"), f"input '{name}'")
-    refuse_unsupported(f"input '{name}'", parameters)
-    size = parameters.get("binary_data_size")
+    size = _parameters(raw.get("parameters"), f"input '{name}'").get("binary_data_size")
     if size is not None:
         if not isinstance(size, int) or size < 0 or size > len(binary):
             raise InvalidInputError(f"input '{name}': binary_data_size {size!r} exceeds the binary data sent")
@@ -105,12 +102,12 @@ def _requested_output(raw: Any) -> RequestedOutput:
     if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
         raise InvalidInputError("each requested output must be an object with a 'name'")
     parameters = _parameters(raw.get("parameters"), f"output '{raw['name']}'")
-    refuse_unsupported(f"output '{raw['name']}'", parameters)
     return RequestedOutput(raw["name"], parameters.get("binary_data", False))  # a boolean: `_parameters`
 
 
 def _parameters(raw: Any, where: str) -> dict[str, Any]:
-    """The protocol's parameters: a JSON object whose values are booleans, numbers or strings."""
+    """The protocol's parameters: a JSON object whose values are booleans, numbers or strings, asking for no
+    extension this server lacks (`refuse_unsupported`)."""
     if raw is None:
         return {}
     if not isinstance(raw, dict):
@@ -123,6 +120,7 @@ def _parameters(raw: Any, where: str) -> dict[str, Any]:
     for key in BOOLEAN_PARAMETERS & raw.keys():
         if not isinstance(raw[key], bool):
             raise InvalidInputError(f"{where}: parameter '{key}' must be true or false, got {raw[key]!r}")
+    refuse_unsupported(where, raw)
     return raw
 
 
