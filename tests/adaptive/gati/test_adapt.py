@@ -202,6 +202,13 @@ def test_an_adaptation_that_lowers_held_out_agreement_is_refused(built: Built) -
         deploy(built.spec, result)
 
 
+def adaptation_service(built: Built, targets: tuple[float, ...], settings: AdaptationSpec) -> CacheAdaptation:
+    """The server's adaptation service for the built model configured with these targets and settings."""
+    caches = LearnedCachesSpec(targets=targets, adaptation=settings)
+    spec = replace(built.spec, config=built.spec.config.model_copy(update={"caches": caches}))
+    return CacheAdaptation(spec, settings, on_deployed=lambda: None)
+
+
 def test_an_adaptation_composes_every_target_the_set_serves(built: Built) -> None:
     """The default target is retrained; a stricter target of the same set must come out composed for itself, not
     served by the default's caches (what `CacheSet.composition` falls back to when its target is missing)."""
@@ -218,9 +225,7 @@ def test_an_adaptation_composes_every_target_the_set_serves(built: Built) -> Non
 def test_the_service_judges_the_default_targets_rows_alone(built: Built) -> None:
     """Rows served by a stricter target's caches hit less by design: counted with the default's, they read as a
     drift and retrain for nothing (a soak with requests at two targets retrained, and was refused, every few s)."""
-    caches = LearnedCachesSpec(targets=(0.97, 0.99), adaptation=AdaptationSpec())
-    spec = replace(built.spec, config=built.spec.config.model_copy(update={"caches": caches}))
-    service = CacheAdaptation(spec, AdaptationSpec(), on_deployed=lambda: None)
+    service = adaptation_service(built, (0.97, 0.99), AdaptationSpec())
     service.observe(ExitCounts(0.99, {"stage1": 8}, {}, 8, 0, 0))
     assert service.monitor.rows == 0
     service.observe(ExitCounts(0.97, {"stage1": 8}, {"stage1": 2}, 6, 0, 0))
@@ -231,9 +236,7 @@ def test_retrainings_in_vain_back_off_up_to_the_period(built: Built, monkeypatch
     """A trigger that keeps firing on a stream retraining cannot help must not retrain every check (a soak saw one
     every few seconds, each refused, each a core for seconds): the wait doubles after each, up to the period."""
     settings = AdaptationSpec(check_interval_s=5, period_s=60, min_window_rows=20)
-    caches = LearnedCachesSpec(targets=(0.97,), adaptation=settings)
-    spec = replace(built.spec, config=built.spec.config.model_copy(update={"caches": caches}))
-    service = CacheAdaptation(spec, settings, on_deployed=lambda: None)
+    service = adaptation_service(built, (0.97,), settings)
     # The built set's composition: an earlier test may have deployed a version certified with no exit to watch.
     service.composition = built.cache_set.composition(0.97)
     service.window.offer(built.stream)
@@ -259,9 +262,7 @@ def test_a_retraining_whose_process_is_killed_fails_saying_how_it_ended(
 ) -> None:
     """A retraining process that dies says nothing on stderr; the failure must still name what happened (a soak
     that killed the server's children logged failures whose error was an empty string)."""
-    caches = LearnedCachesSpec(targets=(0.97,), adaptation=AdaptationSpec())
-    spec = replace(built.spec, config=built.spec.config.model_copy(update={"caches": caches}))
-    service = CacheAdaptation(spec, AdaptationSpec(), on_deployed=lambda: None)
+    service = adaptation_service(built, (0.97,), AdaptationSpec())
     service.window.offer(built.stream)
 
     async def retrain_then_close() -> bool:
