@@ -22,6 +22,8 @@ from tests.engine.engines import run_engine
 from tests.server_utils import link_example, write_slow_model
 
 ONE_WORKER = [{"batch": 4, "threads": 1}]
+#: The set the switch tests switch to.
+TWO_OF_BATCH_2 = (WorkerSpec(batch=2, threads=1), WorkerSpec(batch=2, threads=1))
 
 
 def test_the_engine_measures_the_weights_and_each_workers_workspace(tmp_path: Path) -> None:
@@ -57,8 +59,7 @@ def test_a_new_worker_that_dies_before_the_switch_is_started_again(tmp_path: Pat
             return worker_id, started
 
         engine._spawn = spawn_then_kill_first  # type: ignore[method-assign]
-        planned = (WorkerSpec(batch=2, threads=1), WorkerSpec(batch=2, threads=1))
-        await engine.switch_workers(WorkerSetChoice(workers=planned, reason="test"))
+        await engine.switch_workers(WorkerSetChoice(workers=TWO_OF_BATCH_2, reason="test"))
         deadline = time.monotonic() + 60.0  # a restart forks and warms up a worker: slow on a busy machine
         while sorted(w.batch for w in engine.workers.values()) != [2, 2] and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
@@ -99,8 +100,7 @@ def test_an_old_worker_that_dies_while_the_new_set_starts_leaves_only_the_new_se
             return worker_id, started
 
         engine._spawn = spawn  # type: ignore[method-assign]
-        planned = (WorkerSpec(batch=2, threads=1), WorkerSpec(batch=2, threads=1))
-        await engine.switch_workers(WorkerSetChoice(workers=planned, reason="test"))
+        await engine.switch_workers(WorkerSetChoice(workers=TWO_OF_BATCH_2, reason="test"))
         switched.set()
         assert engine.stats.worker_restarts == 1 and engine.stats.reconfigurations == 1
         deadline = time.monotonic() + 60.0  # the replacement forks, warms up and stops: slow on a busy machine
@@ -124,8 +124,7 @@ def test_a_switch_under_way_when_the_model_unloads_ends_and_leaves_no_process(tm
         others = _live_children()  # the suite's own server, say
         engine = ModelEngine(ModelRepository(tmp_path).read("mlp"))
         await engine.start()
-        planned = (WorkerSpec(batch=2, threads=1), WorkerSpec(batch=2, threads=1))
-        switch = asyncio.get_running_loop().create_task(engine.switch_workers(WorkerSetChoice(planned, "test")))
+        switch = asyncio.get_running_loop().create_task(engine.switch_workers(WorkerSetChoice(TWO_OF_BATCH_2, "test")))
         await asyncio.sleep(0)  # the switch has sent its first spawn to the host
         # Well under stop()'s own 10 s wait for the workers it told to stop: no worker forked meanwhile was missed.
         await asyncio.wait_for(engine.stop(drain_timeout_s=5.0), 8.0)
