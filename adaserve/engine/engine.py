@@ -177,14 +177,19 @@ class ModelEngine:
 
     # -- lifecycle -------------------------------------------------------------------------------------------
     async def start(self, timeout_s: float = 300.0) -> None:
-        """Start every worker and wait until each has loaded the model; ConfigError if one cannot."""
+        """Start every worker and wait until each has loaded the model; ConfigError if one cannot. A start that
+        fails or is cancelled stops the processes it had started."""
+        try:
+            await self._start(timeout_s)
+        except BaseException:
+            await self.stop(drain_timeout_s=0)
+            raise
+
+    async def _start(self, timeout_s: float) -> None:
         try:
             await asyncio.wait_for(self._start_processes(), timeout_s)
-        except (ConfigError, TimeoutError) as exc:
-            await self.stop(drain_timeout_s=0)
-            if isinstance(exc, TimeoutError):
-                raise ConfigError(f"model '{self.model.name}': workers not ready after {timeout_s:.0f} s") from None
-            raise
+        except TimeoutError:
+            raise ConfigError(f"model '{self.model.name}': workers not ready after {timeout_s:.0f} s") from None
         self.state = EngineState.READY
         log.info(
             "model ready",

@@ -189,7 +189,11 @@ def _early_exit(
 
 
 def main() -> None:
-    sys.exit(host(socket.socket(fileno=int(sys.argv[1]))))
+    try:
+        code = host(socket.socket(fileno=int(sys.argv[1])))
+    except (BrokenPipeError, ConnectionResetError):
+        code = 0  # the server hung up mid-exchange (it stopped, or gave up on this host): no one to tell
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -106,9 +106,9 @@ class ModelHost:
                 os.close(result_write)
             try:
                 reply = await self._receive()
-            except ConfigError:
-                # The host may have forked the worker and died before naming it: closing our ends gives that
-                # worker end-of-file on its command pipe, and it exits instead of waiting for commands forever.
+            except BaseException:
+                # The host may have forked the worker and died (or been abandoned) before naming it: closing our
+                # ends gives that worker end-of-file on its command pipe, and it exits instead of waiting for ever.
                 os.close(command_write)
                 os.close(result_read)
                 raise
@@ -120,6 +120,9 @@ class ModelHost:
             data = await asyncio.get_running_loop().sock_recv(self._control, 1 << 16)
         except OSError:  # reset by a host that died: the same as its end closing
             data = b""
+        except asyncio.CancelledError:
+            self._control.close()  # its answer, left unread, would be taken for the next exchange's: end the host
+            raise
         if not data:
             how = await _how_it_ended(self.process)
             raise ConfigError(f"model '{self.model.name}': its host process {how}")

@@ -6,14 +6,16 @@ those that fit are resident: a request for another loads it on demand and the ca
 makes room (`adaserve.cache`); a model is pinned while a request uses it, so it is never evicted mid-request.
 
 A reload starts the new version beside the old one and swaps only when it is ready, so a reload never interrupts
-serving. A model that fails to load is recorded with its reason; the others keep serving.
+serving. A model that fails to load is recorded with its reason; the others keep serving. A load or unload runs to
+its end even when its caller stops waiting (the client hung up, a gRPC deadline passed), as Triton's do: cut off
+half-way, it would leave a host process that no engine owns.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -54,7 +56,7 @@ class ModelRouter:
         self._engines: dict[str, ModelEngine] = {}
         self._errors: dict[str, str] = {}
         self._locks: dict[str, asyncio.Lock] = {}
-        self._reloads: set[asyncio.Task[None]] = set()
+        self._operations: set[asyncio.Task[None]] = set()  # loads, unloads and reloads, each in a task of its own
         self.cache: ModelCache | None = None
         if cache is not None:
             self.cache = ModelCache(
@@ -109,6 +111,9 @@ class ModelRouter:
 
         Under a memory budget the cache loads it, evicting other models by its policy to make room.
         """
+        await asyncio.shield(self._operation(self._load(name)))
+
+    async def _load(self, name: str) -> None:
         if self.cache is not None and name not in self._engines:
             self._check_known(name)
             async with self.cache.use(name):
@@ -140,13 +145,27 @@ class ModelRouter:
                     "model failed to reload; the old engine keeps serving", extra={"model": name, "error": str(exc)}
                 )
 
-        task = asyncio.get_running_loop().create_task(reload())
-        self._reloads.add(task)
-        task.add_done_callback(self._reloads.discard)
+        self._operation(reload())
+
+    def _operation(self, operation: Coroutine[None, None, None]) -> asyncio.Task[None]:
+        """Run a load, unload or reload in a task of the router's own: cancelling whoever waits for it leaves it
+        running; `close()` ends it. Its outcome shows in the repository index whether or not anyone waits."""
+        task = asyncio.get_running_loop().create_task(operation)
+        self._operations.add(task)
+        task.add_done_callback(self._settled)
+        return task
+
+    def _settled(self, task: asyncio.Task[None]) -> None:
+        self._operations.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: a caller that went away would otherwise leave it unread
 
     async def unload(self, name: str) -> None:
         """Triton's unload: a model of the repository that is not loaded stays so and the call succeeds (a failed
         load's reason is cleared); a name the repository does not know is a ModelNotFoundError."""
+        await asyncio.shield(self._operation(self._unload(name)))
+
+    async def _unload(self, name: str) -> None:
         if name not in self._engines:
             self._check_known(name)
         await self._stop(name)
@@ -180,8 +199,10 @@ class ModelRouter:
             raise ModelNotFoundError(f"unknown model '{name}'")
 
     async def close(self) -> None:
-        for task in self._reloads:
-            task.cancel()  # a reload must not start an engine after the server has stopped
+        operations = list(self._operations)
+        for task in operations:
+            task.cancel()  # a load must not start an engine after the server has stopped
+        await asyncio.gather(*operations, return_exceptions=True)  # each stops what it had started
         engines, self._engines = list(self._engines.values()), {}
         await asyncio.gather(*(engine.stop(drain_timeout_s=5.0) for engine in engines))
         await self.hosts.close()

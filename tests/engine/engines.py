@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -22,3 +24,19 @@ def run_engine(repository: Path, body: Callable[[ModelEngine], Awaitable[None]],
             await engine.stop(drain_timeout_s=5.0)
 
     asyncio.run(main())
+
+
+def live_children(pid: int | None = None) -> list[int]:
+    """The children of process `pid` (default: this one's) that have not exited (zombies not yet reaped are left
+    out). Their threads' children too: a model host forks its workers from its main thread, a test from any."""
+    pid = os.getpid() if pid is None else pid
+    children = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            children += (task / "children").read_text().split()
+    alive = []
+    for child in children:
+        with contextlib.suppress(OSError):
+            if Path(f"/proc/{child}/stat").read_text().split()[2] != "Z":
+                alive.append(int(child))
+    return alive

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import time
@@ -18,7 +17,7 @@ from adaserve.engine.engine import ModelEngine, PendingRequest
 from adaserve.engine.worker_sets import WorkerSetChoice
 from adaserve.errors import InvalidInputError, OverloadedError
 from adaserve.repository import ModelRepository
-from tests.engine.engines import run_engine
+from tests.engine.engines import live_children, run_engine
 from tests.server_utils import link_example, write_slow_model
 
 ONE_WORKER = [{"batch": 4, "threads": 1}]
@@ -121,7 +120,7 @@ def test_a_switch_under_way_when_the_model_unloads_ends_and_leaves_no_process(tm
     link_example(tmp_path, "mlp", workers=ONE_WORKER)
 
     async def main() -> None:
-        others = _live_children()  # the suite's own server, say
+        others = live_children()  # the suite's own server, say
         engine = ModelEngine(ModelRepository(tmp_path).read("mlp"))
         await engine.start()
         switch = asyncio.get_running_loop().create_task(engine.switch_workers(WorkerSetChoice(TWO_OF_BATCH_2, "test")))
@@ -130,20 +129,35 @@ def test_a_switch_under_way_when_the_model_unloads_ends_and_leaves_no_process(tm
         await asyncio.wait_for(engine.stop(drain_timeout_s=5.0), 8.0)
         await asyncio.wait_for(switch, 5.0)  # at once: a spawn the host had answered, or one it never will
         assert engine._processes == {} and engine.stats.host_restarts == 0
-        assert set(_live_children()) <= set(others)  # the host is gone (its workers were waited for by stop())
+        assert set(live_children()) <= set(others)  # the host is gone (its workers were waited for by stop())
 
     asyncio.run(main())
 
 
-def _live_children() -> list[int]:
-    """This process's children that have not exited (zombies not yet reaped are left out)."""
-    children = Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").read_text().split()
-    alive = []
-    for child in children:
-        with contextlib.suppress(OSError):
-            if Path(f"/proc/{child}/stat").read_text().split()[2] != "Z":
-                alive.append(int(child))
-    return alive
+def test_a_start_that_is_cancelled_stops_the_processes_it_had_started(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A load cut off half-way (the server stopping, say) must not leave its host or workers running. Before, only
+    a start that failed stopped them. The host, hung up on while it loads, exits quietly when it finds no one to
+    report to (before: a traceback and exit code 1)."""
+    link_example(tmp_path, "mlp", workers=ONE_WORKER)
+
+    async def main() -> None:
+        others = live_children()
+        engine = ModelEngine(ModelRepository(tmp_path).read("mlp"))
+        start = asyncio.get_running_loop().create_task(engine.start())
+        deadline = time.monotonic() + 60.0
+        while len(live_children()) == len(others) and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)  # the host is starting
+        start.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await start
+        assert engine._processes == {}
+        assert set(live_children()) <= set(others)
+        assert engine._host is not None and engine._host.process.returncode == 0
+
+    asyncio.run(main())
+    assert "Traceback" not in capfd.readouterr().err
 
 
 def test_a_request_whose_timeout_passes_before_it_starts_is_refused_and_its_slots_freed(tmp_path: Path) -> None:
