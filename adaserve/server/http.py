@@ -119,6 +119,7 @@ class HttpProtocol(asyncio.Protocol):
         self.pending: deque[tuple[Request | Response, bool]] = deque()  # a request, or an early error response
         self.task: asyncio.Task[None] | None = None
         self.closing = False  # the last answer is written; input is drained and discarded until close
+        self._ended = False  # the client half-closed: answer what it sent, then close
         self._messages = 0  # requests begun on this connection
         self._in_head = True  # the current request's URL and headers are not complete yet
         self._partial = False  # a request has begun and is not whole yet
@@ -148,6 +149,14 @@ class HttpProtocol(asyncio.Protocol):
         if self.task is not None:
             self.task.cancel()  # an abandoned request still finishes in the engine; only its answer is dropped
         self.transport = None
+
+    def eof_received(self) -> bool:
+        """The client ended its side (HTTP/1.1 lets it, once its requests are written): answer the requests it
+        sent whole, then close. True keeps the connection open for those answers."""
+        self._ended = True
+        if self._partial and not self.closing:
+            self._fail(400, "the client ended the connection before the request was whole")
+        return self.task is not None
 
     def data_received(self, data: bytes) -> None:
         self._last_input = self._loop.time()  # a float per chunk; the timer reads it when it fires
@@ -239,6 +248,8 @@ class HttpProtocol(asyncio.Protocol):
             if len(self.pending) <= MAX_PIPELINED:
                 self.transport.resume_reading()
         self.task = None
+        if self._ended and not self.closing and self.transport is not None:
+            self.transport.close()  # every request the client sent is answered
 
     def _linger(self) -> None:
         """Half-close and drain for a while: closing with unread input would reset the connection (RST) and could

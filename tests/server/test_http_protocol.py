@@ -120,6 +120,29 @@ def test_malformed_requests_and_unknown_routes(server: ServerHandle) -> None:
         assert read_response(sock, bytearray())[0] == 200
 
 
+def test_requests_sent_before_the_client_half_closes_are_answered(server: ServerHandle) -> None:
+    """A client may end its side once its requests are written (`shutdown(SHUT_WR)`): each is answered, then the
+    connection closes. Before, the server took the end for a hang-up and answered nothing. A request cut off by
+    the end gets a 400 that says so."""
+    values = [0.25, 0.75]
+    with connect(server) as sock:
+        sock.sendall(b"".join(post("/v2/models/mlp/infer", infer_body(v)) for v in values))
+        sock.shutdown(socket.SHUT_WR)
+        buffer = bytearray()
+        answers = [read_response(sock, buffer) for _ in values]
+        assert sock.recv(1) == b""
+    for value, (status, _, body) in zip(values, answers, strict=True):
+        assert status == 200
+        expected = reference_outputs("mlp", np.full((1, 784), value, dtype=np.float32))[0]
+        np.testing.assert_allclose(json.loads(body)["outputs"][0]["data"], expected, rtol=1e-5, atol=1e-5)
+    with connect(server) as sock:
+        sock.sendall(post("/v2/models/mlp/infer", infer_body(0.5))[:-10])
+        sock.shutdown(socket.SHUT_WR)
+        status, headers, body = read_response(sock, bytearray())
+    assert status == 400 and headers["connection"] == "close"
+    assert json.loads(body)["error"] == "the client ended the connection before the request was whole"
+
+
 def test_connection_close_is_honoured(server: ServerHandle) -> None:
     with connect(server) as sock:
         sock.sendall(b"GET /v2 HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
