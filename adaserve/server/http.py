@@ -68,24 +68,26 @@ class Routes:
         pattern = re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", template)
         self._routes.append((method, re.compile(f"^{pattern}$"), handler))
 
-    def resolve(self, method: str, path: str) -> tuple[Handler, dict[str, str]] | int:
-        """The handler and path parameters, or 404 / 405."""
-        allowed = False
+    def resolve(self, method: str, path: str) -> tuple[Handler, dict[str, str]] | list[str]:
+        """The handler and path parameters; else the methods the path allows (none: a 404, some: a 405). A HEAD
+        is a GET whose answer leaves out the body (RFC 9110 §9.3.2): load balancers probe health with it."""
+        allowed = []
         for route_method, pattern, handler in self._routes:
             match = pattern.match(path)
             if match is None:
                 continue
-            if route_method == method:
+            if route_method == method or (method == "HEAD" and route_method == "GET"):
                 return handler, {name: unquote(value) for name, value in match.groupdict().items()}
-            allowed = True
-        return 405 if allowed else 404
+            allowed += [route_method, "HEAD"] if route_method == "GET" else [route_method]
+        return allowed
 
 
 Application = Callable[[Request], Awaitable[Response]]
 
 
-def render(response: Response, keep_alive: bool) -> bytes:
-    """Status line, headers and body as one buffer, so a response leaves in one send."""
+def render(response: Response, keep_alive: bool, with_body: bool = True) -> bytes:
+    """Status line, headers and body as one buffer, so a response leaves in one send. Without the body (the answer
+    to a HEAD), content-length still says what a GET would get."""
     reason = HTTPStatus(response.status).phrase
     lines = [
         f"HTTP/1.1 {response.status} {reason}",
@@ -95,7 +97,7 @@ def render(response: Response, keep_alive: bool) -> bytes:
     ]
     if not keep_alive:
         lines.append("connection: close")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + response.body
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (response.body if with_body else b"")
 
 
 class HttpProtocol(asyncio.Protocol):
@@ -240,7 +242,8 @@ class HttpProtocol(asyncio.Protocol):
             response = item if isinstance(item, Response) else await self.app(item)
             if self.transport is None:
                 break
-            self.transport.write(render(response, keep_alive))
+            with_body = not (isinstance(item, Request) and item.method == "HEAD")
+            self.transport.write(render(response, keep_alive, with_body))
             self._last_input = self._loop.time()
             if not keep_alive:
                 self._linger()

@@ -102,9 +102,12 @@ def create_app(plane: DataPlane) -> Application:
 
     async def app(request: Request) -> Response:
         resolved = routes.resolve(request.method, request.path)
-        if isinstance(resolved, int):
-            reason = "no such endpoint" if resolved == 404 else f"method {request.method} is not allowed here"
-            return error_response(resolved, f"{reason}: {request.path}")
+        if not resolved:
+            return error_response(404, f"no such endpoint: {request.path}")
+        if isinstance(resolved, list):
+            refused = error_response(405, f"method {request.method} is not allowed here: {request.path}")
+            refused.headers["allow"] = ", ".join(sorted(set(resolved)))
+            return refused
         handler, request.params = resolved
         try:
             return await handler(request)

@@ -19,16 +19,25 @@ def connect(server: ServerHandle) -> socket.socket:
     return socket.create_connection((host, int(port)), timeout=30)
 
 
-def read_response(sock: socket.socket, buffer: bytearray) -> tuple[int, dict[str, str], bytes]:
-    """One response from the stream; leftover bytes stay in `buffer` for the next call."""
+def read_head(sock: socket.socket, buffer: bytearray) -> tuple[int, dict[str, str]]:
+    """The status and headers of the next response (all of it, for an answer to a HEAD); the rest stays in
+    `buffer`."""
     while b"\r\n\r\n" not in buffer:
         chunk = sock.recv(65536)
         if not chunk:
             raise ConnectionError("closed before a response")
         buffer += chunk
     head, _, rest = bytes(buffer).partition(b"\r\n\r\n")
+    buffer[:] = rest
     status_line, *lines = head.decode("latin-1").split("\r\n")
     headers = {name.lower(): value.strip() for name, value in (line.split(":", 1) for line in lines)}
+    return int(status_line.split()[1]), headers
+
+
+def read_response(sock: socket.socket, buffer: bytearray) -> tuple[int, dict[str, str], bytes]:
+    """One response from the stream; leftover bytes stay in `buffer` for the next call."""
+    status, headers = read_head(sock, buffer)
+    rest = bytes(buffer)
     length = int(headers["content-length"])
     while len(rest) < length:
         chunk = sock.recv(65536)
@@ -36,7 +45,7 @@ def read_response(sock: socket.socket, buffer: bytearray) -> tuple[int, dict[str
             raise ConnectionError("closed inside a body")
         rest += chunk
     buffer[:] = rest[length:]
-    return int(status_line.split()[1]), headers, rest[:length]
+    return status, headers, rest[:length]
 
 
 def refused_after(server: ServerHandle, head: bytes, piece: bytes, pieces: int) -> tuple[int, dict[str, str], bytes]:
@@ -110,7 +119,7 @@ def test_malformed_requests_and_unknown_routes(server: ServerHandle) -> None:
         buffer = bytearray()
         missing, wrong_method = read_response(sock, buffer), read_response(sock, buffer)
     assert missing[0] == 404 and json.loads(missing[2])["error"] == "no such endpoint: /v2/nothing"
-    assert wrong_method[0] == 405
+    assert wrong_method[0] == 405 and wrong_method[1]["allow"] == "GET, HEAD"
     with connect(server) as sock:
         sock.sendall(b"NOT HTTP AT ALL\r\n\r\n")
         status, _, body = read_response(sock, bytearray())
@@ -141,6 +150,24 @@ def test_requests_sent_before_the_client_half_closes_are_answered(server: Server
         status, headers, body = read_response(sock, bytearray())
     assert status == 400 and headers["connection"] == "close"
     assert json.loads(body)["error"] == "the client ended the connection before the request was whole"
+
+
+def test_a_head_is_answered_as_a_get_without_the_body(server: ServerHandle) -> None:
+    """RFC 9110: a HEAD gets a GET's status and headers, and no body, on every route (a 405 too); a body there
+    would be read as the start of the next answer on the connection, as it was before."""
+    with connect(server) as sock:
+        sock.sendall(
+            b"HEAD /v2/models/mlp HTTP/1.1\r\nHost: t\r\n\r\n"
+            + post("/v2/models/mlp/infer", b"{}").replace(b"POST", b"HEAD", 1)
+            + b"GET /v2/models/mlp HTTP/1.1\r\nHost: t\r\n\r\n"
+        )
+        buffer = bytearray()
+        head = read_head(sock, buffer)
+        refused = read_head(sock, buffer)
+        get = read_response(sock, buffer)
+    assert head[0] == 200 and get[0] == 200 and head[1]["content-length"] == str(len(get[2]))
+    assert json.loads(get[2])["name"] == "mlp"
+    assert refused[0] == 405 and refused[1]["allow"] == "POST"
 
 
 def test_connection_close_is_honoured(server: ServerHandle) -> None:
