@@ -10,13 +10,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import msgspec
-
 from adaserve.errors import AdaserveError, InvalidInputError
 from adaserve.server.dataplane import DataPlane
 from adaserve.server.http import Application, Request, Response, Routes
 from adaserve.server.metrics import render_metrics
-from adaserve.server.rest_codec import HEADER_LENGTH, decode_request, encode_json, encode_response
+from adaserve.server.rest_codec import HEADER_LENGTH, decode_json, decode_request, encode_json, encode_response
 
 log = logging.getLogger("adaserve.rest")
 
@@ -135,10 +133,7 @@ def _repository_parameters(request: Request) -> list[str]:
 def _json_body(request: Request) -> dict[str, Any]:
     if not request.body.strip():
         return {}
-    try:
-        document = msgspec.json.decode(request.body)
-    except msgspec.DecodeError as exc:
-        raise InvalidInputError(f"request body is not valid JSON: {exc}") from None
+    document = decode_json(request.body)
     if not isinstance(document, dict):
         raise InvalidInputError("request body must be a JSON object")
     return document

@@ -41,10 +41,7 @@ def decode_request(model: str, version: str, body: bytes, header_length: str | N
         if not 0 <= size <= len(body):
             raise InvalidInputError(f"Inference-Header-Content-Length {size} is outside the body of {len(body)} bytes")
         header, binary = body[:size], memoryview(body)[size:]
-    try:
-        document = _json.decode(header)
-    except msgspec.DecodeError as exc:
-        raise InvalidInputError(f"request body is not valid JSON: {exc}") from None
+    document = decode_json(header)
     if not isinstance(document, dict):
         raise InvalidInputError("request body must be a JSON object with an 'inputs' list")
     return _request(model, version, document, binary)
@@ -149,6 +146,17 @@ def encode_response(response: InferenceResponse) -> tuple[bytes, dict[str, str]]
         "content-type": "application/octet-stream",
         "inference-header-content-length": str(len(header)),
     }
+
+
+def decode_json(data: bytes | memoryview) -> Any:
+    """A request's JSON; InvalidInputError naming what is wrong with it. Arrays nested past the decoder's depth
+    limit (a few thousand `[`) raise RecursionError, which is the client's error too, not the server's."""
+    try:
+        return _json.decode(data)
+    except msgspec.DecodeError as exc:
+        raise InvalidInputError(f"request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise InvalidInputError("request body is not valid JSON: it nests arrays or objects too deeply") from None
 
 
 def encode_json(document: Any) -> bytes:

@@ -142,6 +142,8 @@ def _with_parameters(parameters: dict[str, Any]) -> bytes:
     [
         ("/v2/models/mlp/infer", b"{not json", None, 400, "not valid JSON"),
         ("/v2/models/mlp/infer", b"[1, 2]", None, 400, "JSON object"),
+        ("/v2/models/mlp/infer", b"[" * 100_000 + b"]" * 100_000, None, 400, "nests arrays or objects too deeply"),
+        ("/v2/repository/index", b"[" * 100_000 + b"]" * 100_000, None, 400, "nests arrays or objects too deeply"),
         (
             "/v2/models/mlp/infer",
             infer_json("mlp", GOOD.astype(np.float64), datatype="FP64"),
