@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import resource
 import signal
 import socket
 from dataclasses import dataclass
@@ -55,7 +56,19 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+def raise_open_file_limit() -> int:
+    """Raise this process's open-file limit to the most it may have (the hard limit), as nginx and Go's runtime do:
+    the usual soft limit of 1,024 covers fewer than a thousand client connections beside the workers' pipes, and
+    past it the server can neither accept nor start a worker. The model hosts inherit it. Returns the limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == hard or hard == resource.RLIM_INFINITY:  # Linux never allows an infinite one: leave it be
+        return soft
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return hard
+
+
 async def serve(options: ServeOptions) -> None:
+    open_files = raise_open_file_limit()
     router = ModelRouter(ModelRepository(options.model_repository), options.cache, spare_hosts=options.spare_hosts)
     plane = DataPlane(router)
     http_socket = _listen(options.host, options.http_port)
@@ -86,7 +99,11 @@ async def serve(options: ServeOptions) -> None:
     await http.start(http_socket)
     log.info(
         "listening",
-        extra={"http": f"{options.host}:{options.http_port}", "grpc": f"{options.host}:{options.grpc_port}"},
+        extra={
+            "http": f"{options.host}:{options.http_port}",
+            "grpc": f"{options.host}:{options.grpc_port}",
+            "open_files": open_files,
+        },
     )
     await router.load_all(options.models)
     plane.started = True

@@ -1,10 +1,14 @@
-"""Workers die under load: no accepted request is lost, and the worker set is restored."""
+"""Workers die under load: no accepted request is lost, and the worker set is restored. Many connections at once do
+not stop the server accepting."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import resource
 import signal
+import socket
 import threading
 import time
 import urllib.request
@@ -17,7 +21,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.server.reference import reference_outputs
-from tests.server_utils import ServerHandle, running_server, write_slow_model
+from tests.server_utils import ServerHandle, link_example, running_server, write_slow_model
 
 
 def worker_pids(client: httpclient.InferenceServerClient, model: str) -> list[int]:
@@ -112,3 +116,43 @@ def _wait_for_busy_worker(handle: ServerHandle, client: httpclient.InferenceServ
             return pids[0]
         time.sleep(0.05)
     raise AssertionError("the request never reached a worker")
+
+
+SOFT_DEFAULT = 1024  # the usual soft open-file limit
+IDLE_CONNECTIONS = 1200
+
+
+@pytest.mark.skipif(
+    resource.getrlimit(resource.RLIMIT_NOFILE)[1] < 2 * IDLE_CONNECTIONS,
+    reason="needs a hard open-file limit above 2,400",
+)
+def test_the_server_raises_its_open_file_limit_so_many_idle_connections_do_not_stop_it(tmp_path: Path) -> None:
+    """Started with the usual soft limit of 1,024 open files, the server raises it to the hard limit: with 1,200
+    idle connections open, a new client is still answered. Before, connections past the limit were dropped unread,
+    and a worker could not have been restarted."""
+    link_example(tmp_path, "mlp", workers=[{"batch": 1, "threads": 1}])
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (SOFT_DEFAULT, hard))  # what the server inherits
+    try:
+        with running_server(tmp_path) as server:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # room for this test's own connections
+            limits = Path(f"/proc/{server.pid}/limits").read_text()
+            assert [line.split()[3:5] for line in limits.splitlines() if line.startswith("Max open files")] == [
+                [str(hard), str(hard)]
+            ]
+            host, port = server.http_url.split(":")
+            with contextlib.ExitStack() as idle:
+                for _ in range(IDLE_CONNECTIONS):
+                    idle.enter_context(socket.create_connection((host, int(port)), timeout=30))
+                client = httpclient.InferenceServerClient(server.http_url, network_timeout=30)
+                x = np.zeros((1, 784), dtype=np.float32)
+                image = httpclient.InferInput("image", [1, 784], "FP32")
+                image.set_data_from_numpy(x)
+                np.testing.assert_allclose(
+                    client.infer("mlp", [image]).as_numpy("logits"),
+                    reference_outputs("mlp", x),
+                    rtol=1e-5,
+                    atol=1e-5,
+                )
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
