@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from tritonclient.utils import InferenceServerException
 
+from adaserve.arguments import positive_number
 from adaserve.errors import AdaserveError, ConfigError
 
 if TYPE_CHECKING:
@@ -88,17 +89,6 @@ def spare_hosts(text: str) -> int:
     if not text.isdigit():
         raise argparse.ArgumentTypeError(f"expected a whole number of host processes, 0 or more; got {text!r}")
     return int(text)
-
-
-def positive_seconds(text: str) -> float:
-    """`--http-idle-timeout`: seconds, more than 0."""
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = -1.0
-    if not seconds > 0 or seconds == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a number of seconds above 0; got {text!r}")
-    return seconds
 
 
 def json_object(text: str) -> dict[str, object]:
@@ -191,7 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--http-idle-timeout",
-        type=positive_seconds,
+        type=positive_number,
         default=IDLE_TIMEOUT_S,
         help=f"seconds an HTTP connection may send nothing while no answer is being computed before it is closed "
         f"(a 408 if it stopped mid-request; default {IDLE_TIMEOUT_S:g})",

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from adaserve.arguments import positive_integer
 from adaserve.cpu.profiler import (
     AutoPlanner,
     ProfileError,
@@ -33,16 +34,6 @@ from adaserve.repository import ModelRepository
 __all__ = ["format_plan", "format_profile", "plan_command", "profile_command", "register"]
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `profile` and `plan` to the `adaserve` command line."""
     from adaserve.cli import EXAMPLE_REPOSITORY
@@ -55,9 +46,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     profile.add_argument("model")
     profile.add_argument("--model-repository", type=Path, default=EXAMPLE_REPOSITORY)
-    profile.add_argument("--threads", type=_positive, help="T: profile t = 1..T (default: every usable CPU)")
+    profile.add_argument("--threads", type=positive_integer, help="T: profile t = 1..T (default: every usable CPU)")
     profile.add_argument("--quick", action="store_true", help="fewer, shorter timings (seconds, not minutes)")
-    profile.add_argument("--repeats", type=_positive, help="timed runs per cell, at least (default 30, quick 5)")
+    profile.add_argument("--repeats", type=positive_integer, help="timed runs per cell, at least (default 30, quick 5)")
     profile.add_argument("--force", action="store_true", help="measure again even if a matching profile exists")
     profile.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     profile.set_defaults(func=profile_command)
@@ -69,9 +60,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "their cores, the expected batch latency and the fat instance ⟨1, T, B⟩ for comparison.",
     )
     plan.add_argument("model")
-    plan.add_argument("--batch", type=_positive, required=True, help="B: rows per aggregated batch")
+    plan.add_argument("--batch", type=positive_integer, required=True, help="B: rows per aggregated batch")
     plan.add_argument("--model-repository", type=Path, default=EXAMPLE_REPOSITORY)
-    plan.add_argument("--threads", type=_positive, help="T: threads to plan for (default: every usable CPU)")
+    plan.add_argument("--threads", type=positive_integer, help="T: threads to plan for (default: every usable CPU)")
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
     plan.set_defaults(func=plan_command)
 

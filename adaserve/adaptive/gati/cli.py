@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from adaserve.arguments import positive_integer, positive_number
 from adaserve.config import ModelConfig
 from adaserve.repository import ModelRepository
 
@@ -30,26 +31,6 @@ def _fraction(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
     if not 0 < value < 1:
         raise argparse.ArgumentTypeError(f"expected a fraction strictly between 0 and 1, got {value}")
-    return value
-
-
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {value}")
-    return value
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
     return value
 
 
@@ -87,9 +68,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     build.add_argument(
         "--variants", type=_variants, help="comma-separated variants, e.g. 'FC(512),Pool(4096),Conv(3,1)'"
     )
-    build.add_argument("--max-samples", type=_count, help="use at most this many validation rows")
-    build.add_argument("--epochs", type=_count, help="predictor training epochs (default 10; --quick 4)")
-    build.add_argument("--threads", type=_count, default=1, help="torch threads for training and timing (default 1)")
+    build.add_argument("--max-samples", type=positive_integer, help="use at most this many validation rows")
+    build.add_argument("--epochs", type=positive_integer, help="predictor training epochs (default 10; --quick 4)")
+    build.add_argument(
+        "--threads", type=positive_integer, default=1, help="torch threads for training and timing (default 1)"
+    )
     build.add_argument("--seed", type=int, default=0)
     build.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
     _composition_arguments(build)
@@ -102,7 +85,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "set's manifest; nothing is retrained.",
     )
     recompose.add_argument("model")
-    recompose.add_argument("--version", type=_count, help="cache set version (default: the newest)")
+    recompose.add_argument("--version", type=positive_integer, help="cache set version (default: the newest)")
     _composition_arguments(recompose)
     recompose.set_defaults(func=compose_command)
     for parser in (build, recompose):
@@ -118,7 +101,7 @@ def _composition_arguments(parser: argparse.ArgumentParser) -> None:
         "else 0.99)",
     )
     parser.add_argument(
-        "--memory-mb", type=_positive, help="memory the chosen caches may hold (default: caches.memory_budget_mb)"
+        "--memory-mb", type=positive_number, help="memory the chosen caches may hold (default: caches.memory_budget_mb)"
     )
     parser.add_argument("--alpha", type=float, help="the MILP's weight of hit rate (default 0.2)")
     parser.add_argument(
