@@ -409,15 +409,25 @@ class ModelEngine:
             waited_s = (time.perf_counter_ns() - arrived_ns) / 1e9  # a wait for contiguous slots counts too
             self._loop.call_later(max(0.0, timeout_s - waited_s), self._expire, pending, timeout_s)
         self._pump()
-        return await pending.future
+        try:
+            return await pending.future
+        except asyncio.CancelledError:  # its client hung up, or its gRPC deadline passed: no one will read it
+            self._take_back(pending, "its client stopped waiting before any of its rows started", "cancelled")
+            raise
 
     def _expire(self, pending: PendingRequest, timeout_s: float) -> None:
-        """Triton's request timeout: a request none of whose rows has started by then is refused (503), its rows
-        taken back from the queue; one that has started runs to the end."""
+        """Triton's request timeout: a request none of whose rows has started by then is refused (503)."""
+        self._take_back(
+            pending, f"its timeout ({timeout_s * 1e6:.0f} µs) passed before any of its rows started", "timeout"
+        )
+
+    def _take_back(self, pending: PendingRequest, error: str, reason: str) -> None:
+        """Take a request none of whose rows has started back out of the queue and free its slots, failing it with
+        `error`; one that has started runs to the end (a worker's batch is not cut short)."""
         if pending.dispatched_ns or pending.answered or not self.scheduler.withdraw(pending.start, pending.rows):
             return
-        pending.error = f"its timeout ({timeout_s * 1e6:.0f} µs) passed before any of its rows started"
-        pending.reason = "timeout"
+        pending.error = error
+        pending.reason = reason
         pending.outstanding = 0
         self._complete(pending)
 

@@ -149,7 +149,7 @@ class HttpProtocol(asyncio.Protocol):
         if self._idle_timer is not None:
             self._idle_timer.cancel()
         if self.task is not None:
-            self.task.cancel()  # an abandoned request still finishes in the engine; only its answer is dropped
+            self.task.cancel()  # the engine takes back what has not started; a load or unload goes on
         self.transport = None
 
     def eof_received(self) -> bool:

@@ -181,6 +181,33 @@ def test_a_request_whose_timeout_passes_before_it_starts_is_refused_and_its_slot
     run_engine(tmp_path, body, model="slow")
 
 
+def test_a_queued_request_whose_caller_stops_waiting_leaves_the_queue_and_never_runs(tmp_path: Path) -> None:
+    """A client that hangs up or whose gRPC deadline passes cancels the call awaiting `infer`: rows not started are
+    taken back out of the queue, so no worker computes answers no one will read; rows started run to the end.
+    Before, every abandoned row still ran, and a flood of abandoned requests filled the queue for the others."""
+    write_slow_model(tmp_path, "slow", rounds=400)  # one worker of batch 1; tens of ms per row
+
+    async def body(engine: ModelEngine) -> None:
+        x = np.ones((1, 4), dtype=np.float32)
+        loop = asyncio.get_running_loop()
+        running = loop.create_task(engine.infer([x], 1, {}))
+        await asyncio.sleep(0)  # dispatched at once: the worker was idle
+        queued = loop.create_task(engine.infer([x], 1, {}))
+        await asyncio.sleep(0)
+        assert engine.scheduler.ready == 1
+        queued.cancel()
+        running.cancel()
+        for call in (queued, running):
+            with pytest.raises(asyncio.CancelledError):
+                await call
+        assert engine.scheduler.ready == 0 and engine.stats.failures["cancelled"] == 1
+        await asyncio.wait_for(engine._idle.wait(), 30.0)  # the started row ran to the end, and freed its slot
+        assert engine._ring.in_use == 0 and engine.stats.inference_count == 1
+        np.testing.assert_array_equal((await engine.infer([x], 1, {})).outputs[0], x)
+
+    run_engine(tmp_path, body, model="slow")
+
+
 def test_a_request_that_finds_no_contiguous_slots_waits_for_them_and_is_answered(tmp_path: Path) -> None:
     """A fragmented pool: the request waits (counted against the queue limit), then runs once slots free up."""
     link_example(tmp_path, "mlp", workers=ONE_WORKER)
