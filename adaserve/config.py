@@ -7,6 +7,7 @@ A config error names the file, the field and what is wrong (`ConfigError`).
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -88,6 +89,21 @@ class WorkerSpec(_Strict):
     batch: int = Field(ge=1, description="batch granularity: the rows this worker takes per batch")
     threads: int = Field(default=1, ge=1, description="torch intra-op threads inside the worker")
     cpus: tuple[int, ...] | None = Field(default=None, description="CPU ids to pin the worker to (optional)")
+
+    @field_validator("cpus")
+    @classmethod
+    def _available(cls, cpus: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        """Checked where the config is read, which is where it is served: a CPU this process may not use would
+        otherwise fail the worker's start with a bare "Invalid argument"."""
+        if cpus is None:
+            return cpus
+        if not cpus:
+            raise ValueError("name at least one CPU, or leave cpus out")
+        usable = os.sched_getaffinity(0)
+        missing = sorted(set(cpus) - usable)
+        if missing:
+            raise ValueError(f"CPUs {missing} are not available to this server (it may use {sorted(usable)})")
+        return cpus
 
 
 class BatchingSpec(_Strict):
@@ -297,13 +313,23 @@ class ModelConfig(_Strict):
             )
         return caches
 
+    @field_validator("max_queue_size")
+    @classmethod
+    def _holds_a_batch(cls, size: int, info: ValidationInfo) -> int:
+        batch = info.data.get("max_batch_size", 1)
+        if size < batch:
+            raise ValueError(
+                f"{size} is below max_batch_size {batch}: a request of a whole batch could never be queued"
+            )
+        return size
+
     @field_validator("outputs")
     @classmethod
     def _unique_names(cls, outputs: tuple[TensorSpec, ...], info: ValidationInfo) -> tuple[TensorSpec, ...]:
         names = [t.name for t in info.data.get("inputs", ())] + [t.name for t in outputs]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
-            raise ValueError(f"tensor tensor names must be unique; repeated: {', '.join(duplicates)}")
+            raise ValueError(f"tensor names must be unique; repeated: {', '.join(duplicates)}")
         return outputs
 
     @field_validator("workers")
