@@ -7,7 +7,6 @@ A config error names the file, the field and what is wrong (`ConfigError`).
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -92,17 +91,11 @@ class WorkerSpec(_Strict):
 
     @field_validator("cpus")
     @classmethod
-    def _available(cls, cpus: tuple[int, ...] | None) -> tuple[int, ...] | None:
-        """Checked where the config is read, which is where it is served: a CPU this process may not use would
-        otherwise fail the worker's start with a bare "Invalid argument"."""
-        if cpus is None:
-            return cpus
-        if not cpus:
+    def _some(cls, cpus: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        """Whether they exist on this machine is checked where a model is read to be served (`repository`): the
+        type also describes plans for other machines."""
+        if cpus is not None and not cpus:
             raise ValueError("name at least one CPU, or leave cpus out")
-        usable = os.sched_getaffinity(0)
-        missing = sorted(set(cpus) - usable)
-        if missing:
-            raise ValueError(f"CPUs {missing} are not available to this server (it may use {sorted(usable)})")
         return cpus
 
 

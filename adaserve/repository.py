@@ -59,12 +59,26 @@ class ModelRepository:
         if "/" in name or name.startswith(".") or not (directory / CONFIG_FILE).is_file():
             raise ModelNotFoundError(f"no model named '{name}' in repository {self.root}")
         config = load_config(directory / CONFIG_FILE, name=name)
+        _check_cpus(config, directory / CONFIG_FILE)
         versions = sorted(int(p.name) for p in directory.iterdir() if p.is_dir() and p.name.isdigit())
         if not versions:
             raise ConfigError(f"{directory}: no version folder (expected {directory}/1/model.pt2 or model.pt)")
         version = versions[-1]
         artifact = _find_artifact(directory / str(version), config)
         return ModelSpec(config=config, version=version, artifact=artifact, versions=tuple(versions))
+
+
+def _check_cpus(config: ModelConfig, path: Path) -> None:
+    """The CPUs a configured worker is pinned to must be ones this process may use: read here, on the machine that
+    serves the model, rather than in its start, where a missing one failed with a bare "Invalid argument"."""
+    usable = os.sched_getaffinity(0)
+    for index, worker in enumerate(config.workers if isinstance(config.workers, tuple) else ()):
+        missing = sorted(set(worker.cpus or ()) - usable)
+        if missing:
+            raise ConfigError(
+                f"{path}: field 'workers.{index}.cpus': CPUs {missing} are not available to this server "
+                f"(it may use {sorted(usable)})"
+            )
 
 
 def _find_artifact(folder: Path, config: ModelConfig) -> Path:

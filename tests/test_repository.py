@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -140,6 +141,17 @@ def test_artifact_of_the_other_platform_is_not_taken(root: Path) -> None:
 def test_invalid_config_names_its_file(root: Path) -> None:
     directory = add_model(root, "mlp", max_batch_size=0)
     with pytest.raises(ConfigError, match=rf"^{escaped(directory / 'config.yaml')}: field 'max_batch_size'"):
+        ModelRepository(root).read("mlp")
+
+
+def test_a_worker_pinned_to_a_cpu_this_server_may_not_use_is_refused_naming_it(root: Path) -> None:
+    """Checked where the model is read to be served, not in the config's types (plans for other machines use
+    them); before, the worker's start failed with a bare "Invalid argument"."""
+    usable = sorted(os.sched_getaffinity(0))
+    absent = max(usable) + 1
+    directory = add_model(root, "mlp", workers=[{"batch": 1, "cpus": usable[:1]}, {"batch": 1, "cpus": [absent]}])
+    message = f"field 'workers.1.cpus': CPUs [{absent}] are not available to this server (it may use {usable})"
+    with pytest.raises(ConfigError, match=rf"^{escaped(directory / 'config.yaml')}: {re.escape(message)}$"):
         ModelRepository(root).read("mlp")
 
 
