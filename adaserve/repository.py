@@ -56,7 +56,7 @@ class ModelRepository:
     def read(self, name: str) -> ModelSpec:
         """Validate one model's config and find its newest version; ConfigError names what is wrong."""
         directory = self.root / name
-        if "/" in name or name.startswith(".") or not (directory / CONFIG_FILE).is_file():
+        if "/" in name or name.startswith(".") or not _is_file(directory / CONFIG_FILE):
             raise ModelNotFoundError(f"no model named '{name}' in repository {self.root}")
         config = load_config(directory / CONFIG_FILE, name=name)
         _check_cpus(config, directory / CONFIG_FILE)
@@ -66,6 +66,15 @@ class ModelRepository:
         version = versions[-1]
         artifact = _find_artifact(directory / str(version), config)
         return ModelSpec(config=config, version=version, artifact=artifact, versions=tuple(versions))
+
+
+def _is_file(path: Path) -> bool:
+    """`Path.is_file`, also False for a name the file system refuses (a request's model name of thousands of
+    characters raised "File name too long", a 500)."""
+    try:
+        return path.is_file()
+    except OSError:
+        return False
 
 
 def _check_cpus(config: ModelConfig, path: Path) -> None:

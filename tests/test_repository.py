@@ -106,7 +106,7 @@ def test_configured_platform_picks_its_artifact(root: Path) -> None:
 # -- errors ----------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["absent", "../models", "a/b", ".hidden", "not_a_model"])
+@pytest.mark.parametrize("name", ["absent", "../models", "a/b", ".hidden", "not_a_model", "m" * 3000])
 def test_unknown_model(root: Path, name: str) -> None:
     add_model(root, ".hidden")
     (root / "not_a_model").mkdir()
