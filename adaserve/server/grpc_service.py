@@ -69,7 +69,27 @@ def _answers_errors(
     return wrapper
 
 
+def _not_implemented(extension: str) -> Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[Any]]:
+    """An RPC of an extension this server does not implement: UNIMPLEMENTED, naming it. grpcio's generated base
+    class answers the same code but logs every call as an unexpected error, with a traceback."""
+
+    async def refuse(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{extension} is not implemented by this server")
+
+    return refuse
+
+
 class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
+    ModelStreamInfer = _not_implemented("streaming inference (ModelStreamInfer, for decoupled models)")
+    SystemSharedMemoryStatus = _not_implemented("the system shared-memory extension")
+    SystemSharedMemoryRegister = _not_implemented("the system shared-memory extension")
+    SystemSharedMemoryUnregister = _not_implemented("the system shared-memory extension")
+    CudaSharedMemoryStatus = _not_implemented("the CUDA shared-memory extension")
+    CudaSharedMemoryRegister = _not_implemented("the CUDA shared-memory extension")
+    CudaSharedMemoryUnregister = _not_implemented("the CUDA shared-memory extension")
+    TraceSetting = _not_implemented("the trace extension")
+    LogSettings = _not_implemented("the logging extension")
+
     def __init__(self, plane: DataPlane) -> None:
         self.plane = plane
 
