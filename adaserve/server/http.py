@@ -122,6 +122,8 @@ class HttpProtocol(asyncio.Protocol):
         self.task: asyncio.Task[None] | None = None
         self.closing = False  # the last answer is written; input is drained and discarded until close
         self._ended = False  # the client half-closed: answer what it sent, then close
+        self._can_write = asyncio.Event()  # cleared while the client is not reading what was written
+        self._can_write.set()
         self._messages = 0  # requests begun on this connection
         self._in_head = True  # the current request's URL and headers are not complete yet
         self._partial = False  # a request has begun and is not whole yet
@@ -151,6 +153,15 @@ class HttpProtocol(asyncio.Protocol):
         if self.task is not None:
             self.task.cancel()  # the engine takes back what has not started; a load or unload goes on
         self.transport = None
+
+    def pause_writing(self) -> None:
+        """The client is not reading: answer nothing more until it does. The requests left wait, and past
+        MAX_PIPELINED reading stops too, so a client that never reads holds a bounded amount of memory."""
+        self._can_write.clear()
+
+    def resume_writing(self) -> None:
+        self._last_input = self._loop.time()  # the client read: progress, for the idle timeout
+        self._can_write.set()
 
     def eof_received(self) -> bool:
         """The client ended its side (HTTP/1.1 lets it, once its requests are written): answer the requests it
@@ -238,6 +249,7 @@ class HttpProtocol(asyncio.Protocol):
 
     async def _answer_all(self) -> None:
         while self.pending and self.transport is not None:
+            await self._can_write.wait()
             item, keep_alive = self.pending.popleft()
             response = item if isinstance(item, Response) else await self.app(item)
             if self.transport is None:
@@ -273,6 +285,8 @@ class HttpProtocol(asyncio.Protocol):
         if self.busy or quiet_s < self.idle_timeout_s:
             wait_s = self.idle_timeout_s if self.busy else self.idle_timeout_s - quiet_s
             self._idle_timer = self._loop.call_later(wait_s, self._check_idle)
+        elif not self._can_write.is_set():
+            self.transport.abort()  # it stopped reading its answers: drop them (close would wait to flush them)
         elif self._partial:
             self._fail(408, f"the request stopped arriving: nothing came for {self.idle_timeout_s:g} s")
         else:
@@ -280,7 +294,8 @@ class HttpProtocol(asyncio.Protocol):
 
     @property
     def busy(self) -> bool:
-        return self.task is not None
+        """An answer is being computed (not merely waiting for the client to read)."""
+        return self.task is not None and self._can_write.is_set()
 
 
 class HttpServer:
