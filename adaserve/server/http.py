@@ -25,7 +25,8 @@ import httptools
 
 log = logging.getLogger("adaserve.http")
 
-#: Pipelined requests buffered per connection before the server stops reading from it.
+#: Pipelined requests buffered per connection before the server stops reading from it (it also stops once their
+#: bodies pass `max_body_bytes` together).
 MAX_PIPELINED = 32
 #: After a last answer (an error, or `Connection: close`), how long unread input is drained before closing.
 LINGER_S = 2.0
@@ -119,6 +120,7 @@ class HttpProtocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpRequestParser(self)
         self.pending: deque[tuple[Request | Response, bool]] = deque()  # a request, or an early error response
+        self._pending_bytes = 0  # the bodies of the requests in `pending`
         self.task: asyncio.Task[None] | None = None
         self.closing = False  # the last answer is written; input is drained and discarded until close
         self._ended = False  # the client half-closed: answer what it sent, then close
@@ -242,7 +244,8 @@ class HttpProtocol(asyncio.Protocol):
         if self.pending and self.pending[-1][1] is False:
             return  # the connection is closing after an earlier answer
         self.pending.append((item, keep_alive))
-        if len(self.pending) > MAX_PIPELINED and self.transport is not None:
+        self._pending_bytes += len(item.body) if isinstance(item, Request) else 0
+        if self._backlog_full() and self.transport is not None:
             self.transport.pause_reading()
         if self.task is None:
             self.task = asyncio.get_running_loop().create_task(self._answer_all())
@@ -251,6 +254,7 @@ class HttpProtocol(asyncio.Protocol):
         while self.pending and self.transport is not None:
             await self._can_write.wait()
             item, keep_alive = self.pending.popleft()
+            self._pending_bytes -= len(item.body) if isinstance(item, Request) else 0
             response = item if isinstance(item, Response) else await self.app(item)
             if self.transport is None:
                 break
@@ -260,11 +264,16 @@ class HttpProtocol(asyncio.Protocol):
             if not keep_alive:
                 self._linger()
                 break
-            if len(self.pending) <= MAX_PIPELINED:
+            if not self._backlog_full():
                 self.transport.resume_reading()
         self.task = None
         if self._ended and not self.closing and self.transport is not None:
             self.transport.close()  # every request the client sent is answered
+
+    def _backlog_full(self) -> bool:
+        """Whether to stop reading: so many requests wait, or their bodies are so large together, that a client
+        pipelining large bodies would hold up to 32 of them (2 GiB at the default limit) rather than about two."""
+        return len(self.pending) > MAX_PIPELINED or self._pending_bytes > self.max_body_bytes
 
     def _linger(self) -> None:
         """Half-close and drain for a while: closing with unread input would reset the connection (RST) and could

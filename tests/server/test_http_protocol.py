@@ -285,3 +285,34 @@ def test_a_client_that_does_not_read_its_answers_gets_no_more_until_it_does() ->
         await server.stop(grace_s=1.0)
 
     asyncio.run(main())
+
+
+def test_reading_stops_once_the_waiting_requests_bodies_pass_the_body_limit() -> None:
+    """Pipelined requests wait their turn in memory: past 32 of them, or once their bodies together pass
+    `max_body_bytes`, the server stops reading until they are answered. Before, only the count bounded them, and
+    32 bodies of the 64 MiB default limit could wait on one connection."""
+    requests, body = 20, b"x" * 60_000
+
+    async def main() -> None:
+        release = asyncio.Event()
+
+        async def app(request: Request) -> Response:
+            await release.wait()
+            return Response(body=b"{}")
+
+        server = HttpServer(app, max_body_bytes=100_000, on_error=lambda status, text: Response(status))
+        listener = socket.create_server(("127.0.0.1", 0))
+        await server.start(listener)
+        reader, writer = await asyncio.open_connection(*listener.getsockname())
+        head = b"POST /infer HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n" % len(body)
+        writer.write((head + body) * requests)
+        await asyncio.sleep(1.0)
+        [connection] = server.connections
+        assert len(connection.pending) <= 2  # one answering, two waiting at most: their bodies pass 100 kB
+        release.set()
+        for _ in range(requests):
+            assert (await asyncio.wait_for(reader.readuntil(b"{}"), 10.0)).startswith(b"HTTP/1.1 200 ")
+        writer.close()
+        await server.stop(grace_s=1.0)
+
+    asyncio.run(main())
