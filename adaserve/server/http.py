@@ -123,7 +123,6 @@ class HttpProtocol(asyncio.Protocol):
         self._pending_bytes = 0  # the bodies of the requests in `pending`
         self.task: asyncio.Task[None] | None = None
         self.closing = False  # the last answer is written; input is drained and discarded until close
-        self._ended = False  # the client half-closed: answer what it sent, then close
         self._can_write = asyncio.Event()  # cleared while the client is not reading what was written
         self._can_write.set()
         self._messages = 0  # requests begun on this connection
@@ -153,7 +152,10 @@ class HttpProtocol(asyncio.Protocol):
         if self._idle_timer is not None:
             self._idle_timer.cancel()
         if self.task is not None:
-            self.task.cancel()  # the engine takes back what has not started; a load or unload goes on
+            # The client is gone. Its end-of-file counts as that too, as in nginx and uvicorn: TCP cannot tell a
+            # half-close from a close, and a request whose client timed out must not keep its place in the queue.
+            # The engine takes back what has not started; a load or unload goes on.
+            self.task.cancel()
         self.transport = None
 
     def pause_writing(self) -> None:
@@ -164,14 +166,6 @@ class HttpProtocol(asyncio.Protocol):
     def resume_writing(self) -> None:
         self._last_input = self._loop.time()  # the client read: progress, for the idle timeout
         self._can_write.set()
-
-    def eof_received(self) -> bool:
-        """The client ended its side (HTTP/1.1 lets it, once its requests are written): answer the requests it
-        sent whole, then close. True keeps the connection open for those answers."""
-        self._ended = True
-        if self._partial and not self.closing:
-            self._fail(400, "the client ended the connection before the request was whole")
-        return self.task is not None
 
     def data_received(self, data: bytes) -> None:
         self._last_input = self._loop.time()  # a float per chunk; the timer reads it when it fires
@@ -267,8 +261,6 @@ class HttpProtocol(asyncio.Protocol):
             if not self._backlog_full():
                 self.transport.resume_reading()
         self.task = None
-        if self._ended and not self.closing and self.transport is not None:
-            self.transport.close()  # every request the client sent is answered
 
     def _backlog_full(self) -> bool:
         """Whether to stop reading: so many requests wait, or their bodies are so large together, that a client
