@@ -120,7 +120,6 @@ class HttpProtocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpRequestParser(self)
         self.pending: deque[tuple[Request | Response, bool]] = deque()  # a request, or an early error response
-        self._pending_bytes = 0  # the bodies of the requests in `pending`
         self.task: asyncio.Task[None] | None = None
         self.closing = False  # the last answer is written; input is drained and discarded until close
         self._can_write = asyncio.Event()  # cleared while the client is not reading what was written
@@ -238,7 +237,6 @@ class HttpProtocol(asyncio.Protocol):
         if self.pending and self.pending[-1][1] is False:
             return  # the connection is closing after an earlier answer
         self.pending.append((item, keep_alive))
-        self._pending_bytes += len(item.body) if isinstance(item, Request) else 0
         if self._backlog_full() and self.transport is not None:
             self.transport.pause_reading()
         if self.task is None:
@@ -248,7 +246,6 @@ class HttpProtocol(asyncio.Protocol):
         while self.pending and self.transport is not None:
             await self._can_write.wait()
             item, keep_alive = self.pending.popleft()
-            self._pending_bytes -= len(item.body) if isinstance(item, Request) else 0
             response = item if isinstance(item, Response) else await self.app(item)
             if self.transport is None:
                 break
@@ -265,7 +262,9 @@ class HttpProtocol(asyncio.Protocol):
     def _backlog_full(self) -> bool:
         """Whether to stop reading: so many requests wait, or their bodies are so large together, that a client
         pipelining large bodies would hold up to 32 of them (2 GiB at the default limit) rather than about two."""
-        return len(self.pending) > MAX_PIPELINED or self._pending_bytes > self.max_body_bytes
+        if len(self.pending) > MAX_PIPELINED:
+            return True
+        return sum(len(item.body) for item, _ in self.pending if isinstance(item, Request)) > self.max_body_bytes
 
     def _linger(self) -> None:
         """Half-close and drain for a while: closing with unread input would reset the connection (RST) and could
