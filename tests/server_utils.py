@@ -38,16 +38,23 @@ class ServerHandle:
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
+def free_ports(count: int) -> list[int]:
+    """`count` distinct loopback ports, free now: all are held until all are picked, or two picks could repeat."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in sockets]
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return free_ports(1)[0]
 
 
 @contextlib.contextmanager
 def running_server(repository: Path, *extra_args: str, ready_timeout_s: float = 180.0) -> Iterator[ServerHandle]:
     """Start `adaserve serve` on `repository`, wait until it is ready, stop it (SIGTERM, then SIGKILL) after."""
-    http_port, grpc_port = free_port(), free_port()
+    http_port, grpc_port = free_ports(2)
     log = repository.parent / f"server-{http_port}.log"
     command = [
         sys.executable,
