@@ -68,7 +68,10 @@ def test_errors_are_plain_and_exit_non_zero(tmp_path: Path) -> None:
         busy.listen()
         port = str(busy.getsockname()[1])
         taken = adaserve("serve", "--model-repository", str(EXAMPLES), "--http-port", port, "--grpc-port", "0")
+        taken_grpc = adaserve("serve", "--model-repository", str(EXAMPLES), "--http-port", "0", "--grpc-port", port)
     assert taken.returncode == 2 and f"cannot listen for HTTP on 127.0.0.1:{port}" in taken.stderr
+    assert taken_grpc.returncode == 2 and f"cannot listen for gRPC on 127.0.0.1:{port}" in taken_grpc.stderr
+    assert "Traceback" not in taken_grpc.stderr, taken_grpc.stderr
     negative = adaserve("serve", "--spare-hosts", "-1")
     assert negative.returncode == 2 and "--spare-hosts" in negative.stderr and "0 or more" in negative.stderr
     for bad in ("0", "-1", "soon", "inf"):

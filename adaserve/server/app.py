@@ -86,9 +86,11 @@ async def serve(options: ServeOptions) -> None:
         ]
     )
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(plane), grpc_server)
-    if grpc_server.add_insecure_port(f"{options.host}:{options.grpc_port}") == 0:
+    try:  # grpcio raises when the port is taken, with no reason: only its C core logs one
+        grpc_server.add_insecure_port(f"{options.host}:{options.grpc_port}")
+    except RuntimeError:
         http_socket.close()
-        raise ConfigError(f"cannot listen for gRPC on {options.host}:{options.grpc_port}")
+        raise ConfigError(f"cannot listen for gRPC on {options.host}:{options.grpc_port}") from None
 
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
