@@ -57,6 +57,16 @@ def test_open_loop_latency_runs_from_the_scheduled_time_and_unanswered_requests_
     assert [r.id for r in records] == [0, 1, 2, 3]
 
 
+def test_a_first_request_sent_late_does_not_move_the_schedule() -> None:
+    """perf_analyzer's schedule begins where its earliest send relative to its arrival says, not at its first send:
+    a first request 5 ms late is 5 ms late, and the requests after it on time."""
+    arrivals = np.array([0.0, 0.1, 0.2])
+    sent = np.array([7_005_000_000, 7_100_000_000, 7_200_000_000])
+    records = _records("m", arrivals, sent, sent + 1_000_000)
+    assert [r.latency_ms for r in records] == [pytest.approx(6.0), pytest.approx(1.0), pytest.approx(1.0)]
+    assert [r.sent_s for r in records] == [pytest.approx(0.005), pytest.approx(0.1), pytest.approx(0.2)]
+
+
 def test_requests_sent_after_the_schedule_ended_are_not_part_of_the_run() -> None:
     arrivals = np.array([0.0, 0.1])
     sent = np.array([0, 100_000_000, 200_000_000])  # perf_analyzer looped the intervals once more
