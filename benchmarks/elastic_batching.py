@@ -317,7 +317,9 @@ def _parse_args() -> argparse.Namespace:
     args.phase_s = args.phase_s or (6.0 if args.quick else 20.0)
     args.trace_s = args.trace_s or (10.0 if args.quick else 45.0)
     args.sweep_s = args.sweep_s or (3.0 if args.quick else 8.0)
-    args.sweep_steps = 4 if args.quick else 6
+    # Rates per QoS search: all but two bracket the limit from the high rate in ×1.4 steps, the two bisect. Six
+    # steps reach 7.5× the high rate: on a VM where four (to 3.8×) left every policy meeting QoS, none was measured.
+    args.sweep_steps = 4 if args.quick else 8
     args.capacity_s = 3.0 if args.quick else 5.0
     args.capacity_repeats = 1 if args.quick else 2
     return args
@@ -423,7 +425,7 @@ def _max_rate(bench: Bench, policy: Policy, rates: dict[str, Any]) -> dict[str, 
         "max_rate_rps": best["rate_rps"] if best else None,
         "max_throughput_rps": best["throughput_rps"] if best else None,
         "p99_at_max_ms": best["p99_ms"] if best else None,
-        "first_failing_rate_rps": round(high, 1) if high is not None else None,
+        "first_failing_rate_rps": round(high, 1) if high is not None else None,  # None: the limit was not found
         "tried": sorted(tried, key=lambda t: (t["rate_rps"], t["attempt"])),
     }
 
@@ -537,8 +539,7 @@ def _bars(report: dict[str, Any]) -> dict[str, Any]:
         "max_throughput_in_qos": {
             "measured": {"elastic": best["elastic"], "fixed-timeout": best["fixed-timeout"]},
             "target": "elastic >= fixed-timeout",
-            "pass": best["elastic"] is not None
-            and (best["fixed-timeout"] is None or best["elastic"] >= best["fixed-timeout"]),
+            "pass": _throughput_bar(report["qos"]["elastic"], report["qos"]["fixed-timeout"]),
         },
         "against": f"{fixed['model']}, max_queue_delay_us={delay_us}, workers {fixed['config_yaml']['workers']}",
         # Not a bar: the low-load reduction against the sweep's shortest delay (no such entry on CUDA).
@@ -546,6 +547,17 @@ def _bars(report: dict[str, Any]) -> dict[str, Any]:
         if shortest
         else None,
     }
+
+
+def _throughput_bar(elastic: dict[str, Any], fixed: dict[str, Any]) -> bool | None:
+    """Whether elastic's highest rate within QoS is at least fixed-timeout's; None when neither search found its
+    limit (both met QoS at the highest rate tried, so their throughputs there differ by noise, not by policy)."""
+    mine, theirs = elastic["max_throughput_rps"], fixed["max_throughput_rps"]
+    if mine is None:
+        return False
+    if elastic["first_failing_rate_rps"] is None:  # elastic met QoS everywhere it was tried
+        return None if fixed["first_failing_rate_rps"] is None else True
+    return theirs is None or mine >= theirs
 
 
 def _plots(
@@ -646,7 +658,8 @@ def _print(report: dict[str, Any], output: Path) -> None:
         )
     for name, bar in report["bars"].items():
         if isinstance(bar, dict):
-            print(f"bar {name}: {bar['measured']} (target {bar['target']}): {'PASS' if bar['pass'] else 'FAIL'}")
+            verdict = {True: "PASS", False: "FAIL", None: "NOT SETTLED (neither limit found)"}[bar["pass"]]
+            print(f"bar {name}: {bar['measured']} (target {bar['target']}): {verdict}")
     print(f"load average {report['load_start']} → {report['load_end']}; {report['wall_s']} s; wrote {output}")
 
 
