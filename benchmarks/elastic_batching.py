@@ -318,7 +318,7 @@ def _parse_args() -> argparse.Namespace:
     args.trace_s = args.trace_s or (10.0 if args.quick else 45.0)
     args.sweep_s = args.sweep_s or (3.0 if args.quick else 8.0)
     # Rates per QoS search: all but two bracket the limit from the high rate in ×1.4 steps, the two bisect. Six
-    # steps reach 7.5× the high rate: on a VM where four (to 3.8×) left every policy meeting QoS, none was measured.
+    # rates reach 5.4× the high rate: on a VM where four (to 2.7×) left every policy meeting QoS, none was measured.
     args.sweep_steps = 4 if args.quick else 8
     args.capacity_s = 3.0 if args.quick else 5.0
     args.capacity_repeats = 1 if args.quick else 2
