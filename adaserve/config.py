@@ -109,8 +109,8 @@ class BatchingSpec(_Strict):
     max_busy_threads: int | None = Field(
         default=None,
         ge=0,
-        description="elastic on CPU: busy workers' threads stay within this (default: the CPUs the server may use; "
-        "0: no limit, Ebird's GPU form)",
+        description="on CPU: busy workers' threads stay within this (default: the CPUs the server may use less one "
+        "for the frontend, at least one; with workers: auto, Packrat's T; 0: no limit, Ebird's GPU form)",
     )
 
 

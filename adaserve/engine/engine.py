@@ -131,7 +131,7 @@ class ModelEngine:
         self._ring = SlotRing(self.slots)
         busy_threads = config.batching.max_busy_threads
         if busy_threads is None:  # CPU workers share the cores; CUDA streams share the GPU, which takes them all
-            busy_threads = len(os.sched_getaffinity(0)) if config.device == "cpu" else 0
+            busy_threads = self.planner.default_busy_threads() if config.device == "cpu" else 0
         self.scheduler = Scheduler(
             create_batching_policy(config.batching, config.max_batch_size),
             config.inflight_limit_for(self.worker_set.workers),

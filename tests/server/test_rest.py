@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import random
 import shutil
 import subprocess
@@ -326,8 +327,10 @@ def test_config_statistics_and_index(client: httpclient.InferenceServerClient) -
     assert config["input"] == [{"name": "image", "data_type": "TYPE_FP32", "dims": [784]}]
     assert config["dynamic_batching"]["max_queue_delay_microseconds"] == 2000
     assert config["parameters"]["batching_policy"]["string_value"] == "fixed-timeout"
-    workers = json.loads(client.get_model_config("mlp")["parameters"]["workers"]["string_value"])
-    assert sorted(w["batch"] for w in workers) == [1, 1, 2, 4, 8, 16]
+    parameters = client.get_model_config("mlp")["parameters"]
+    assert sorted(w["batch"] for w in json.loads(parameters["workers"]["string_value"])) == [1, 1, 2, 4, 8, 16]
+    # the server's CPUs less one for the frontend
+    assert parameters["max_busy_threads"]["string_value"] == str(max(1, len(os.sched_getaffinity(0)) - 1))
     before = client.get_inference_statistics("mlp")["model_stats"][0]
     client_infer(client, "mlp", np.ones((4, 784), dtype=np.float32))
     after = client.get_inference_statistics("mlp")["model_stats"][0]
