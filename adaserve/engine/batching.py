@@ -39,6 +39,7 @@ class QueueView:
     inflight: int  # rows in flight
     oldest_wait_s: float  # how long the first ready row has waited
     smallest_batch: int  # the smallest granularity in the whole worker set, busy or idle
+    thread_room: int | None = None  # threads that may still turn busy (the CPU form's limit); None: no limit
 
 
 class BatchingPolicy(ABC):
@@ -56,11 +57,15 @@ class BatchingPolicy(ABC):
 
 
 class ElasticPolicy(BatchingPolicy):
-    """Ebird's Algorithm 1, with one liveness rule for worker sets that have no batch-1 worker.
+    """Ebird's Algorithm 1, with two rules for partial batches.
 
-    Algorithm 1 only gives a worker exactly its granularity. When every worker in the set is larger than what is
-    ready (a Packrat set such as two workers of batch 8), rows would wait forever; then the smallest idle worker
-    takes the R rows as a partial batch.
+    Algorithm 1 only gives a worker exactly its granularity, so R = 12 runs as 8 and 4 side by side. Two cases
+    call for one partial batch instead:
+    * liveness: every worker in the set is larger than what is ready (a Packrat set such as two workers of batch 8),
+      so rows would wait forever; the smallest idle worker takes the R rows.
+    * the CPU form's last batch: the busy-thread limit lets no other worker start beside this one, so the rows
+      Algorithm 1 leaves behind would wait for it to finish and run as a second batch after it. Then the smallest
+      idle worker that holds all R rows (else the largest) takes them in one batch.
     """
 
     name = "elastic"
@@ -69,12 +74,13 @@ class ElasticPolicy(BatchingPolicy):
         rows = min(queue.front_run, queue.headroom)
         if rows <= 0 or not idle:
             return None
-        for worker in idle:
-            if worker.batch <= rows:
-                return worker, worker.batch
-        if queue.smallest_batch > rows:
-            return idle[-1], rows
-        return None
+        if not any(worker.batch <= rows for worker in idle):
+            return (idle[-1], rows) if queue.smallest_batch > rows else None
+        taker = next((worker for worker in reversed(idle) if worker.batch >= rows), idle[0])
+        if _last_to_start(queue, idle, taker):
+            return taker, min(rows, taker.batch)
+        worker = next(worker for worker in idle if worker.batch <= rows)
+        return worker, worker.batch
 
 
 class FixedTimeoutPolicy(BatchingPolicy):
@@ -109,6 +115,14 @@ class NoBatchingPolicy(BatchingPolicy):
         if min(queue.ready, queue.headroom) <= 0 or not idle:
             return None
         return idle[-1], 1
+
+
+def _last_to_start(queue: QueueView, idle: Sequence[WorkerSlot], worker: WorkerSlot) -> bool:
+    """Whether, once `worker` is busy, the busy-thread limit leaves no room for any other idle worker."""
+    if queue.thread_room is None:
+        return False
+    room = queue.thread_room - worker.threads
+    return all(other.threads > room for other in idle if other is not worker)
 
 
 def create_batching_policy(spec: BatchingSpec, max_batch_size: int) -> BatchingPolicy:

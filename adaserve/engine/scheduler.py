@@ -153,6 +153,7 @@ class Scheduler:
             inflight=self.inflight,
             oldest_wait_s=now - self._queue[0].arrived_at,
             smallest_batch=min(w.batch for w in self._workers.values()),
+            thread_room=None if self.max_busy_threads is None else self.max_busy_threads - self.busy_threads,
         )
 
     def _idle_slots(self) -> list[WorkerSlot]:

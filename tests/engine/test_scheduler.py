@@ -209,6 +209,7 @@ class Simulation:
         lowest = max(self.batches) if isinstance(policy, FixedTimeoutPolicy) else 1
         self.max_inflight = rng.randint(lowest, sum(self.batches) + 4)
         self.scheduler = make_scheduler(*self.batches, policy=policy, max_inflight=self.max_inflight)
+        self.scheduler.max_busy_threads = rng.choice((None, 1, 2, 3))  # the CPU form's limit, or Ebird's GPU form
         self.next_worker = len(self.batches)
         self.next_slot = 0
         self.now = 0.0
@@ -293,7 +294,7 @@ def test_random_simulation_runs_every_row_exactly_once(seed: int, policy: str) -
 
 def test_busy_threads_stay_within_the_cores_and_waiting_rows_form_a_bigger_batch() -> None:
     """The CPU form: with 2 cores, at most two 1-thread workers run; rows that wait go to the next free worker
-    as one batch of the largest granularity that fits."""
+    as one batch: the only one that can start, so the smallest worker that holds them all takes them."""
     scheduler = Scheduler(ElasticPolicy(), 32, max_busy_threads=2)
     for worker_id, batch in enumerate((1, 1, 2, 4, 8, 16)):
         scheduler.add_worker(WorkerSlot(worker_id, batch))
@@ -308,8 +309,24 @@ def test_busy_threads_stay_within_the_cores_and_waiting_rows_form_a_bigger_batch
     assert scheduler.schedule(0.1) == []  # idle workers exist, but no core is free
     scheduler.finish(first[0].id)
     second = scheduler.schedule(0.2)
-    assert [(b.worker_id, b.start, b.rows) for b in second] == [(4, 2, 8)]  # the 8-worker takes 8 of the 10 waiting
+    assert [(b.worker_id, b.start, b.rows) for b in second] == [(5, 2, 10)]  # the 16-worker takes all 10 waiting
     assert scheduler.busy_threads == 2
+
+
+@pytest.mark.parametrize(
+    ("limit", "batches"),
+    [(None, [(4, 8), (3, 4)]), (2, [(4, 8), (3, 4)]), (1, [(5, 12)])],
+)
+def test_rows_algorithm_1_would_split_run_as_one_batch_when_no_other_worker_may_start(
+    limit: int | None, batches: list[tuple[int, int]]
+) -> None:
+    """12 ready rows: Algorithm 1 runs them as 8 and 4 side by side, which the limit 2 still allows; under a
+    limit of 1 the 4 would only run after the 8, so the 16-worker takes all 12 at once."""
+    scheduler = Scheduler(ElasticPolicy(), 32, max_busy_threads=limit)
+    for worker_id, batch in enumerate((1, 1, 2, 4, 8, 16)):
+        scheduler.add_worker(WorkerSlot(worker_id, batch))
+    scheduler.enqueue(0, 12, 0.0)
+    assert [(b.worker_id, b.rows) for b in scheduler.schedule(0.0)] == batches
 
 
 def test_a_worker_wider_than_the_limit_runs_when_nothing_else_is_busy() -> None:
