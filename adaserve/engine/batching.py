@@ -3,7 +3,7 @@
 One small interface, one class per policy, one factory, so the paper's baseline is a config value:
 
 * `elastic` — Ebird's Algorithm 1: R = min(ready, MaxInf − inflight); idle workers by batch granularity, largest
-  first; the first whose granularity ≤ R takes that many rows.
+  first; the first whose granularity ≤ R takes that many rows (two exceptions take a partial batch: `ElasticPolicy`).
 * `fixed-timeout` — Triton / TF-Serving dynamic batching: wait until `max_batch_size` rows are ready or the oldest
   has waited `max_queue_delay_us`, then run one batch at a time.
 * `none` — no batching: each idle worker takes one row.
