@@ -74,13 +74,13 @@ class ElasticPolicy(BatchingPolicy):
         rows = min(queue.front_run, queue.headroom)
         if rows <= 0 or not idle:
             return None
-        if not any(worker.batch <= rows for worker in idle):
+        fitting = next((worker for worker in idle if worker.batch <= rows), None)  # Algorithm 1's pick
+        if fitting is None:
             return (idle[-1], rows) if queue.smallest_batch > rows else None
         taker = next((worker for worker in reversed(idle) if worker.batch >= rows), idle[0])
         if _last_to_start(queue, idle, taker):
             return taker, min(rows, taker.batch)
-        worker = next(worker for worker in idle if worker.batch <= rows)
-        return worker, worker.batch
+        return fitting, fitting.batch
 
 
 class FixedTimeoutPolicy(BatchingPolicy):
