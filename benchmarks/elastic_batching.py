@@ -17,7 +17,8 @@ sends through adaserve.bench instead, as this benchmark did before:
 process, sharing one copy of the weights), and `--model resnet50` (any model of `benchmarks.packrat.models`,
 exported here with seeded random weights and `max_batch_size` 16) replaces the example `cnn`: Ebird's own
 benchmarks were ResNets, VGGs and Inception v4 on a GPU. On CUDA a worker has no threads to set: the sensitivity
-check beside the bars is instead `<model>_elastic_eager`, elastic with `cuda_graphs: false`.
+check beside the bars is instead `<model>_elastic_2busy`, elastic with `max_busy_threads: 2` (at most two streams
+busy at once, so the last of them takes every ready row, as the CPU form's last batch does).
 
 Stages: (1) capacity, a closed loop of 32 clients, picks the rates (low = 27.5% of elastic's capacity, high =
 3 × low); (2) the OPT Wait sweep; (3) a step schedule low → high (Poisson, 20 s each); (4) a replay of the Azure LLM
@@ -94,13 +95,14 @@ MAX_BATCH = 16
 def policies(delay_us: int, shortest_us: int, model: str = "cnn", device: str = "cpu") -> list[Policy]:
     """The entries measured: fixed-timeout's at `delay_us`, and (on CPU) a sensitivity entry at `shortest_us`."""
     fixed = {"policy": "fixed-timeout", "max_queue_delay_us": delay_us}
-    if device == "cuda":  # a worker is a stream: no threads to set; the sensitivity check is CUDA graphs off
+    if device == "cuda":  # a worker is a stream: no threads to set; the sensitivity check is two busy streams
         on = {"device": "cuda"}
         elastic = {**on, "batching": {"policy": "elastic"}}
+        two_busy = {**on, "batching": {"policy": "elastic", "max_busy_threads": 2}}
         return [
             Policy("elastic", f"{model}_elastic", elastic),
             Policy("fixed-timeout", f"{model}_fixed", {**on, "batching": fixed, "workers": [{"batch": MAX_BATCH}]}),
-            Policy("elastic eager", f"{model}_elastic_eager", {**elastic, "cuda_graphs": False}, False),
+            Policy("elastic 2 busy", f"{model}_elastic_2busy", two_busy, False),
             Policy("none", f"{model}_none", {**on, "batching": {"policy": "none"}, "workers": [{"batch": 1}] * 2}),
         ]
     return [
