@@ -109,8 +109,9 @@ class BatchingSpec(_Strict):
     max_busy_threads: int | None = Field(
         default=None,
         ge=0,
-        description="on CPU: busy workers' threads stay within this (default: the CPUs the server may use less one "
-        "for the frontend, at least one; with workers: auto, Packrat's T; 0: no limit, Ebird's GPU form)",
+        description="busy workers' threads stay within this. On CPU the default is the CPUs the server may use less "
+        "one for the frontend, at least one (with workers: auto, Packrat's T); on CUDA a stream worker counts one and "
+        "the default is no limit, Ebird's GPU form; 0: no limit",
     )
 
 
