@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The GPU tests and benchmarks on an offline machine that has its own CUDA torch (a lent GPU machine: Python 3.12,
+# torch 2.11 + CUDA 13, no network). Two steps:
+#
+#   benchmarks/gpu_bundle.sh pack [DIR]     # here, with network: wheels and files into DIR (default .gpu, ~32 MB)
+#   source DIR/setup.sh                     # there, from the repository root: installs and exports the environment
+#
+# then, there, e.g. (the trace and perf_analyzer come from the bundle):
+#   python3 -m pytest -q tests/engine/test_streams.py tests/adaptive/gati/test_server.py
+#   python3 -m benchmarks.elastic_batching --quick --device cuda --model resnet50 --trace "$GPU_BUNDLE/conv.csv" \
+#       --perf-venv "$GPU_BUNDLE/perf" --noise-cores 2 --quiet-s 0
+#
+# The bundle holds what that machine's image lacks, for its Python: this package's dependencies that are not there
+# (tritonclient, whose wheel holds perf_analyzer, msgspec, httptools, pydantic, ...), the CUDA 12 runtime and libb64
+# that perf_analyzer links, Fashion-MNIST's test split (the tests read it) and the Azure trace (`../shared` does not
+# travel). Keep DIR out of git (e.g. `echo /.gpu/ >> .git/info/exclude`).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+PYTHON_VERSION=${PYTHON_VERSION:-3.12}
+# Versions as this repository's .venv resolves them; geventhttpclient 2.0.2 has no cp312 wheel, 2.0.12 is the nearest.
+WHEELS=(
+    tritonclient==2.48.0 msgspec==0.22.0 httptools==0.9.0 pydantic==2.14.4 pydantic_core==2.50.5
+    annotated-types==0.8.0 typing-inspection==0.4.5 typing_extensions==4.16.0 python-rapidjson==1.25
+    geventhttpclient==2.0.12 gevent==26.9.0 greenlet==3.5.6 zope.event==6.2 zope.interface==8.7 brotli==1.2.1
+    protobuf==4.25.9
+)
+
+pack() {
+    local dir=${1:-$ROOT/.gpu}
+    mkdir -p "$dir/whl" "$dir/cudart" "$dir/fmnist"
+    local platforms=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64
+        --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64)
+    local download=(python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$PYTHON_VERSION"
+        --implementation cp "${platforms[@]}")
+    "${download[@]}" -d "$dir/whl" "${WHEELS[@]}"
+    "${download[@]}" -d "$dir/cudart" nvidia-cuda-runtime-cu12
+    ldconfig -p | grep -q 'libb64\.so\.0d' || { echo "needs libb64-0d here: apt-get install -y libb64-0d" >&2; exit 1; }
+    cp -L "$(ldconfig -p | awk '/libb64\.so\.0d/ {print $NF; exit}')" "$dir/"
+    cp /usr/share/datasets/fashion-mnist/t10k-* "$dir/fmnist/"
+    cp "$ROOT/../shared/data/traces/azure-llm-2023/AzureLLMInferenceTrace_conv.csv" "$dir/conv.csv"
+    cp "$ROOT/benchmarks/gpu_setup.sh" "$dir/setup.sh"
+    du -sh "$dir"
+}
+
+case "${1:-}" in
+    pack) pack "${2:-}" ;;
+    *) sed -n '2,16p' "$0" >&2; exit 2 ;;
+esac
