@@ -2,8 +2,11 @@
 
 One worker at a time, pinned to t cores with t intra-op threads, runs random batches of the config's input shapes
 for every ⟨t, b⟩ in {1..T} × {1, 2, 4, .., ≤ max_batch_size} (the paper's (n + 1)·T grid) and records the mean
-batch latency. Each t runs in a fresh child process: an intra-op thread pool, once started, does not shrink
-cleanly, and a fresh process also starts with clean caches and allocator state.
+batch latency. Each t runs in a process of its own: an intra-op thread pool, once started, does not shrink
+cleanly. Those processes are forked, as the server's workers are (`adaserve.engine.host`), from one child that
+imported torch and loaded the model once and never computes, so no thread pool exists when it forks: each t costs a
+fork, not a Python start and a load (about 14 s each for a ResNet-50 on a 16-core machine), and is measured the way
+a served worker runs, forked from a loaded model and placed with `place`.
 
 The file holds one profile per machine fingerprint (CPU model, logical CPUs, physical cores, sockets, NUMA nodes),
 so a repository shared by several machines keeps each one's profile. `load_profile` answers with the matching
@@ -281,7 +284,8 @@ def profile_model(
     progress: bool = True,
     runner: Callable[[dict[str, Any], Callable[[Cell], None]], None] | None = None,
 ) -> ProfileRecord:
-    """Measure the grid {1..threads} × batch_grid(max_batch_size) for `spec`, one child process per t."""
+    """Measure the grid {1..threads} × batch_grid(max_batch_size) for `spec`: one child loads the model and forks
+    a process per t (`runner` stands in for that child in tests)."""
     topology = topology or machine_topology()
     if threads > len(topology.cpus):
         raise AllocationError(
@@ -302,17 +306,18 @@ def profile_model(
             bar.set_postfix_str(f"t={cell.threads} b={cell.batch} {cell.mean_s * 1e3:.3f} ms", refresh=False)
             bar.update(1)
 
+        placements = []
         for t in range(1, threads + 1):
             (worker,) = allocate([(1, t, 1)], topology)
-            job = {
-                "artifact": str(spec.artifact),
-                "config": spec.config.model_dump(mode="json"),
-                "threads": t,
-                "cpus": list(worker.cpus or ()),
-                "batches": list(batches),
-                "settings": settings.model_dump(mode="json"),
-            }
-            run(job, record)
+            placements.append({"threads": t, "cpus": list(worker.cpus or ())})
+        job = {
+            "artifact": str(spec.artifact),
+            "config": spec.config.model_dump(mode="json"),
+            "placements": placements,
+            "batches": list(batches),
+            "settings": settings.model_dump(mode="json"),
+        }
+        run(job, record)
     return ProfileRecord(
         fingerprint=fingerprint(topology),
         model=spec.name,
@@ -343,10 +348,11 @@ def busy_warning(record: ProfileRecord) -> str | None:
 
 
 def _run_child(job: dict[str, Any], record: Callable[[Cell], None]) -> None:
-    """Run one t in a child Python (`main` below); cells arrive one JSON line each on a pipe, not on stdout."""
+    """Run the profile in a child Python (`main` below); cells arrive one JSON line each on a pipe, not on stdout."""
     read_fd, write_fd = os.pipe()
     job = {**job, "result_fd": write_fd}
-    env = {**os.environ, "OMP_NUM_THREADS": str(job["threads"]), "TORCH_FORCE_WEIGHTS_ONLY_LOAD": "1"}
+    # One thread until a forked process sets its own (`place`): the child's loading never starts a thread pool.
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_FORCE_WEIGHTS_ONLY_LOAD": "1"}
     with tempfile.TemporaryFile("w+") as log:
         try:
             process = subprocess.Popen(
@@ -362,13 +368,13 @@ def _run_child(job: dict[str, Any], record: Callable[[Cell], None]) -> None:
             raise
         finally:
             os.close(write_fd)  # the child holds its own copy
-        error = ""
+        errors = []
         try:
             with os.fdopen(read_fd, "r") as results:
                 for line in results:
                     message = json.loads(line)
                     if "error" in message:
-                        error = str(message["error"])
+                        errors.append(str(message["error"]))
                     else:
                         record(Cell.model_validate(message))
             code = process.wait()
@@ -377,10 +383,9 @@ def _run_child(job: dict[str, Any], record: Callable[[Cell], None]) -> None:
                 process.kill()
                 process.wait()
         if code != 0:
-            if not error:
-                log.seek(0)
-                error = log.read()[-2000:].strip()
-            raise ProfileError(f"profiling {job['artifact']} with t={job['threads']} failed (exit {code}): {error}")
+            log.seek(0)
+            error = "; ".join(errors) or log.read()[-2000:].strip()
+            raise ProfileError(f"profiling {job['artifact']} failed (exit {code}): {error}")
 
 
 def _measure(model: Callable[..., Any], inputs: Sequence[Any], settings: ProfileSettings) -> list[float]:
@@ -423,7 +428,8 @@ def random_inputs(config: ModelConfig, batch: int, seed: int) -> list[Any]:
 
 
 def _child(job: dict[str, Any]) -> int:
-    """One t of a profile, inside its own process: pin, load the model, measure every b, report each cell.
+    """The profile's child: load the model, then fork a process per t that pins itself, measures every b and
+    reports each cell; the next t starts when the last one has exited.
 
     A failure is reported on the result pipe as `{"error": ...}`, so the parent can say why in one line.
     """
@@ -431,10 +437,13 @@ def _child(job: dict[str, Any]) -> int:
         try:
             _measure_all(job, lambda cell: out.write(cell.model_dump_json() + "\n"))
         except Exception as exc:
-            reason = str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
-            out.write(json.dumps({"error": reason}) + "\n")
+            out.write(json.dumps({"error": _reason(exc)}) + "\n")
             return 1
     return 0
+
+
+def _reason(exc: Exception) -> str:
+    return str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
 
 
 def _measure_all(job: dict[str, Any], report: Callable[[Cell], object]) -> None:
@@ -443,20 +452,40 @@ def _measure_all(job: dict[str, Any], report: Callable[[Cell], object]) -> None:
 
     config = ModelConfig.model_validate(job["config"])
     settings = ProfileSettings.model_validate(job["settings"])
-    place(job["threads"], job["cpus"] or None)
     model = load_artifact(Path(job["artifact"]), config.max_batch_size)
-    for batch in job["batches"]:
-        times = _measure(model, random_inputs(config, batch, seed=batch), settings)
-        report(
-            Cell(
-                threads=job["threads"],
-                batch=batch,
-                mean_s=statistics.fmean(times),
-                p50_s=statistics.median(times),
-                std_s=statistics.pstdev(times),
-                runs=len(times),
-            )
-        )
+    for placement in job["placements"]:
+        threads = placement["threads"]
+        pid = os.fork()
+        if pid == 0:  # the process for this t: its own threads and CPUs, then every b; it never returns
+            code = 1
+            try:
+                place(threads, placement["cpus"] or None)
+                for batch in job["batches"]:
+                    times = _measure(model, random_inputs(config, batch, seed=batch), settings)
+                    report(
+                        Cell(
+                            threads=threads,
+                            batch=batch,
+                            mean_s=statistics.fmean(times),
+                            p50_s=statistics.median(times),
+                            std_s=statistics.pstdev(times),
+                            runs=len(times),
+                        )
+                    )
+                code = 0
+            except Exception as exc:
+                os.write(job["result_fd"], (json.dumps({"error": f"t={threads}: {_reason(exc)}"}) + "\n").encode())
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        if status != 0:
+            raise ProfileError(f"the process measuring t={threads} failed ({_wait_text(status)})")
+
+
+def _wait_text(status: int) -> str:
+    if os.WIFSIGNALED(status):
+        return f"killed by signal {os.WTERMSIG(status)}"
+    return f"exit {os.waitstatus_to_exitcode(status)}"
 
 
 # -- planning from the stored profile --------------------------------------------------------------------------------

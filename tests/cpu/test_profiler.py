@@ -6,7 +6,9 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,7 +30,7 @@ from adaserve.cpu.profiler import (
     profile_model,
     save_profile,
 )
-from adaserve.cpu.topology import AllocationError, machine_topology
+from adaserve.cpu.topology import AllocationError, Cpu, Topology, machine_topology
 from adaserve.repository import ModelRepository, ModelSpec
 from tests.server_utils import link_example
 
@@ -126,22 +128,23 @@ def test_plan_from_the_measured_profile(measured: tuple[Path, float], capsys: py
 
 
 def test_profile_with_an_injected_runner_assembles_the_grid(tmp_path: Path) -> None:
-    """The grid and the pinning each child is given, without starting processes."""
+    """The grid and the pinning each forked process is given, without starting processes."""
     link_example(tmp_path, "mlp")
     spec = spec_in(tmp_path)
-    jobs: list[dict[str, object]] = []
+    jobs: list[dict[str, Any]] = []
 
-    def runner(job: dict[str, object], record: object) -> None:
+    def runner(job: dict[str, Any], record: Callable[[Cell], None]) -> None:
         jobs.append(job)
-        threads = int(job["threads"])  # type: ignore[call-overload]
-        for b in job["batches"]:  # type: ignore[attr-defined]
-            record(Cell(threads=threads, batch=b, mean_s=b / threads, p50_s=1, std_s=0, runs=1))  # type: ignore[operator]
+        for placement in job["placements"]:
+            threads = placement["threads"]
+            for b in job["batches"]:
+                record(Cell(threads=threads, batch=b, mean_s=b / threads, p50_s=1, std_s=0, runs=1))
 
     topology = machine_topology()
     record = profile_model(spec, 1, ProfileSettings.for_run(quick=True, repeats=3), progress=False, runner=runner)
-    assert [j["threads"] for j in jobs] == [1]
-    assert jobs[0]["cpus"] == [topology.ids[0]]
-    assert jobs[0]["settings"]["repeats"] == 3  # type: ignore[index]
+    assert len(jobs) == 1  # one child loads the model for every t
+    assert jobs[0]["placements"] == [{"threads": 1, "cpus": [topology.ids[0]]}]
+    assert jobs[0]["settings"]["repeats"] == 3
     assert record.profile.latency_s[1, 8] == 8
 
 
@@ -160,8 +163,17 @@ def test_a_failing_child_reports_its_reason(tmp_path: Path) -> None:
     artifact = root / "mlp_broken" / "1" / "model.pt2"
     artifact.unlink()
     artifact.write_bytes(b"not a torch.export archive")
-    with pytest.raises(ProfileError, match=r"t=1 failed \(exit 1\): .*model.pt2: cannot load model: BadZipFile"):
+    expected = r"mlp_broken/1/model.pt2 failed \(exit 1\): .*model.pt2: cannot load model: BadZipFile"
+    with pytest.raises(ProfileError, match=expected):
         profile_model(spec_in(root, "mlp_broken"), 1, ProfileSettings.for_run(quick=True), progress=False)
+
+
+def test_a_failing_thread_count_is_named_in_the_error(tmp_path: Path) -> None:
+    """The process forked for t = 1 is given a CPU that does not exist: its reason and its t reach the error."""
+    link_example(tmp_path, "mlp")
+    absent = Topology(tuple(Cpu(id=10**6 + i, socket=0, core=i, node=0) for i in range(2)))
+    with pytest.raises(ProfileError, match=r"failed \(exit 1\): t=1: OSError: .*; the process measuring t=1 failed"):
+        profile_model(spec_in(tmp_path), 2, ProfileSettings.for_run(quick=True), topology=absent, progress=False)
 
 
 # -- stale and keyed ---------------------------------------------------------------------------------------------
