@@ -94,7 +94,8 @@ class Instances:
 
     def run(self, assignments: Sequence[tuple[WorkerSpec, int]], timeout_s: float) -> RunTiming:
         """Give each worker its rows at once; the time until the last one has finished them."""
-        instances = [(self._instance(worker), rows) for worker, rows in assignments]
+        self._start_missing([worker for worker, _ in assignments])
+        instances = [(self._instances[_key(worker)], rows) for worker, rows in assignments]
         if len({id(instance) for instance, _ in instances}) != len(instances):
             raise ValueError(f"two workers of one run share (threads, CPUs): {list(assignments)}")
         began = time.perf_counter()
@@ -113,13 +114,22 @@ class Instances:
             instance.close()
         self._instances.clear()
 
-    def _instance(self, worker: WorkerSpec) -> _Instance:
-        key = (worker.threads, tuple(worker.cpus or ()))
-        if key not in self._instances:
-            self._instances[key] = self._start(worker)
-        return self._instances[key]
+    def _start_missing(self, workers: Sequence[WorkerSpec]) -> None:
+        """Start the instances not running yet all at once (each imports torch and loads the model on its own CPUs,
+        seconds apiece: at T = 16 a plan can need 16 new ones), then wait until every one is ready."""
+        missing = {_key(worker): worker for worker in workers if _key(worker) not in self._instances}
+        launched = {key: self._launch(worker) for key, worker in missing.items()}
+        deadline = time.monotonic() + START_TIMEOUT_S
+        for key, instance in launched.items():
+            self._instances[key] = instance  # closed with the others, ready or not
+        for key, instance in launched.items():
+            worker = missing[key]
+            instance.ready = instance.receive(deadline)
+            placed = instance.ready
+            if placed["threads"] != worker.threads or (worker.cpus and placed["cpus"] != list(worker.cpus)):
+                raise RuntimeError(f"instance placed as {placed}, planned {worker}")
 
-    def _start(self, worker: WorkerSpec) -> _Instance:
+    def _launch(self, worker: WorkerSpec) -> _Instance:
         job = {
             "artifact": str(self.spec.artifact),
             "config": self.spec.config.model_dump(mode="json"),
@@ -142,11 +152,12 @@ class Instances:
                 pass_fds=(write_fd,),
             )
         os.close(write_fd)
-        instance = _Instance(process, os.fdopen(read_fd, "r"), log)
-        instance.ready = instance.receive(time.monotonic() + START_TIMEOUT_S)
-        if instance.ready["threads"] != worker.threads or (worker.cpus and instance.ready["cpus"] != list(worker.cpus)):
-            raise RuntimeError(f"instance placed as {instance.ready}, planned {worker}")
-        return instance
+        return _Instance(process, os.fdopen(read_fd, "r"), log)
+
+
+def _key(worker: WorkerSpec) -> tuple[int, tuple[int, ...]]:
+    """Instances are kept per (threads, CPUs)."""
+    return worker.threads, tuple(worker.cpus or ())
 
 
 def _serve(job: dict[str, Any]) -> int:
