@@ -447,7 +447,7 @@ def _reason(exc: Exception) -> str:
 
 
 def _measure_all(job: dict[str, Any], report: Callable[[Cell], object]) -> None:
-    from adaserve.engine.worker import place
+    from adaserve.engine.processes import how_it_exited
     from adaserve.repository import load_artifact
 
     config = ModelConfig.model_validate(job["config"])
@@ -456,22 +456,10 @@ def _measure_all(job: dict[str, Any], report: Callable[[Cell], object]) -> None:
     for placement in job["placements"]:
         threads = placement["threads"]
         pid = os.fork()
-        if pid == 0:  # the process for this t: its own threads and CPUs, then every b; it never returns
+        if pid == 0:  # the process for this t; it never returns
             code = 1
             try:
-                place(threads, placement["cpus"] or None)
-                for batch in job["batches"]:
-                    times = _measure(model, random_inputs(config, batch, seed=batch), settings)
-                    report(
-                        Cell(
-                            threads=threads,
-                            batch=batch,
-                            mean_s=statistics.fmean(times),
-                            p50_s=statistics.median(times),
-                            std_s=statistics.pstdev(times),
-                            runs=len(times),
-                        )
-                    )
+                _measure_threads(model, config, settings, placement, job["batches"], report)
                 code = 0
             except Exception as exc:
                 os.write(job["result_fd"], (json.dumps({"error": f"t={threads}: {_reason(exc)}"}) + "\n").encode())
@@ -479,13 +467,35 @@ def _measure_all(job: dict[str, Any], report: Callable[[Cell], object]) -> None:
                 os._exit(code)
         _, status = os.waitpid(pid, 0)
         if status != 0:
-            raise ProfileError(f"the process measuring t={threads} failed ({_wait_text(status)})")
+            exited = how_it_exited(os.waitstatus_to_exitcode(status))
+            raise ProfileError(f"the process measuring t={threads} failed: it {exited}")
 
 
-def _wait_text(status: int) -> str:
-    if os.WIFSIGNALED(status):
-        return f"killed by signal {os.WTERMSIG(status)}"
-    return f"exit {os.waitstatus_to_exitcode(status)}"
+def _measure_threads(
+    model: Callable[..., Any],
+    config: ModelConfig,
+    settings: ProfileSettings,
+    placement: dict[str, Any],
+    batches: Sequence[int],
+    report: Callable[[Cell], object],
+) -> None:
+    """In the process forked for one t: take its threads and CPUs, then measure and report every b."""
+    from adaserve.engine.worker import place
+
+    threads = placement["threads"]
+    place(threads, placement["cpus"] or None)
+    for batch in batches:
+        times = _measure(model, random_inputs(config, batch, seed=batch), settings)
+        report(
+            Cell(
+                threads=threads,
+                batch=batch,
+                mean_s=statistics.fmean(times),
+                p50_s=statistics.median(times),
+                std_s=statistics.pstdev(times),
+                runs=len(times),
+            )
+        )
 
 
 # -- planning from the stored profile --------------------------------------------------------------------------------
