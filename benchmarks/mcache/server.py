@@ -16,21 +16,22 @@ Steps:
    server counts (`adaserve_model_resident_bytes`: weights + the worker's workspace) and the load penalty
    (`adaserve_model_loading_seconds_total / adaserve_model_loads_total`); the hit's latency is the execution time.
    Budgets are shares of the total of these sizes.
-3. Workload: `adaserve.cache.workload.build_workload`, random assignment (the paper's comparison), `--requests`
-   requests per seed (`--seeds`: one sequence each), written as a request sequence (time_s,model) and replayed by
-   `adaserve bench` as a closed loop of one client: the requests in trace order, each sent when the last is
-   answered. Each request then waits for at most one load and nothing else, so the server's `loading_seconds_total /
-   requests` is the mean model-load time per request, and throughput is that of a busy server, as in the simulator
-   benchmark's throughput figures.
-4. Every cell (policy at a share, on one seed's sequence) is a fresh server; its figures come from the bench records
-   (throughput, latency, failures) and from /metrics (hits, misses, loads, load time, evictions). The simulator
-   replays the same sequence with `clients=1` and the probe's sizes, penalties and execution times, through the same
-   policy objects.
+3. Workload: `adaserve.cache.workload.build_workload`, for each assignment of `--assign` (default random, the
+   paper's comparison; round-robin, quantile and quantile-r rank the models by the probe's load penalties),
+   `--requests` requests per seed (`--seeds`: one sequence each), written as a request sequence (time_s,model) and
+   replayed by `adaserve bench` as a closed loop of one client: the requests in trace order, each sent when the last
+   is answered. Each request then waits for at most one load and nothing else, so the server's
+   `loading_seconds_total / requests` is the mean model-load time per request, and throughput is that of a busy
+   server, as in the simulator benchmark's throughput figures.
+4. Every cell (policy at a share, on one seed's sequence of one assignment) is a fresh server; its figures come from
+   the bench records (throughput, latency, failures) and from /metrics (hits, misses, loads, load time, evictions).
+   The simulator replays the same sequence with `clients=1` and the probe's sizes, penalties and execution times,
+   through the same policy objects.
 
-The bars are the paper's (IAM vs LFU: throughput ≥ 1.5× at 40% and ≥ 2.39× at 80%; mean load time ≥ 27/43/62% lower
-at 40/60/80%), computed from the server's figures on every seed where both cells were run; a bar is judged on the
-mean of the seeds' ratios, and each seed's ratio is kept beside it: one sequence of 80 requests tells policies apart
-by little more than its own noise.
+The bars are the paper's (IAM vs LFU on the random assignment: throughput ≥ 1.5× at 40% and ≥ 2.39× at 80%; mean
+load time ≥ 27/43/62% lower at 40/60/80%), computed from the server's figures on every seed where both cells were
+run; a bar is judged on the mean of the seeds' ratios, and each seed's ratio is kept beside it: one sequence of 80
+requests tells policies apart by little more than its own noise.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from adaserve.bench import BenchConfig, BenchResult, Status, parse_workload, run_bench, write_report
 from adaserve.cache.simulator import models_from, simulate
-from adaserve.cache.workload import Request, build_workload
+from adaserve.cache.workload import ASSIGNMENTS, Assignment, Request, build_workload
 from benchmarks.common import RESULTS, SCRATCH, command_line, figure, load_window, machine, write_json
 from benchmarks.mcache.models import CATALOGUE, export
 from benchmarks.mcache.simulate import (
@@ -86,8 +87,10 @@ REQUEST_TIMEOUT_S = 120.0
 #: exactly the probed total evicted 9 times in 80 requests when a few models came back 1% larger.
 SIZE_MARGIN = 1.1
 
-#: A cell of the run: (policy, share of the total, workload seed).
-CellKey = tuple[str, float, int]
+#: A cell of the run: (policy, share of the total, workload seed, assignment).
+CellKey = tuple[str, float, int, Assignment]
+#: The assignment the paper's bars compare on.
+BAR_ASSIGNMENT: Assignment = "random"
 
 
 def serving_repository(scratch: Path, names: tuple[str, ...]) -> Path:
@@ -155,22 +158,29 @@ def probe(repository: Path, names: tuple[str, ...], scratch: Path) -> dict[str, 
             "size_bytes": int(metrics["adaserve_model_resident_bytes"][name]),
             "load_s": metrics["adaserve_model_loading_seconds_total"][name]
             / metrics["adaserve_model_loads_total"][name],
+            # P_i at the end: the model's own load time plus the host wait pooled over every load, the same for all
+            "penalty_s": metrics["adaserve_model_load_penalty_seconds"][name],
             "exec_s": hit.latency_ms / 1000,
         }
     return figures
 
 
-def run_cell(
-    repository: Path, policy: str, share: float, seed: int, budget: int, total: int, sequence: Path, scratch: Path
-) -> dict[str, Any]:
-    """One fresh server at `budget` bytes under `policy`, seed `seed`'s sequence replayed through it."""
-    record: dict[str, Any] = {"policy": policy, "share": share, "seed": seed, "budget_bytes": budget}
+def run_cell(repository: Path, key: CellKey, budget: int, total: int, sequence: Path, scratch: Path) -> dict[str, Any]:
+    """One fresh server at `budget` bytes under the cell's policy, its sequence replayed through it."""
+    policy, share, seed, assign = key
+    record: dict[str, Any] = {
+        "policy": policy,
+        "share": share,
+        "seed": seed,
+        "assignment": assign,
+        "budget_bytes": budget,
+    }
     if budget > share * total:
         held = "every model" if share >= 1 else "the largest model"
         record["note"] = f"budget raised to {budget / total:.1%} of the total to hold {held}"
     extra = ("--model-memory-budget", str(budget), "--cache-policy", policy)
     with load_window(record), running_server(repository, *extra) as server:
-        result = replay(server, sequence, scratch / "records" / f"{policy}-{share:.0%}-seed{seed}.json")
+        result = replay(server, sequence, scratch / "records" / f"{assign}-{policy}-{share:.0%}-seed{seed}.json")
         metrics = model_metrics(server)
     summary = result.summary
     sums = {name: sum(values.values()) for name, values in metrics.items()}
@@ -202,8 +212,8 @@ def _seconds(ms: float | None) -> float | None:
 
 
 def bars(cells: dict[CellKey, dict[str, Any]], side: str) -> list[dict[str, Any]]:
-    """The paper's IAM-vs-LFU bars on `side` ("server" or "simulator"), for the shares where both policies were
-    run: the ratio on every seed that has both cells, judged on their mean."""
+    """The paper's IAM-vs-LFU bars on `side` ("server" or "simulator") on the random assignment, for the shares
+    where both policies were run: the ratio on every seed that has both cells, judged on their mean."""
     kinds = (
         ("throughput", THROUGHPUT_BARS, throughput_ratio, "{:.2f}x".format, "{}x".format),
         ("mean load time", LOAD_TIME_BARS, load_time_reduction, _lower_or_higher, "{:.0%} lower".format),
@@ -235,11 +245,11 @@ def _per_seed(
     compare: Callable[[dict[str, Any], dict[str, Any]], float],
 ) -> dict[int, float]:
     """`compare(iam, lfu)` on `side`'s figures at `share`, for every seed where both cells were run."""
-    seeds = sorted(seed for policy, at, seed in cells if policy == "iam" and at == share)
+    seeds = sorted(seed for policy, at, seed, assign in cells if (policy, at, assign) == ("iam", share, BAR_ASSIGNMENT))
     return {
-        seed: compare(cells["iam", share, seed][side], cells["lfu", share, seed][side])
+        seed: compare(cells["iam", share, seed, BAR_ASSIGNMENT][side], cells["lfu", share, seed, BAR_ASSIGNMENT][side])
         for seed in seeds
-        if ("lfu", share, seed) in cells
+        if ("lfu", share, seed, BAR_ASSIGNMENT) in cells
     }
 
 
@@ -255,43 +265,51 @@ def _spread(values: dict[int, float], mean: float, show: Callable[[float], str])
 
 
 def plot(cells: dict[CellKey, dict[str, Any]], path: Path, title: str) -> None:
-    """Hit ratio, mean load time and throughput against the budget: server solid, simulator dashed; with several
-    seeds, the mean of the seeds and their range."""
+    """Hit ratio, mean load time and throughput against the budget, a row per assignment: server solid, simulator
+    dashed; with several seeds, the mean of the seeds and their range."""
     panels = (
         ("hit_ratio", "hit ratio"),
         ("mean_load_wait_s", "mean load time (s)"),
         ("throughput_rps", "throughput, 1 client (req/s)"),
     )
-    fig = figure(15, 4.5)
-    axes = fig.subplots(1, len(panels))
-    for ax, (metric, label) in zip(axes, panels, strict=True):
-        for index, policy in enumerate(sorted({policy for policy, _, _ in cells})):
-            shares = sorted({share for p, share, _ in cells if p == policy})
-            colour = f"C{index}"
-            for side, style in (("server", "-o"), ("simulator", "--o")):
-                runs = [
-                    [cell[side][metric] for (p, s, _), cell in cells.items() if (p, s) == (policy, share)]
-                    for share in shares
-                ]
-                means = [statistics.fmean(values) for values in runs]
-                below = [mean - min(values) for mean, values in zip(means, runs, strict=True)]
-                above = [max(values) - mean for mean, values in zip(means, runs, strict=True)]
-                ax.errorbar(
-                    [share * 100 for share in shares],
-                    means,
-                    yerr=[below, above],
-                    fmt=style,
-                    color=colour,
-                    capsize=3,
-                    label=f"{policy} {side}",
-                )
-        ax.set_xlabel("budget (% of the models' total, as the server measures them)")
-        ax.set_ylabel(label)
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
+    assigns = [a for a in ASSIGNMENTS if any(key[3] == a for key in cells)]
+    policies = sorted({key[0] for key in cells})
+    fig = figure(15, 4.5 * len(assigns))
+    axes = fig.subplots(len(assigns), len(panels), squeeze=False)
+    for row, assign in zip(axes, assigns, strict=True):
+        for ax, (metric, label) in zip(row, panels, strict=True):
+            _plot_panel(ax, cells, assign, policies, metric)
+            ax.set_title(f"{assign}: {label}", fontsize=10)
+            ax.set_xlabel("budget (% of the models' total, as the server measures them)")
+            ax.set_ylabel(label)
+            ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+def _plot_panel(ax: Any, cells: dict[CellKey, dict[str, Any]], assign: str, policies: list[str], metric: str) -> None:
+    for index, policy in enumerate(policies):
+        shares = sorted({share for p, share, _, a in cells if (p, a) == (policy, assign)})
+        colour = f"C{index}"
+        for side, style in (("server", "-o"), ("simulator", "--o")):
+            runs = [
+                [cell[side][metric] for (p, s, _, a), cell in cells.items() if (p, s, a) == (policy, share, assign)]
+                for share in shares
+            ]
+            means = [statistics.fmean(values) for values in runs]
+            below = [mean - min(values) for mean, values in zip(means, runs, strict=True)]
+            above = [max(values) - mean for mean, values in zip(means, runs, strict=True)]
+            ax.errorbar(
+                [share * 100 for share in shares],
+                means,
+                yerr=[below, above],
+                fmt=style,
+                color=colour,
+                capsize=3,
+                label=f"{policy} {side}",
+            )
 
 
 def parse_cells(text: str) -> list[tuple[str, float]]:
@@ -314,6 +332,17 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
+def parse_assignments(text: str) -> list[Assignment]:
+    names = [item.strip().lower() for item in text.split(",")]
+    unknown = [name for name in names if name not in ASSIGNMENTS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"assignment {unknown[0]!r}: expected some of {', '.join(ASSIGNMENTS)}")
+    assigns = [a for name in names for a in ASSIGNMENTS if a == name]
+    if len(set(assigns)) != len(assigns):
+        raise argparse.ArgumentTypeError(f"assignments {text!r}: one is named twice")
+    return assigns
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=80, help="requests in each sequence (default 80)")
@@ -324,6 +353,12 @@ def main() -> None:
         help="workload seeds, one sequence each, every cell run on each (default 0)",
     )
     parser.add_argument("--cells", type=parse_cells, help=f"POLICY@PERCENT,... (default {FULL_CELLS})")
+    parser.add_argument(
+        "--assign",
+        type=parse_assignments,
+        default=[BAR_ASSIGNMENT],
+        help=f"workload assignments, every cell run on each: some of {','.join(ASSIGNMENTS)} (default random)",
+    )
     parser.add_argument("--quick", action="store_true", help=f"24 requests, {QUICK_CELLS}, under results/tmp/")
     parser.add_argument("--output", type=Path, help="result JSON (default results/mcache_server.json)")
     parser.add_argument(
@@ -342,52 +377,57 @@ def main() -> None:
     repository = serving_repository(scratch, MODELS)
     if args.resume:
         record = json.loads(output.read_text())
-        if "sequences" not in record:
-            parser.error(f"{output} was written before --seeds (it has no 'sequences'); run without --resume")
+        if "sequences" not in record or "assignments" not in record:
+            parser.error(f"{output} was written before --seeds or --assign; run without --resume")
         record.setdefault("resumed", []).append({"at": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "by": command_line()})
     else:
         record = new_record(repository, scratch, 24 if args.quick else args.requests)
+    measured = record["models"]
+    penalty_s = {name: entry["penalty_s"] for name, entry in measured.items() if "penalty_s" in entry}
     sequences: dict[str, list[list[Any]]] = record["sequences"]
     for seed in args.seeds:
-        if str(seed) not in sequences:
-            sequences[str(seed)] = draw_sequence(record["requests"], seed)
-    record["seeds"] = sorted(int(seed) for seed in sequences)
-    measured = record["models"]
+        for assign in args.assign:
+            if f"{assign}:{seed}" not in sequences:
+                sequences[f"{assign}:{seed}"] = draw_sequence(record["requests"], seed, assign, penalty_s)
+    record["seeds"] = sorted({int(key.split(":")[1]) for key in sequences})
+    record["assignments"] = [a for a in ASSIGNMENTS if any(key.startswith(f"{a}:") for key in sequences)]
     figures = models_from(measured, "the probe")
     total = record["total_bytes"]
-    cells = {(cell["policy"], cell["share"], cell["seed"]): cell for cell in record.get("cells", [])}
+    cells = {(c["policy"], c["share"], c["seed"], c["assignment"]): c for c in record.get("cells", [])}
     record["not_run"] = []
     floor = int(SIZE_MARGIN * max(entry["size_bytes"] for entry in measured.values()))
-    for seed in args.seeds:
-        requests = [Request(time_s, model) for time_s, model in sequences[str(seed)]]
-        sequence = write_sequence(requests, scratch / f"sequence-seed{seed}.csv")
-        for policy, share in (cell for cell in chosen if (*cell, seed) not in cells):
-            if time.monotonic() - began > args.budget_min * 60:  # the run's time is spent: say which cells are missing
-                record["not_run"].append(f"{policy}@{share:.0%} seed {seed}")
-                continue
-            budget = max(int(total * share * (SIZE_MARGIN if share >= 1 else 1)), floor)
-            cell = run_cell(repository, policy, share, seed, budget, total, sequence, scratch)
-            sim = simulate(requests, figures, budget, policy, clients=1).as_dict()
-            cell["simulator"] = {key: value for key, value in sim.items() if key != "policy"}
-            cells[policy, share, seed] = cell
-            server = cell["server"]
-            print(
-                f"{policy}@{share:.0%} seed {seed}: server hit {server['hit_ratio']:.2f} "
-                f"load {server['mean_load_wait_s']:.2f} s {server['throughput_rps']:.3f} req/s "
-                f"failed {server['failed']} | simulator hit {sim['hit_ratio']:.2f} "
-                f"load {sim['mean_load_wait_s']:.2f} s {sim['throughput_rps']:.3f} req/s ({cell['wall_s']:.0f} s)",
-                flush=True,
-            )
-            record["cells"] = list(cells.values())
-            write_json(record, output)  # after every cell, so an interrupted run keeps what it measured
+    # Assignments innermost: a run cut short by --budget-min has the first cells of --cells on every assignment.
+    keys = [(policy, share, seed, assign) for seed in args.seeds for policy, share in chosen for assign in args.assign]
+    for key in (key for key in keys if key not in cells):
+        policy, share, seed, assign = key
+        if time.monotonic() - began > args.budget_min * 60:  # the run's time is spent: say which cells are missing
+            record["not_run"].append(f"{policy}@{share:.0%} seed {seed} {assign}")
+            continue
+        requests = [Request(time_s, model) for time_s, model in sequences[f"{assign}:{seed}"]]
+        sequence = write_sequence(requests, scratch / f"sequence-{assign}-seed{seed}.csv")
+        budget = max(int(total * share * (SIZE_MARGIN if share >= 1 else 1)), floor)
+        cell = run_cell(repository, key, budget, total, sequence, scratch)
+        sim = simulate(requests, figures, budget, policy, clients=1).as_dict()
+        cell["simulator"] = {name: value for name, value in sim.items() if name != "policy"}
+        cells[key] = cell
+        server = cell["server"]
+        print(
+            f"{assign} {policy}@{share:.0%} seed {seed}: server hit {server['hit_ratio']:.2f} "
+            f"load {server['mean_load_wait_s']:.2f} s {server['throughput_rps']:.3f} req/s "
+            f"failed {server['failed']} | simulator hit {sim['hit_ratio']:.2f} "
+            f"load {sim['mean_load_wait_s']:.2f} s {sim['throughput_rps']:.3f} req/s ({cell['wall_s']:.0f} s)",
+            flush=True,
+        )
+        record["cells"] = list(cells.values())
+        write_json(record, output)  # after every cell, so an interrupted run keeps what it measured
     record["bars"] = {"server": bars(cells, "server"), "simulator": bars(cells, "simulator")}
     record["failed_requests"] = sum(cell["server"]["failed"] for cell in cells.values())
     write_json(record, output)
-    seeds = sorted({seed for _, _, seed in cells})
+    seeds = sorted({key[2] for key in cells})
     plot(
         cells,
         output.with_suffix(".png"),
-        f"mCache, real server vs simulator: {len(MODELS)} models, {record['requests']} requests (random) per seed, "
+        f"mCache, real server vs simulator: {len(MODELS)} models, {record['requests']} requests per seed, "
         f"seeds {', '.join(map(str, seeds))}, closed loop, 1 client",
     )
     for check in record["bars"]["server"]:
@@ -406,7 +446,7 @@ def new_record(repository: Path, scratch: Path, requests: int) -> dict[str, Any]
         "command": command_line(),
         "machine": machine(),
         "trace": str(TRACE),
-        "assignment": "random",
+        "assignments": [],
         "requests": requests,
         "sequences": {},
         "replay": "closed loop, 1 client, in trace order (adaserve bench, sequence workload)",
@@ -424,11 +464,16 @@ def new_record(repository: Path, scratch: Path, requests: int) -> dict[str, Any]
     return record
 
 
-def draw_sequence(requests: int, seed: int) -> list[list[Any]]:
-    """Seed `seed`'s request sequence, as [time_s, model] rows. A random assignment draws each function's model
-    uniformly, so the models go in by name rather than by the probe's noisy load times: a seed then names one
-    sequence from run to run."""
-    workload = build_workload(TRACE, dict.fromkeys(MODELS, 0.0), assign="random", requests=requests, seed=seed)
+def draw_sequence(requests: int, seed: int, assign: Assignment, penalty_s: dict[str, float]) -> list[list[Any]]:
+    """Seed `seed`'s request sequence under assignment `assign`, as [time_s, model] rows. The other assignments rank
+    the models by the probe's P_i (`penalty_s`), not by its wall load times: the probe loads the models back to
+    back, so every other load waited for the spare host started behind the last, which says when it came, not what
+    it loaded. A random one draws each function's model uniformly, so the models go in by name: a seed then names
+    one sequence from run to run."""
+    if assign != "random" and set(penalty_s) != set(MODELS):
+        raise ValueError("the probe has no P_i per model (written before it was kept): run without --resume")
+    ranked = dict.fromkeys(MODELS, 0.0) if assign == "random" else penalty_s
+    workload = build_workload(TRACE, ranked, assign=assign, requests=requests, seed=seed)
     return [[r.time_s, r.model] for r in workload.requests]
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks.mcache.server import CellKey, bars, parse_seeds
+from benchmarks.mcache.server import CellKey, bars, parse_assignments, parse_seeds
 
 
 def cell(throughput: float, wait: float) -> dict[str, Any]:
@@ -17,11 +17,11 @@ def cell(throughput: float, wait: float) -> dict[str, Any]:
 
 def test_bars_are_judged_on_the_mean_of_the_seeds_ratios() -> None:
     cells: dict[CellKey, dict[str, Any]] = {
-        ("iam", 0.4, 0): cell(1.8, 0.5),
-        ("lfu", 0.4, 0): cell(1.0, 1.0),
-        ("iam", 0.4, 1): cell(1.4, 0.9),
-        ("lfu", 0.4, 1): cell(1.0, 1.0),
-        ("iam", 0.4, 2): cell(9.0, 0.0),  # no LFU cell on seed 2: left out of the ratios
+        ("iam", 0.4, 0, "random"): cell(1.8, 0.5),
+        ("lfu", 0.4, 0, "random"): cell(1.0, 1.0),
+        ("iam", 0.4, 1, "random"): cell(1.4, 0.9),
+        ("lfu", 0.4, 1, "random"): cell(1.0, 1.0),
+        ("iam", 0.4, 2, "random"): cell(9.0, 0.0),  # no LFU cell on seed 2: left out of the ratios
     }
     throughput, load_time = bars(cells, "server")
     assert throughput["bar"] == "IAM vs LFU throughput at 40%"
@@ -35,13 +35,30 @@ def test_bars_are_judged_on_the_mean_of_the_seeds_ratios() -> None:
 
 
 def test_one_seed_reports_its_ratio_alone() -> None:
-    cells: dict[CellKey, dict[str, Any]] = {("iam", 0.8, 3): cell(2.0, 0.2), ("lfu", 0.8, 3): cell(1.0, 0.0)}
+    cells: dict[CellKey, dict[str, Any]] = {
+        ("iam", 0.8, 3, "random"): cell(2.0, 0.2),
+        ("lfu", 0.8, 3, "random"): cell(1.0, 0.0),
+    }
     throughput, load_time = bars(cells, "simulator")
     assert (throughput["measured"], throughput["pass"]) == ("2.00x", False)  # 2.39x at 80%
     assert load_time["value"] == 0.0  # LFU never waited: IAM cannot be lower
-    cells = {("iam", 0.6, 0): cell(1.0, 1.2), ("lfu", 0.6, 0): cell(1.0, 1.0)}
+    cells = {("iam", 0.6, 0, "random"): cell(1.0, 1.2), ("lfu", 0.6, 0, "random"): cell(1.0, 1.0)}
     assert bars(cells, "server")[0]["measured"] == "20.0% higher"
-    assert bars({("iam", 0.6, 0): cell(1.0, 1.0)}, "server") == []
+    assert bars({("iam", 0.6, 0, "random"): cell(1.0, 1.0)}, "server") == []
+
+
+def test_bars_compare_on_the_random_assignment_only() -> None:
+    cells: dict[CellKey, dict[str, Any]] = {
+        ("iam", 0.4, 0, "random"): cell(1.2, 0.5),
+        ("lfu", 0.4, 0, "random"): cell(1.0, 1.0),
+        ("iam", 0.4, 0, "quantile"): cell(9.0, 0.0),
+        ("lfu", 0.4, 0, "quantile"): cell(1.0, 1.0),
+        ("iam", 0.8, 0, "quantile"): cell(9.0, 0.0),
+        ("lfu", 0.8, 0, "quantile"): cell(1.0, 1.0),
+    }
+    throughput, load_time = bars(cells, "server")  # nothing at 80%: only the quantile workload has it
+    assert (throughput["bar"], throughput["value"]) == ("IAM vs LFU throughput at 40%", pytest.approx(1.2))
+    assert load_time["value"] == pytest.approx(0.5)
 
 
 def test_seeds_must_be_distinct_integers() -> None:
@@ -50,3 +67,11 @@ def test_seeds_must_be_distinct_integers() -> None:
         parse_seeds("0,x")
     with pytest.raises(argparse.ArgumentTypeError, match="named twice"):
         parse_seeds("1,1")
+
+
+def test_assignments_are_the_workload_builders() -> None:
+    assert parse_assignments("random, Quantile-R") == ["random", "quantile-r"]
+    with pytest.raises(argparse.ArgumentTypeError, match="'zipf': expected some of random, round-robin"):
+        parse_assignments("random,zipf")
+    with pytest.raises(argparse.ArgumentTypeError, match="named twice"):
+        parse_assignments("quantile,quantile")
