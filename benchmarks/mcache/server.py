@@ -50,7 +50,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from adaserve.bench import BenchConfig, BenchResult, Status, parse_workload, run_bench, write_report
-from adaserve.cache.simulator import models_from, simulate
+from adaserve.cache.simulator import ModelFigures, models_from, simulate
 from adaserve.cache.workload import ASSIGNMENTS, Assignment, Request, build_workload
 from benchmarks.common import RESULTS, SCRATCH, command_line, figure, load_window, machine, write_json
 from benchmarks.mcache.models import CATALOGUE, export
@@ -59,6 +59,7 @@ from benchmarks.mcache.simulate import (
     THROUGHPUT_BARS,
     TRACE,
     load_time_reduction,
+    oracle_distance,
     throughput_ratio,
 )
 from tests.server_utils import ServerHandle, running_server, write_config
@@ -253,6 +254,38 @@ def _per_seed(
     }
 
 
+def distance_from_oracle(
+    cells: dict[CellKey, dict[str, Any]], sequences: dict[str, list[list[Any]]], figures: dict[str, ModelFigures]
+) -> dict[str, dict[str, dict[str, float]]]:
+    """Each policy's distance from the offline oracle, simulated on every cell's sequence and budget, averaged over
+    the workloads and shares run (`simulate.oracle_distance`): on the simulator's figures, where every policy is
+    costed alike; and the server's hit ratio against the oracle's (the server's load times are not the probe's
+    penalties that the simulated oracle is charged, so only the hit ratio compares)."""
+    oracle: dict[tuple[str, float, int], dict[str, Any]] = {}
+    for policy, share, seed, assign in cells:
+        if (assign, share, seed) not in oracle:
+            requests = [Request(time_s, model) for time_s, model in sequences[f"{assign}:{seed}"]]
+            budget = cells[policy, share, seed, assign]["budget_bytes"]
+            oracle[assign, share, seed] = simulate(requests, figures, budget, "oracle", clients=1).as_dict()
+    distance = {}
+    for side in ("simulator", "server"):
+        groups: dict[tuple[str, float, str], list[dict[str, Any]]] = {}
+        for (policy, share, seed, assign), cell in cells.items():
+            groups.setdefault((assign, share, policy), []).append(cell[side])
+            groups.setdefault((assign, share, "oracle"), []).append(oracle[assign, share, seed])
+        summary: dict[str, dict[str, Any]] = {}
+        for (workload, at, name), of_seeds in groups.items():
+            summary.setdefault(workload, {}).setdefault(f"{at:.0%}", {})[name] = {
+                metric: statistics.fmean(entry[metric] for entry in of_seeds)
+                for metric in ("hit_ratio", "mean_load_wait_s", "throughput_rps")
+            }
+        distance[side] = {policy: gaps for policy, gaps in oracle_distance(summary).items() if policy != "oracle"}
+    distance["server"] = {
+        policy: {"hit_ratio_gap": gaps["hit_ratio_gap"]} for policy, gaps in distance["server"].items()
+    }
+    return distance
+
+
 def _lower_or_higher(lower: float) -> str:
     return f"{lower:.1%} lower" if lower >= 0 else f"{-lower:.1%} higher"
 
@@ -421,6 +454,7 @@ def main() -> None:
         record["cells"] = list(cells.values())
         write_json(record, output)  # after every cell, so an interrupted run keeps what it measured
     record["bars"] = {"server": bars(cells, "server"), "simulator": bars(cells, "simulator")}
+    record["oracle_distance"] = distance_from_oracle(cells, sequences, figures)
     record["failed_requests"] = sum(cell["server"]["failed"] for cell in cells.values())
     write_json(record, output)
     seeds = sorted({key[2] for key in cells})

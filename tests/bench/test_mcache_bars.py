@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from benchmarks.mcache.server import CellKey, bars, parse_assignments, parse_seeds
+from adaserve.cache.simulator import ModelFigures
+from benchmarks.mcache.server import CellKey, bars, distance_from_oracle, parse_assignments, parse_seeds
 
 
 def cell(throughput: float, wait: float) -> dict[str, Any]:
@@ -75,3 +76,18 @@ def test_assignments_are_the_workload_builders() -> None:
         parse_assignments("random,zipf")
     with pytest.raises(argparse.ArgumentTypeError, match="named twice"):
         parse_assignments("quantile,quantile")
+
+
+def test_distance_from_the_oracle_simulates_it_on_each_cells_sequence_and_budget() -> None:
+    # Room for two of three models; A B C A B: the oracle evicts B for C (used last) and hits A; LRU evicts A and
+    # then B, and hits nothing.
+    figures = {name: ModelFigures(size_bytes=100, load_s=1.0, exec_s=0.1) for name in "ABC"}
+    sequences = {"random:0": [[float(i), name] for i, name in enumerate("ABCAB")]}
+    lru = {"hit_ratio": 0.0, "mean_load_wait_s": 1.0, "throughput_rps": 0.5}
+    cells: dict[CellKey, dict[str, Any]] = {
+        ("lru", 0.6, 0, "random"): {"budget_bytes": 200, "server": lru, "simulator": lru}
+    }
+    distance = distance_from_oracle(cells, sequences, figures)
+    assert distance["server"] == {"lru": {"hit_ratio_gap": pytest.approx(0.2)}}
+    assert distance["simulator"]["lru"]["hit_ratio_gap"] == pytest.approx(0.2)
+    assert distance["simulator"]["lru"]["load_time_ratio"] > 1  # the oracle waited for 4 loads of 5 requests
