@@ -11,11 +11,14 @@
 #   python3 -m benchmarks.elastic_batching --quick --device cuda --model resnet50 --trace "$GPU_BUNDLE/conv.csv" \
 #       --perf-venv "$GPU_BUNDLE/perf" --noise-cores 2 --quiet-s 0
 #   python3 -m benchmarks.packrat.speedup --quick --models inception     # Packrat at T = every CPU (16 there)
+#   python3 -m benchmarks.gati.gpu --packed "$GPU_BUNDLE/gati" --device cpu --output benchmarks/results/gati_cpu16.json
+#       # GATI's lookups on a core of their own (p99 bar, issue 6); `--device cuda` for the GPU form
 #
 # The bundle holds what that machine's image lacks, for its Python: this package's dependencies that are not there
 # (tritonclient, whose wheel holds perf_analyzer, msgspec, httptools, pydantic, ...), the CUDA 12 runtime and libb64
 # that perf_analyzer links, Fashion-MNIST's test split (the tests read it) and the Azure trace (`../shared` does not
-# travel). Keep DIR out of git (e.g. `echo /.gpu/ >> .git/info/exclude`).
+# travel), and GATI's packed inputs (`benchmarks.gati.gpu --pack`) when the early-exit benchmark has built its cache
+# set here. Keep DIR out of git (e.g. `echo /.gpu/ >> .git/info/exclude`).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -42,10 +45,15 @@ pack() {
     cp /usr/share/datasets/fashion-mnist/t10k-* "$dir/fmnist/"
     cp "$ROOT/../shared/data/traces/azure-llm-2023/AzureLLMInferenceTrace_conv.csv" "$dir/conv.csv"
     cp "$ROOT/benchmarks/gpu_setup.sh" "$dir/setup.sh"
+    if [ -d "$ROOT/benchmarks/results/tmp/gati/repo/resnet/caches/v1" ]; then
+        (cd "$ROOT" && .venv/bin/python -m benchmarks.gati.gpu --pack "$dir/gati")
+    else
+        echo "no GATI cache set here (run benchmarks.gati.early_exit first): the bundle has no gati/" >&2
+    fi
     du -sh "$dir"
 }
 
 case "${1:-}" in
     pack) pack "${2:-}" ;;
-    *) sed -n '2,18p' "$0" >&2; exit 2 ;;
+    *) sed -n '2,21p' "$0" >&2; exit 2 ;;
 esac
