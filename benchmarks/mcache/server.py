@@ -17,7 +17,7 @@ Steps:
    (`adaserve_model_loading_seconds_total / adaserve_model_loads_total`); the hit's latency is the execution time.
    Budgets are shares of the total of these sizes.
 3. Workload: `adaserve.cache.workload.build_workload`, for each assignment of `--assign` (default random, the
-   paper's comparison; round-robin, quantile and quantile-r rank the models by the probe's load penalties),
+   paper's comparison; round-robin, quantile and quantile-r rank the models by load time, see `draw_sequence`),
    `--requests` requests per seed (`--seeds`: one sequence each), written as a request sequence (time_s,model) and
    replayed by `adaserve bench` as a closed loop of one client: the requests in trace order, each sent when the last
    is answered. Each request then waits for at most one load and nothing else, so the server's
@@ -87,6 +87,8 @@ REQUEST_TIMEOUT_S = 120.0
 #: cell of 100% or more gets the total times this: it is the cell where every model stays resident, and a budget of
 #: exactly the probed total evicted 9 times in 80 requests when a few models came back 1% larger.
 SIZE_MARGIN = 1.1
+#: The models' load times the non-random assignments rank them by (`draw_sequence`).
+LOAD_TIMES = RESULTS / "mcache_simulate.json"
 
 #: A cell of the run: (policy, share of the total, workload seed, assignment).
 CellKey = tuple[str, float, int, Assignment]
@@ -159,8 +161,6 @@ def probe(repository: Path, names: tuple[str, ...], scratch: Path) -> dict[str, 
             "size_bytes": int(metrics["adaserve_model_resident_bytes"][name]),
             "load_s": metrics["adaserve_model_loading_seconds_total"][name]
             / metrics["adaserve_model_loads_total"][name],
-            # P_i at the end: the model's own load time plus the host wait pooled over every load, the same for all
-            "penalty_s": metrics["adaserve_model_load_penalty_seconds"][name],
             "exec_s": hit.latency_ms / 1000,
         }
     return figures
@@ -416,12 +416,11 @@ def main() -> None:
     else:
         record = new_record(repository, scratch, 24 if args.quick else args.requests)
     measured = record["models"]
-    penalty_s = {name: entry["penalty_s"] for name, entry in measured.items() if "penalty_s" in entry}
     sequences: dict[str, list[list[Any]]] = record["sequences"]
     for seed in args.seeds:
         for assign in args.assign:
             if f"{assign}:{seed}" not in sequences:
-                sequences[f"{assign}:{seed}"] = draw_sequence(record["requests"], seed, assign, penalty_s)
+                sequences[f"{assign}:{seed}"] = draw_sequence(record["requests"], seed, assign)
     record["seeds"] = sorted({int(key.split(":")[1]) for key in sequences})
     record["assignments"] = [a for a in ASSIGNMENTS if any(key.startswith(f"{a}:") for key in sequences)]
     figures = models_from(measured, "the probe")
@@ -498,15 +497,18 @@ def new_record(repository: Path, scratch: Path, requests: int) -> dict[str, Any]
     return record
 
 
-def draw_sequence(requests: int, seed: int, assign: Assignment, penalty_s: dict[str, float]) -> list[list[Any]]:
-    """Seed `seed`'s request sequence under assignment `assign`, as [time_s, model] rows. The other assignments rank
-    the models by the probe's P_i (`penalty_s`), not by its wall load times: the probe loads the models back to
-    back, so every other load waited for the spare host started behind the last, which says when it came, not what
-    it loaded. A random one draws each function's model uniformly, so the models go in by name: a seed then names
-    one sequence from run to run."""
-    if assign != "random" and set(penalty_s) != set(MODELS):
-        raise ValueError("the probe has no P_i per model (written before it was kept): run without --resume")
-    ranked = dict.fromkeys(MODELS, 0.0) if assign == "random" else penalty_s
+def draw_sequence(requests: int, seed: int, assign: Assignment) -> list[list[Any]]:
+    """Seed `seed`'s request sequence under assignment `assign`, as [time_s, model] rows, the same from run to run.
+    A random assignment draws each function's model uniformly, so the models go in by name. The others rank them by
+    load time as `models.py` measured it for the simulator benchmark (LOAD_TIMES: the median of five loads of the
+    program in a fresh process, the first load's one-off cost left out), not by this run's probe: its one load per
+    model carries the host process's start and one-off costs unevenly (on 2026-11-26 its P_i ranked `mlp_small`,
+    whose program loads in 0.07 s, the slowest of the eight at 1.85 s)."""
+    if assign == "random":
+        ranked = dict.fromkeys(MODELS, 0.0)
+    else:
+        measured = json.loads(LOAD_TIMES.read_text())["models"]
+        ranked = {name: measured[name]["load_s"] for name in MODELS}
     workload = build_workload(TRACE, ranked, assign=assign, requests=requests, seed=seed)
     return [[r.time_s, r.model] for r in workload.requests]
 
