@@ -3,12 +3,24 @@
 from __future__ import annotations
 
 import argparse
+import json
+from collections import Counter
 from typing import Any
 
 import pytest
 
 from adaserve.cache.simulator import ModelFigures
-from benchmarks.mcache.server import CellKey, bars, distance_from_oracle, parse_assignments, parse_seeds
+from adaserve.cache.workload import Assignment
+from benchmarks.mcache.server import (
+    LOAD_TIMES,
+    MODELS,
+    CellKey,
+    bars,
+    distance_from_oracle,
+    draw_sequence,
+    parse_assignments,
+    parse_seeds,
+)
 
 
 def cell(throughput: float, wait: float) -> dict[str, Any]:
@@ -91,3 +103,13 @@ def test_distance_from_the_oracle_simulates_it_on_each_cells_sequence_and_budget
     assert distance["server"] == {"lru": {"hit_ratio_gap": pytest.approx(0.2)}}
     assert distance["simulator"]["lru"]["hit_ratio_gap"] == pytest.approx(0.2)
     assert distance["simulator"]["lru"]["load_time_ratio"] > 1  # the oracle waited for 4 loads of 5 requests
+
+
+def test_quantile_workloads_put_the_popular_functions_on_the_slowest_or_fastest_loads() -> None:
+    measured = json.loads(LOAD_TIMES.read_text())["models"]
+    by_load = sorted(MODELS, key=lambda name: measured[name]["load_s"])
+    cases: tuple[tuple[Assignment, str], ...] = (("quantile", by_load[-1]), ("quantile-r", by_load[0]))
+    for assign, expected in cases:
+        sequence = draw_sequence(60, 0, assign)
+        assert Counter(model for _, model in sequence).most_common(1)[0][0] == expected
+        assert sequence == draw_sequence(60, 0, assign)  # a seed names one sequence
