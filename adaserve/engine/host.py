@@ -189,6 +189,11 @@ def _early_exit(
 
 
 def main() -> None:
+    # The server owns this process and the workers it forks (they inherit this): a service manager's stop signals
+    # every process of the server's cgroup at once, and a host or worker that died then would be replaced while the
+    # server drains. They end when the server closes their control socket and command pipes, or when it is gone.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         code = host(socket.socket(fileno=int(sys.argv[1])))
     except (BrokenPipeError, ConnectionResetError):

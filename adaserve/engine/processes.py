@@ -164,9 +164,13 @@ class HostLauncher:
             try:
                 socket.send_fds(control, [launch], [pool_fd] if stage_fd is None else [pool_fd, stage_fd])
                 break
-            except OSError:  # a spare that died while it waited (killed from outside): discard it, take the next
+            except OSError as exc:
                 control.close()
-                process.wait()
+                if kind == "cold":  # the fault is on this side (a closed pool, say): another host would fail too
+                    process.kill()
+                    process.wait()
+                    raise ConfigError(f"model '{model.name}': cannot hand the model to a host: {exc}") from None
+                process.wait()  # a spare that died while it waited (killed from outside): discard it, take the next
         self.launches[kind] += 1
         self._refill()
         return ModelHost(model, process, control)
@@ -198,11 +202,14 @@ def _start_host() -> tuple[subprocess.Popen[bytes], socket.socket]:
         "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
         "TORCH_FORCE_WEIGHTS_ONLY_LOAD": "1",
     }
+    # A session of its own: a terminal's Ctrl-C (SIGINT to its foreground process group) and the like reach the
+    # server alone, which stops its hosts and workers in order; the host also ignores SIGINT and SIGTERM itself.
     process = subprocess.Popen(
         [sys.executable, "-m", "adaserve.engine.host", str(theirs.fileno())],
         pass_fds=(theirs.fileno(),),
         stdin=subprocess.DEVNULL,
         env=env,
+        start_new_session=True,
     )
     theirs.close()
     return process, ours

@@ -99,6 +99,19 @@ def test_without_spares_each_load_starts_its_own_host(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
+def test_a_host_started_for_a_load_that_cannot_take_it_fails_the_load_once() -> None:
+    """A failed hand-over to a host started for the load is this side's fault (here a closed pool): the load fails
+    naming it, and no other host is started for it (the server once started hosts for ever while it stopped)."""
+    model = ModelRepository(EXAMPLES).read("mlp")
+    closed = 4095  # not a pipe closed here: the host's start would open a socket under the freed number
+    with pytest.raises(OSError):
+        os.fstat(closed)
+    launcher = HostLauncher()
+    with pytest.raises(ConfigError, match=r"model 'mlp': cannot hand the model to a host: \[Errno 9\]"):
+        launcher.launch(model, pool_fd=closed, slots=16)
+    assert launcher.launches == {"spare": 0, "cold": 0}
+
+
 def test_a_load_on_a_host_started_for_it_counts_the_start_as_waiting_for_a_host(tmp_path: Path) -> None:
     link_example(tmp_path, "mlp", workers=ONE_WORKER)
 
