@@ -239,4 +239,7 @@ def main(argv: list[str] | None = None) -> None:
     except (OSError, InferenceServerException) as exc:  # e.g. a refused connection: say it plainly
         print(f"adaserve: error: {exc}", file=sys.stderr)
         code = 1
+    except KeyboardInterrupt:  # Ctrl-C in a command that does not handle it itself (serve and bench do)
+        print("adaserve: interrupted", file=sys.stderr)
+        code = 130  # 128 + SIGINT, as shells report it
     sys.exit(code)

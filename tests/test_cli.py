@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import socket
 import subprocess
 import sys
@@ -77,3 +78,20 @@ def test_errors_are_plain_and_exit_non_zero(tmp_path: Path) -> None:
     for bad in ("0", "-1", "soon", "inf"):
         idle = adaserve("serve", "--http-idle-timeout", bad)
         assert idle.returncode == 2 and f"--http-idle-timeout: expected a number above 0; got '{bad}'" in (idle.stderr)
+
+
+def test_ctrl_c_ends_a_command_with_a_line_not_a_traceback(tmp_path: Path) -> None:
+    np.save(tmp_path / "x.npy", np.zeros((784,), dtype=np.float32))
+    with socket.socket() as silent:  # accepts the connection, never answers: `infer` waits
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        silent.settimeout(60)
+        url = f"127.0.0.1:{silent.getsockname()[1]}"
+        command = [sys.executable, "-m", "adaserve", "infer", "mlp", "--input", str(tmp_path / "x.npy"), "--url", url]
+        with subprocess.Popen(command, stderr=subprocess.PIPE, text=True) as process:
+            connection, _ = silent.accept()  # the command is inside its request now
+            with connection:
+                process.send_signal(signal.SIGINT)
+                _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130
+    assert "adaserve: interrupted" in stderr and "Traceback" not in stderr, stderr
