@@ -6,6 +6,7 @@ Servers listen on 127.0.0.1 only, on ports the OS picks free, and are stopped by
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import tritonclient.http as httpclient
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,6 +38,21 @@ class ServerHandle:
 
 #: Tests that need a GPU (CI has none; a lent GPU machine runs them).
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def worker_pids(client: httpclient.InferenceServerClient, model: str) -> list[int]:
+    """The PIDs of a served model's workers, as its config's `workers` parameter lists them."""
+    workers = json.loads(client.get_model_config(model)["parameters"]["workers"]["string_value"])
+    return [w["pid"] for w in workers]
+
+
+def restarts(server: ServerHandle, model: str) -> float:
+    """`adaserve_worker_restarts_total` of a model, from /metrics."""
+    with urllib.request.urlopen(f"http://{server.http_url}/metrics", timeout=10) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith(f'adaserve_worker_restarts_total{{model="{model}"'):
+                return float(line.rsplit(" ", 1)[1])
+    raise AssertionError("no restart counter")
 
 
 def free_ports(count: int) -> list[int]:

@@ -4,7 +4,6 @@ not stop the server accepting."""
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import resource
 import signal
@@ -21,20 +20,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.server.reference import reference_outputs
-from tests.server_utils import ServerHandle, link_example, running_server, write_slow_model
-
-
-def worker_pids(client: httpclient.InferenceServerClient, model: str) -> list[int]:
-    workers = json.loads(client.get_model_config(model)["parameters"]["workers"]["string_value"])
-    return [w["pid"] for w in workers]
-
-
-def restarts(server: ServerHandle, model: str) -> float:
-    with urllib.request.urlopen(f"http://{server.http_url}/metrics", timeout=10) as response:
-        for line in response.read().decode().splitlines():
-            if line.startswith(f'adaserve_worker_restarts_total{{model="{model}"'):
-                return float(line.rsplit(" ", 1)[1])
-    raise AssertionError("no restart counter")
+from tests.server_utils import ServerHandle, link_example, restarts, running_server, worker_pids, write_slow_model
 
 
 def test_killed_workers_lose_no_request(server: ServerHandle) -> None:

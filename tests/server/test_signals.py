@@ -14,8 +14,7 @@ from pathlib import Path
 import numpy as np
 import tritonclient.http as httpclient
 
-from tests.server.test_resilience import restarts, worker_pids
-from tests.server_utils import link_example, running_server
+from tests.server_utils import link_example, restarts, running_server, worker_pids
 
 
 def test_hosts_and_workers_leave_stop_signals_to_the_server(tmp_path: Path) -> None:
