@@ -264,7 +264,7 @@ def distance_from_oracle(
     oracle: dict[tuple[str, float, int], dict[str, Any]] = {}
     for policy, share, seed, assign in cells:
         if (assign, share, seed) not in oracle:
-            requests = [Request(time_s, model) for time_s, model in sequences[f"{assign}:{seed}"]]
+            requests = sequence_requests(sequences, assign, seed)
             budget = cells[policy, share, seed, assign]["budget_bytes"]
             oracle[assign, share, seed] = simulate(requests, figures, budget, "oracle", clients=1).as_dict()
     distance = {}
@@ -419,8 +419,8 @@ def main() -> None:
     sequences: dict[str, list[list[Any]]] = record["sequences"]
     for seed in args.seeds:
         for assign in args.assign:
-            if f"{assign}:{seed}" not in sequences:
-                sequences[f"{assign}:{seed}"] = draw_sequence(record["requests"], seed, assign)
+            if sequence_key(assign, seed) not in sequences:
+                sequences[sequence_key(assign, seed)] = draw_sequence(record["requests"], seed, assign)
     record["seeds"] = sorted({int(key.split(":")[1]) for key in sequences})
     record["assignments"] = [a for a in ASSIGNMENTS if any(key.startswith(f"{a}:") for key in sequences)]
     figures = models_from(measured, "the probe")
@@ -435,7 +435,7 @@ def main() -> None:
         if time.monotonic() - began > args.budget_min * 60:  # the run's time is spent: say which cells are missing
             record["not_run"].append(f"{policy}@{share:.0%} seed {seed} {assign}")
             continue
-        requests = [Request(time_s, model) for time_s, model in sequences[f"{assign}:{seed}"]]
+        requests = sequence_requests(sequences, assign, seed)
         sequence = write_sequence(requests, scratch / f"sequence-{assign}-seed{seed}.csv")
         budget = max(int(total * share * (SIZE_MARGIN if share >= 1 else 1)), floor)
         cell = run_cell(repository, key, budget, total, sequence, scratch)
@@ -495,6 +495,16 @@ def new_record(repository: Path, scratch: Path, requests: int) -> dict[str, Any]
             f"exec {entry['exec_s'] * 1e3:.0f} ms"
         )
     return record
+
+
+def sequence_key(assign: Assignment, seed: int) -> str:
+    """Where the record keeps the sequence of `seed` under `assign` (`sequences`: "random:0", ...)."""
+    return f"{assign}:{seed}"
+
+
+def sequence_requests(sequences: dict[str, list[list[Any]]], assign: Assignment, seed: int) -> list[Request]:
+    """The record's sequence of `seed` under `assign`, as the requests the simulator replays."""
+    return [Request(time_s, model) for time_s, model in sequences[sequence_key(assign, seed)]]
 
 
 def draw_sequence(requests: int, seed: int, assign: Assignment) -> list[list[Any]]:
