@@ -22,8 +22,9 @@ of its own, which the 2-core VM cannot give it (`benchmarks/README.md` §4: ther
 
     python -m benchmarks.gati.gpu --packed DIR --device cpu --output benchmarks/results/gati_cpu16.json
 
-Writes results/gati_gpu.json (or --output). `--plot` draws every results/gati_gpu*.json (one panel per batch size:
-mean, p50 and p99 per method) into results/gati_gpu.png; it needs no GPU.
+Writes results/gati_gpu.json (or --output). `--plot` draws every results/gati_gpu*.json (one panel per file, in
+batch order: mean, p50 and p99 per method) into results/gati_gpu.png, and every results/gati_cpu*.json into
+gati_cpu.png; it needs no GPU.
 """
 
 from __future__ import annotations
@@ -126,7 +127,9 @@ def run(directory: Path, output: Path, limit: int, device: torch.device, batch: 
 
 def plot(reports: list[Path], output: Path) -> None:
     """One panel per result file, in batch order: mean, p50 and p99 latency per method, agreement in the labels."""
-    loaded = sorted((json.loads(path.read_text()) for path in reports), key=lambda r: r.get("batch", 1))
+    loaded = sorted(
+        ({**json.loads(path.read_text()), "file": path.stem} for path in reports), key=lambda r: r.get("batch", 1)
+    )
     fig = figure(6 * len(loaded), 4.5)
     for column, report in enumerate(loaded, start=1):
         axes = fig.add_subplot(1, len(loaded), column)
@@ -137,9 +140,11 @@ def plot(reports: list[Path], output: Path) -> None:
         labels = [f"{name}\nagree {m['agreement']:.4f}" for name, m in methods.items()]
         axes.set_xticks(positions, labels, fontsize=7, rotation=30, ha="right")
         axes.set_ylabel("latency per request (ms)")
-        axes.set_title(f"batch {report.get('batch', 1)}, {report['rows']} rows, torch {report['torch']}", fontsize=9)
+        device = report["machine"].get("gpu") if report["file"].startswith("gati_gpu") else "CPU"
+        title = f"{report['file']}: {device}, batch {report.get('batch', 1)}, {report['rows']} rows"
+        axes.set_title(f"{title}, torch {report['torch']}", fontsize=8)
         axes.legend(fontsize=8)
-    fig.suptitle("GATI on a GPU: " + ", ".join(loaded[0]["composition"]["exits"]), fontsize=9)
+    fig.suptitle("GATI, exits after " + ", ".join(loaded[0]["composition"]["exits"]), fontsize=9)
     fig.tight_layout()
     fig.savefig(output, dpi=110)
     print(f"wrote {output}")
@@ -156,10 +161,11 @@ def main() -> None:
         "--device", default="cuda", help="cuda (default); cpu: the lookups inline and on a thread (module docstring)"
     )
     parser.add_argument("--output", type=Path, default=RESULTS / "gati_gpu.json")
-    parser.add_argument("--plot", action="store_true", help="draw results/gati_gpu*.json into gati_gpu.png, and stop")
+    parser.add_argument("--plot", action="store_true", help="draw results/gati_{gpu,cpu}*.json into PNGs, and stop")
     args = parser.parse_args()
     if args.plot:
-        plot(sorted(RESULTS.glob("gati_gpu*.json")), RESULTS / "gati_gpu.png")
+        for kind in ("gpu", "cpu"):
+            plot(sorted(RESULTS.glob(f"gati_{kind}*.json")), RESULTS / f"gati_{kind}.png")
     elif args.pack:
         pack(args.pack, args.weights)
     elif args.packed:

@@ -19,11 +19,12 @@ side stream (after the block's output, by an event), launches the next block on 
 waits for the lookup's flags; its hits leave the batch before the block after that is launched. The GPU runs the
 lookup beside the next block, and a hit is acted on one block ahead of where it was found (that block's work on the
 answered rows is wasted, not their time). `auto`, the default, is inline on both: on the benchmark ResNet-style CNN
-at batch 1 it beat `thread` on two CPU cores (3.06× against 2.50× over the base) and `stream` on an H100 (1.15 ms
-against 1.60 ms mean): there each block is a dozen small kernels, the cost is the CPU's launches, not the GPU's
-work, and a side stream hides only the GPU's (`benchmarks/README.md` §4). Either way a lookup is its cache as one
-TorchScript graph (`LearnedCache.scripted`), and a hit's bookkeeping is a few operations (see `_Pass`): right after
-a block every small operator costs several times what it does back to back.
+at batch 1 it beat `thread` on two CPU cores (3.06× against 2.50× over the base) and on sixteen (2.19× against
+1.78×), and `stream` on an H100 (1.15 ms against 1.60 ms mean): there each block is a dozen small kernels, the
+cost is the CPU's launches, not the GPU's work, and a side stream hides only the GPU's (`benchmarks/README.md` §4).
+Either way a lookup is its cache as one TorchScript graph (`LearnedCache.scripted`), and a hit's bookkeeping is a
+few operations (see `_Pass`): right after a block every small operator costs several times what it does back to
+back.
 
 The worker runs every row through this chain, the rows with `early_exit: false` too (all blocks, no lookup): one
 execution path. A small `verify_fraction` of hits is answered from the cache and also run to the end, so the live
