@@ -113,6 +113,26 @@ class BatchingSpec(_Strict):
         "one for the frontend, at least one (with workers: auto, Packrat's T); on CUDA a stream worker counts one and "
         "the default is no limit, Ebird's GPU form; 0: no limit",
     )
+    priority_levels: int = Field(
+        default=0,
+        ge=0,
+        description="Triton's priority levels: a request's `priority` parameter (1 the highest, up to this) chooses "
+        "where the next batch starts; 0: off, every request waits in arrival order",
+    )
+    default_priority_level: int | None = Field(
+        default=None,
+        ge=1,
+        description="the level of a request with no priority, priority 0, or one above priority_levels; default "
+        "the lowest (priority_levels)",
+    )
+
+    @field_validator("default_priority_level")
+    @classmethod
+    def _within_levels(cls, value: int | None, info: ValidationInfo) -> int | None:
+        levels = info.data.get("priority_levels", 0)
+        if value is not None and value > levels:
+            raise ValueError(f"default_priority_level {value} is not one of the {levels} priority_levels")
+        return value
 
 
 class PackratSpec(_Strict):

@@ -133,6 +133,11 @@ def test_without_a_directory_name_the_file_must_name_the_model(tmp_path: Path) -
         (minimal(caches={"lookup": "stream"}), "device", "lookup: stream runs lookups on a CUDA side stream; it needs"),
         (minimal(max_batch_size=8, max_queue_size=4), "max_queue_size", "4 is below max_batch_size 8: a request of"),
         (minimal(workers=[{"batch": 1, "cpus": []}]), "workers.0.cpus", "name at least one CPU, or leave cpus out"),
+        (
+            minimal(batching={"priority_levels": 2, "default_priority_level": 3}),
+            "batching.default_priority_level",
+            "default_priority_level 3 is not one of the 2 priority_levels",
+        ),
     ],
     ids=[
         "unknown-field",
@@ -155,6 +160,7 @@ def test_without_a_directory_name_the_file_must_name_the_model(tmp_path: Path) -
         "cpu-caches-stream",
         "queue-below-a-batch",
         "no-cpus",
+        "default-priority-above-levels",
     ],
 )
 def test_error_names_file_field_and_problem(tmp_path: Path, content: dict[str, Any], field: str, problem: str) -> None:

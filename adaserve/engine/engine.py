@@ -42,10 +42,11 @@ from adaserve.engine.messages import (
 )
 from adaserve.engine.pool import PoolLayout, SharedRings, SlotRing
 from adaserve.engine.processes import HostLauncher, ModelHost, WorkerProcess
+from adaserve.engine.schedule_policy import priority_level, queue_timeout_s
 from adaserve.engine.scheduler import Batch, Scheduler
 from adaserve.engine.stats import ModelStats
 from adaserve.engine.worker_sets import WorkerSetChoice, create_worker_set_planner
-from adaserve.errors import ConfigError, InferenceError, InvalidInputError, ModelNotReadyError, OverloadedError
+from adaserve.errors import ConfigError, InferenceError, ModelNotReadyError, OverloadedError
 from adaserve.repository import ModelSpec
 
 if TYPE_CHECKING:
@@ -83,6 +84,7 @@ class PendingRequest:
     parameters: dict[str, Any]
     future: asyncio.Future[EngineResult]
     outstanding: int
+    level: int = 0  # its priority level in the queue (`schedule_policy.priority_level`)
     dispatched_ns: int = 0
     answered: bool = False  # a learned cache answered it while its batch ran on
     # The worker processes that died holding its rows. A CUDA model's workers are threads of its host and report
@@ -382,6 +384,7 @@ class ModelEngine:
         if self.model.config.caches is not None:
             exit_target(parameters, 1.0)  # the same: a bad `early_exit` or `accuracy` is refused here
         timeout_s = queue_timeout_s(parameters)
+        level = priority_level(parameters, self.model.config.batching)
         queued = self.scheduler.ready + self._waiting_rows
         if queued + rows > self.model.config.max_queue_size:
             self.stats.failures["overloaded"] += 1
@@ -401,10 +404,12 @@ class ModelEngine:
                 write_staged(self._stage_pipe[1], start, rows)
         if self.adaptation is not None:
             self.adaptation.offer(inputs[0])
-        pending = PendingRequest(start, rows, arrived_ns, parameters, self._loop.create_future(), outstanding=rows)
+        pending = PendingRequest(
+            start, rows, arrived_ns, parameters, self._loop.create_future(), outstanding=rows, level=level
+        )
         self._owners[start : start + rows] = [pending] * rows
         self._idle.clear()
-        self.scheduler.enqueue(start, rows, time.monotonic())
+        self.scheduler.enqueue(start, rows, time.monotonic(), level)
         if timeout_s is not None:
             waited_s = (time.perf_counter_ns() - arrived_ns) / 1e9  # a wait for contiguous slots counts too
             self._loop.call_later(max(0.0, timeout_s - waited_s), self._expire, pending, timeout_s)
@@ -648,20 +653,20 @@ class ModelEngine:
         """Rows of a batch whose worker died: run them again, or fail requests that already killed a worker."""
         delivered = batch.id not in self._undelivered
         self._undelivered.discard(batch.id)
-        again: list[tuple[int, int, float]] = []
+        again: list[tuple[int, int, float, int]] = []
         for pending, slot, rows in list(self._requests_in(batch)):
             if delivered:
                 pending.deaths.add(pid)
             if len(pending.deaths) < MAX_RUNS:
-                again.append((slot, rows, time.monotonic()))
+                again.append((slot, rows, time.monotonic(), pending.level))
                 continue
             pending.error = f"worker process {pid} died while computing this request ({len(pending.deaths)} times)"
             pending.reason = "worker_died"
             pending.outstanding -= rows
             if pending.outstanding == 0:
                 self._complete(pending)
-        for slot, rows, arrived in reversed(again):
-            self.scheduler.requeue_front(slot, rows, arrived)
+        for slot, rows, arrived, level in reversed(again):
+            self.scheduler.requeue_front(slot, rows, arrived, level)
 
     # -- answers ---------------------------------------------------------------------------------------------
     def _complete(self, pending: PendingRequest) -> None:
@@ -703,17 +708,6 @@ class ModelEngine:
             if not future.done():
                 future.set_exception(ModelNotReadyError(f"model '{self.model.name}': {reason}"))
         self._waiting.clear()
-
-
-def queue_timeout_s(parameters: dict[str, Any]) -> float | None:
-    """Triton's `timeout` request parameter (tritonclient's `infer(timeout=...)`): the microseconds a request may
-    wait before its rows start; 0 or absent, no limit. InvalidInputError naming it when it is not such a number."""
-    value = parameters.get("timeout")
-    if value is None or value == 0:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InvalidInputError(f"parameter 'timeout' must be a whole number of microseconds >= 0, got {value!r}")
-    return value / 1e6
 
 
 def _adaptation_service(model: ModelSpec, settings: AdaptationSpec, reload: Callable[[], None]) -> CacheAdaptation:

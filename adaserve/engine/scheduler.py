@@ -2,13 +2,18 @@
 
 Pure logic (no processes, sockets or clocks of its own): the engine tells it what arrived and what finished, and
 `schedule(now)` answers which batches to start. Tests drive it directly.
+
+Priority (Triton's `priority` request parameter, as levels: 1 is served first) decides where the next batch starts:
+at the first waiting run of the highest level, instead of the front of the queue. What rides along is still decided
+by the pool: the rows contiguous after that run, whatever their level, since a worker reads its batch in place. With
+one level waiting, the batch starts at the front, as Ebird's queue does.
 """
 
 from __future__ import annotations
 
 import bisect
 import itertools
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass
 
 from adaserve.engine.batching import BatchingPolicy, QueueView, WorkerSlot
@@ -16,11 +21,12 @@ from adaserve.engine.batching import BatchingPolicy, QueueView, WorkerSlot
 
 @dataclass
 class ReadyRun:
-    """Rows [start, start + rows) of the pool, ready since `arrived_at`."""
+    """Rows [start, start + rows) of the pool, ready since `arrived_at`, at priority `level` (lower runs first)."""
 
     start: int
     rows: int
     arrived_at: float
+    level: int = 0
 
 
 @dataclass(frozen=True)
@@ -52,6 +58,7 @@ class Scheduler:
         self.inflight = 0
         self.ready = 0
         self._queue: deque[ReadyRun] = deque()
+        self._levels: Counter[int] = Counter()  # runs waiting at each priority level (no zero counts)
         self._workers: dict[int, WorkerSlot] = {}
         self._idle: list[tuple[int, int]] = []  # (-batch, id): largest granularity first, like Ebird's idle queue
         self._batches: dict[int, Batch] = {}
@@ -91,13 +98,15 @@ class Scheduler:
         return list(self._workers.values())
 
     # -- rows ------------------------------------------------------------------------------------------------
-    def enqueue(self, start: int, rows: int, arrived_at: float) -> None:
-        self._queue.append(ReadyRun(start, rows, arrived_at))
+    def enqueue(self, start: int, rows: int, arrived_at: float, level: int = 0) -> None:
+        self._queue.append(ReadyRun(start, rows, arrived_at, level))
+        self._levels[level] += 1
         self.ready += rows
 
-    def requeue_front(self, start: int, rows: int, arrived_at: float) -> None:
-        """Put rows back at the head of the queue (a worker died holding them; they run next)."""
-        self._queue.appendleft(ReadyRun(start, rows, arrived_at))
+    def requeue_front(self, start: int, rows: int, arrived_at: float, level: int = 0) -> None:
+        """Put rows back at the head of the queue (a worker died holding them; they run next of their level)."""
+        self._queue.appendleft(ReadyRun(start, rows, arrived_at, level))
+        self._levels[level] += 1
         self.ready += rows
 
     def withdraw(self, start: int, rows: int) -> bool:
@@ -105,7 +114,7 @@ class Scheduler:
         for run in self._queue:
             if (run.start, run.rows) == (start, rows):
                 self._queue.remove(run)
-                self.ready -= rows
+                self._left(run)
                 return True
         return False
 
@@ -147,7 +156,7 @@ class Scheduler:
     # -- helpers ---------------------------------------------------------------------------------------------
     def _view(self, now: float) -> QueueView:
         return QueueView(
-            front_run=self._front_run(),
+            front_run=self._front_run(self._head()),
             ready=self.ready,
             headroom=self.max_inflight - self.inflight,
             inflight=self.inflight,
@@ -164,12 +173,20 @@ class Scheduler:
         room = self.max_busy_threads - self.busy_threads
         return [worker for worker in idle if worker.threads <= room]
 
-    def _front_run(self) -> int:
-        """Ready rows that are contiguous in the pool from the front (a batch is read in place, so no gaps)."""
+    def _head(self) -> int:
+        """Where in the queue the next batch starts: the first run of the highest priority (the lowest level)."""
+        if len(self._levels) == 1:  # one level waits: the front, in arrival order
+            return 0
+        top = min(self._levels)
+        return next(index for index, run in enumerate(self._queue) if run.level == top)
+
+    def _front_run(self, head: int) -> int:
+        """Ready rows that are contiguous in the pool from the run at `head` on (a batch is read in place, so no
+        gaps)."""
         limit = max(w.batch for w in self._workers.values())
-        run = self._queue[0].rows
-        end = self._queue[0].start + run
-        for item in itertools.islice(self._queue, 1, None):
+        run = self._queue[head].rows
+        end = self._queue[head].start + run
+        for item in itertools.islice(self._queue, head + 1, None):
             if item.start != end or run >= limit:
                 break
             run += item.rows
@@ -186,17 +203,26 @@ class Scheduler:
         return batch
 
     def _take(self, rows: int) -> int:
-        """Pop `rows` contiguous rows from the front of the queue, splitting the last run if needed."""
-        start = self._queue[0].start
+        """Take `rows` contiguous rows from the queue's head run on (`_head`), splitting the last run if needed."""
+        head = self._head()
+        start = self._queue[head].start
         left = rows
         while left:
-            head = self._queue[0]
-            if head.rows <= left:
-                left -= head.rows
-                self._queue.popleft()
+            run = self._queue[head]
+            if run.rows <= left:
+                left -= run.rows
+                del self._queue[head]
+                self._left(run)
             else:
-                head.start += left
-                head.rows -= left
+                run.start += left
+                run.rows -= left
+                self.ready -= left
                 left = 0
-        self.ready -= rows
         return start
+
+    def _left(self, run: ReadyRun) -> None:
+        """A whole run left the queue."""
+        self.ready -= run.rows
+        self._levels[run.level] -= 1
+        if not self._levels[run.level]:
+            del self._levels[run.level]

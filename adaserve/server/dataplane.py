@@ -19,7 +19,14 @@ from adaserve.engine.router import ModelRouter
 from adaserve.errors import InvalidInputError, ModelNotReadyError
 from adaserve.server.protocol import InferenceRequest, InferenceResponse, Tensor
 
-EXTENSIONS = ["binary_tensor_data", "model_configuration", "model_repository", "statistics", "parameters"]
+EXTENSIONS = [
+    "binary_tensor_data",
+    "model_configuration",
+    "model_repository",
+    "statistics",
+    "parameters",
+    "schedule_policy",
+]
 
 
 class DataPlane:
@@ -195,6 +202,7 @@ def triton_config(engine: ModelEngine) -> dict[str, Any]:
             "pool_slots": {"string_value": str(engine.slots)},
             "workers": {"string_value": json.dumps(workers)},
             "early_exit": {"string_value": engine.early_exit or "off"},
+            "priority_levels": {"string_value": str(config.batching.priority_levels)},
         },
     }
     if config.batching.policy == "fixed-timeout":

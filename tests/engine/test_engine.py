@@ -181,6 +181,35 @@ def test_a_request_whose_timeout_passes_before_it_starts_is_refused_and_its_slot
     run_engine(tmp_path, body, model="slow")
 
 
+@pytest.mark.parametrize(
+    ("levels", "order"), [(2, ["first", "high", "low", "low too"]), (0, ["first", "low", "low too", "high"])]
+)
+def test_a_request_of_higher_priority_queued_last_runs_next(tmp_path: Path, levels: int, order: list[str]) -> None:
+    """Triton's `priority` parameter (1 the highest): with two levels, a request sent with priority 1 behind two
+    sent without (the default, the lowest level) runs as soon as the worker is free; with priority off
+    (`priority_levels: 0`, the default) the queue keeps arrival order."""
+    write_slow_model(tmp_path, "slow", rounds=400, batching={"priority_levels": levels})  # one worker of batch 1
+
+    async def body(engine: ModelEngine) -> None:
+        x = np.ones((1, 4), dtype=np.float32)
+        finished: list[str] = []
+
+        async def send(name: str, parameters: dict[str, Any]) -> None:
+            await engine.infer([x], 1, parameters)
+            finished.append(name)
+
+        loop = asyncio.get_running_loop()
+        calls = [loop.create_task(send("first", {}))]
+        await asyncio.sleep(0)  # dispatched at once: the worker was idle
+        calls += [loop.create_task(send(n, p)) for n, p in (("low", {}), ("low too", {}), ("high", {"priority": 1}))]
+        await asyncio.sleep(0)
+        assert engine.scheduler.ready == 3
+        await asyncio.gather(*calls)
+        assert finished == order
+
+    run_engine(tmp_path, body, model="slow")
+
+
 def test_a_queued_request_whose_caller_stops_waiting_leaves_the_queue_and_never_runs(tmp_path: Path) -> None:
     """A client that hangs up or whose gRPC deadline passes cancels the call awaiting `infer`: rows not started are
     taken back out of the queue, so no worker computes answers no one will read; rows started run to the end.

@@ -199,7 +199,8 @@ def test_wake_after_is_none_with_nothing_ready() -> None:
 
 
 class Simulation:
-    """Rows arrive in runs at random slots, batches finish in random order, and workers sometimes die."""
+    """Rows arrive in runs at random slots and priority levels, batches finish in random order, and workers
+    sometimes die."""
 
     def __init__(self, rng: random.Random, policy: BatchingPolicy) -> None:
         self.rng = rng
@@ -218,12 +219,18 @@ class Simulation:
         self.done: list[int] = []  # each slot, once per batch that finished
         self.killed: list[int] = []  # each slot, once per batch whose worker died
         self.running: dict[int, Batch] = {}
+        self.level: dict[int, int] = {}  # each slot's priority level
+        self.waiting: set[int] = set()  # slots ready and not dispatched
 
     def arrive(self) -> None:
         rows = self.rng.randint(1, 10)
         self.next_slot += self.rng.choice((0, 0, 0, 5))  # sometimes leave a gap before the run
-        self.scheduler.enqueue(self.next_slot, rows, self.now)
-        self.enqueued.extend(range(self.next_slot, self.next_slot + rows))
+        level = self.rng.choice((0, 0, 0, 1, 2))
+        self.scheduler.enqueue(self.next_slot, rows, self.now, level)
+        slots = range(self.next_slot, self.next_slot + rows)
+        self.enqueued.extend(slots)
+        self.level.update(dict.fromkeys(slots, level))
+        self.waiting.update(slots)
         self.next_slot += rows
 
     def finish_one(self) -> None:
@@ -236,13 +243,18 @@ class Simulation:
         worker = next(w for w in self.scheduler.workers if w.id == batch.worker_id)
         assert self.scheduler.remove_worker(worker.id) == batch
         self.killed.extend(range(batch.start, batch.start + batch.rows))
-        self.scheduler.requeue_front(batch.start, batch.rows, self.now)
+        for slot in reversed(range(batch.start, batch.start + batch.rows)):  # each row at its own request's level
+            self.scheduler.requeue_front(slot, 1, self.now, self.level[slot])
+        self.waiting.update(range(batch.start, batch.start + batch.rows))
         self.scheduler.add_worker(WorkerSlot(self.next_worker, worker.batch))  # its replacement
         self.next_worker += 1
 
     def schedule(self) -> None:
         for batch in self.scheduler.schedule(self.now):
-            self.dispatched.extend(range(batch.start, batch.start + batch.rows))
+            slots = range(batch.start, batch.start + batch.rows)
+            assert self.level[batch.start] == min(self.level[s] for s in self.waiting), "not the highest level"
+            self.dispatched.extend(slots)
+            self.waiting.difference_update(slots)
             self.running[batch.id] = batch
         self.check()
 
@@ -371,3 +383,63 @@ def test_a_request_that_has_not_started_can_be_withdrawn_and_one_that_has_cannot
     assert scheduler.ready == 1
     scheduler.finish(0)
     assert spans(scheduler.schedule(now=0.0)) == [(0, 3, 1)]
+
+
+# -- priority --------------------------------------------------------------------------------------------------
+
+
+def test_the_next_batch_starts_at_the_highest_priority_waiting_and_takes_the_rows_after_it() -> None:
+    """Levels 2, 1, 2 at slots 0, 1, 2..3: the batch-4 worker starts at slot 1 (level 1) and takes the contiguous
+    rows after it whatever their level; slot 0 (level 2, first to arrive) waits for the next idle worker."""
+    scheduler = make_scheduler(4)
+    scheduler.enqueue(0, 1, 0.0, level=2)
+    scheduler.enqueue(1, 1, 0.1, level=1)
+    scheduler.enqueue(2, 2, 0.2, level=2)
+    first = scheduler.schedule(0.3)
+    assert spans(first) == [(0, 1, 3)]
+    assert scheduler.ready == 1 and scheduler.oldest_arrival() == 0.0
+    scheduler.finish(first[0].id)
+    assert spans(scheduler.schedule(0.4)) == [(0, 0, 1)]
+
+
+def test_among_runs_of_one_level_the_first_to_arrive_goes_first() -> None:
+    scheduler = make_scheduler(1, policy=NoBatchingPolicy())
+    for slot, level in enumerate((3, 1, 2, 1)):
+        scheduler.enqueue(slot, 1, float(slot), level)
+    order = []
+    for step in range(4):
+        (batch,) = scheduler.schedule(10.0 + step)
+        order.append(batch.start)
+        scheduler.finish(batch.id)
+    assert order == [1, 3, 2, 0]
+
+
+def test_rows_requeued_after_a_worker_died_run_next_within_their_level_not_before_a_higher_one() -> None:
+    scheduler = make_scheduler(1, policy=NoBatchingPolicy())
+    scheduler.enqueue(5, 1, 0.0, level=1)
+    scheduler.requeue_front(2, 1, 0.0, level=2)  # a dead worker's row
+    scheduler.requeue_front(3, 1, 0.0, level=1)
+    starts = []
+    for _ in range(3):
+        (batch,) = scheduler.schedule(1.0)
+        starts.append(batch.start)
+        scheduler.finish(batch.id)
+    assert starts == [3, 5, 2]
+
+
+def test_a_withdrawn_high_priority_request_leaves_the_front_to_the_others() -> None:
+    scheduler = make_scheduler(2)
+    scheduler.enqueue(0, 2, 0.0, level=2)
+    scheduler.enqueue(4, 2, 0.1, level=1)
+    assert scheduler.withdraw(4, 2)
+    assert spans(scheduler.schedule(0.2)) == [(0, 0, 2)]
+    assert scheduler.ready == 0
+
+
+def test_fixed_timeout_waits_for_the_oldest_row_but_starts_at_the_highest_priority() -> None:
+    """The delay runs from the oldest ready row, whatever its level; the batch then starts at level 1's run."""
+    scheduler = make_scheduler(16, policy=FixedTimeoutPolicy(16, 1000))
+    scheduler.enqueue(0, 2, 0.0, level=2)
+    scheduler.enqueue(8, 3, 0.0005, level=1)
+    assert scheduler.schedule(0.0009) == []
+    assert spans(scheduler.schedule(0.001)) == [(0, 8, 3)]

@@ -67,6 +67,24 @@ def test_the_timeout_parameter_is_read_not_passed_over(server: ServerHandle, pro
     assert "parameter 'timeout' must be a whole number of microseconds >= 0, got -5" in raised.value.message()
 
 
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_the_priority_parameter_is_read_and_the_extension_announced(server: ServerHandle, protocol: str) -> None:
+    """tritonclient's `infer(priority=...)` reaches the engine (tests/engine/test_engine.py checks the order it
+    gives): together with `timeout` that is Triton's schedule-policy extension, which the server metadata names."""
+    module, status = PROTOCOLS[protocol]
+    client = module.InferenceServerClient(server.http_url if protocol == "http" else server.grpc_url)
+    metadata = client.get_server_metadata()
+    assert "schedule_policy" in (metadata["extensions"] if protocol == "http" else metadata.extensions)
+    tensor = module.InferInput("image", [1, 784], "FP32")
+    tensor.set_data_from_numpy(np.zeros((1, 784), dtype=np.float32))
+    assert client.infer("mlp", [tensor], priority=1).as_numpy("logits").shape == (1, 10)
+    if protocol == "http":  # the gRPC client sends priority as a uint64, and refuses a negative one itself
+        with pytest.raises(InferenceServerException) as raised:
+            client.infer("mlp", [tensor], priority=-5)
+        assert raised.value.status() == status
+        assert "parameter 'priority' must be a whole number >= 0 (1 the highest), got -5" in raised.value.message()
+
+
 @pytest.mark.parametrize(
     ("call", "extension"),
     [
