@@ -41,6 +41,7 @@ class RequestRecord(msgspec.Struct, kw_only=True):
     error_kind: str | None = None
     error: str | None = None
     parameters: dict[str, Any] = {}
+    kind: int | None = None  # the workload's request kind (its index in `requests`); None in a sequence's order
 
 
 class LatencyStats(msgspec.Struct, kw_only=True):
@@ -89,6 +90,7 @@ class Summary(msgspec.Struct, kw_only=True):
     generator: GeneratorStats
     valid: bool
     problems: list[str]
+    per_kind: dict[str, LatencyStats] = {}  # by the workload's request kinds, when it lists more than one
 
 
 class Machine(msgspec.Struct, kw_only=True):

@@ -90,10 +90,12 @@ def run_bench(
 
 @dataclass(frozen=True)
 class _Kind:
-    """One request kind of the workload, encoded: its model name and the payloads it cycles through."""
+    """One request kind of the workload, encoded: its model name, the payloads it cycles through, and its index in
+    the workload's `requests` (None: a sequence's model the workload does not list)."""
 
     model: str
     payloads: list[Payload]
+    index: int | None
 
 
 class _Mix:
@@ -106,13 +108,13 @@ class _Mix:
         self._block: list[int] = []
         self._turns = [0] * len(kinds)
 
-    def next(self) -> tuple[str, Payload]:
+    def next(self) -> tuple[_Kind, Payload]:
         if not self._block:
             self._block = self._rng.choice(len(self._kinds), size=_MIX_BLOCK, p=self._p).tolist()[::-1]
         index = self._block.pop()
         kind, turn = self._kinds[index], self._turns[index]
         self._turns[index] = turn + 1
-        return kind.model, kind.payloads[turn % len(kind.payloads)]
+        return kind, kind.payloads[turn % len(kind.payloads)]
 
 
 class _InOrder:
@@ -123,11 +125,11 @@ class _InOrder:
         self._models = iter(models)
         self._turns = dict.fromkeys(kinds, 0)
 
-    def next(self) -> tuple[str, Payload]:
+    def next(self) -> tuple[_Kind, Payload]:
         model = next(self._models)  # never runs out: the run's request limit is at most the sequence's length
         kind, turn = self._kinds[model], self._turns[model]
         self._turns[model] = turn + 1
-        return model, kind.payloads[turn % len(kind.payloads)]
+        return kind, kind.payloads[turn % len(kind.payloads)]
 
 
 class _Run:
@@ -186,17 +188,19 @@ class _Run:
     async def _prepare(self, sender: Sender) -> _Mix | _InOrder:
         rng = np.random.default_rng(self._workload.seed)
         if self._sequence is None:
-            kinds = [await self._encode(sender, spec, rng) for spec in self._workload.requests]
+            kinds = [await self._encode(sender, spec, rng, i) for i, spec in enumerate(self._workload.requests)]
             return _Mix(kinds, [spec.weight for spec in self._workload.requests], self._workload.seed)
-        listed = {spec.model: spec for spec in self._workload.requests}
+        listed = {spec.model: (i, spec) for i, spec in enumerate(self._workload.requests)}
         by_model = {
-            model: await self._encode(sender, listed.get(model, RequestSpec(model=model)), rng)
+            model: await self._encode(sender, listed[model][1], rng, listed[model][0])
+            if model in listed
+            else await self._encode(sender, RequestSpec(model=model), rng, None)
             for model in dict.fromkeys(self._sequence.models)
         }
         return _InOrder(by_model, self._sequence.models)
 
     @staticmethod
-    async def _encode(sender: Sender, spec: RequestSpec, rng: np.random.Generator) -> _Kind:
+    async def _encode(sender: Sender, spec: RequestSpec, rng: np.random.Generator, index: int | None) -> _Kind:
         """One request kind, checked against the model's metadata and encoded once."""
         info = await sender.model_info(spec.model, spec.version)
         outputs = spec.outputs or tuple(meta.name for meta in info.outputs)
@@ -204,7 +208,7 @@ class _Run:
             sender.encode(spec.model, spec.version, tensors, outputs, spec.parameters)
             for tensors in make_variants(spec, info, rng)
         ]
-        return _Kind(spec.model, payloads)
+        return _Kind(spec.model, payloads, index)
 
     def _arrivals(self) -> list[float] | None:
         if self._schedule is None:
@@ -239,12 +243,13 @@ class _Run:
         for index, due in enumerate(arrivals):
             # Yield even when behind schedule, so answers are read and the last request's task starts now.
             await asyncio.sleep(max(0.0, due - self._now()))
-            model, payload = mix.next()
+            kind, payload = mix.next()
             if len(self._inflight) >= self._config.max_outstanding:
                 self._records.append(
                     RequestRecord(
                         id=index,
-                        model=model,
+                        model=kind.model,
+                        kind=kind.index,
                         scheduled_s=due,
                         status=Status.NOT_SENT,
                         error_kind="generator_behind",
@@ -252,15 +257,15 @@ class _Run:
                     )
                 )
                 continue
-            self._launch(self._one(sender, index, model, payload, due))
+            self._launch(self._one(sender, index, kind, payload, due))
 
     async def _closed_client(self, sender: Sender, mix: _Mix | _InOrder) -> None:
         limit = self._limit
         while limit is None or self._issued < limit:
-            model, payload = mix.next()
+            kind, payload = mix.next()
             now = self._now()
             # asyncio.wait does not cancel the request when this client is cancelled at the end of the duration.
-            await asyncio.wait([self._launch(self._one(sender, self._issued, model, payload, now))])
+            await asyncio.wait([self._launch(self._one(sender, self._issued, kind, payload, now))])
 
     def _launch(self, coroutine: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         self._issued += 1
@@ -269,9 +274,11 @@ class _Run:
         task.add_done_callback(self._inflight.discard)
         return task
 
-    async def _one(self, sender: Sender, index: int, model: str, payload: Payload, scheduled: float) -> None:
+    async def _one(self, sender: Sender, index: int, kind: _Kind, payload: Payload, scheduled: float) -> None:
         sent = self._now()
-        record = RequestRecord(id=index, model=model, scheduled_s=scheduled, sent_s=sent, status=Status.CANCELLED)
+        record = RequestRecord(
+            id=index, model=kind.model, kind=kind.index, scheduled_s=scheduled, sent_s=sent, status=Status.CANCELLED
+        )
         try:
             outcome = await sender.infer(payload)
         except asyncio.CancelledError:
@@ -362,6 +369,7 @@ class _Run:
             max_lateness_ms=self._config.max_lateness_ms,
             failure=failure,
             interrupted=self._interrupted,
+            kinds=[spec.label for spec in self._workload.requests] if self._sequence is None else (),
         )
         return BenchResult(
             machine=describe_machine(),

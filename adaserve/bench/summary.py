@@ -41,8 +41,11 @@ def summarize(
     max_lateness_ms: float,
     failure: str | None = None,
     interrupted: bool = False,
+    kinds: Sequence[str] = (),
 ) -> Summary:
-    """Figures over `records`; `window_s` is the time the generator was sending, which the rates are taken over."""
+    """Figures over `records`; `window_s` is the time the generator was sending, which the rates are taken over;
+    `kinds` names the workload's request kinds (`RequestRecord.kind` indexes them): with two or more, latency is
+    also given per kind, so the classes of one model's requests (priorities, say) are told apart."""
     ok = [r for r in records if r.status is Status.OK]
     sent = [r for r in records if r.sent_s is not None]
     counts = Counter(r.status for r in records)
@@ -76,6 +79,14 @@ def summarize(
         generator=generator,
         valid=not problems,
         problems=problems,
+        per_kind={
+            f"{index}: {label}": latency_stats(
+                [r.latency_ms for r in ok if r.kind == index and r.latency_ms is not None]
+            )
+            for index, label in enumerate(kinds)
+        }
+        if len(kinds) > 1
+        else {},
     )
 
 

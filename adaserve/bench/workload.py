@@ -85,6 +85,13 @@ class RequestSpec(_Strict):
     outputs: tuple[str, ...] = Field(default=(), description="outputs to ask for; empty: all of them")
     parameters: dict[str, ParameterValue] = Field(default_factory=dict, description="per-request parameters")
 
+    @property
+    def label(self) -> str:
+        """How the summary names this kind: its model, and what sets it apart (batch, parameters)."""
+        batch = f" batch {self.batch}" if self.batch != 1 else ""
+        parameters = " " + ", ".join(f"{k}={v}" for k, v in self.parameters.items()) if self.parameters else ""
+        return f"{self.model}{batch}{parameters}"
+
 
 class Workload(_Strict):
     """What to send, when, and the bound that ends the run."""

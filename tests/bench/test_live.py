@@ -96,6 +96,8 @@ def test_open_loop_two_models_with_parameters(
     assert code == ExitCode.OK, err
     report = json.loads(output.read_text())
     assert {"mlp", "cnn"} == set(report["summary"]["per_model"])
+    assert set(report["summary"]["per_kind"]) == {"0: mlp latency_ms=50", "1: cnn accuracy=0.5"}
+    assert {(r["kind"], r["model"]) for r in report["records"]} == {(0, "mlp"), (1, "cnn")}
     assert report["config"]["workload"]["requests"][0]["parameters"] == {"latency_ms": 50}
     assert report["machine"]["cores"] >= 1 and report["command"] and report["started_at"]
     assert all(r["status"] == "ok" for r in report["records"])

@@ -93,3 +93,15 @@ def test_per_model_latency() -> None:
     records = [record(0, 0.0, latency_ms=1.0, model="a"), record(1, 0.1, latency_ms=9.0, model="b")]
     summary = _summary(records)
     assert summary.per_model["a"].p50_ms == 1.0 and summary.per_model["b"].p50_ms == 9.0
+
+
+def test_latency_per_request_kind_when_the_workload_lists_several() -> None:
+    """Two kinds of one model (two priorities, say) are told apart by `RequestRecord.kind`; one kind gives none."""
+    records = [record(i, i * 0.1, latency_ms=1.0 + 8 * (i % 2)) for i in range(10)]
+    for r in records:
+        r.kind = r.id % 2
+    summary = _summary(records, kinds=["mlp priority=1", "mlp"])
+    assert set(summary.per_kind) == {"0: mlp priority=1", "1: mlp"}
+    assert summary.per_kind["0: mlp priority=1"].mean_ms == 1.0 and summary.per_kind["1: mlp"].mean_ms == 9.0
+    assert summary.per_kind["1: mlp"].count == 5
+    assert _summary(records, kinds=["mlp"]).per_kind == {}
