@@ -252,7 +252,10 @@ class Simulation:
     def schedule(self) -> None:
         for batch in self.scheduler.schedule(self.now):
             slots = range(batch.start, batch.start + batch.rows)
-            assert self.level[batch.start] == min(self.level[s] for s in self.waiting), "not the highest level"
+            assert len({self.level[s] for s in self.waiting}) == 1 or any(
+                self.level[s] == min(self.level[w] for w in self.waiting) for s in slots
+            ), "the batch holds no row of the highest level waiting"
+            assert all(s in self.waiting for s in slots), "a batch took a slot that was not waiting"
             self.dispatched.extend(slots)
             self.waiting.difference_update(slots)
             self.running[batch.id] = batch
@@ -388,18 +391,65 @@ def test_a_request_that_has_not_started_can_be_withdrawn_and_one_that_has_cannot
 # -- priority --------------------------------------------------------------------------------------------------
 
 
-def test_the_next_batch_starts_at_the_highest_priority_waiting_and_takes_the_rows_after_it() -> None:
-    """Levels 2, 1, 2 at slots 0, 1, 2..3: the batch-4 worker starts at slot 1 (level 1) and takes the contiguous
-    rows after it whatever their level; slot 0 (level 2, first to arrive) waits for the next idle worker."""
+def test_a_queue_shorter_than_a_batch_runs_from_the_front_with_its_high_priority_rows_inside() -> None:
+    """Levels 2, 1, 2 at slots 0, 1, 2..3 and a worker of batch 4: one batch holds them all, from the front."""
     scheduler = make_scheduler(4)
     scheduler.enqueue(0, 1, 0.0, level=2)
     scheduler.enqueue(1, 1, 0.1, level=1)
     scheduler.enqueue(2, 2, 0.2, level=2)
-    first = scheduler.schedule(0.3)
-    assert spans(first) == [(0, 1, 3)]
-    assert scheduler.ready == 1 and scheduler.oldest_arrival() == 0.0
-    scheduler.finish(first[0].id)
-    assert spans(scheduler.schedule(0.4)) == [(0, 0, 1)]
+    assert spans(scheduler.schedule(0.3)) == [(0, 0, 4)]
+
+
+def drain(scheduler: Scheduler) -> list[tuple[int, int]]:
+    """(first slot, rows) of each batch, one worker finishing each before the next is scheduled."""
+    order = []
+    for step in range(100):
+        batches = scheduler.schedule(float(step))
+        if not batches:
+            return order
+        for batch in batches:
+            order.append((batch.start, batch.rows))
+            scheduler.finish(batch.id)
+    raise AssertionError("the queue did not drain")
+
+
+def enqueue_levels(scheduler: Scheduler, levels: list[int]) -> None:
+    for slot, level in enumerate(levels):
+        scheduler.enqueue(slot, 1, slot / 10, level)
+
+
+def test_a_high_priority_row_behind_a_backlog_runs_next_with_the_rows_stored_just_before_it() -> None:
+    """Six rows of level 2 wait (slots 0..5), then one of level 1 (slot 6) and one of level 2 (slot 7). The batch-4
+    worker takes slots 3..6: the high-priority row and the three stored just before it, so what stays behind (0..2)
+    is one stretch rather than fragments. Then arrival order again."""
+    scheduler = make_scheduler(4)
+    enqueue_levels(scheduler, [2, 2, 2, 2, 2, 2, 1, 2])
+    assert drain(scheduler) == [(3, 4), (0, 3), (7, 1)]
+
+
+def test_of_the_stretches_that_hold_the_oldest_high_priority_row_the_one_with_most_such_rows_runs() -> None:
+    """High-priority rows at slots 6 and 8 behind a backlog: slots 5..8 hold both (3..6 and 4..7 hold one)."""
+    scheduler = make_scheduler(4)
+    enqueue_levels(scheduler, [2, 2, 2, 2, 2, 2, 1, 2, 1, 2])
+    assert drain(scheduler)[0] == (5, 4)
+
+
+def test_a_batch_may_start_inside_a_request_to_reach_the_high_priority_row() -> None:
+    """A request of 10 rows (level 2) and one row of level 1 stored right after it; a worker of batch 8 takes the
+    request's last 7 rows and the high-priority row; its first 3 rows stay and run next."""
+    scheduler = make_scheduler(8)
+    scheduler.enqueue(0, 10, 0.0, level=2)
+    scheduler.enqueue(10, 1, 0.1, level=1)
+    assert drain(scheduler) == [(3, 8), (0, 3)]
+
+
+def test_a_batch_smaller_than_the_largest_still_holds_the_high_priority_row() -> None:
+    """No batching (one row each) beside a batch-4 worker: the row taken is the high-priority one itself."""
+    scheduler = make_scheduler(4, 1, policy=NoBatchingPolicy())
+    scheduler.enqueue(0, 3, 0.0, level=2)
+    scheduler.enqueue(3, 1, 0.1, level=1)
+    assert spans(scheduler.schedule(0.2)) == [(1, 3, 1), (0, 0, 1)]
+    assert scheduler.ready == 2
 
 
 def test_among_runs_of_one_level_the_first_to_arrive_goes_first() -> None:
