@@ -213,7 +213,7 @@ class Scheduler:
 
     def _front_run(self, head: int, skip: int = 0) -> int:
         """Ready rows contiguous in the pool from row `skip` of the run at `head` on (a batch is read in place, so
-        no gaps), as many as the largest worker takes."""
+        no gaps), counted until they reach the largest worker's batch."""
         limit = self._largest_batch()
         run = self._queue[head].rows - skip
         end = self._queue[head].start + self._queue[head].rows
