@@ -116,8 +116,9 @@ class BatchingSpec(_Strict):
     priority_levels: int = Field(
         default=0,
         ge=0,
-        description="Triton's priority levels: a request's `priority` parameter (1 the highest, up to this) chooses "
-        "where the next batch starts; 0: off, every request waits in arrival order",
+        description="Triton's priority levels: a request's `priority` parameter (1 the highest, up to this) is its "
+        "level, and the next batch holds the oldest request of the highest level waiting; 0: off, every request "
+        "waits in arrival order",
     )
     default_priority_level: int | None = Field(
         default=None,

@@ -191,12 +191,10 @@ class _Run:
             kinds = [await self._encode(sender, spec, rng, i) for i, spec in enumerate(self._workload.requests)]
             return _Mix(kinds, [spec.weight for spec in self._workload.requests], self._workload.seed)
         listed = {spec.model: (i, spec) for i, spec in enumerate(self._workload.requests)}
-        by_model = {
-            model: await self._encode(sender, listed[model][1], rng, listed[model][0])
-            if model in listed
-            else await self._encode(sender, RequestSpec(model=model), rng, None)
-            for model in dict.fromkeys(self._sequence.models)
-        }
+        by_model = {}
+        for model in dict.fromkeys(self._sequence.models):
+            index, spec = listed.get(model, (None, RequestSpec(model=model)))
+            by_model[model] = await self._encode(sender, spec, rng, index)
         return _InOrder(by_model, self._sequence.models)
 
     @staticmethod
