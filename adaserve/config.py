@@ -99,6 +99,31 @@ class WorkerSpec(_Strict):
         return cpus
 
 
+class QueuePolicySpec(_Strict):
+    """Triton's ModelQueuePolicy: how long a request of one priority level may wait, what happens when it has
+    waited too long, and how many of the level's rows may wait at once."""
+
+    timeout_action: Literal["reject", "delay"] = Field(
+        default="reject",
+        description="a request whose timeout passes before any of its rows started: reject (503), or delay (it "
+        "waits on, behind every request of its level still within its timeout, ahead of the lower levels)",
+    )
+    default_timeout_us: int = Field(
+        default=0, ge=0, description="the timeout of a request that sets none (microseconds); 0: none"
+    )
+    allow_timeout_override: bool = Field(
+        default=True,
+        description="whether a request's `timeout` parameter counts: it may shorten default_timeout_us, never "
+        "lengthen it (Triton's rule; Triton's default is false, which ignores tritonclient's timeout unasked)",
+    )
+    max_queue_size: int = Field(
+        default=0,
+        ge=0,
+        description="rows of this level waiting at once, beyond which its requests get 503; 0: "
+        "bounded only by the model's max_queue_size",
+    )
+
+
 class BatchingSpec(_Strict):
     """How ready requests become batches; the paper's baselines are values of `policy`."""
 
@@ -126,6 +151,12 @@ class BatchingSpec(_Strict):
         description="the level of a request with no priority, priority 0, or one above priority_levels; default "
         "the lowest (priority_levels)",
     )
+    default_queue_policy: QueuePolicySpec = Field(
+        default=QueuePolicySpec(), description="the queue policy of every level without one of its own"
+    )
+    priority_queue_policy: dict[int, QueuePolicySpec] = Field(
+        default_factory=dict, description="level → its own queue policy (Triton's map), replacing the default"
+    )
 
     @field_validator("default_priority_level")
     @classmethod
@@ -133,6 +164,15 @@ class BatchingSpec(_Strict):
         levels = info.data.get("priority_levels", 0)
         if value is not None and value > levels:
             raise ValueError(f"default_priority_level {value} is not one of the {levels} priority_levels")
+        return value
+
+    @field_validator("priority_queue_policy")
+    @classmethod
+    def _known_levels(cls, value: dict[int, QueuePolicySpec], info: ValidationInfo) -> dict[int, QueuePolicySpec]:
+        levels = info.data.get("priority_levels", 0)
+        unknown = sorted(level for level in value if not 1 <= level <= levels)
+        if unknown:
+            raise ValueError(f"level {unknown[0]} is not one of the {levels} priority_levels")
         return value
 
 

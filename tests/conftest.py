@@ -26,7 +26,15 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root.mkdir()
     for name in ("mlp", "cnn", "mlp_torchscript"):
         link_example(root, name)
-    link_example(root, "mlp", "mlp_fixed", batching={"policy": "fixed-timeout", "max_queue_delay_us": 2000})
+    fixed = {
+        "policy": "fixed-timeout",
+        "max_queue_delay_us": 2000,
+        "priority_levels": 2,
+        "priority_queue_policy": {
+            1: {"timeout_action": "delay", "default_timeout_us": 5_000_000, "max_queue_size": 32}
+        },
+    }
+    link_example(root, "mlp", "mlp_fixed", batching=fixed)
     link_example(root, "mlp", "mlp_none", batching={"policy": "none"}, workers=[{"batch": 1}])
     write_slow_model(root, "slow", rounds=300, max_queue_size=2)
     write_fussy_model(root)

@@ -138,6 +138,21 @@ def test_without_a_directory_name_the_file_must_name_the_model(tmp_path: Path) -
             "batching.default_priority_level",
             "default_priority_level 3 is not one of the 2 priority_levels",
         ),
+        (
+            minimal(batching={"priority_levels": 2, "priority_queue_policy": {3: {"max_queue_size": 4}}}),
+            "batching.priority_queue_policy",
+            "level 3 is not one of the 2 priority_levels",
+        ),
+        (
+            minimal(batching={"priority_queue_policy": {1: {}}}),
+            "batching.priority_queue_policy",
+            "level 1 is not one of the 0 priority_levels",
+        ),
+        (
+            minimal(batching={"default_queue_policy": {"timeout_action": "drop"}}),
+            "batching.default_queue_policy.timeout_action",
+            "'reject' or 'delay'",
+        ),
     ],
     ids=[
         "unknown-field",
@@ -161,6 +176,9 @@ def test_without_a_directory_name_the_file_must_name_the_model(tmp_path: Path) -
         "queue-below-a-batch",
         "no-cpus",
         "default-priority-above-levels",
+        "queue-policy-of-an-unknown-level",
+        "queue-policy-without-levels",
+        "queue-policy-action",
     ],
 )
 def test_error_names_file_field_and_problem(tmp_path: Path, content: dict[str, Any], field: str, problem: str) -> None:

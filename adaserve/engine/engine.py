@@ -42,7 +42,7 @@ from adaserve.engine.messages import (
 )
 from adaserve.engine.pool import PoolLayout, SharedRings, SlotRing
 from adaserve.engine.processes import HostLauncher, ModelHost, WorkerProcess
-from adaserve.engine.schedule_policy import priority_level, queue_timeout_s
+from adaserve.engine.schedule_policy import priority_level, queue_policy, queue_rank, queue_timeout_s, rank_level
 from adaserve.engine.scheduler import Batch, Scheduler
 from adaserve.engine.stats import ModelStats
 from adaserve.engine.worker_sets import WorkerSetChoice, create_worker_set_planner
@@ -84,7 +84,7 @@ class PendingRequest:
     parameters: dict[str, Any]
     future: asyncio.Future[EngineResult]
     outstanding: int
-    level: int = 0  # its priority level in the queue (`schedule_policy.priority_level`)
+    level: int = 0  # its rank in the queue (`schedule_policy.queue_rank`: its priority level, and if delayed)
     dispatched_ns: int = 0
     answered: bool = False  # a learned cache answered it while its batch ran on
     # The worker processes that died holding its rows. A CUDA model's workers are threads of its host and report
@@ -383,15 +383,10 @@ class ModelEngine:
             parameters = prepare_parameters(parameters)  # a bad target is a 400 before anything is queued
         if self.model.config.caches is not None:
             exit_target(parameters, 1.0)  # the same: a bad `early_exit` or `accuracy` is refused here
-        timeout_s = queue_timeout_s(parameters)
         level = priority_level(parameters, self.model.config.batching)
-        queued = self.scheduler.ready + self._waiting_rows
-        if queued + rows > self.model.config.max_queue_size:
-            self.stats.failures["overloaded"] += 1
-            raise OverloadedError(
-                f"model '{self.model.name}' has {queued} rows queued (max_queue_size "
-                f"{self.model.config.max_queue_size}); retry later"
-            )
+        policy = queue_policy(self.model.config.batching, level)
+        timeout_s = queue_timeout_s(parameters, policy)
+        self._admit(rows, level, policy.max_queue_size)
         arrived_ns = time.perf_counter_ns()
         self._arrived_rows += rows
         start = self._ring.allocate(rows)
@@ -404,15 +399,18 @@ class ModelEngine:
                 write_staged(self._stage_pipe[1], start, rows)
         if self.adaptation is not None:
             self.adaptation.offer(inputs[0])
+        rank = queue_rank(level)
         pending = PendingRequest(
-            start, rows, arrived_ns, parameters, self._loop.create_future(), outstanding=rows, level=level
+            start, rows, arrived_ns, parameters, self._loop.create_future(), outstanding=rows, level=rank
         )
         self._owners[start : start + rows] = [pending] * rows
         self._idle.clear()
-        self.scheduler.enqueue(start, rows, time.monotonic(), level)
+        self.scheduler.enqueue(start, rows, time.monotonic(), rank)
         if timeout_s is not None:
             waited_s = (time.perf_counter_ns() - arrived_ns) / 1e9  # a wait for contiguous slots counts too
-            self._loop.call_later(max(0.0, timeout_s - waited_s), self._expire, pending, timeout_s)
+            self._loop.call_later(
+                max(0.0, timeout_s - waited_s), self._expire, pending, timeout_s, policy.timeout_action
+            )
         self._pump()
         try:
             return await pending.future
@@ -420,8 +418,33 @@ class ModelEngine:
             self._take_back(pending, "its client stopped waiting before any of its rows started", "cancelled")
             raise
 
-    def _expire(self, pending: PendingRequest, timeout_s: float) -> None:
-        """Triton's request timeout: a request none of whose rows has started by then is refused (503)."""
+    def _admit(self, rows: int, level: int, level_bound: int) -> None:
+        """Refuse (503) a request the queue has no room for: the model's `max_queue_size` bounds every waiting row
+        (the pool's memory), the level's queue policy its own (0: no bound of its own)."""
+        queued = self.scheduler.ready + self._waiting_rows
+        if queued + rows > self.model.config.max_queue_size:
+            self.stats.failures["overloaded"] += 1
+            raise OverloadedError(
+                f"model '{self.model.name}' has {queued} rows queued (max_queue_size "
+                f"{self.model.config.max_queue_size}); retry later"
+            )
+        at_level = self.scheduler.rows_at(queue_rank(level)) + self.scheduler.rows_at(queue_rank(level, delayed=True))
+        if level_bound and at_level + rows > level_bound:
+            self.stats.failures["overloaded"] += 1
+            raise OverloadedError(
+                f"model '{self.model.name}' has {at_level} rows queued at priority level {level} (the queue "
+                f"policy's max_queue_size {level_bound}); retry later"
+            )
+
+    def _expire(self, pending: PendingRequest, timeout_s: float, action: str) -> None:
+        """Triton's request timeout: a request none of whose rows has started by then is refused (503), or with
+        the `delay` action waits on behind its level's requests still in time."""
+        if action == "delay":
+            delayed = queue_rank(rank_level(pending.level), delayed=True)
+            if not pending.dispatched_ns and self.scheduler.move(pending.start, pending.rows, delayed):
+                pending.level = delayed
+                self.stats.delayed += 1
+            return
         self._take_back(
             pending, f"its timeout ({timeout_s * 1e6:.0f} µs) passed before any of its rows started", "timeout"
         )

@@ -1,25 +1,19 @@
-"""Triton's schedule-policy extension: the request parameters that say how a request waits in the queue.
+"""Triton's schedule-policy extension: how a request waits in the queue.
 
-`timeout` bounds how long a request may wait before its rows start; `priority` picks its level, and the scheduler's
-next batch holds the oldest request of the highest level waiting (`scheduler.py`). Both are read before anything is
-queued, so a bad value is refused (400) with a message that names it.
+A request's `priority` picks its level, and the scheduler's next batch holds the oldest request of the highest
+level waiting (`scheduler.py`). Each level has a queue policy (Triton's ModelQueuePolicy: the model's
+`default_queue_policy`, or its own in `priority_queue_policy`) that bounds its waiting rows and gives its requests a
+timeout; a request whose timeout passes before any of its rows started is refused, or delayed behind the level's
+requests still in time. The request's parameters are read before anything is queued, so a bad value is refused
+(400) with a message that names it.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from adaserve.config import BatchingSpec
+from adaserve.config import BatchingSpec, QueuePolicySpec
 from adaserve.errors import InvalidInputError
-
-
-def queue_timeout_s(parameters: dict[str, Any]) -> float | None:
-    """Triton's `timeout` request parameter (tritonclient's `infer(timeout=...)`): the microseconds a request may
-    wait before its rows start; 0 or absent, no limit. InvalidInputError naming it when it is not such a number."""
-    value = parameters.get("timeout")
-    if value is None or value == 0:
-        return None
-    return _whole_number("timeout", value, "of microseconds >= 0") / 1e6
 
 
 def priority_level(parameters: dict[str, Any], batching: BatchingSpec) -> int:
@@ -33,6 +27,35 @@ def priority_level(parameters: dict[str, Any], batching: BatchingSpec) -> int:
     if 0 < value <= levels:
         return value
     return batching.default_priority_level or levels
+
+
+def queue_policy(batching: BatchingSpec, level: int) -> QueuePolicySpec:
+    """The queue policy of `level`: its own if `priority_queue_policy` names it, else the default."""
+    return batching.priority_queue_policy.get(level, batching.default_queue_policy)
+
+
+def queue_timeout_s(parameters: dict[str, Any], policy: QueuePolicySpec) -> float | None:
+    """How long a request may wait before its rows start; None: no limit. The policy's `default_timeout_us`, or
+    Triton's `timeout` request parameter (tritonclient's `infer(timeout=...)`, microseconds, 0 none) where the policy
+    lets it override and it is the shorter. InvalidInputError naming the parameter when it is not such a number,
+    counted or not."""
+    value = parameters.get("timeout")
+    asked = 0 if value is None else _whole_number("timeout", value, "of microseconds >= 0")
+    timeout_us = policy.default_timeout_us
+    if policy.allow_timeout_override and asked and (not timeout_us or asked < timeout_us):
+        timeout_us = asked
+    return timeout_us / 1e6 if timeout_us else None
+
+
+def queue_rank(level: int, *, delayed: bool = False) -> int:
+    """The scheduler's order of a request (lower runs first): by level, and within a level those still in time
+    before those delayed (Triton's order: a delayed request waits for its level's, ahead of the lower levels')."""
+    return 2 * level + delayed
+
+
+def rank_level(rank: int) -> int:
+    """The priority level a `queue_rank` belongs to."""
+    return rank // 2
 
 
 def _whole_number(name: str, value: Any, meaning: str) -> int:

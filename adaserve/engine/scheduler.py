@@ -7,10 +7,11 @@ Priority (Triton's `priority` request parameter, as levels: 1 is served first) d
 takes (`_window`). A worker reads its batch in place, so a batch is a contiguous stretch of the pool; with several
 levels waiting it is the stretch that holds the first row of the highest level's oldest request and, of those, the
 one with the most rows of that level, the earliest on a tie. While the queue is shorter than a batch that is the
-whole queue from the front, as in arrival order; only a backlog is cut into. Two simpler forms lost
-(`benchmarks/README.md` §2, "Priority"): starting every batch at the high-priority request left the rows stored
-before it as fragments that ran as small batches, and a ring of slots per level (no mixing at all) made the
-high-priority batches so small that at 90% of capacity the other requests were refused.
+whole queue from the front, as in arrival order; only a backlog is cut into. The engine's levels are queue ranks
+(`schedule_policy.queue_rank`), so a request its queue policy delayed ranks behind its level's requests in time.
+Two simpler forms lost (`benchmarks/README.md` §2, "Priority"): starting every batch at the high-priority request
+left the rows stored before it as fragments that ran as small batches, and a ring of slots per level (no mixing at
+all) made the high-priority batches so small that at 90% of capacity the other requests were refused.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ class Scheduler:
         self.ready = 0
         self._queue: deque[ReadyRun] = deque()
         self._levels: Counter[int] = Counter()  # runs waiting at each priority level (no zero counts)
+        self._level_rows: Counter[int] = Counter()  # rows waiting at each priority level
         self._workers: dict[int, WorkerSlot] = {}
         self._idle: list[tuple[int, int]] = []  # (-batch, id): largest granularity first, like Ebird's idle queue
         self._batches: dict[int, Batch] = {}
@@ -104,14 +106,12 @@ class Scheduler:
     # -- rows ------------------------------------------------------------------------------------------------
     def enqueue(self, start: int, rows: int, arrived_at: float, level: int = 0) -> None:
         self._queue.append(ReadyRun(start, rows, arrived_at, level))
-        self._levels[level] += 1
-        self.ready += rows
+        self._joined(level, rows)
 
     def requeue_front(self, start: int, rows: int, arrived_at: float, level: int = 0) -> None:
         """Put rows back at the head of the queue (a worker died holding them; they run next of their level)."""
         self._queue.appendleft(ReadyRun(start, rows, arrived_at, level))
-        self._levels[level] += 1
-        self.ready += rows
+        self._joined(level, rows)
 
     def withdraw(self, start: int, rows: int) -> bool:
         """Take a request's rows back out of the queue if none has started; False if they are not all waiting."""
@@ -121,6 +121,21 @@ class Scheduler:
                 self._left(run)
                 return True
         return False
+
+    def move(self, start: int, rows: int, level: int) -> bool:
+        """Move a request's rows, all still waiting, to another level in place; False if they are not all waiting.
+        (A queue policy's `delay`: the request keeps its slots and its place in the pool, and only loses rank.)"""
+        for run in self._queue:
+            if (run.start, run.rows) == (start, rows):
+                self._left(run)
+                run.level = level
+                self._joined(level, rows)
+                return True
+        return False
+
+    def rows_at(self, level: int) -> int:
+        """Rows waiting at `level`."""
+        return self._level_rows[level]
 
     # -- the algorithm ---------------------------------------------------------------------------------------
     def schedule(self, now: float) -> list[Batch]:
@@ -256,12 +271,20 @@ class Scheduler:
                 run.start += left
                 run.rows -= left
                 self.ready -= left
+                self._level_rows[run.level] -= left
                 left = 0
         return start
+
+    def _joined(self, level: int, rows: int) -> None:
+        """A whole run joined the queue."""
+        self.ready += rows
+        self._levels[level] += 1
+        self._level_rows[level] += rows
 
     def _left(self, run: ReadyRun) -> None:
         """A whole run left the queue."""
         self.ready -= run.rows
+        self._level_rows[run.level] -= run.rows
         self._levels[run.level] -= 1
         if not self._levels[run.level]:
             del self._levels[run.level]

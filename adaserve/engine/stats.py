@@ -97,6 +97,7 @@ class ModelStats:
     worker_restarts: int = 0
     host_restarts: int = 0  # model host processes started again after they died
     reconfigurations: int = 0  # worker sets switched (Packrat)
+    delayed: int = 0  # requests whose queue timeout passed, moved behind their level (timeout_action: delay)
     last_inference_ms: int = 0
     early_exit: ExitStats = field(default_factory=ExitStats)
 

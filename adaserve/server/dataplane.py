@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from adaserve import __version__
-from adaserve.config import ModelConfig
+from adaserve.config import ModelConfig, QueuePolicySpec
 from adaserve.engine.engine import EngineState, ModelEngine
 from adaserve.engine.router import ModelRouter
 from adaserve.errors import InvalidInputError, ModelNotReadyError
@@ -202,13 +202,35 @@ def triton_config(engine: ModelEngine) -> dict[str, Any]:
             "pool_slots": {"string_value": str(engine.slots)},
             "workers": {"string_value": json.dumps(workers)},
             "early_exit": {"string_value": engine.early_exit or "off"},
-            "priority_levels": {"string_value": str(config.batching.priority_levels)},
         },
     }
-    if config.batching.policy == "fixed-timeout":
-        document["dynamic_batching"] = {
-            "max_queue_delay_microseconds": config.batching.max_queue_delay_us,
-            "default_queue_policy": {"max_queue_size": config.max_queue_size},
+    document["dynamic_batching"] = dynamic_batching_document(config)
+    return document
+
+
+def dynamic_batching_document(config: ModelConfig) -> dict[str, Any]:
+    """The batching config in Triton's form (`dynamic_batching`), so its tools read it as they read Triton's:
+    elastic and none never wait to fill a batch (a delay of 0), and a queue policy's `max_queue_size` of 0 is
+    shown as the model's bound, the one that then applies."""
+    batching = config.batching
+
+    def queue_policy(policy: QueuePolicySpec) -> dict[str, Any]:
+        return {
+            "timeout_action": policy.timeout_action.upper(),
+            "default_timeout_microseconds": policy.default_timeout_us,
+            "allow_timeout_override": policy.allow_timeout_override,
+            "max_queue_size": policy.max_queue_size or config.max_queue_size,
+        }
+
+    document: dict[str, Any] = {
+        "max_queue_delay_microseconds": batching.max_queue_delay_us if batching.policy == "fixed-timeout" else 0,
+        "default_queue_policy": queue_policy(batching.default_queue_policy),
+    }
+    if batching.priority_levels:
+        document["priority_levels"] = batching.priority_levels
+        document["default_priority_level"] = batching.default_priority_level or batching.priority_levels
+        document["priority_queue_policy"] = {
+            str(level): queue_policy(policy) for level, policy in sorted(batching.priority_queue_policy.items())
         }
     return document
 

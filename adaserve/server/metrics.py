@@ -37,6 +37,8 @@ class EngineCollector:
             "worker_restarts": "Worker processes restarted after they died",
             "host_restarts": "Model host processes started again after they died",
             "worker_set_reconfigurations": "Worker sets switched with no downtime (Packrat)",
+            "queue_delayed_requests": "Requests whose queue timeout passed and that waited on behind their level "
+            "(timeout_action: delay)",
         }
         families = {
             name: CounterMetricFamily(f"adaserve_{name}", text, labels=LABELS) for name, text in counters.items()
@@ -72,6 +74,7 @@ class EngineCollector:
             families["worker_restarts"].add_metric(labels, stats.worker_restarts)
             families["host_restarts"].add_metric(labels, stats.host_restarts)
             families["worker_set_reconfigurations"].add_metric(labels, stats.reconfigurations)
+            families["queue_delayed_requests"].add_metric(labels, stats.delayed)
             if engine.worker_set.batch is not None:
                 planned.add_metric(labels, engine.worker_set.batch)
             for (batch, threads), count in Counter((w.batch, w.threads) for w in engine.worker_set.workers).items():

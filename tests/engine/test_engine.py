@@ -181,6 +181,26 @@ def test_a_request_whose_timeout_passes_before_it_starts_is_refused_and_its_slot
     run_engine(tmp_path, body, model="slow")
 
 
+async def finish_order(engine: ModelEngine, queued: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """The order in which requests finish on a one-worker model: `first` runs at once, then `queued` (name and
+    parameters of each) are sent while it computes, so they all wait together."""
+    x = np.ones((1, 4), dtype=np.float32)
+    finished: list[str] = []
+
+    async def send(name: str, parameters: dict[str, Any]) -> None:
+        await engine.infer([x], 1, parameters)
+        finished.append(name)
+
+    loop = asyncio.get_running_loop()
+    calls = [loop.create_task(send("first", {}))]
+    await asyncio.sleep(0)  # dispatched at once: the worker was idle
+    calls += [loop.create_task(send(name, parameters)) for name, parameters in queued]
+    await asyncio.sleep(0)
+    assert engine.scheduler.ready == len(queued)
+    await asyncio.gather(*calls)
+    return finished
+
+
 @pytest.mark.parametrize(
     ("levels", "order"), [(2, ["first", "high", "low", "low too"]), (0, ["first", "low", "low too", "high"])]
 )
@@ -191,21 +211,43 @@ def test_a_request_of_higher_priority_queued_last_runs_next(tmp_path: Path, leve
     write_slow_model(tmp_path, "slow", rounds=400, batching={"priority_levels": levels})  # one worker of batch 1
 
     async def body(engine: ModelEngine) -> None:
+        assert await finish_order(engine, [("low", {}), ("low too", {}), ("high", {"priority": 1})]) == order
+
+    run_engine(tmp_path, body, model="slow")
+
+
+def test_a_request_whose_timeout_passes_under_a_delay_policy_waits_on_behind_its_level(tmp_path: Path) -> None:
+    """Triton's `timeout_action: DELAY`: a request still queued when its timeout passes is not refused; it runs
+    after the requests of its level that are still in time, the two sent after it here."""
+    policy = {"timeout_action": "delay", "default_timeout_us": 0}
+    write_slow_model(tmp_path, "slow", rounds=400, batching={"default_queue_policy": policy})  # one worker, batch 1
+
+    async def body(engine: ModelEngine) -> None:
+        sent = [("late", {"timeout": 1000}), ("b", {}), ("c", {})]
+        assert await finish_order(engine, sent) == ["first", "b", "c", "late"]
+        assert engine.stats.delayed == 1 and not engine.stats.failures
+
+    run_engine(tmp_path, body, model="slow")
+
+
+def test_a_level_whose_queue_is_full_refuses_while_the_others_still_queue(tmp_path: Path) -> None:
+    """A queue policy's `max_queue_size` bounds the rows waiting at its level alone (503 naming the level)."""
+    batching = {"priority_levels": 2, "priority_queue_policy": {1: {"max_queue_size": 1}}}
+    write_slow_model(tmp_path, "slow", rounds=400, batching=batching)  # one worker of batch 1
+
+    async def body(engine: ModelEngine) -> None:
         x = np.ones((1, 4), dtype=np.float32)
-        finished: list[str] = []
-
-        async def send(name: str, parameters: dict[str, Any]) -> None:
-            await engine.infer([x], 1, parameters)
-            finished.append(name)
-
         loop = asyncio.get_running_loop()
-        calls = [loop.create_task(send("first", {}))]
+        calls = [loop.create_task(engine.infer([x], 1, {}))]
         await asyncio.sleep(0)  # dispatched at once: the worker was idle
-        calls += [loop.create_task(send(n, p)) for n, p in (("low", {}), ("low too", {}), ("high", {"priority": 1}))]
+        calls.append(loop.create_task(engine.infer([x], 1, {"priority": 1})))
         await asyncio.sleep(0)
-        assert engine.scheduler.ready == 3
-        await asyncio.gather(*calls)
-        assert finished == order
+        with pytest.raises(OverloadedError, match=r"1 rows queued at priority level 1 \(the queue policy's max_queue"):
+            await engine.infer([x], 1, {"priority": 1})
+        calls.append(loop.create_task(engine.infer([x], 1, {"priority": 2})))
+        await asyncio.sleep(0)
+        assert (engine.scheduler.ready, engine.stats.failures["overloaded"]) == (2, 1)
+        assert len(await asyncio.gather(*calls)) == 3
 
     run_engine(tmp_path, body, model="slow")
 

@@ -220,6 +220,7 @@ class Simulation:
         self.killed: list[int] = []  # each slot, once per batch whose worker died
         self.running: dict[int, Batch] = {}
         self.level: dict[int, int] = {}  # each slot's priority level
+        self.requests: list[tuple[int, int]] = []  # (first slot, rows) of each arrival
         self.waiting: set[int] = set()  # slots ready and not dispatched
 
     def arrive(self) -> None:
@@ -231,7 +232,19 @@ class Simulation:
         self.enqueued.extend(slots)
         self.level.update(dict.fromkeys(slots, level))
         self.waiting.update(slots)
+        self.requests.append((self.next_slot, rows))
         self.next_slot += rows
+
+    def move_one(self) -> None:
+        """A queue policy's `delay`: a request, if it is all waiting still, changes level in place."""
+        start, rows = self.rng.choice(self.requests)
+        level = self.rng.choice((0, 1, 2, 3))
+        slots = range(start, start + rows)
+        all_waiting = all(s in self.waiting for s in slots)
+        moved = self.scheduler.move(start, rows, level)
+        assert all_waiting or not moved, "moved a request some of whose rows had started"
+        if moved:
+            self.level.update(dict.fromkeys(slots, level))
 
     def finish_one(self) -> None:
         batch = self.running.pop(self.rng.choice(sorted(self.running)))
@@ -269,12 +282,16 @@ class Simulation:
         assert len(busy) == len(set(busy)), "a worker holds two batches"
         assert all(b.rows <= max(self.batches) for b in self.running.values())
         assert s.ready == len(self.enqueued) - len(self.done) - s.inflight
+        for level in (0, 1, 2, 3):
+            assert s.rows_at(level) == sum(self.level[w] == level for w in self.waiting)
 
     def step(self) -> None:
         self.now += self.rng.choice((0.0, 0.001, 0.5))
         action = self.rng.random()
-        if action < 0.45:
+        if action < 0.4:
             self.arrive()
+        elif self.requests and action < 0.45:
+            self.move_one()
         elif self.running and action < 0.9:
             self.finish_one()
         elif self.running:
@@ -493,3 +510,27 @@ def test_fixed_timeout_waits_for_the_oldest_row_but_starts_at_the_highest_priori
     scheduler.enqueue(8, 3, 0.0005, level=1)
     assert scheduler.schedule(0.0009) == []
     assert spans(scheduler.schedule(0.001)) == [(0, 8, 3)]
+
+
+# -- queue policy: delay -----------------------------------------------------------------------------------------
+
+
+def test_a_moved_request_keeps_its_slots_and_runs_after_its_new_levels_elders() -> None:
+    """A queue policy's `delay` moves a waiting request to the rank behind its level (`queue_rank`): here from
+    rank 2 to 3, behind the rank-2 row that arrived after it, ahead of the rank-4 one; counts follow the move."""
+    scheduler = make_scheduler(1, policy=NoBatchingPolicy())
+    scheduler.enqueue(0, 1, 0.0, level=4)
+    scheduler.enqueue(1, 1, 0.1, level=2)
+    scheduler.enqueue(2, 1, 0.2, level=2)
+    assert scheduler.move(1, 1, 3)
+    assert (scheduler.rows_at(2), scheduler.rows_at(3), scheduler.rows_at(4)) == (1, 1, 1)
+    assert [start for start, _ in drain(scheduler)] == [2, 1, 0]
+    assert scheduler.rows_at(3) == 0
+
+
+def test_a_request_that_has_started_cannot_be_moved() -> None:
+    scheduler = make_scheduler(2)
+    scheduler.enqueue(0, 3, 0.0)
+    assert spans(scheduler.schedule(0.0)) == [(0, 0, 2)]
+    assert not scheduler.move(0, 3, 1)
+    assert (scheduler.rows_at(0), scheduler.rows_at(1)) == (1, 0)

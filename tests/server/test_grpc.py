@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from tritonclient.grpc import model_config_pb2
 from tritonclient.utils import InferenceServerException
 
 from tests.conftest import MAX_REQUEST_BYTES
@@ -45,6 +46,13 @@ def test_health_metadata_config_statistics_index(client: grpcclient.InferenceSer
     )
     config = client.get_model_config("mlp_fixed").config
     assert config.max_batch_size == 16 and config.dynamic_batching.max_queue_delay_microseconds == 2000
+    level_1 = config.dynamic_batching.priority_queue_policy[1]
+    delay = model_config_pb2.ModelQueuePolicy.DELAY
+    assert (level_1.timeout_action, level_1.default_timeout_microseconds, level_1.max_queue_size) == (
+        delay,
+        5_000_000,
+        32,
+    )
     assert config.parameters["batching_policy"].string_value == "fixed-timeout"
     infer(client, "mlp", np.ones((3, 784), dtype=np.float32))
     stats = client.get_inference_statistics("mlp").model_stats[0]

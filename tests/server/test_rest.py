@@ -326,6 +326,17 @@ def test_config_statistics_and_index(client: httpclient.InferenceServerClient) -
     assert config["max_batch_size"] == 16
     assert config["input"] == [{"name": "image", "data_type": "TYPE_FP32", "dims": [784]}]
     assert config["dynamic_batching"]["max_queue_delay_microseconds"] == 2000
+    assert (config["dynamic_batching"]["priority_levels"], config["dynamic_batching"]["default_priority_level"]) == (
+        2,
+        2,
+    )
+    assert config["dynamic_batching"]["priority_queue_policy"]["1"] == {
+        "timeout_action": "DELAY",
+        "default_timeout_microseconds": 5_000_000,
+        "allow_timeout_override": True,
+        "max_queue_size": 32,
+    }
+    assert config["dynamic_batching"]["default_queue_policy"]["max_queue_size"] == 1024  # none of its own: the model's
     assert config["parameters"]["batching_policy"]["string_value"] == "fixed-timeout"
     parameters = client.get_model_config("mlp")["parameters"]
     assert sorted(w["batch"] for w in json.loads(parameters["workers"]["string_value"])) == [1, 1, 2, 4, 8, 16]
@@ -351,6 +362,7 @@ def test_metrics_endpoint(server: ServerHandle, client: httpclient.InferenceServ
         'adaserve_queue_duration_seconds_bucket{le="0.001",model="cnn",version="1"}',
         'adaserve_compute_duration_seconds_count{model="cnn",version="1"}',
         'adaserve_inflight_rows{model="cnn",version="1"}',
+        'adaserve_queue_delayed_requests_total{model="cnn",version="1"} 0.0',
     ):
         assert metric in text
 
