@@ -1,17 +1,19 @@
 """Priority under load: what Triton's `priority` parameter buys one class of requests, and what the others pay.
 
 One server serves the same ResNet-18-style CNN (3×64×64, seeded random weights, elastic batching, the default
-workers) twice: `resnet18_fifo` with priority off, arrival order, and `resnet18_priority` with
-`batching.priority_levels: 2`. Each load sends one Poisson schedule through `adaserve bench` (gRPC): a share of the
-requests carries `priority: 1`, the rest none (the lowest level). Both entries get the same schedule, the same mix
-and the same inputs, one after the other; per load the order alternates. The loads are fractions of the fifo
-entry's closed-loop capacity, measured first, the last above it (a backlog grows, which priority is for).
+workers) three times: `resnet18_fifo` with priority off, arrival order; `resnet18_priority` with
+`batching.priority_levels: 2`; and `resnet18_bounded`, the same with a queue policy for the low level (Triton's
+`priority_queue_policy`): a default timeout, after which a low request not yet started is refused. Each load sends
+one Poisson schedule through `adaserve bench` (gRPC): a share of the requests carries `priority: 1`, the rest none
+(the lowest level). Every entry gets the same schedule, the same mix and the same inputs, one after the other; per
+load the order rotates. The loads are fractions of the fifo entry's closed-loop capacity, measured first, the last
+above it (a backlog grows, which priority is for).
 
     .venv/bin/python -m benchmarks.priority             # ~3 minutes
     .venv/bin/python -m benchmarks.priority --quick     # ~1 minute, under results/tmp/
 
-Writes `results/priority.json` and `.png`: per load and entry, mean, p50 and p99 latency of each class, and the
-ratios priority / fifo.
+Writes `results/priority.json` and `.png`: per load and entry, mean, p50 and p99 latency of each class and the
+requests of each refused, and the ratios of each entry's figures to fifo's.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from adaserve.bench import BenchConfig, BenchResult, parse_workload, run_bench
+from adaserve.bench import BenchConfig, BenchResult, Status, parse_workload, run_bench
 from benchmarks.common import RESULTS, SCRATCH, command_line, figure, load_window, machine, wait_for_quiet, write_json
 from benchmarks.packrat.models import REFERENCES, export_model
 from benchmarks.packrat.serving import link_model
@@ -30,7 +32,15 @@ from tests.server_utils import running_server
 
 MODEL = "resnet18"
 MAX_BATCH = 16
-ENTRIES = {"fifo": {}, "priority": {"batching": {"priority_levels": 2}}}
+#: The low level's timeout in the bounded entry (microseconds): a low request not started by then is refused.
+LOW_TIMEOUT_US = 500_000
+ENTRIES: dict[str, dict[str, Any]] = {
+    "fifo": {},
+    "priority": {"batching": {"priority_levels": 2}},
+    "bounded": {
+        "batching": {"priority_levels": 2, "priority_queue_policy": {2: {"default_timeout_us": LOW_TIMEOUT_US}}}
+    },
+}
 HIGH, LOW = "0: high", "1: low"
 
 
@@ -62,7 +72,7 @@ def main() -> None:
         print(f"capacity of {MODEL}_fifo: {report['capacity_rps']:.1f} req/s", flush=True)
         for step, load in enumerate(args.loads):
             rate = round(load * report["capacity_rps"], 1)
-            order = list(ENTRIES) if step % 2 == 0 else list(reversed(ENTRIES))
+            order = list(ENTRIES)[step % len(ENTRIES) :] + list(ENTRIES)[: step % len(ENTRIES)]
             for entry in order:
                 run: dict[str, Any] = {"load": load, "rate_rps": rate, "entry": entry}
                 run["quiet"] = wait_for_quiet(args.quiet_s)
@@ -131,9 +141,10 @@ def _measure(result: BenchResult) -> dict[str, Any]:
         "valid": summary.valid,
         "problems": summary.problems,
     }
-    for name, stats in zip((HIGH, LOW), kinds, strict=True):
+    for index, (name, stats) in enumerate(zip((HIGH, LOW), kinds, strict=True)):
         measured[name] = {
             "count": stats.count,
+            "refused": sum(r.kind == index and r.status is not Status.OK for r in result.records),
             "mean_ms": stats.mean_ms,
             "p50_ms": stats.p50_ms,
             "p99_ms": stats.p99_ms,
@@ -143,19 +154,21 @@ def _measure(result: BenchResult) -> dict[str, Any]:
 
 
 def _compare(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per load: each class's mean and p99 with priority over without."""
+    """Per load: each class's mean and p99 under every entry, and each entry's over fifo's."""
     comparisons = []
     for load in dict.fromkeys(run["load"] for run in runs):
-        pair = {run["entry"]: run for run in runs if run["load"] == load}
-        row: dict[str, Any] = {"load": load, "rate_rps": pair["fifo"]["rate_rps"]}
+        entries = {run["entry"]: run for run in runs if run["load"] == load}
+        row: dict[str, Any] = {"load": load, "rate_rps": entries["fifo"]["rate_rps"]}
         for name in (HIGH, LOW, "all"):
             for figure_name in ("mean_ms", "p99_ms"):
-                fifo, priority = pair["fifo"][name][figure_name], pair["priority"][name][figure_name]
-                row[f"{name} {figure_name}"] = {
-                    "fifo": fifo,
-                    "priority": priority,
-                    "ratio": priority / fifo if fifo and priority is not None else None,
-                }
+                fifo = entries["fifo"][name][figure_name]
+                cell: dict[str, Any] = {entry: entries[entry][name][figure_name] for entry in ENTRIES}
+                for entry in list(ENTRIES)[1:]:
+                    value = cell[entry]
+                    cell[f"{entry}_ratio"] = value / fifo if fifo and value is not None else None
+                row[f"{name} {figure_name}"] = cell
+        for name in (HIGH, LOW):
+            row[f"{name} refused"] = {entry: entries[entry][name]["refused"] for entry in ENTRIES}
         comparisons.append(row)
     return comparisons
 
@@ -165,22 +178,26 @@ def _line(run: dict[str, Any]) -> str:
     return (
         f"{run['load']:.2f}× ({run['rate_rps']:7.1f}/s) {run['entry']:>8}: high mean {high['mean_ms']:8.2f} "
         f"p99 {high['p99_ms']:8.2f} | low mean {low['mean_ms']:8.2f} p99 {low['p99_ms']:8.2f} ms | "
-        f"errors {run['errors']}{'' if run['valid'] else ' NOT VALID'}"
+        f"refused {high['refused']} high, {low['refused']} low{'' if run['valid'] else ' NOT VALID'}"
     )
 
 
 def plot(report: dict[str, Any], output: Path) -> None:
-    """Per load, mean and p99 of each class, without and with priority."""
+    """Per load, mean and p99 of each class under each entry."""
     loads = [row["load"] for row in report["comparisons"]]
     fig = figure(11, 4)
+    labels = {"fifo": "arrival order", "priority": "priority on", "bounded": "priority, low level timed out"}
+    hatches = {"fifo": None, "priority": "//", "bounded": ".."}
     for column, figure_name in enumerate(("mean_ms", "p99_ms"), start=1):
         axes = fig.add_subplot(1, 2, column)
         positions = np.arange(len(loads))
-        bars = [(HIGH, "fifo"), (HIGH, "priority"), (LOW, "fifo"), (LOW, "priority")]
-        for offset, (name, entry) in zip((-0.3, -0.1, 0.1, 0.3), bars, strict=True):
+        bars = [(name, entry) for name in (HIGH, LOW) for entry in ENTRIES]
+        width = 0.8 / len(bars)
+        for index, (name, entry) in enumerate(bars):
             values = [row[f"{name} {figure_name}"][entry] or 0.0 for row in report["comparisons"]]
-            label = f"{name.split(': ')[1]} class, {'priority on' if entry == 'priority' else 'arrival order'}"
-            axes.bar(positions + offset, values, 0.2, label=label, hatch="//" if entry == "priority" else None)
+            offset = (index - (len(bars) - 1) / 2) * width
+            label = f"{name.split(': ')[1]} class, {labels[entry]}"
+            axes.bar(positions + offset, values, width, label=label, hatch=hatches[entry])
         axes.set_xticks(positions, [f"{load:.2f}× capacity" for load in loads])
         axes.set_ylabel(f"{figure_name.removesuffix('_ms')} latency (ms)")
         axes.set_yscale("log")
