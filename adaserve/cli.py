@@ -48,6 +48,7 @@ def _serve(args: argparse.Namespace) -> int:
         models=args.model or None,
         cache=cache,
         spare_hosts=args.spare_hosts if args.spare_hosts is not None else int(cache is not None),
+        repository_poll_s=args.repository_poll_secs,
     )
     uvloop.run(serve(options))
     return 0
@@ -204,6 +205,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=spare_hosts,
         help="model host processes kept started ahead of loads, Python and torch already imported, so a load "
         "skips that start (default: 1 with --model-memory-budget, where models load on demand; else 0)",
+    )
+    serve.add_argument(
+        "--repository-poll-secs",
+        type=positive_number,
+        help="Triton's poll mode: every so many seconds, load models added to the repository, reload those whose "
+        "config or newest version changed (no downtime), unload those removed (default: never)",
     )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.set_defaults(func=_serve)

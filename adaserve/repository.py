@@ -18,6 +18,8 @@ from adaserve.errors import ConfigError, ModelNotFoundError
 
 ARTIFACTS = {"model.pt2": "torch_export", "model.pt": "torchscript"}
 CONFIG_FILE = "config.yaml"
+#: `ModelRepository.fingerprint`: the config's (size, mtime), the newest version, and its files' (name, size, mtime).
+Fingerprint = tuple[tuple[int, int], str, tuple[tuple[str, int, int], ...]]
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,21 @@ class ModelRepository:
         version = versions[-1]
         artifact = _find_artifact(directory / str(version), config)
         return ModelSpec(config=config, version=version, artifact=artifact, versions=tuple(versions))
+
+    def fingerprint(self, name: str) -> Fingerprint | None:
+        """What on disk decides how `name` is served: its config file and the files of its newest version folder
+        (name, size and modification time of each). None when it is not a model of the repository now. Cheap
+        enough to take for every model every few seconds; the poller compares them (`engine/poller.py`)."""
+        directory = self.root / name
+        try:
+            config = (directory / CONFIG_FILE).stat()
+            versions = [int(p.name) for p in directory.iterdir() if p.is_dir() and p.name.isdigit()]
+            newest = directory / str(max(versions)) if versions else None
+            files = [] if newest is None else sorted((f.name, f.stat()) for f in newest.iterdir() if f.is_file())
+        except OSError:  # gone, or going, as it is read
+            return None
+        stats = (config.st_size, config.st_mtime_ns)
+        return (stats, newest.name if newest else "", tuple((f, st.st_size, st.st_mtime_ns) for f, st in files))
 
 
 def _is_file(path: Path) -> bool:

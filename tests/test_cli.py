@@ -75,9 +75,10 @@ def test_errors_are_plain_and_exit_non_zero(tmp_path: Path) -> None:
     assert "Traceback" not in taken_grpc.stderr, taken_grpc.stderr
     negative = adaserve("serve", "--spare-hosts", "-1")
     assert negative.returncode == 2 and "--spare-hosts" in negative.stderr and "0 or more" in negative.stderr
-    for bad in ("0", "-1", "soon", "inf"):
-        idle = adaserve("serve", "--http-idle-timeout", bad)
-        assert idle.returncode == 2 and f"--http-idle-timeout: expected a number above 0; got '{bad}'" in (idle.stderr)
+    for option in ("--http-idle-timeout", "--repository-poll-secs"):
+        for bad in ("0", "-1", "soon", "inf"):
+            refused = adaserve("serve", option, bad)
+            assert refused.returncode == 2 and f"{option}: expected a number above 0; got '{bad}'" in refused.stderr
 
 
 def test_ctrl_c_ends_a_command_with_a_line_not_a_traceback(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 import grpc
 from tritonclient.grpc import service_pb2_grpc
 
+from adaserve.engine.poller import RepositoryPoller
 from adaserve.engine.router import CacheSettings, ModelRouter
 from adaserve.errors import ConfigError
 from adaserve.repository import ModelRepository
@@ -39,6 +40,7 @@ class ServeOptions:
     models: list[str] | None = None  # None: every model in the repository (none under a memory budget)
     cache: CacheSettings | None = None  # mCache: a memory budget and an eviction policy
     spare_hosts: int = 0  # model host processes started ahead of loads (see HostLauncher)
+    repository_poll_s: float | None = None  # follow the repository on disk every so often (engine/poller.py)
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -110,9 +112,14 @@ async def serve(options: ServeOptions) -> None:
     await router.load_all(options.models)
     plane.started = True
     log.info("serving", extra={"models": [e.name for e in router.index() if e.state == "READY"]})
+    polling = None
+    if options.repository_poll_s is not None:
+        polling = loop.create_task(RepositoryPoller(router, options.models).run(options.repository_poll_s))
 
     await stopping.wait()
     log.info("stopping")
+    if polling is not None:
+        polling.cancel()  # no load may start now; one under way is the router's, which close() ends
     await asyncio.gather(http.stop(grace_s=5.0), grpc_server.stop(grace=5.0))
     await router.close()
     log.info("stopped")

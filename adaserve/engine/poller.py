@@ -1,0 +1,86 @@
+"""Triton's poll mode: follow the model repository on disk while serving.
+
+Every few seconds the poller takes each model's fingerprint (its config and its newest version's files,
+`ModelRepository.fingerprint`) and compares it with what it saw before. A model added is loaded, one whose config
+or newest version changed is reloaded (the router starts the new engine beside the old and swaps when it is ready,
+so requests keep being answered), one removed is unloaded. A change is acted on only once two polls in a row see
+it the same, so a model still being copied in is not loaded half-written. A load that fails is logged and the old
+engine, if any, keeps serving; the poller tries again when the files change again, not on every poll.
+
+Under a memory budget (mCache) models load on demand: a change reloads a model only if it is resident, and a new
+model waits for its first request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from adaserve.engine.router import ModelRouter
+from adaserve.errors import AdaserveError
+from adaserve.repository import Fingerprint
+
+log = logging.getLogger("adaserve.poller")
+
+#: A pending entry for a model that is gone: distinct from every fingerprint, and from "not seen yet".
+_GONE = "gone"
+
+
+class RepositoryPoller:
+    """Watches `names` (default: every model the repository holds, new ones included) for `router`."""
+
+    def __init__(self, router: ModelRouter, names: list[str] | None = None) -> None:
+        self.router = router
+        self.names = names
+        self._seen = self._scan()
+        self._pending: dict[str, Fingerprint | str] = {}  # a change seen once, acted on if the next poll agrees
+
+    async def run(self, interval_s: float) -> None:
+        """Poll every `interval_s` seconds until cancelled."""
+        while True:
+            await asyncio.sleep(interval_s)
+            await self.poll()
+
+    async def poll(self) -> list[str]:
+        """Compare the repository with what was seen, and load, reload or unload what settled since; the names
+        acted on."""
+        now = await asyncio.to_thread(self._scan)
+        acted = []
+        for name in sorted(set(now) | set(self._seen)):
+            current: Fingerprint | str = now.get(name, _GONE)
+            if current == self._seen.get(name, _GONE):
+                self._pending.pop(name, None)  # changed and changed back: nothing to do
+                continue
+            if self._pending.get(name) != current:
+                self._pending[name] = current  # first sight of this state: let it settle for one poll
+                continue
+            del self._pending[name]
+            if name in now:
+                self._seen[name] = now[name]
+            else:
+                self._seen.pop(name, None)
+            await self._apply(name, name in now)
+            acted.append(name)
+        return acted
+
+    def _scan(self) -> dict[str, Fingerprint]:
+        repository = self.router.repository
+        names = repository.names() if self.names is None else self.names
+        found = {name: repository.fingerprint(name) for name in names}
+        return {name: fingerprint for name, fingerprint in found.items() if fingerprint is not None}
+
+    async def _apply(self, name: str, present: bool) -> None:
+        resident = name in self.router.engines
+        try:
+            if not present:
+                if resident:
+                    log.info("model removed from the repository: unloading", extra={"model": name})
+                    await self.router.unload(name)
+            elif resident or self.router.cache is None:
+                log.info("model changed in the repository: loading", extra={"model": name, "reload": resident})
+                await self.router.load(name)
+        except AdaserveError as exc:
+            log.error(
+                "model failed to load from the repository; the old engine, if any, keeps serving",
+                extra={"model": name, "error": str(exc)},
+            )

@@ -1,0 +1,118 @@
+"""RepositoryPoller over a real router and real processes: what each change on disk does, one poll at a time."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from adaserve.engine.poller import RepositoryPoller
+from adaserve.engine.router import ModelRouter
+from adaserve.repository import ModelRepository
+from tests.server_utils import Spin, link_example, write_config, write_fussy_model
+
+ONE_WORKER = [{"batch": 4, "threads": 1}]
+
+
+def add_identity_version(directory: Path, version: int) -> None:
+    """A version of a fussy model (y = 2x) that answers y = x instead, so a test can tell which one serves."""
+    (directory / str(version)).mkdir()
+    torch.jit.save(torch.jit.script(Spin(1)), str(directory / str(version) / "model.pt"))
+
+
+def run_router(repository: Path, body: Callable[[ModelRouter], Awaitable[None]]) -> None:
+    """Run `body` on a router over `repository`, and close the router whatever happened."""
+
+    async def main() -> None:
+        router = ModelRouter(ModelRepository(repository))
+        try:
+            await body(router)
+        finally:
+            await router.close()
+
+    asyncio.run(main())
+
+
+async def settle(poller: RepositoryPoller) -> list[str]:
+    """Two polls: a change is acted on when the second sees it as the first did."""
+    assert await poller.poll() == []
+    return await poller.poll()
+
+
+def test_each_change_on_disk_is_followed_after_it_settles(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    link_example(tmp_path, "mlp", workers=ONE_WORKER)
+
+    async def body(router: ModelRouter) -> None:
+        await router.load_all()
+        poller = RepositoryPoller(router)
+        assert await poller.poll() == []  # nothing changed
+
+        fussy = write_fussy_model(tmp_path, workers=ONE_WORKER)  # added: loaded
+        assert await settle(poller) == ["fussy"]
+        x = np.ones((1, 4), dtype=np.float32)
+        assert (await router.engines["fussy"].infer([x], 1, {})).outputs[0].tolist() == [[2.0] * 4]
+
+        add_identity_version(fussy, 2)  # a newer version: reloaded, and it answers
+        assert await settle(poller) == ["fussy"]
+        engine = router.engines["fussy"]
+        assert engine.model.version == 2
+        assert (await engine.infer([x], 1, {})).outputs[0].tolist() == [[1.0] * 4]
+
+        (fussy / "config.yaml").write_text("max_batch_size: [not a number\n")  # broken: the old engine stays
+        with caplog.at_level(logging.ERROR, logger="adaserve.poller"):
+            assert await settle(poller) == ["fussy"]
+        (record,) = caplog.records
+        assert record.getMessage().startswith("model failed to load from the repository")
+        assert record.model == "fussy" and "max_batch_size" in record.error  # the cause, named
+        assert router.engines["fussy"] is engine
+        assert await poller.poll() == []  # not retried until the files change again
+
+        shutil.rmtree(fussy)  # removed: unloaded
+        assert await settle(poller) == ["fussy"]
+        assert "fussy" not in router.engines and list(router.engines) == ["mlp"]
+
+    run_router(tmp_path, body)
+
+
+def test_a_change_undone_before_it_settled_does_nothing_and_a_partial_copy_waits(tmp_path: Path) -> None:
+    link_example(tmp_path, "mlp", workers=ONE_WORKER)
+
+    async def body(router: ModelRouter) -> None:
+        await router.load("mlp")
+        poller = RepositoryPoller(router)
+        config = tmp_path / "mlp" / "config.yaml"
+        text = config.read_text()
+        config.write_text(text + "# edited\n")
+        assert await poller.poll() == []
+        config.write_text(text)
+        config.touch()  # the same text, but a new modification time: a change all the same
+        assert await poller.poll() == []  # it moved again: still settling
+        assert await poller.poll() == ["mlp"]
+
+        copying = tmp_path / "copying"  # a model still arriving: its config first, its version later
+        write_config(copying, {"inputs": [], "outputs": []})
+        assert await poller.poll() == []
+        (copying / "1").mkdir()
+        assert await poller.poll() == []  # it changed between the two polls: not acted on yet
+        assert "copying" not in router.engines
+
+    run_router(tmp_path, body)
+
+
+def test_only_the_named_models_are_watched(tmp_path: Path) -> None:
+    link_example(tmp_path, "mlp", workers=ONE_WORKER)
+
+    async def body(router: ModelRouter) -> None:
+        await router.load_all(["mlp"])
+        poller = RepositoryPoller(router, ["mlp"])
+        write_fussy_model(tmp_path, workers=ONE_WORKER)
+        assert await settle(poller) == []
+        assert list(router.engines) == ["mlp"]
+
+    run_router(tmp_path, body)
