@@ -428,8 +428,10 @@ class ModelEngine:
                 f"model '{self.model.name}' has {queued} rows queued (max_queue_size "
                 f"{self.model.config.max_queue_size}); retry later"
             )
+        if not level_bound:
+            return
         at_level = self.scheduler.rows_at(queue_rank(level)) + self.scheduler.rows_at(queue_rank(level, delayed=True))
-        if level_bound and at_level + rows > level_bound:
+        if at_level + rows > level_bound:
             self.stats.failures["overloaded"] += 1
             raise OverloadedError(
                 f"model '{self.model.name}' has {at_level} rows queued at priority level {level} (the queue "
