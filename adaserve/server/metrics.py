@@ -17,6 +17,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from adaserve.cache import ModelCache
 from adaserve.engine.processes import HostLauncher
 from adaserve.engine.router import ModelRouter
+from adaserve.engine.schedule_policy import queue_rank
 from adaserve.engine.stats import Histogram
 
 LABELS = ["model", "version"]
@@ -49,6 +50,11 @@ class EngineCollector:
         batches = CounterMetricFamily("adaserve_executed_batches", "Batches by executed size", labels=[*LABELS, "size"])
         inflight = GaugeMetricFamily("adaserve_inflight_rows", "Rows computing in workers now", labels=LABELS)
         queued = GaugeMetricFamily("adaserve_queued_rows", "Rows waiting in the input pool now", labels=LABELS)
+        queued_by_level = GaugeMetricFamily(
+            "adaserve_queued_rows_by_priority_level",
+            "Rows waiting now at each priority level, delayed ones included (models with priority_levels)",
+            labels=[*LABELS, "level"],
+        )
         planned = GaugeMetricFamily(
             "adaserve_worker_set_batch", "Batch size B the running worker set was planned for (Packrat)", labels=LABELS
         )
@@ -85,11 +91,14 @@ class EngineCollector:
                 batches.add_metric([*labels, str(size)], count)
             inflight.add_metric(labels, engine.scheduler.inflight)
             queued.add_metric(labels, engine.scheduler.ready)
+            for level in range(1, engine.model.config.batching.priority_levels + 1):
+                ranks = (queue_rank(level), queue_rank(level, delayed=True))
+                queued_by_level.add_metric([*labels, str(level)], sum(engine.scheduler.rows_at(r) for r in ranks))
             for name_, (_, attribute) in histograms.items():
                 histogram: Histogram = getattr(stats, attribute)
                 histogram_families[name_].add_metric(labels, _buckets(histogram), histogram.total)
         yield from families.values()
-        yield from (failures, batches, inflight, queued, planned, workers)
+        yield from (failures, batches, inflight, queued, queued_by_level, planned, workers)
         yield from histogram_families.values()
         yield from self._early_exit()
 
