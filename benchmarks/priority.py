@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from adaserve.bench import BenchConfig, BenchResult, Status, parse_workload, run_bench
+from adaserve.bench import BenchConfig, BenchResult, parse_workload, run_bench
 from benchmarks.common import RESULTS, SCRATCH, command_line, figure, load_window, machine, wait_for_quiet, write_json
 from benchmarks.packrat.models import REFERENCES, export_model
 from benchmarks.packrat.serving import link_model
@@ -141,10 +141,11 @@ def _measure(result: BenchResult) -> dict[str, Any]:
         "valid": summary.valid,
         "problems": summary.problems,
     }
+    refused = list(summary.failed_per_kind.values())
     for index, (name, stats) in enumerate(zip((HIGH, LOW), kinds, strict=True)):
         measured[name] = {
             "count": stats.count,
-            "refused": sum(r.kind == index and r.status is not Status.OK for r in result.records),
+            "refused": refused[index],
             "mean_ms": stats.mean_ms,
             "p50_ms": stats.p50_ms,
             "p99_ms": stats.p99_ms,

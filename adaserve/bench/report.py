@@ -37,7 +37,9 @@ def format_summary(result: BenchResult) -> str:
     ]
     if len(s.per_model) > 1:
         rows += [(f"  {model}", _latency(stats)) for model, stats in s.per_model.items()]
-    rows += [(f"  {kind}", _latency(stats)) for kind, stats in s.per_kind.items()]
+    for kind, stats in s.per_kind.items():
+        failed = s.failed_per_kind.get(kind, 0)
+        rows.append((f"  {kind}", _latency(stats) + (f"; {failed} not answered" if failed else "")))
     if s.errors_by_kind:
         rows.append(("errors", ", ".join(f"{kind} {n}" for kind, n in s.errors_by_kind.items())))
     cpu = f"{g.cpu_per_request_us:.0f} µs CPU/request" if g.cpu_per_request_us is not None else "no request sent"

@@ -91,6 +91,7 @@ class Summary(msgspec.Struct, kw_only=True):
     valid: bool
     problems: list[str]
     per_kind: dict[str, LatencyStats] = {}  # by the workload's request kinds, when it lists more than one
+    failed_per_kind: dict[str, int] = {}  # the same kinds' requests not answered (errors, not sent, cancelled)
 
 
 class Machine(msgspec.Struct, kw_only=True):

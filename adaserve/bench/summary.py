@@ -87,6 +87,12 @@ def summarize(
         }
         if len(kinds) > 1
         else {},
+        failed_per_kind={
+            f"{index}: {label}": sum(r.kind == index and r.status is not Status.OK for r in records)
+            for index, label in enumerate(kinds)
+        }
+        if len(kinds) > 1
+        else {},
     )
 
 

@@ -11,6 +11,7 @@ from adaserve.bench.compare import compare, format_comparison, workload_differen
 from adaserve.bench.plots import plot_all
 from adaserve.bench.report import format_summary, write_report
 from adaserve.bench.results import BenchResult, ResultError, Status, read_result
+from adaserve.bench.summary import summarize
 from tests.bench.factories import record, result
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -55,6 +56,26 @@ def test_summary_table_names_every_figure() -> None:
         "verdict     valid",
     ):
         assert words in text
+
+
+def test_summary_table_gives_each_request_kind_its_latency_and_what_it_lost() -> None:
+    run = _run(10.0)
+    for r in run.records:
+        r.kind = r.id % 2  # the refused request (id 40) is of kind 0
+    run.summary = summarize(
+        run.records,
+        open_loop=True,
+        asked_requests=20.0,
+        window_s=2.0,
+        cpu_s=0.01,
+        wall_s=2.0,
+        max_lateness_ms=10.0,
+        kinds=["mlp priority=1", "mlp"],
+    )
+    lines = format_summary(run).splitlines()
+    (first,) = [line for line in lines if line.strip().startswith("0: mlp priority=1")]
+    (second,) = [line for line in lines if line.strip().startswith("1: mlp ")]
+    assert first.endswith("; 1 not answered") and "not answered" not in second
 
 
 def test_unreadable_results_are_refused(tmp_path: Path) -> None:

@@ -104,4 +104,15 @@ def test_latency_per_request_kind_when_the_workload_lists_several() -> None:
     assert set(summary.per_kind) == {"0: mlp priority=1", "1: mlp"}
     assert summary.per_kind["0: mlp priority=1"].mean_ms == 1.0 and summary.per_kind["1: mlp"].mean_ms == 9.0
     assert summary.per_kind["1: mlp"].count == 5
+    assert summary.failed_per_kind == {"0: mlp priority=1": 0, "1: mlp": 0}
     assert _summary(records, kinds=["mlp"]).per_kind == {}
+
+
+def test_requests_not_answered_are_counted_per_request_kind() -> None:
+    """A refused request (a 503 of a level's queue policy, say) counts against its own kind, not only overall."""
+    records = [record(i, i * 0.1, status=Status.ERROR if i in (1, 3, 4) else Status.OK) for i in range(6)]
+    for r in records:
+        r.kind = r.id % 2
+    summary = _summary(records, kinds=["mlp priority=1", "mlp"])
+    assert summary.failed_per_kind == {"0: mlp priority=1": 1, "1: mlp": 2}
+    assert summary.per_kind["1: mlp"].count == 1 and summary.errors == 3
