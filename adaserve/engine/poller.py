@@ -36,10 +36,14 @@ class RepositoryPoller:
         self._pending: dict[str, Fingerprint | str] = {}  # a change seen once, acted on if the next poll agrees
 
     async def run(self, interval_s: float) -> None:
-        """Poll every `interval_s` seconds until cancelled."""
+        """Poll every `interval_s` seconds until cancelled. A poll that fails (the repository folder gone or
+        unreadable for a while) is logged, and the next one tries again: the models loaded keep serving."""
         while True:
             await asyncio.sleep(interval_s)
-            await self.poll()
+            try:
+                await self.poll()
+            except OSError as exc:
+                log.error("cannot read the model repository; trying again next poll", extra={"error": str(exc)})
 
     async def poll(self) -> list[str]:
         """Compare the repository with what was seen, and load, reload or unload what settled since; the names

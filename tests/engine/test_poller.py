@@ -116,3 +116,33 @@ def test_only_the_named_models_are_watched(tmp_path: Path) -> None:
         assert list(router.engines) == ["mlp"]
 
     run_router(tmp_path, body)
+
+
+def test_a_repository_that_goes_away_for_a_while_is_logged_and_followed_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    repository = tmp_path / "models"
+    link_example(repository, "mlp", workers=ONE_WORKER)
+
+    async def body(router: ModelRouter) -> None:
+        await router.load("mlp")
+        poller = RepositoryPoller(router)
+        polling = asyncio.get_running_loop().create_task(poller.run(0.02))
+        aside = tmp_path / "aside"
+        with caplog.at_level(logging.ERROR, logger="adaserve.poller"):
+            repository.rename(aside)  # unmounted, say
+            for _ in range(500):
+                if caplog.records:
+                    break
+                await asyncio.sleep(0.02)
+            aside.rename(repository)
+        assert caplog.records[0].getMessage().startswith("cannot read the model repository")
+        write_fussy_model(repository, workers=ONE_WORKER)
+        for _ in range(1000):
+            if "fussy" in router.engines:
+                break
+            await asyncio.sleep(0.02)
+        assert not polling.done() and sorted(router.engines) == ["fussy", "mlp"]
+        polling.cancel()
+
+    run_router(repository, body)
