@@ -126,7 +126,7 @@ def _models_list(args: argparse.Namespace) -> int:
         config = spec.config
         inputs = ", ".join(f"{t.name}:{t.datatype}{list(t.shape)}" for t in config.inputs)
         print(
-            f"{name}\tv{spec.version}\t{spec.platform}\tmax_batch={config.max_batch_size}\t"
+            f"{name}\tv{','.join(map(str, spec.served))}\t{spec.platform}\tmax_batch={config.max_batch_size}\t"
             f"policy={config.batching.policy}\tinputs={inputs}"
         )
     return 0

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 import numpy as np
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from adaserve.errors import ConfigError
 
@@ -174,6 +174,41 @@ class BatchingSpec(_Strict):
         if unknown:
             raise ValueError(f"level {unknown[0]} is not one of the {levels} priority_levels")
         return value
+
+
+class VersionPolicySpec(_Strict):
+    """Triton's version_policy: which of the model's version folders are served at once. At most one of the three;
+    none: the newest version alone (Triton's default, `latest: 1`)."""
+
+    latest: int | None = Field(default=None, ge=1, description="the newest N versions")
+    all: bool = Field(default=False, description="every version folder")
+    specific: tuple[int, ...] | None = Field(default=None, min_length=1, description="these versions")
+
+    @model_validator(mode="after")
+    def _one_policy(self) -> VersionPolicySpec:
+        named = [name for name in ("latest", "all", "specific") if getattr(self, name)]
+        if len(named) > 1:
+            raise ValueError(f"name one of latest, all and specific, not {' and '.join(named)}")
+        return self
+
+    @property
+    def several(self) -> bool:
+        """Whether it may serve more than one version."""
+        return self.all or (self.latest or 1) > 1 or len(self.specific or ()) > 1
+
+    def pick(self, versions: tuple[int, ...]) -> tuple[int, ...]:
+        """The served versions, ascending, of the version folders `versions` (ascending). ValueError naming the
+        versions a `specific` policy asks for that have no folder."""
+        if self.all:
+            return versions
+        if self.specific is not None:
+            missing = sorted(set(self.specific) - set(versions))
+            if missing:
+                raise ValueError(
+                    f"version_policy names versions {missing} that have no folder (found {list(versions)})"
+                )
+            return tuple(sorted(set(self.specific)))
+        return versions[-(self.latest or 1) :]
 
 
 class PackratSpec(_Strict):
@@ -345,6 +380,11 @@ class ModelConfig(_Strict):
     caches: LearnedCachesSpec | None = Field(
         default=None, description="GATI learned caches (early exit); absent: the model always runs whole"
     )
+    version_policy: VersionPolicySpec = Field(
+        default=VersionPolicySpec(),
+        description="which versions are served at once (Triton's): {latest: N}, {all: true} or {specific: [..]}; "
+        "default the newest alone",
+    )
     cuda_graphs: bool = Field(
         default=True,
         description="device cuda: each worker replays its model as CUDA graphs captured at start, one per power of "
@@ -367,6 +407,16 @@ class ModelConfig(_Strict):
                 "the request's `accuracy` parameter"
             )
         return caches
+
+    @field_validator("version_policy")
+    @classmethod
+    def _one_version_for_adaptation(cls, policy: VersionPolicySpec, info: ValidationInfo) -> VersionPolicySpec:
+        if policy.several and (info.data.get("caches") is not None or info.data.get("activator") is not None):
+            raise ValueError(
+                "learned caches and node activators are built for one version of a model: serve one version "
+                "(the default) with them"
+            )
+        return policy
 
     @field_validator("max_queue_size")
     @classmethod

@@ -18,8 +18,9 @@ from adaserve.errors import ConfigError, ModelNotFoundError
 
 ARTIFACTS = {"model.pt2": "torch_export", "model.pt": "torchscript"}
 CONFIG_FILE = "config.yaml"
-#: `ModelRepository.fingerprint`: the config's (size, mtime), the newest version, and its files' (name, size, mtime).
-Fingerprint = tuple[tuple[int, int], str, tuple[tuple[str, int, int], ...]]
+#: `ModelRepository.fingerprint`: the config's (size, mtime), then each version folder's name and its files' (name,
+#: size, mtime).
+Fingerprint = tuple[tuple[int, int], tuple[tuple[str, tuple[tuple[str, int, int], ...]], ...]]
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,8 @@ class ModelSpec:
     config: ModelConfig
     version: int
     artifact: Path
-    versions: tuple[int, ...]  # every version on disk; the newest is served
+    versions: tuple[int, ...]  # every version on disk
+    served: tuple[int, ...] = ()  # the versions the config's version_policy serves, ascending
 
     @property
     def name(self) -> str:
@@ -55,34 +57,47 @@ class ModelRepository:
     def names(self) -> list[str]:
         return sorted(p.name for p in self.root.iterdir() if (p / CONFIG_FILE).is_file())
 
-    def read(self, name: str) -> ModelSpec:
-        """Validate one model's config and find its newest version; ConfigError names what is wrong."""
+    def read(self, name: str, version: int | None = None) -> ModelSpec:
+        """Validate one model's config and find `version` (default: the newest its version_policy serves);
+        ConfigError names what is wrong."""
         directory = self.root / name
         if "/" in name or name.startswith(".") or not _is_file(directory / CONFIG_FILE):
             raise ModelNotFoundError(f"no model named '{name}' in repository {self.root}")
         config = load_config(directory / CONFIG_FILE, name=name)
         _check_cpus(config, directory / CONFIG_FILE)
-        versions = sorted(int(p.name) for p in directory.iterdir() if p.is_dir() and p.name.isdigit())
+        versions = tuple(sorted(int(p.name) for p in directory.iterdir() if p.is_dir() and p.name.isdigit()))
         if not versions:
             raise ConfigError(f"{directory}: no version folder (expected {directory}/1/model.pt2 or model.pt)")
-        version = versions[-1]
+        try:
+            served = config.version_policy.pick(versions)
+        except ValueError as exc:
+            raise ConfigError(f"{directory / CONFIG_FILE}: field 'version_policy': {exc}") from None
+        version = served[-1] if version is None else version
+        if version not in served:
+            raise ConfigError(f"{directory}: version {version} is not one its version_policy serves ({list(served)})")
         artifact = _find_artifact(directory / str(version), config)
-        return ModelSpec(config=config, version=version, artifact=artifact, versions=tuple(versions))
+        return ModelSpec(config=config, version=version, artifact=artifact, versions=versions, served=served)
 
     def fingerprint(self, name: str) -> Fingerprint | None:
-        """What on disk decides how `name` is served: its config file and the files of its newest version folder
-        (name, size and modification time of each). None when it is not a model of the repository now. Cheap
-        enough to take for every model every few seconds; the poller compares them (`engine/poller.py`)."""
+        """What on disk decides how `name` is served: its config file and the files of its version folders (name,
+        size and modification time of each). None when it is not a model of the repository now. Cheap enough to
+        take for every model every few seconds; the poller compares them (`engine/poller.py`)."""
         directory = self.root / name
         try:
             config = (directory / CONFIG_FILE).stat()
-            versions = [int(p.name) for p in directory.iterdir() if p.is_dir() and p.name.isdigit()]
-            newest = directory / str(max(versions)) if versions else None
-            files = [] if newest is None else sorted((f.name, f.stat()) for f in newest.iterdir() if f.is_file())
+            folders = sorted(
+                (p for p in directory.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name)
+            )
+            versions = tuple((folder.name, _files(folder)) for folder in folders)
         except OSError:  # gone, or going, as it is read
             return None
-        stats = (config.st_size, config.st_mtime_ns)
-        return (stats, newest.name if newest else "", tuple((f, st.st_size, st.st_mtime_ns) for f, st in files))
+        return (config.st_size, config.st_mtime_ns), versions
+
+
+def _files(folder: Path) -> tuple[tuple[str, int, int], ...]:
+    """(name, size, modification time) of each file in `folder`, by name."""
+    stats = ((f.name, f.stat()) for f in folder.iterdir() if f.is_file())
+    return tuple(sorted((name, st.st_size, st.st_mtime_ns) for name, st in stats))
 
 
 def _is_file(path: Path) -> bool:

@@ -153,6 +153,13 @@ def test_without_a_directory_name_the_file_must_name_the_model(tmp_path: Path) -
             "batching.default_queue_policy.timeout_action",
             "'reject' or 'delay'",
         ),
+        (minimal(version_policy={"latest": 2, "all": True}), "version_policy", "name one of latest, all and specific"),
+        (minimal(version_policy={"latest": 0}), "version_policy.latest", "greater than or equal to 1"),
+        (
+            minimal(version_policy={"all": True}, caches={}),
+            "version_policy",
+            "learned caches and node activators are built for one version of a model",
+        ),
     ],
     ids=[
         "unknown-field",
@@ -179,6 +186,9 @@ def test_without_a_directory_name_the_file_must_name_the_model(tmp_path: Path) -
         "queue-policy-of-an-unknown-level",
         "queue-policy-without-levels",
         "queue-policy-action",
+        "version-policy-two-forms",
+        "version-policy-latest-zero",
+        "version-policy-with-caches",
     ],
 )
 def test_error_names_file_field_and_problem(tmp_path: Path, content: dict[str, Any], field: str, problem: str) -> None:

@@ -84,6 +84,28 @@ def test_read_picks_the_newest_numeric_version(root: Path) -> None:
     assert spec.config.max_batch_size == 4
 
 
+@pytest.mark.parametrize(
+    ("policy", "served"),
+    [(None, (10,)), ({"latest": 2}, (2, 10)), ({"all": True}, (1, 2, 10)), ({"specific": [2, 1]}, (1, 2))],
+)
+def test_the_version_policy_picks_the_versions_served(root: Path, policy: Any, served: tuple[int, ...]) -> None:
+    """Triton's version_policy; the default spec is the newest version served, and each served one can be read."""
+    add_model(root, "mlp", versions=(1, 2, 10), **({"version_policy": policy} if policy else {}))
+    repository = ModelRepository(root)
+    spec = repository.read("mlp")
+    assert (spec.served, spec.version) == (served, served[-1])
+    assert [repository.read("mlp", v).artifact.parent.name for v in served] == [str(v) for v in served]
+
+
+def test_a_version_the_policy_does_not_serve_or_that_has_no_folder_is_refused_by_name(root: Path) -> None:
+    add_model(root, "mlp", versions=(1, 2))
+    with pytest.raises(ConfigError, match=r"version 1 is not one its version_policy serves \(\[2\]\)"):
+        ModelRepository(root).read("mlp", 1)
+    add_model(root, "pinned", versions=(1, 2), version_policy={"specific": [2, 3]})
+    with pytest.raises(ConfigError, match=r"field 'version_policy': version_policy names versions \[3\] that have no"):
+        ModelRepository(root).read("pinned")
+
+
 def test_torchscript_artifact_sets_the_platform(root: Path) -> None:
     directory = add_model(root, "ts", artifact="model.pt")
     spec = ModelRepository(root).read("ts")

@@ -1,11 +1,12 @@
 """Triton's poll mode: follow the model repository on disk while serving.
 
-Every few seconds the poller takes each model's fingerprint (its config and its newest version's files,
+Every few seconds the poller takes each model's fingerprint (its config and its version folders' files,
 `ModelRepository.fingerprint`) and compares it with what it saw before. A model added is loaded, one whose config
-or newest version changed is reloaded (the router starts the new engine beside the old and swaps when it is ready,
-so requests keep being answered), one removed is unloaded. A change is acted on only once two polls in a row see
-it the same, so a model still being copied in is not loaded half-written. A load that fails is logged and the old
-engine, if any, keeps serving; the poller tries again when the files change again, not on every poll.
+or versions changed is reloaded (the router starts the new engines beside the old and swaps when they are ready,
+so requests keep being answered; the config's version_policy says which versions), one removed is unloaded. A
+change is acted on only once two polls in a row see it the same, so a model still being copied in is not loaded
+half-written. A load that fails is logged and the old engine, if any, keeps serving; the poller tries again when
+the files change again, not on every poll.
 
 Under a memory budget (mCache) models load on demand: a change reloads a model only if it is resident, and a new
 model waits for its first request.

@@ -5,10 +5,12 @@ the repository extension's load/unload. With one (mCache), every model of the re
 those that fit are resident: a request for another loads it on demand and the cache's eviction policy picks what
 makes room (`adaserve.cache`); a model is pinned while a request uses it, so it is never evicted mid-request.
 
-A reload starts the new version beside the old one and swaps only when it is ready, so a reload never interrupts
-serving. A model that fails to load is recorded with its reason; the others keep serving. A load or unload runs to
-its end even when its caller stops waiting (the client hung up, a gRPC deadline passed), as Triton's do: cut off
-half-way, it would leave a host process that no engine owns.
+A model has an engine for each version its config's version_policy serves (by default the newest alone); a request
+that names no version goes to the newest served. A reload starts the new engines beside the old ones and swaps them
+all in only when every one is ready, so a reload never interrupts serving. A model that fails to load is recorded
+with its reason; the others keep serving. A load or unload runs to its end even when its caller stops waiting (the
+client hung up, a gRPC deadline passed), as Triton's do: cut off half-way, it would leave a host process that no
+engine owns.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ class ModelRouter:
         """`spare_hosts`: model host processes kept started ahead of loads (`HostLauncher`)."""
         self.repository = repository
         self.hosts = HostLauncher(spare_hosts)
-        self._engines: dict[str, ModelEngine] = {}
+        self._served: dict[str, dict[int, ModelEngine]] = {}  # name → version → engine, each version served
         self._errors: dict[str, str] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._operations: set[asyncio.Task[None]] = set()  # loads, unloads and reloads, each in a task of its own
@@ -92,19 +94,26 @@ class ModelRouter:
 
     def check_servable(self, name: str, version: str = "") -> None:
         """Fail fast (404 / 503) before a request body is decoded: the model is ready, or the cache can load it."""
-        if self.cache is None or name in self._engines:
+        if self.cache is None or name in self._served:
             self.ready_engine(name, version)
             return
-        spec = self.spec(name, version)
-        if version and version != str(spec.version):
-            raise ModelNotReadyError(f"model '{name}' version {version} is not served (it serves {spec.version})")
+        self.spec(name, version)
 
     def spec(self, name: str, version: str = "") -> ModelSpec:
         """What a model is (config, version), whether or not it is resident now."""
-        if self.cache is None or name in self._engines:
+        if self.cache is None or name in self._served:
             return self.engine(name, version).model
         self._check_known(name)
-        return self.repository.read(name)
+        newest = self.repository.read(name)
+        if not version or version == str(newest.version):
+            return newest
+        if not version.isdigit() or int(version) not in newest.versions:
+            raise ModelNotFoundError(f"unknown version '{version}' of model '{name}'")
+        if int(version) not in newest.served:
+            raise ModelNotReadyError(
+                f"model '{name}' version {version} is not served (its version_policy serves {list(newest.served)})"
+            )
+        return self.repository.read(name, int(version))
 
     async def load(self, name: str) -> None:
         """Load or reload a model from the repository; raises ConfigError / ModelNotFoundError with the cause.
@@ -114,25 +123,32 @@ class ModelRouter:
         await asyncio.shield(self._operation(self._load(name)))
 
     async def _load(self, name: str) -> None:
-        if self.cache is not None and name not in self._engines:
+        if self.cache is not None and name not in self._served:
             self._check_known(name)
             async with self.cache.use(name):
                 return
         await self._start(name)
 
     async def _start(self, name: str) -> None:
+        """Start an engine for each version the model's version_policy serves, then swap them in for the old ones
+        together; if one fails, none is swapped in and the ones started stop."""
         async with self._lock(name):
+            started: dict[int, ModelEngine] = {}
             try:
-                spec = self.repository.read(name)
-                engine = ModelEngine(spec, reload=lambda: self._reload_soon(name), hosts=self.hosts)
-                await engine.start()
-            except AdaserveError as exc:
-                self._errors[name] = str(exc)
+                newest = self.repository.read(name)
+                for version in newest.served:
+                    spec = newest if version == newest.version else self.repository.read(name, version)
+                    engine = ModelEngine(spec, reload=lambda: self._reload_soon(name), hosts=self.hosts)
+                    await engine.start()  # a start that fails stops what it started
+                    started[version] = engine
+            except BaseException as exc:
+                await asyncio.gather(*(engine.stop(drain_timeout_s=0) for engine in started.values()))
+                if isinstance(exc, AdaserveError):
+                    self._errors[name] = str(exc)
                 raise
             self._errors.pop(name, None)
-            old, self._engines[name] = self._engines.get(name), engine
-            if old is not None:
-                await old.stop()
+            old, self._served[name] = self._served.get(name, {}), started
+            await asyncio.gather(*(engine.stop() for engine in old.values()))
 
     def _reload_soon(self, name: str) -> None:
         """Load the model again in a task of the router's own (the engine asking is the one being replaced)."""
@@ -166,7 +182,7 @@ class ModelRouter:
         await asyncio.shield(self._operation(self._unload(name)))
 
     async def _unload(self, name: str) -> None:
-        if name not in self._engines:
+        if name not in self._served:
             self._check_known(name)
         await self._stop(name)
         self._errors.pop(name, None)
@@ -177,15 +193,14 @@ class ModelRouter:
         """Stop the model's engine, if it has one: an unload through the API and the cache's eviction of the same
         model may both come to stop it."""
         async with self._lock(name):
-            engine = self._engines.pop(name, None)
-            if engine is not None:
-                await engine.stop()
+            engines = self._served.pop(name, {})
+            await asyncio.gather(*(engine.stop() for engine in engines.values()))
 
     # -- the cache's view of a model: load and measure, unload, size before the first load -------------------
     async def _load_resident(self, name: str) -> Loaded:
         await self._start(name)
-        engine = self._engines[name]
-        return Loaded(engine.memory_bytes, engine.host_wait_s)
+        engines = self._served[name].values()
+        return Loaded(sum(e.memory_bytes for e in engines), max(e.host_wait_s for e in engines))
 
     async def _unload_resident(self, name: str) -> None:
         await self._stop(name)
@@ -203,23 +218,28 @@ class ModelRouter:
         for task in operations:
             task.cancel()  # a load must not start an engine after the server has stopped
         await asyncio.gather(*operations, return_exceptions=True)  # each stops what it had started
-        engines, self._engines = list(self._engines.values()), {}
+        engines, self._served = self.all_engines(), {}
         await asyncio.gather(*(engine.stop(drain_timeout_s=5.0) for engine in engines))
         await self.hosts.close()
 
     def engine(self, name: str, version: str = "") -> ModelEngine:
-        """The engine serving `name` (and `version`, when one is asked for)."""
-        engine = self._engines.get(name)
-        if engine is None:
+        """The engine serving `name` at `version`; with no version asked for, the newest version served."""
+        served = self._served.get(name)
+        if served is None:
             if name in self._errors:
                 raise ModelNotReadyError(f"model '{name}' is not loaded: {self._errors[name]}")
             if name in self.repository.names():
                 raise ModelNotReadyError(f"model '{name}' is not loaded; load it through the repository API")
             raise ModelNotFoundError(f"unknown model '{name}'")
-        if version and version != str(engine.model.version):
-            if version.isdigit() and int(version) in engine.model.versions:
+        if not version:
+            return served[max(served)]
+        engine = served.get(int(version)) if version.isdigit() else None
+        if engine is None:
+            newest = served[max(served)]
+            if version.isdigit() and int(version) in newest.model.versions:
                 raise ModelNotReadyError(
-                    f"model '{name}' version {version} is not loaded (serving version {engine.model.version})"
+                    f"model '{name}' version {version} is not loaded (serving versions {sorted(served)}; the "
+                    "config's version_policy picks them)"
                 )
             raise ModelNotFoundError(f"unknown version '{version}' of model '{name}'")
         return engine
@@ -232,14 +252,25 @@ class ModelRouter:
 
     @property
     def engines(self) -> dict[str, ModelEngine]:
-        return dict(self._engines)
+        """Each loaded model's engine for requests that name no version: its newest version served."""
+        return {name: served[max(served)] for name, served in self._served.items()}
+
+    def served_engines(self, name: str) -> list[ModelEngine]:
+        """The engines of every version `name` serves, oldest first; the errors of `engine` when it is not loaded."""
+        self.engine(name)
+        served = self._served[name]
+        return [served[version] for version in sorted(served)]
+
+    def all_engines(self) -> list[ModelEngine]:
+        """Every engine, each version served of each model."""
+        return [engine for served in self._served.values() for engine in served.values()]
 
     def index(self) -> list[IndexEntry]:
         entries = []
-        for name in sorted(set(self.repository.names()) | set(self._engines)):
-            engine = self._engines.get(name)
-            if engine is not None:
-                entries.append(IndexEntry(name, str(engine.model.version), engine.state.value, ""))
+        for name in sorted(set(self.repository.names()) | set(self._served)):
+            served = self._served.get(name)
+            if served:
+                entries += [IndexEntry(name, str(v), served[v].state.value, "") for v in sorted(served)]
             else:
                 idle = "not resident: loaded on its next request" if self.cache is not None else "unloaded"
                 entries.append(IndexEntry(name, "", "UNAVAILABLE", self._errors.get(name, idle)))

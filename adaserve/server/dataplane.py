@@ -39,7 +39,7 @@ class DataPlane:
         return True
 
     def ready(self) -> bool:
-        return self.started and all(e.state is EngineState.READY for e in self.router.engines.values())
+        return self.started and all(e.state is EngineState.READY for e in self.router.all_engines())
 
     def metadata(self) -> dict[str, Any]:
         """`{"name": ..., "version": ..., "extensions": [...]}`."""
@@ -63,7 +63,7 @@ class DataPlane:
         config = model.config
         return {
             "name": name,
-            "versions": [str(model.version)],
+            "versions": [str(v) for v in model.served],
             "platform": model.platform,
             "inputs": [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in config.inputs],
             "outputs": [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in config.outputs],
@@ -75,8 +75,14 @@ class DataPlane:
         return triton_config(engine)
 
     def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
-        """Triton's statistics extension: `{"model_stats": [...]}` for one model or all loaded models."""
-        engines = [self.router.engine(name, version)] if name else list(self.router.engines.values())
+        """Triton's statistics extension: `{"model_stats": [...]}` for one version of a model, every version it
+        serves, or every loaded model."""
+        if not name:
+            engines = self.router.all_engines()
+        elif version:
+            engines = [self.router.engine(name, version)]
+        else:
+            engines = self.router.served_engines(name)
         return {"model_stats": [model_statistics(engine) for engine in engines]}
 
     def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
@@ -186,6 +192,7 @@ def triton_config(engine: ModelEngine) -> dict[str, Any]:
         "platform": engine.model.platform,
         "backend": "adaserve",
         "max_batch_size": config.max_batch_size,
+        "version_policy": version_policy_document(config),
         "input": [
             {"name": t.name, "data_type": f"TYPE_{t.datatype}", "dims": list(t.row_shape)} for t in config.inputs
         ],
@@ -206,6 +213,17 @@ def triton_config(engine: ModelEngine) -> dict[str, Any]:
     }
     document["dynamic_batching"] = dynamic_batching_document(config)
     return document
+
+
+def version_policy_document(config: ModelConfig) -> dict[str, Any]:
+    """The version policy in Triton's form: `{"latest": {"num_versions": N}}`, `{"all": {}}` or `{"specific":
+    {"versions": [...]}}`."""
+    policy = config.version_policy
+    if policy.all:
+        return {"all": {}}
+    if policy.specific is not None:
+        return {"specific": {"versions": list(policy.specific)}}
+    return {"latest": {"num_versions": policy.latest or 1}}
 
 
 def dynamic_batching_document(config: ModelConfig) -> dict[str, Any]:

@@ -70,8 +70,8 @@ class EngineCollector:
             name: HistogramMetricFamily(f"adaserve_{name}", text, labels=LABELS)
             for name, (text, _) in histograms.items()
         }
-        for name, engine in self.router.engines.items():
-            labels = [name, str(engine.model.version)]
+        for engine in self.router.all_engines():
+            labels = [engine.model.name, str(engine.model.version)]
             stats = engine.stats
             families["inference_request_success"].add_metric(labels, stats.success.count)
             families["inference_request_failure"].add_metric(labels, stats.fail.count + stats.failures["overloaded"])
@@ -129,10 +129,10 @@ class EngineCollector:
         retrain_s = GaugeMetricFamily(
             "adaserve_early_exit_retrain_seconds", "The last cache retraining's duration", labels=LABELS
         )
-        for name, engine in self.router.engines.items():
+        for engine in self.router.all_engines():
             if engine.early_exit is None:
                 continue
-            labels, stats = [name, str(engine.model.version)], engine.stats.early_exit
+            labels, stats = [engine.model.name, str(engine.model.version)], engine.stats.early_exit
             for exit_block, count in stats.lookups.items():
                 lookups.add_metric([*labels, exit_block], count)
                 hits.add_metric([*labels, exit_block], stats.hits[exit_block])
