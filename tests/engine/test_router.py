@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from adaserve.engine.router import ModelRouter
+from adaserve.engine.router import CacheSettings, ModelRouter
 from adaserve.repository import ModelRepository
 from tests.engine.engines import live_children
-from tests.server_utils import link_example
+from tests.engine.test_poller import add_identity_version
+from tests.server_utils import link_example, write_fussy_model
 
 ONE_WORKER = [{"batch": 4, "threads": 1}]
 
@@ -50,5 +51,28 @@ def test_a_repository_operation_whose_caller_stops_waiting_still_ends(tmp_path: 
         finally:
             await router.close()
         assert set(live_children()) <= set(others)
+
+    asyncio.run(main())
+
+
+def test_under_a_memory_budget_a_model_with_two_versions_is_resident_with_both(tmp_path: Path) -> None:
+    """mCache holds a model's versions together: a request for either loads them all, and the model's resident
+    bytes are the sum of its engines'."""
+    both = write_fussy_model(tmp_path, "both", workers=ONE_WORKER, version_policy={"all": True})
+    add_identity_version(both, 2)
+
+    async def main() -> None:
+        router = ModelRouter(ModelRepository(tmp_path), CacheSettings(8 * 2**30))
+        try:
+            assert router.spec("both", "1").version == 1  # known before it is resident
+            async with router.serving("both", "1") as engine:
+                assert engine.model.version == 1
+            engines = router.served_engines("both")
+            assert [e.model.version for e in engines] == [1, 2]
+            assert router.cache is not None
+            resident = router.cache.snapshot().models["both"].resident_bytes
+            assert resident == sum(e.memory_bytes for e in engines) > 0
+        finally:
+            await router.close()
 
     asyncio.run(main())
