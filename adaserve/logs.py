@@ -6,6 +6,9 @@ import json
 import logging
 import sys
 import time
+from typing import Any
+
+from adaserve.errors import InvalidInputError
 
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime", "taskName"}
 
@@ -42,12 +45,91 @@ class CallAlreadyEnded(logging.Filter):
         return True
 
 
+class LevelSwitches(logging.Filter):
+    """Triton's log switches, which its logging extension reads and sets while the server runs (`GET/POST
+    /v2/logging`, gRPC `LogSettings`): info, warning and error each on or off, and a verbose level (above 0: debug
+    lines too). A filter on the handler, so any combination holds; the root logger's level follows the lowest
+    switch that is on, so lines nobody wants are not even made. It governs the server process; a model's host
+    processes log at the level they started with."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.info = self.warning = self.error = True  # info and above, as `serve --log-level info`; the root
+        self.verbose = 0  # logger is left alone until `set_level` or `update`: importing this must not change it
+
+    def set_level(self, level: int) -> None:
+        """Every switch from a level: those at or above it on."""
+        self.info, self.warning, self.error = level <= logging.INFO, level <= logging.WARNING, level <= logging.ERROR
+        self.verbose = int(level <= logging.DEBUG)
+        self._apply()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR:
+            return self.error
+        if record.levelno >= logging.WARNING:
+            return self.warning
+        if record.levelno >= logging.INFO:
+            return self.info
+        return self.verbose > 0
+
+    def settings(self) -> dict[str, Any]:
+        """The switches under Triton's names. Logs go to stderr as JSON lines: no file, one format."""
+        return {
+            "log_file": "",
+            "log_info": self.info,
+            "log_warning": self.warning,
+            "log_error": self.error,
+            "log_verbose_level": self.verbose,
+            "log_format": "default",
+        }
+
+    def update(self, changes: dict[str, Any]) -> dict[str, Any]:
+        """Set the switches named in `changes` (Triton's names), all or none: InvalidInputError naming the first
+        that is unknown or of the wrong kind. Returns every setting after."""
+        known = self.settings()
+        for name, value in changes.items():
+            if name not in known:
+                raise InvalidInputError(f"unknown log setting '{name}'; the settings are {', '.join(known)}")
+            if name in ("log_info", "log_warning", "log_error") and not isinstance(value, bool):
+                raise InvalidInputError(f"log setting '{name}' must be true or false, got {value!r}")
+            if name == "log_verbose_level" and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise InvalidInputError(f"log setting 'log_verbose_level' must be a whole number >= 0, got {value!r}")
+            if name == "log_file" and value != "":
+                raise InvalidInputError("log setting 'log_file': logs go to stderr here; only '' is accepted")
+            if name == "log_format" and value != "default":
+                raise InvalidInputError("log setting 'log_format': one format here (JSON lines); only 'default'")
+        self.info = changes.get("log_info", self.info)
+        self.warning = changes.get("log_warning", self.warning)
+        self.error = changes.get("log_error", self.error)
+        self.verbose = changes.get("log_verbose_level", self.verbose)
+        self._apply()
+        return self.settings()
+
+    def _apply(self) -> None:
+        switched_on = [
+            level
+            for level, on in (
+                (logging.DEBUG, self.verbose > 0),
+                (logging.INFO, self.info),
+                (logging.WARNING, self.warning),
+                (logging.ERROR, self.error),
+            )
+            if on
+        ]
+        logging.getLogger().setLevel(min(switched_on, default=logging.CRITICAL + 1))
+
+
+#: The server process's switches: `configure_logging` puts them on its handler, the logging extension sets them.
+SWITCHES = LevelSwitches()
+
+
 def configure_logging(level: str = "info") -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
+    handler.addFilter(SWITCHES)
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(level.upper())
+    SWITCHES.set_level(logging.getLevelName(level.upper()))
     grpc_core = logging.getLogger("grpc._cython.cygrpc")
     if not any(isinstance(f, CallAlreadyEnded) for f in grpc_core.filters):
         grpc_core.addFilter(CallAlreadyEnded())

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Iterator
 
 import pytest
 
-from adaserve.logs import configure_logging
+from adaserve.errors import InvalidInputError
+from adaserve.logs import SWITCHES, configure_logging
 
 GRPC_CORE = "grpc._cython.cygrpc"
 UNSENT = "ExecuteBatchError raised in core by servicer method [/inference.GRPCInferenceService/ModelInfer]"
@@ -21,6 +23,7 @@ def logged(capsys: pytest.CaptureFixture[str]) -> Iterator[pytest.CaptureFixture
     handlers, level = root.handlers[:], root.level
     yield capsys
     root.handlers[:] = handlers
+    SWITCHES.set_level(logging.INFO)
     root.setLevel(level)
 
 
@@ -50,3 +53,49 @@ def test_an_answer_to_a_call_already_ended_is_logged_at_info_saying_so(logged: p
     configure_logging("warning")  # configured again: one filter still, and at warning the info line is left out
     core.error(UNSENT)
     assert lines(logged) == []
+
+
+def test_the_logging_extension_switches_each_level_on_or_off_in_any_combination(
+    logged: pytest.CaptureFixture[str],
+) -> None:
+    """Triton's log settings: warnings off while info and errors stay on is a combination no single level gives."""
+    configure_logging("info")
+    log = logging.getLogger("adaserve.test")
+    assert SWITCHES.settings() == {
+        "log_file": "",
+        "log_info": True,
+        "log_warning": True,
+        "log_error": True,
+        "log_verbose_level": 0,
+        "log_format": "default",
+    }
+    after = SWITCHES.update({"log_warning": False, "log_verbose_level": 1})
+    assert (after["log_warning"], after["log_verbose_level"]) == (False, 1)
+    for emit in (log.debug, log.info, log.warning, log.error):
+        emit(emit.__name__)
+    assert [line["msg"] for line in lines(logged)] == ["debug", "info", "error"]
+    SWITCHES.update({"log_info": False, "log_error": False, "log_verbose_level": 0})
+    log.info("info")
+    log.error("error")
+    assert lines(logged) == [] and logging.getLogger().level > logging.CRITICAL  # nothing is even made
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"log_info": 1}, "log setting 'log_info' must be true or false, got 1"),
+        ({"log_verbose_level": -1}, "'log_verbose_level' must be a whole number >= 0, got -1"),
+        ({"log_verbose_level": True}, "'log_verbose_level' must be a whole number >= 0, got True"),
+        ({"log_file": "/tmp/server.log"}, "logs go to stderr here; only '' is accepted"),
+        ({"log_format": "ISO8601"}, "one format here (JSON lines); only 'default'"),
+        ({"log_info": False, "loud": True}, "unknown log setting 'loud'; the settings are log_file, log_info"),
+    ],
+)
+def test_a_log_setting_that_cannot_be_applied_is_refused_by_name_and_nothing_changes(
+    logged: pytest.CaptureFixture[str], changes: dict[str, object], message: str
+) -> None:
+    configure_logging("info")
+    before = SWITCHES.settings()
+    with pytest.raises(InvalidInputError, match=re.escape(message)):
+        SWITCHES.update(changes)
+    assert SWITCHES.settings() == before

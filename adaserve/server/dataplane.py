@@ -17,6 +17,7 @@ from adaserve.config import ModelConfig, QueuePolicySpec
 from adaserve.engine.engine import EngineState, ModelEngine
 from adaserve.engine.router import ModelRouter
 from adaserve.errors import InvalidInputError, ModelNotReadyError
+from adaserve.logs import SWITCHES
 from adaserve.server.protocol import InferenceRequest, InferenceResponse, Tensor
 
 EXTENSIONS = [
@@ -26,6 +27,7 @@ EXTENSIONS = [
     "statistics",
     "parameters",
     "schedule_policy",
+    "logging",
 ]
 
 
@@ -73,6 +75,10 @@ class DataPlane:
         """Triton's model configuration (the `ModelConfig` message as JSON), plus adaserve's worker set."""
         engine = self.router.engine(name, version)
         return triton_config(engine)
+
+    def log_settings(self, changes: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Triton's logging extension: the server's log switches, after setting those in `changes`."""
+        return SWITCHES.update(changes) if changes else SWITCHES.settings()
 
     def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
         """Triton's statistics extension: `{"model_stats": [...]}` for one version of a model, every version it

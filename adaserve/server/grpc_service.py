@@ -79,6 +79,10 @@ def _not_implemented(extension: str) -> Callable[[Any, Any, grpc.aio.ServicerCon
     return refuse
 
 
+#: The `SettingValue` field that carries a log setting of each type (Triton's logging extension).
+_SETTING_KINDS = {bool: "bool_param", int: "uint32_param", str: "string_param"}
+
+
 class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     ModelStreamInfer = _not_implemented("streaming inference (ModelStreamInfer, for decoupled models)")
     SystemSharedMemoryStatus = _not_implemented("the system shared-memory extension")
@@ -88,7 +92,6 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     CudaSharedMemoryRegister = _not_implemented("the CUDA shared-memory extension")
     CudaSharedMemoryUnregister = _not_implemented("the CUDA shared-memory extension")
     TraceSetting = _not_implemented("the trace extension")
-    LogSettings = _not_implemented("the logging extension")
 
     def __init__(self, plane: DataPlane) -> None:
         self.plane = plane
@@ -125,6 +128,20 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def ModelStatistics(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         document = self.plane.statistics(request.name, request.version)
         return json_format.ParseDict(document, service_pb2.ModelStatisticsResponse())
+
+    @_answers_errors
+    async def LogSettings(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        """Triton's logging extension; each setting a `SettingValue` of the kind its value is."""
+        changes = {}
+        for name, value in request.settings.items():
+            kind = value.WhichOneof("parameter_choice")
+            if kind is None:
+                raise InvalidInputError(f"log setting '{name}' has no value")
+            changes[name] = getattr(value, kind)
+        response = service_pb2.LogSettingsResponse()
+        for name, setting in self.plane.log_settings(changes).items():
+            setattr(response.settings[name], _SETTING_KINDS[type(setting)], setting)
+        return response
 
     @_answers_errors
     async def RepositoryIndex(self, request: Any, context: grpc.aio.ServicerContext) -> Any:

@@ -77,6 +77,9 @@ def create_app(plane: DataPlane) -> Application:
         await plane.unload(request.params["model"], _repository_parameters(request))
         return Response(200)
 
+    async def log_settings(request: Request) -> Response:
+        return json_response(plane.log_settings(_json_body(request) if request.method == "POST" else None))
+
     async def metrics(request: Request) -> Response:
         content, media_type = render_metrics(plane.router)
         return Response(200, content, media_type)
@@ -96,6 +99,8 @@ def create_app(plane: DataPlane) -> Application:
     routes.add("POST", "/v2/repository/index", repository_index)
     routes.add("POST", "/v2/repository/models/{model}/load", load)
     routes.add("POST", "/v2/repository/models/{model}/unload", unload)
+    routes.add("GET", "/v2/logging", log_settings)
+    routes.add("POST", "/v2/logging", log_settings)
     routes.add("GET", "/metrics", metrics)
 
     async def app(request: Request) -> Response:

@@ -91,7 +91,6 @@ def test_the_priority_parameter_is_read_and_the_extension_announced(server: Serv
         (lambda c: c.get_system_shared_memory_status(), "the system shared-memory extension"),
         (lambda c: c.unregister_cuda_shared_memory(), "the CUDA shared-memory extension"),
         (lambda c: c.get_trace_settings(), "the trace extension"),
-        (lambda c: c.get_log_settings(), "the logging extension"),
     ],
 )
 def test_an_rpc_of_an_extension_not_implemented_is_unimplemented_by_name_and_logs_no_error(
@@ -110,3 +109,32 @@ def test_an_rpc_of_an_extension_not_implemented_is_unimplemented_by_name_and_log
 
 def _errors(server: ServerHandle) -> int:
     return sum('"level": "error"' in line for line in server.log.read_text().splitlines())
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_the_logging_extension_reads_and_sets_the_servers_log_switches(server: ServerHandle, protocol: str) -> None:
+    """tritonclient's `get_log_settings` / `update_log_settings`: the server's switches, changed while it runs;
+    a setting that cannot be applied is refused by name and changes nothing."""
+    module, status = PROTOCOLS[protocol]
+    client = module.InferenceServerClient(server.http_url if protocol == "http" else server.grpc_url)
+
+    def settings() -> dict[str, Any]:
+        if protocol == "http":
+            return dict(client.get_log_settings())
+        answer = client.get_log_settings(as_json=True)["settings"]
+        return {name: next(iter(value.values())) for name, value in answer.items()}
+
+    assert "logging" in (
+        client.get_server_metadata()["extensions"] if protocol == "http" else client.get_server_metadata().extensions
+    )
+    assert settings()["log_info"] is True
+    try:
+        client.update_log_settings({"log_info": False})
+        assert settings()["log_info"] is False
+        with pytest.raises(InferenceServerException) as raised:
+            client.update_log_settings({"log_file": "/tmp/server.log"})
+        assert raised.value.status() == status and "logs go to stderr here" in raised.value.message()
+        assert settings()["log_info"] is False
+    finally:
+        client.update_log_settings({"log_info": True})  # the session's server, as it was
+    assert settings()["log_info"] is True
