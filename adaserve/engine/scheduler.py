@@ -115,23 +115,23 @@ class Scheduler:
 
     def withdraw(self, start: int, rows: int) -> bool:
         """Take a request's rows back out of the queue if none has started; False if they are not all waiting."""
-        for run in self._queue:
-            if (run.start, run.rows) == (start, rows):
-                self._queue.remove(run)
-                self._left(run)
-                return True
-        return False
+        run = self._waiting_run(start, rows)
+        if run is None:
+            return False
+        self._queue.remove(run)
+        self._left(run)
+        return True
 
     def move(self, start: int, rows: int, level: int) -> bool:
         """Move a request's rows, all still waiting, to another level in place; False if they are not all waiting.
         (A queue policy's `delay`: the request keeps its slots and its place in the pool, and only loses rank.)"""
-        for run in self._queue:
-            if (run.start, run.rows) == (start, rows):
-                self._left(run)
-                run.level = level
-                self._joined(level, rows)
-                return True
-        return False
+        run = self._waiting_run(start, rows)
+        if run is None:
+            return False
+        self._left(run)
+        run.level = level
+        self._joined(level, rows)
+        return True
 
     def rows_at(self, level: int) -> int:
         """Rows waiting at `level`."""
@@ -274,6 +274,10 @@ class Scheduler:
                 self._level_rows[run.level] -= left
                 left = 0
         return start
+
+    def _waiting_run(self, start: int, rows: int) -> ReadyRun | None:
+        """The run holding exactly a request's rows [start, start + rows), if they all wait as one still."""
+        return next((run for run in self._queue if (run.start, run.rows) == (start, rows)), None)
 
     def _joined(self, level: int, rows: int) -> None:
         """A whole run joined the queue."""
