@@ -430,13 +430,17 @@ class ModelEngine:
             )
         if not level_bound:
             return
-        at_level = self.scheduler.rows_at(queue_rank(level)) + self.scheduler.rows_at(queue_rank(level, delayed=True))
+        at_level = self.queued_at_level(level)
         if at_level + rows > level_bound:
             self.stats.failures["overloaded"] += 1
             raise OverloadedError(
                 f"model '{self.model.name}' has {at_level} rows queued at priority level {level} (the queue "
                 f"policy's max_queue_size {level_bound}); retry later"
             )
+
+    def queued_at_level(self, level: int) -> int:
+        """Rows waiting at priority `level`, those its queue policy delayed included."""
+        return self.scheduler.rows_at(queue_rank(level)) + self.scheduler.rows_at(queue_rank(level, delayed=True))
 
     def _expire(self, pending: PendingRequest, timeout_s: float, action: str) -> None:
         """Triton's request timeout: a request none of whose rows has started by then is refused (503), or with

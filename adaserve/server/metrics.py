@@ -17,7 +17,6 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from adaserve.cache import ModelCache
 from adaserve.engine.processes import HostLauncher
 from adaserve.engine.router import ModelRouter
-from adaserve.engine.schedule_policy import queue_rank
 from adaserve.engine.stats import Histogram
 
 LABELS = ["model", "version"]
@@ -92,8 +91,7 @@ class EngineCollector:
             inflight.add_metric(labels, engine.scheduler.inflight)
             queued.add_metric(labels, engine.scheduler.ready)
             for level in range(1, engine.model.config.batching.priority_levels + 1):
-                ranks = (queue_rank(level), queue_rank(level, delayed=True))
-                queued_by_level.add_metric([*labels, str(level)], sum(engine.scheduler.rows_at(r) for r in ranks))
+                queued_by_level.add_metric([*labels, str(level)], engine.queued_at_level(level))
             for name_, (_, attribute) in histograms.items():
                 histogram: Histogram = getattr(stats, attribute)
                 histogram_families[name_].add_metric(labels, _buckets(histogram), histogram.total)
