@@ -47,6 +47,7 @@ def summarize(
     `kinds` names the workload's request kinds (`RequestRecord.kind` indexes them): with two or more, latency is
     also given per kind, so the classes of one model's requests (priorities, say) are told apart."""
     ok = [r for r in records if r.status is Status.OK]
+    labelled = [(index, f"{index}: {label}") for index, label in enumerate(kinds)] if len(kinds) > 1 else []
     sent = [r for r in records if r.sent_s is not None]
     counts = Counter(r.status for r in records)
     errors_by_kind = Counter(r.error_kind or "unknown" for r in records if r.status is not Status.OK)
@@ -80,19 +81,12 @@ def summarize(
         valid=not problems,
         problems=problems,
         per_kind={
-            f"{index}: {label}": latency_stats(
-                [r.latency_ms for r in ok if r.kind == index and r.latency_ms is not None]
-            )
-            for index, label in enumerate(kinds)
-        }
-        if len(kinds) > 1
-        else {},
+            label: latency_stats([r.latency_ms for r in ok if r.kind == index and r.latency_ms is not None])
+            for index, label in labelled
+        },
         failed_per_kind={
-            f"{index}: {label}": sum(r.kind == index and r.status is not Status.OK for r in records)
-            for index, label in enumerate(kinds)
-        }
-        if len(kinds) > 1
-        else {},
+            label: sum(r.kind == index and r.status is not Status.OK for r in records) for index, label in labelled
+        },
     )
 
 
