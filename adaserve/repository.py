@@ -60,6 +60,19 @@ class ModelRepository:
     def read(self, name: str, version: int | None = None) -> ModelSpec:
         """Validate one model's config and find `version` (default: the newest its version_policy serves);
         ConfigError names what is wrong."""
+        directory, config, versions, served = self._describe(name)
+        version = served[-1] if version is None else version
+        if version not in served:
+            raise ConfigError(f"{directory}: version {version} is not one its version_policy serves ({list(served)})")
+        return self._spec(directory, config, version, versions, served)
+
+    def read_served(self, name: str) -> list[ModelSpec]:
+        """Every version the model's version_policy serves, oldest first, its config read once."""
+        directory, config, versions, served = self._describe(name)
+        return [self._spec(directory, config, version, versions, served) for version in served]
+
+    def _describe(self, name: str) -> tuple[Path, ModelConfig, tuple[int, ...], tuple[int, ...]]:
+        """The model's folder, validated config, version folders and the versions its policy serves."""
         directory = self.root / name
         if "/" in name or name.startswith(".") or not _is_file(directory / CONFIG_FILE):
             raise ModelNotFoundError(f"no model named '{name}' in repository {self.root}")
@@ -72,9 +85,12 @@ class ModelRepository:
             served = config.version_policy.pick(versions)
         except ValueError as exc:
             raise ConfigError(f"{directory / CONFIG_FILE}: field 'version_policy': {exc}") from None
-        version = served[-1] if version is None else version
-        if version not in served:
-            raise ConfigError(f"{directory}: version {version} is not one its version_policy serves ({list(served)})")
+        return directory, config, versions, served
+
+    @staticmethod
+    def _spec(
+        directory: Path, config: ModelConfig, version: int, versions: tuple[int, ...], served: tuple[int, ...]
+    ) -> ModelSpec:
         artifact = _find_artifact(directory / str(version), config)
         return ModelSpec(config=config, version=version, artifact=artifact, versions=versions, served=served)
 

@@ -95,6 +95,7 @@ def test_the_version_policy_picks_the_versions_served(root: Path, policy: Any, s
     spec = repository.read("mlp")
     assert (spec.served, spec.version) == (served, served[-1])
     assert [repository.read("mlp", v).artifact.parent.name for v in served] == [str(v) for v in served]
+    assert repository.read_served("mlp") == [repository.read("mlp", v) for v in served]
 
 
 def test_a_version_the_policy_does_not_serve_or_that_has_no_folder_is_refused_by_name(root: Path) -> None:

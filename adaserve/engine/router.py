@@ -135,12 +135,10 @@ class ModelRouter:
         async with self._lock(name):
             started: dict[int, ModelEngine] = {}
             try:
-                newest = self.repository.read(name)
-                for version in newest.served:
-                    spec = newest if version == newest.version else self.repository.read(name, version)
+                for spec in self.repository.read_served(name):
                     engine = ModelEngine(spec, reload=lambda: self._reload_soon(name), hosts=self.hosts)
                     await engine.start()  # a start that fails stops what it started
-                    started[version] = engine
+                    started[spec.version] = engine
             except BaseException as exc:
                 await asyncio.gather(*(engine.stop(drain_timeout_s=0) for engine in started.values()))
                 if isinstance(exc, AdaserveError):
