@@ -210,7 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--repository-poll-secs",
         type=positive_number,
         help="Triton's poll mode: every so many seconds, load models added to the repository, reload those whose "
-        "config or newest version changed (no downtime), unload those removed (default: never)",
+        "config or versions changed (no downtime), unload those removed (default: never)",
     )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.set_defaults(func=_serve)
