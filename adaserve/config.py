@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 import yaml
@@ -38,11 +38,16 @@ EBIRD_GRANULARITIES = (1, 1, 2, 4, 8, 16)
 BatchingPolicyName = Literal["elastic", "fixed-timeout", "none"]
 
 
-class _Strict(BaseModel):
+class Strict(BaseModel):
+    """A config section: unknown fields are refused, and a validated section never changes."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class TensorSpec(_Strict):
+Document = TypeVar("Document", bound=BaseModel)
+
+
+class TensorSpec(Strict):
     """One input or output: `{name: image, datatype: FP32, shape: [-1, 784]}`; -1 marks the batch dimension."""
 
     name: str = Field(min_length=1)
@@ -82,7 +87,7 @@ class TensorSpec(_Strict):
         return int(math.prod(self.row_shape)) * self.dtype.itemsize
 
 
-class WorkerSpec(_Strict):
+class WorkerSpec(Strict):
     """One worker process: it runs batches of up to `batch` rows with `threads` intra-op threads."""
 
     batch: int = Field(ge=1, description="batch granularity: the rows this worker takes per batch")
@@ -99,7 +104,7 @@ class WorkerSpec(_Strict):
         return cpus
 
 
-class QueuePolicySpec(_Strict):
+class QueuePolicySpec(Strict):
     """Triton's ModelQueuePolicy: how long a request of one priority level may wait, what happens when it has
     waited too long, and how many of the level's rows may wait at once."""
 
@@ -124,7 +129,7 @@ class QueuePolicySpec(_Strict):
     )
 
 
-class BatchingSpec(_Strict):
+class BatchingSpec(Strict):
     """How ready requests become batches; the paper's baselines are values of `policy`."""
 
     policy: BatchingPolicyName = Field(default="elastic", description="elastic (Ebird) | fixed-timeout | none")
@@ -176,7 +181,7 @@ class BatchingSpec(_Strict):
         return value
 
 
-class VersionPolicySpec(_Strict):
+class VersionPolicySpec(Strict):
     """Triton's version_policy: which of the model's version folders are served at once. At most one of the three;
     none: the newest version alone (Triton's default, `latest: 1`)."""
 
@@ -211,7 +216,7 @@ class VersionPolicySpec(_Strict):
         return versions[-(self.latest or 1) :]
 
 
-class PackratSpec(_Strict):
+class PackratSpec(Strict):
     """`workers: auto`: the worker set comes from the model's profile (Packrat) and follows the load."""
 
     threads: int | None = Field(default=None, ge=1, description="T: threads to spread over workers; default all CPUs")
@@ -228,7 +233,7 @@ class PackratSpec(_Strict):
     )
 
 
-class AdaptationSpec(_Strict):
+class AdaptationSpec(Strict):
     """`caches.adaptation:` — retrain the learned caches online (GATI's cache adaptation service)."""
 
     sample_fraction: float = Field(default=0.2, gt=0, le=1, description="share of requests' rows kept in the window")
@@ -248,7 +253,7 @@ class AdaptationSpec(_Strict):
 Lookup = Literal["thread", "stream", "inline"]
 
 
-class LearnedCachesSpec(_Strict):
+class LearnedCachesSpec(Strict):
     """`caches:` — GATI's learned caches: where the model may exit early and which built cache set serves it.
 
     `adaserve caches build` trains a cache set into `<model dir>/caches/v<N>/`; the worker runs the model block by
@@ -336,7 +341,7 @@ class LearnedCachesSpec(_Strict):
         return value
 
 
-class ActivatorSpec(_Strict):
+class ActivatorSpec(Strict):
     """SLO-NNs node activator (built by `adaserve activator build`): requests carrying `accuracy` or `latency_ms`
     compute only the top-k% nodes of each hidden layer; requests without either run the model unchanged."""
 
@@ -350,16 +355,32 @@ class ActivatorSpec(_Strict):
     )
 
 
-class ModelConfig(_Strict):
-    """The whole `config.yaml` of one model."""
+class Interface(Strict):
+    """What a client sees of anything it can send a request to: a model (`ModelConfig`) or a DAG query
+    (`adaserve.planner.spec.DagConfig`). The data plane checks requests against these fields alone."""
 
     name: str = Field(min_length=1)
-    platform: Literal["torch_export", "torchscript"] | None = Field(
-        default=None, description="artifact kind; inferred from model.pt2 / model.pt when omitted"
-    )
     max_batch_size: int = Field(default=16, ge=1)
     inputs: tuple[TensorSpec, ...] = Field(min_length=1)
     outputs: tuple[TensorSpec, ...] = Field(min_length=1)
+    parameters: dict[str, Any] = Field(default_factory=dict, description="defaults for per-request parameters")
+
+    @field_validator("outputs")
+    @classmethod
+    def _unique_names(cls, outputs: tuple[TensorSpec, ...], info: ValidationInfo) -> tuple[TensorSpec, ...]:
+        names = [t.name for t in info.data.get("inputs", ())] + [t.name for t in outputs]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"tensor names must be unique; repeated: {', '.join(duplicates)}")
+        return outputs
+
+
+class ModelConfig(Interface):
+    """The whole `config.yaml` of one model."""
+
+    platform: Literal["torch_export", "torchscript"] | None = Field(
+        default=None, description="artifact kind; inferred from model.pt2 / model.pt when omitted"
+    )
     max_inflight: int | None = Field(
         default=None,
         ge=1,
@@ -375,7 +396,6 @@ class ModelConfig(_Strict):
         "max_batch_size",
     )
     packrat: PackratSpec = PackratSpec()
-    parameters: dict[str, Any] = Field(default_factory=dict, description="defaults for per-request parameters")
     activator: ActivatorSpec | None = Field(default=None, description="SLO-NNs node activator; none by default")
     caches: LearnedCachesSpec | None = Field(
         default=None, description="GATI learned caches (early exit); absent: the model always runs whole"
@@ -427,15 +447,6 @@ class ModelConfig(_Strict):
                 f"{size} is below max_batch_size {batch}: a request of a whole batch could never be queued"
             )
         return size
-
-    @field_validator("outputs")
-    @classmethod
-    def _unique_names(cls, outputs: tuple[TensorSpec, ...], info: ValidationInfo) -> tuple[TensorSpec, ...]:
-        names = [t.name for t in info.data.get("inputs", ())] + [t.name for t in outputs]
-        duplicates = sorted({n for n in names if names.count(n) > 1})
-        if duplicates:
-            raise ValueError(f"tensor names must be unique; repeated: {', '.join(duplicates)}")
-        return outputs
 
     @field_validator("workers")
     @classmethod
@@ -506,7 +517,12 @@ def _check_lookup(lookup: str, device: str, *, cuda_graphs: bool) -> None:
 
 
 def load_config(path: Path, *, name: str | None = None) -> ModelConfig:
-    """Read and validate a config file; `name` (the directory name) is the default model name."""
+    """Read and validate a model's config file; `name` (the directory name) is the default model name."""
+    return load_document(path, ModelConfig, name=name)
+
+
+def load_document(path: Path, schema: type[Document], *, name: str | None = None) -> Document:
+    """Read a YAML file and validate it as `schema`; ConfigError names the file, each field and its problem."""
     try:
         raw = yaml.safe_load(path.read_text())
     except OSError as exc:
@@ -522,7 +538,7 @@ def load_config(path: Path, *, name: str | None = None) -> ModelConfig:
         if raw["name"] != name:
             raise ConfigError(f"{path}: field 'name': {raw['name']!r} does not match its directory {name!r}")
     try:
-        return ModelConfig.model_validate(raw)
+        return schema.model_validate(raw)
     except ValidationError as exc:
         raise ConfigError(_describe(path, exc)) from None
 

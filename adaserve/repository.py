@@ -13,11 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from adaserve.config import ModelConfig, load_config
+from adaserve.config import ModelConfig, load_config, load_document
 from adaserve.errors import ConfigError, ModelNotFoundError
+from adaserve.planner.spec import DagConfig
 
 ARTIFACTS = {"model.pt2": "torch_export", "model.pt": "torchscript"}
 CONFIG_FILE = "config.yaml"
+#: A folder with this file instead of `config.yaml` holds a DAG query (`adaserve.planner`), not a model.
+DAG_FILE = "dag.yaml"
 #: `ModelRepository.fingerprint`: the config's (size, mtime), then each version folder's name and its files' (name,
 #: size, mtime).
 Fingerprint = tuple[tuple[int, int], tuple[tuple[str, tuple[tuple[str, int, int], ...]], ...]]
@@ -55,7 +58,21 @@ class ModelRepository:
         self.root = root
 
     def names(self) -> list[str]:
+        """The models."""
         return sorted(p.name for p in self.root.iterdir() if (p / CONFIG_FILE).is_file())
+
+    def dag_names(self) -> list[str]:
+        """The DAG queries (a folder with both files is a model, and its dag.yaml an error when read)."""
+        return sorted(p.name for p in self.root.iterdir() if (p / DAG_FILE).is_file())
+
+    def read_dag(self, name: str) -> DagConfig:
+        """Validate a DAG query's definition; what it needs of the models is checked when it loads."""
+        directory = self.root / name
+        if "/" in name or name.startswith(".") or not _is_file(directory / DAG_FILE):
+            raise ModelNotFoundError(f"no DAG query named '{name}' in repository {self.root}")
+        if _is_file(directory / CONFIG_FILE):
+            raise ConfigError(f"{directory}: holds both {CONFIG_FILE} (a model) and {DAG_FILE} (a DAG query)")
+        return load_document(directory / DAG_FILE, DagConfig, name=name)
 
     def read(self, name: str, version: int | None = None) -> ModelSpec:
         """Validate one model's config and find `version` (default: the newest its version_policy serves);

@@ -110,6 +110,7 @@ async def serve(options: ServeOptions) -> None:
         },
     )
     await router.load_all(options.models)
+    await plane.dags.load_all(options.models)  # after the models: loading a DAG query times its models
     plane.started = True
     log.info("serving", extra={"models": [e.name for e in router.index() if e.state == "READY"]})
     polling = None

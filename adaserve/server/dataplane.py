@@ -13,11 +13,14 @@ from typing import Any
 import numpy as np
 
 from adaserve import __version__
-from adaserve.config import ModelConfig, QueuePolicySpec
-from adaserve.engine.engine import EngineState, ModelEngine
+from adaserve.config import Interface, ModelConfig, QueuePolicySpec
+from adaserve.engine.engine import EngineResult, EngineState, ModelEngine
 from adaserve.engine.router import ModelRouter
 from adaserve.errors import InvalidInputError, ModelNotReadyError
 from adaserve.logs import SWITCHES
+from adaserve.planner.catalog import DagCatalog
+from adaserve.planner.planner import ModelAnswer, PlannerStats
+from adaserve.planner.spec import DagConfig
 from adaserve.server.protocol import InferenceRequest, InferenceResponse, Tensor
 
 EXTENSIONS = [
@@ -34,6 +37,7 @@ EXTENSIONS = [
 class DataPlane:
     def __init__(self, router: ModelRouter) -> None:
         self.router = router
+        self.dags = DagCatalog(router, self._run_node)  # DAG queries: names answered by several models in turn
         self.started = False  # set once the models named at start have been loaded (or failed)
 
     # -- health and metadata ---------------------------------------------------------------------------------
@@ -50,29 +54,38 @@ class DataPlane:
     def model_ready(self, name: str, version: str = "") -> bool:
         """Ready to answer an inference: loaded and ready, or not resident but loadable by the model cache."""
         try:
-            self.router.check_servable(name, version)
+            self.check_model(name, version)
         except ModelNotReadyError:
             return False
         return True
 
     def check_model(self, name: str, version: str = "") -> None:
         """Fail fast (404 / 503) before a request body is decoded."""
-        self.router.check_servable(name, version)
+        if self.dags.knows(name):
+            self.dags.planner(name)
+        else:
+            self.router.check_servable(name, version)
 
     def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
         """`{"name", "versions", "platform", "inputs": [{"name", "datatype", "shape"}], "outputs": [...]}`."""
-        model = self.router.spec(name, version)
-        config = model.config
+        config: Interface
+        if self.dags.knows(name):
+            config, versions, platform = self.dags.planner(name).config, ["1"], "dag"
+        else:
+            model = self.router.spec(name, version)
+            config, versions, platform = model.config, [str(v) for v in model.served], model.platform
         return {
             "name": name,
-            "versions": [str(v) for v in model.served],
-            "platform": model.platform,
+            "versions": versions,
+            "platform": platform,
             "inputs": [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in config.inputs],
             "outputs": [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in config.outputs],
         }
 
     def model_config(self, name: str, version: str = "") -> dict[str, Any]:
         """Triton's model configuration (the `ModelConfig` message as JSON), plus adaserve's worker set."""
+        if self.dags.knows(name):
+            return dag_config(self.dags.planner(name).config)
         engine = self.router.engine(name, version)
         return triton_config(engine)
 
@@ -83,16 +96,20 @@ class DataPlane:
     def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
         """Triton's statistics extension: `{"model_stats": [...]}` for one version of a model, every version it
         serves, or every loaded model."""
+        if self.dags.knows(name):
+            return {"model_stats": [dag_statistics(name, self.dags.planner(name).stats)]}
+        dags = self.dags.planners if not name else {}
         if not name:
             engines = self.router.all_engines()
         elif version:
             engines = [self.router.engine(name, version)]
         else:
             engines = self.router.served_engines(name)
-        return {"model_stats": [model_statistics(engine) for engine in engines]}
+        stats = [model_statistics(engine) for engine in engines]
+        return {"model_stats": stats + [dag_statistics(dag, planner.stats) for dag, planner in dags.items()]}
 
     def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
-        rows = [entry.__dict__ for entry in self.router.index()]
+        rows = [entry.__dict__ for entry in sorted(self.router.index() + self.dags.index(), key=lambda e: e.name)]
         return [row for row in rows if row["state"] == "READY"] if ready_only else rows
 
     async def load(self, name: str, parameters: Collection[str] = ()) -> None:
@@ -103,39 +120,87 @@ class DataPlane:
                 f"load of '{name}': parameters {sorted(parameters)} are not supported; a model loads from its "
                 "directory in the repository (config.yaml and its version folders)"
             )
-        await self.router.load(name)
+        if name in self.router.repository.dag_names():
+            await self.dags.load(name)
+        else:
+            await self.router.load(name)
 
     async def unload(self, name: str, parameters: Collection[str] = ()) -> None:
         """Triton's repository unload; `unload_dependents` is accepted (no model here has dependents)."""
         unknown = sorted(set(parameters) - {"unload_dependents"})
         if unknown:
             raise InvalidInputError(f"unload of '{name}': parameters {unknown} are not supported")
-        await self.router.unload(name)
+        if self.dags.knows(name) or name in self.router.repository.dag_names():
+            self.dags.unload(name)
+        else:
+            await self.router.unload(name)
 
     # -- inference -------------------------------------------------------------------------------------------
     async def infer(self, request: InferenceRequest) -> InferenceResponse:
+        if self.dags.knows(request.model_name):
+            return await self._infer_dag(request)
         config = self.router.spec(request.model_name, request.model_version).config
         arrays, rows = validate_inputs(config, request)
         wanted = requested_outputs(config, request)
-        parameters = {**config.parameters, **request.parameters}
-        async with self.router.serving(request.model_name, request.model_version) as engine:
-            result = await engine.infer(arrays, rows, parameters)
-        outputs, binary = [], []
-        for spec, array in zip(config.outputs, result.outputs, strict=True):
-            if spec.name in wanted:
-                outputs.append(Tensor(spec.name, spec.datatype, tuple(array.shape), array))
-                binary.append(wanted[spec.name])
-        return InferenceResponse(
-            model_name=request.model_name,
-            model_version=str(engine.model.version),
-            outputs=outputs,
-            binary=binary,
-            id=request.id,
-            parameters=result.parameters,
+        engine, result = await self._compute(
+            request.model_name, request.model_version, arrays, rows, request.parameters
+        )
+        return _response(request, config, wanted, str(engine.model.version), result.outputs, result.parameters)
+
+    async def _infer_dag(self, request: InferenceRequest) -> InferenceResponse:
+        planner = self.dags.planner(request.model_name)
+        config = planner.config
+        arrays, rows = validate_inputs(config, request)
+        wanted = requested_outputs(config, request)
+        inputs = {spec.name: array for spec, array in zip(config.inputs, arrays, strict=True)}
+        answer = await planner.run(inputs, rows, {**config.parameters, **request.parameters})
+        return _response(request, config, wanted, "1", answer.outputs, answer.parameters)
+
+    async def _run_node(
+        self, name: str, inputs: dict[str, np.ndarray], rows: int, parameters: dict[str, Any]
+    ) -> ModelAnswer:
+        """A DAG query's node: its model run through the request path a client's request takes."""
+        config = self.router.spec(name).config
+        arrays = [inputs[spec.name] for spec in config.inputs]
+        _, result = await self._compute(name, "", arrays, rows, parameters)
+        return ModelAnswer(
+            {spec.name: array for spec, array in zip(config.outputs, result.outputs, strict=True)}, result.parameters
         )
 
+    async def _compute(
+        self, name: str, version: str, arrays: list[np.ndarray], rows: int, parameters: dict[str, Any]
+    ) -> tuple[ModelEngine, EngineResult]:
+        """Run rows on a model's engine, the config's default parameters under the request's."""
+        config = self.router.spec(name, version).config
+        async with self.router.serving(name, version) as engine:
+            return engine, await engine.infer(arrays, rows, {**config.parameters, **parameters})
 
-def validate_inputs(config: ModelConfig, request: InferenceRequest) -> tuple[list[np.ndarray], int]:
+
+def _response(
+    request: InferenceRequest,
+    config: Interface,
+    wanted: dict[str, bool],
+    version: str,
+    arrays: list[np.ndarray],
+    parameters: dict[str, Any],
+) -> InferenceResponse:
+    """The outputs the request asked for, each in the form it asked for."""
+    outputs, binary = [], []
+    for spec, array in zip(config.outputs, arrays, strict=True):
+        if spec.name in wanted:
+            outputs.append(Tensor(spec.name, spec.datatype, tuple(array.shape), array))
+            binary.append(wanted[spec.name])
+    return InferenceResponse(
+        model_name=request.model_name,
+        model_version=version,
+        outputs=outputs,
+        binary=binary,
+        id=request.id,
+        parameters=parameters,
+    )
+
+
+def validate_inputs(config: Interface, request: InferenceRequest) -> tuple[list[np.ndarray], int]:
     """The request's inputs in config order, checked for names, datatypes, shapes and batch size."""
     given: dict[str, Tensor] = {}
     for tensor in request.inputs:
@@ -175,7 +240,7 @@ def validate_inputs(config: ModelConfig, request: InferenceRequest) -> tuple[lis
     return arrays, rows
 
 
-def requested_outputs(config: ModelConfig, request: InferenceRequest) -> dict[str, bool]:
+def requested_outputs(config: Interface, request: InferenceRequest) -> dict[str, bool]:
     """Output name → send as binary, for the outputs the request asks for (all when it names none)."""
     names = [spec.name for spec in config.outputs]
     if request.outputs is None:
@@ -303,4 +368,43 @@ def model_statistics(engine: ModelEngine) -> dict[str, Any]:
             }
             for size, count in sorted(stats.batches.items())
         ],
+    }
+
+
+def dag_config(config: DagConfig) -> dict[str, Any]:
+    """A DAG query's configuration in Triton's form, its definition (nodes, options, budget policy) as the
+    `dag` parameter."""
+    return {
+        "name": config.name,
+        "platform": "dag",
+        "backend": "adaserve",
+        "max_batch_size": config.max_batch_size,
+        "input": [
+            {"name": t.name, "data_type": f"TYPE_{t.datatype}", "dims": list(t.row_shape)} for t in config.inputs
+        ],
+        "output": [
+            {"name": t.name, "data_type": f"TYPE_{t.datatype}", "dims": list(t.row_shape)} for t in config.outputs
+        ],
+        "parameters": {"dag": {"string_value": config.model_dump_json(exclude={"inputs", "outputs"})}},
+    }
+
+
+def dag_statistics(name: str, stats: PlannerStats) -> dict[str, Any]:
+    """A DAG query's statistics as Triton reports an ensemble's: its requests end to end; the models it ran
+    report their own."""
+    nothing = {"count": 0, "ns": 0}
+    return {
+        "name": name,
+        "version": "1",
+        "last_inference": stats.last_inference_ms,
+        "inference_count": stats.rows,
+        "execution_count": stats.success.count,
+        "inference_stats": {
+            "success": stats.success.__dict__,
+            "fail": stats.fail.__dict__,
+            **dict.fromkeys(
+                ("queue", "compute_input", "compute_infer", "compute_output", "cache_hit", "cache_miss"), nothing
+            ),
+        },
+        "batch_stats": [],
     }

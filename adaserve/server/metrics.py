@@ -18,6 +18,7 @@ from adaserve.cache import ModelCache
 from adaserve.engine.processes import HostLauncher
 from adaserve.engine.router import ModelRouter
 from adaserve.engine.stats import Histogram
+from adaserve.planner.catalog import DagCatalog
 
 LABELS = ["model", "version"]
 
@@ -218,6 +219,45 @@ class HostCollector:
         yield from (spares, launches)
 
 
+class DagCollector:
+    """DAG queries (GATI's planner): queries, SLO misses, the model each node ran, and the nodes replanning moved
+    to a more accurate model than the plan at arrival had."""
+
+    def __init__(self, dags: DagCatalog) -> None:
+        self.dags = dags
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["dag"]
+        success = CounterMetricFamily("adaserve_dag_query_success", "DAG queries answered", labels=labels)
+        failure = CounterMetricFamily("adaserve_dag_query_failure", "DAG queries answered with an error", labels=labels)
+        missed = CounterMetricFamily(
+            "adaserve_dag_slo_missed", "DAG queries answered after their latency SLO", labels=labels
+        )
+        upgraded = CounterMetricFamily(
+            "adaserve_dag_replan_upgrades",
+            "Nodes that ran a more accurate model than the plan at arrival had for them (time saved upstream)",
+            labels=labels,
+        )
+        choices = CounterMetricFamily(
+            "adaserve_dag_node_runs",
+            "Node runs by the model chosen (skipped: no row met its condition)",
+            labels=[*labels, "node", "model"],
+        )
+        duration = HistogramMetricFamily(
+            "adaserve_dag_query_duration_seconds", "Time from a DAG query's arrival to its answer", labels=labels
+        )
+        for name, planner in self.dags.planners.items():
+            stats = planner.stats
+            success.add_metric([name], stats.success.count)
+            failure.add_metric([name], stats.fail.count)
+            missed.add_metric([name], stats.slo_missed)
+            upgraded.add_metric([name], stats.upgraded)
+            for (node, model), count in sorted(stats.choices.items()):
+                choices.add_metric([name, node, model], count)
+            duration.add_metric([name], _buckets(stats.latency_s), stats.latency_s.total)
+        yield from (success, failure, missed, upgraded, choices, duration)
+
+
 def _buckets(histogram: Histogram) -> list[tuple[str, float]]:
     cumulative = 0
     buckets: list[tuple[str, float]] = []
@@ -227,9 +267,10 @@ def _buckets(histogram: Histogram) -> list[tuple[str, float]]:
     return buckets
 
 
-def render_metrics(router: ModelRouter) -> tuple[bytes, str]:
+def render_metrics(router: ModelRouter, dags: DagCatalog) -> tuple[bytes, str]:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(EngineCollector(router))
+    registry.register(DagCollector(dags))
     registry.register(HostCollector(router.hosts))
     if router.cache is not None:
         registry.register(CacheCollector(router.cache))

@@ -81,7 +81,7 @@ def create_app(plane: DataPlane) -> Application:
         return json_response(plane.log_settings(_json_body(request) if request.method == "POST" else None))
 
     async def metrics(request: Request) -> Response:
-        content, media_type = render_metrics(plane.router)
+        content, media_type = render_metrics(plane.router, plane.dags)
         return Response(200, content, media_type)
 
     routes = Routes()

@@ -1,0 +1,1 @@
+"""Tests of the DAG query planner (GATI §5)."""

@@ -1,0 +1,151 @@
+"""The query planner on models faked in-process: which model each node runs, on which rows, and how the time an
+early node saves moves a later node to a more accurate model (incremental replanning) where a static plan does not."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+import pytest
+
+from adaserve.errors import InferenceError, InvalidInputError
+from adaserve.planner.planner import ModelAnswer, QueryPlanner
+from adaserve.planner.spec import DagConfig
+from tests.planner.dags import chain, fork
+
+
+class Models:
+    """Fake models: each doubles its input after `sleep_s[model]`; `exits` makes the base answer at once with an
+    `exited_rows` parameter, as a learned-cache hit does. Records every call."""
+
+    def __init__(self, sleep_s: dict[str, float], exits: bool = False) -> None:
+        self.sleep_s = sleep_s
+        self.exits = exits
+        self.calls: list[tuple[str, int, dict[str, Any]]] = []
+
+    async def __call__(
+        self, model: str, inputs: dict[str, np.ndarray], rows: int, parameters: dict[str, Any]
+    ) -> ModelAnswer:
+        self.calls.append((model, rows, parameters))
+        exited = self.exits and model == "base" and parameters.get("early_exit") is not False
+        await asyncio.sleep(0 if exited else self.sleep_s.get(model, 0))
+        x = next(iter(inputs.values())) if len(inputs) == 1 else sum(inputs.values())
+        return ModelAnswer({"y": x * 2}, {"exited_rows": rows} if exited else {})
+
+
+def planner_with(config: DagConfig, models: Models, latency_ms: dict[str, float]) -> QueryPlanner:
+    """A planner whose book already holds these whole-run latencies (as probes would have measured)."""
+    planner = QueryPlanner(config, models)
+    for model, ms in latency_ms.items():
+        for _ in range(3):
+            planner.book.observe(model, 1, ms)
+    return planner
+
+
+ROWS = np.array([[1, 0, 0, 0], [0, 1, 0, 0]], np.float32)  # row 0's class is 0: refine runs on it alone
+LATENCY = {"base": 100.0, "small": 50.0, "large": 150.0}
+
+
+def run(planner: QueryPlanner, x: np.ndarray, parameters: dict[str, Any]):  # type: ignore[no-untyped-def]
+    return asyncio.run(planner.run({"x": x}, len(x), parameters))
+
+
+def test_a_conditional_node_runs_on_its_rows_and_each_row_takes_the_first_source_that_ran() -> None:
+    models = Models({})
+    answer = run(planner_with(chain(), models, LATENCY), ROWS, {})
+    # no SLO: the most accurate option everywhere
+    assert [(model, rows) for model, rows, _ in models.calls] == [("base", 2), ("large", 1)]
+    assert answer.outputs[0].tolist() == [[4, 0, 0, 0], [0, 2, 0, 0]]  # refine doubled row 0 again
+    assert answer.parameters["dag_plan"] == "classify=base,refine=large"
+
+    models.calls.clear()
+    answer = run(planner_with(chain(), models, LATENCY), ROWS[1:], {})
+    assert [model for model, _, _ in models.calls] == ["base"]
+    assert answer.parameters["dag_plan"] == "classify=base,refine=skipped"
+    assert answer.outputs[0].tolist() == [[0, 2, 0, 0]]
+
+
+def test_replanning_gives_the_time_an_early_exit_saved_to_the_next_node() -> None:
+    config = chain(budget_policy="equal")
+    # SLO 200 ms split equally: 100 each, where large (150) does not fit and small (50) does.
+    static = Models({"base": 0.0}, exits=True)
+    run(planner_with(chain(budget_policy="equal", replan=False), static, LATENCY), ROWS[:1], {"latency_ms": 200})
+    assert [model for model, _, _ in static.calls] == ["base", "small"]
+
+    replanned = Models({"base": 0.0}, exits=True)
+    planner = planner_with(config, replanned, LATENCY)
+    answer = run(planner, ROWS[:1], {"latency_ms": 200})
+    assert [model for model, _, _ in replanned.calls] == ["base", "large"]  # ~195 ms were left for refine
+    assert planner.stats.upgraded == 1
+    assert answer.choices["refine"].budget_ms is not None and answer.choices["refine"].budget_ms > 150
+    assert replanned.calls[1][2]["latency_ms"] == answer.choices["refine"].budget_ms  # its budget travels with it
+    assert answer.parameters["latency_budget_ms"] == 200 and answer.parameters["classify.exited_rows"] == 1
+
+    whole = Models({"base": 0.1})  # no exit: base takes its 100 ms and the rest only fits small
+    run(planner_with(config, whole, LATENCY), ROWS[:1], {"latency_ms": 200})
+    assert [model for model, _, _ in whole.calls] == ["base", "small"]
+
+
+def test_when_no_option_fits_the_fastest_runs_and_a_late_answer_counts_as_a_missed_slo() -> None:
+    models = Models({"base": 0.02})
+    planner = planner_with(chain(), models, LATENCY)
+    answer = run(planner, ROWS[:1], {"latency_ms": 10})
+    assert [model for model, _, _ in models.calls] == ["base", "small"]
+    assert answer.choices["refine"].estimate_ms == 50.0
+    assert planner.stats.slo_missed == 1 and planner.stats.success.count == 1
+
+
+def test_the_book_keeps_whole_runs_only_and_prices_unseen_batches_per_row() -> None:
+    models = Models({}, exits=True)
+    planner = planner_with(chain(), models, {"small": 50.0, "large": 150.0})
+    run(planner, ROWS, {})
+    assert planner.book.estimate_ms("base", 2) is None  # every base row exited: not a whole run
+    assert planner.book.estimate_ms("large", 1) is not None  # ran whole on one row
+    assert planner.book.estimate_ms("small", 4) == pytest.approx(200.0)
+
+
+def test_the_branches_of_a_fork_run_at_once() -> None:
+    models = Models({"m": 0.2})
+    planner = planner_with(fork(), models, {"m": 1.0, "join": 1.0})
+    began = asyncio.run(_timed(planner))
+    assert began < 0.55  # a, then b and c together, then d: three steps of 0.2 s, not four
+    assert sorted(model for model, _, _ in models.calls) == ["join", "m", "m", "m"]
+
+
+async def _timed(planner: QueryPlanner) -> float:
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    answer = await planner.run({"x": ROWS}, 2, {})
+    assert answer.outputs[0].tolist() == (ROWS * 16).tolist()  # a doubles; b and c double; d sums the two
+    return loop.time() - start
+
+
+def test_a_failing_node_fails_the_query_and_is_counted() -> None:
+    async def broken(model: str, inputs: dict[str, np.ndarray], rows: int, parameters: dict[str, Any]) -> ModelAnswer:
+        raise InferenceError(f"model '{model}' raised")
+
+    planner = QueryPlanner(chain(), broken)
+    with pytest.raises(InferenceError, match="model 'base' raised"):
+        run(planner, ROWS, {})
+    assert planner.stats.fail.count == 1
+
+
+@pytest.mark.parametrize("value", [0, -5, "fast", True])
+def test_a_bad_latency_target_is_refused(value: object) -> None:
+    with pytest.raises(InvalidInputError, match="'latency_ms' must be a positive number"):
+        run(QueryPlanner(chain(), Models({})), ROWS, {"latency_ms": value})
+
+
+def test_probes_time_every_option_on_whole_runs() -> None:
+    models = Models({}, exits=True)
+    planner = QueryPlanner(chain(probes=2), models)
+    spec = chain().inputs
+    asyncio.run(planner.probe({"base": spec, "small": spec}))
+    assert [(model, parameters) for model, _, parameters in models.calls] == [
+        ("base", {"early_exit": False}),
+        ("base", {"early_exit": False}),
+        ("small", {"early_exit": False}),
+        ("small", {"early_exit": False}),
+    ]
+    assert planner.book.estimate_ms("base", 1) is not None

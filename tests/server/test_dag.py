@@ -1,0 +1,162 @@
+"""DAG queries through a real server and tritonclient: a query answered by two models in turn, the planner's
+choice in the response, and the query beside models in metadata, config, statistics, the repository index and
+/metrics; a query that cannot load says why and the rest keep serving."""
+
+from __future__ import annotations
+
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+import yaml
+from tritonclient.utils import InferenceServerException
+
+from tests.server_utils import running_server, write_fussy_model, write_slow_model
+
+ONE_WORKER = [{"batch": 4, "threads": 1}]
+ROW = {"datatype": "FP32", "shape": [-1, 4]}
+
+
+def write_dag(repository: Path, name: str, **overrides: Any) -> None:
+    """first (double) → second, only on rows whose class is 0: double (fast, less accurate) or slow (y = x)."""
+    document: dict[str, Any] = {
+        "max_batch_size": 4,
+        "inputs": [{"name": "x", **ROW}],
+        "outputs": [{"name": "y", **ROW}],
+        "probes": 3,
+        "nodes": [
+            {"name": "first", "options": [{"model": "double", "accuracy": 0.9}], "inputs": {"x": "x"}},
+            {
+                "name": "second",
+                "when": {"source": "first.y", "argmax_in": [0]},
+                "options": [{"model": "double", "accuracy": 0.5}, {"model": "slow", "accuracy": 0.99}],
+                "inputs": {"x": "first.y"},
+            },
+        ],
+        "results": {"y": ["second.y", "first.y"]},
+    }
+    document.update(overrides)
+    (repository / name).mkdir()
+    (repository / name / "dag.yaml").write_text(yaml.safe_dump(document))
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    repository = tmp_path_factory.mktemp("dag") / "models"
+    repository.mkdir()
+    write_fussy_model(repository, "double", workers=ONE_WORKER, batching={"policy": "elastic"})
+    write_slow_model(repository, "slow", rounds=3000, max_batch_size=4, workers=ONE_WORKER)  # tens of ms
+    write_dag(repository, "pipe")
+    write_dag(
+        repository,
+        "unknown_model",
+        nodes=[{"name": "first", "options": [{"model": "nope", "accuracy": 1}], "inputs": {"x": "x"}}],
+        results={"y": ["first.y"]},
+    )
+    write_dag(
+        repository,
+        "miswired",
+        nodes=[{"name": "first", "options": [{"model": "double", "accuracy": 1}], "inputs": {"image": "x"}}],
+        results={"y": ["first.y"]},
+    )
+    with running_server(repository) as handle:
+        yield handle
+
+
+def infer(
+    client: httpclient.InferenceServerClient,
+    rows: np.ndarray,
+    parameters: dict[str, Any] | None = None,
+    model: str = "pipe",
+) -> tuple[np.ndarray, dict[str, Any]]:
+    tensor = httpclient.InferInput("x", list(rows.shape), "FP32")
+    tensor.set_data_from_numpy(rows.astype(np.float32))
+    result = client.infer(model, [tensor], parameters=parameters)
+    return result.as_numpy("y"), result.get_response()["parameters"]
+
+
+ROWS = np.array([[1, 0, 0, 0], [0, 1, 0, 0]], np.float32)
+
+
+def test_the_planner_picks_per_node_and_rows_take_the_first_source_that_ran(server) -> None:  # type: ignore[no-untyped-def]
+    client = httpclient.InferenceServerClient(server.http_url)
+    y, parameters = infer(client, ROWS)  # no SLO: the most accurate option, slow (y = x)
+    assert y.tolist() == [[2, 0, 0, 0], [0, 2, 0, 0]]
+    assert parameters["dag_plan"] == "first=double,second=slow"
+
+    y, parameters = infer(client, ROWS, {"latency_ms": 3})  # slow does not fit: double, fast, doubles again
+    assert y.tolist() == [[4, 0, 0, 0], [0, 2, 0, 0]]
+    assert parameters == {"dag_plan": "first=double,second=double", "latency_budget_ms": 3.0}
+
+    y, parameters = infer(client, ROWS[1:], {"latency_ms": 3})
+    assert y.tolist() == [[0, 2, 0, 0]] and parameters["dag_plan"] == "first=double,second=skipped"
+
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    tensor = grpcclient.InferInput("x", [2, 4], "FP32")
+    tensor.set_data_from_numpy(ROWS)
+    result = grpc.infer("pipe", [tensor])
+    assert result.as_numpy("y").tolist() == [[2, 0, 0, 0], [0, 2, 0, 0]]
+    assert result.get_response().parameters["dag_plan"].string_param == "first=double,second=slow"
+
+
+def test_bad_requests_name_their_problem(server) -> None:  # type: ignore[no-untyped-def]
+    client = httpclient.InferenceServerClient(server.http_url)
+    with pytest.raises(InferenceServerException, match="'latency_ms' must be a positive number") as error:
+        infer(client, ROWS, {"latency_ms": -1})
+    assert error.value.status() == "400"
+    with pytest.raises(InferenceServerException, match=r"shape \[2, 3\] does not match the model's \[-1, 4\]"):
+        infer(client, ROWS[:, :3])
+    with pytest.raises(InferenceServerException, match="negative input") as error:  # a node's model fails
+        infer(client, -ROWS)
+    assert error.value.status() == "500"
+    assert infer(client, ROWS)[0].shape == (2, 4)  # and the query keeps serving
+
+
+def test_a_query_that_cannot_load_says_why_and_the_rest_serve(server) -> None:  # type: ignore[no-untyped-def]
+    client = httpclient.InferenceServerClient(server.http_url)
+    index = {row["name"]: row for row in client.get_model_repository_index()}
+    assert index["pipe"]["state"] == "READY" and index["double"]["state"] == "READY"
+    assert index["unknown_model"]["state"] == "UNAVAILABLE"
+    assert "node 'first': unknown model 'nope'" in index["unknown_model"]["reason"]
+    assert "model 'double' takes inputs ['x'], the node wires ['image']" in index["miswired"]["reason"]
+    assert not client.is_model_ready("miswired") and client.is_model_ready("pipe")
+    with pytest.raises(InferenceServerException, match=r"DAG query 'miswired' is not loaded: .*takes inputs") as e:
+        infer(client, ROWS, model="miswired")
+    assert e.value.status() == "503"
+
+
+def test_a_query_shows_as_a_model_does(server) -> None:  # type: ignore[no-untyped-def]
+    client = httpclient.InferenceServerClient(server.http_url)
+    infer(client, ROWS, {"latency_ms": 3})
+    metadata = client.get_model_metadata("pipe")
+    assert (metadata["platform"], metadata["versions"]) == ("dag", ["1"])
+    assert metadata["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}]
+    config = client.get_model_config("pipe")
+    assert yaml.safe_load(config["parameters"]["dag"]["string_value"])["nodes"][1]["name"] == "second"
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    assert grpc.get_model_config("pipe").config.platform == "dag"
+    (stats,) = client.get_inference_statistics("pipe")["model_stats"]
+    assert stats["inference_stats"]["success"]["count"] >= 1 and stats["inference_count"] >= 2
+    names = {entry["name"] for entry in client.get_inference_statistics()["model_stats"]}
+    assert {"pipe", "double", "slow"} <= names
+    with urllib.request.urlopen(f"http://{server.http_url}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    assert 'adaserve_dag_node_runs_total{dag="pipe",model="double",node="second"}' in text
+    assert 'adaserve_dag_query_success_total{dag="pipe"}' in text
+
+
+def test_unload_and_load_through_the_repository_api(server) -> None:  # type: ignore[no-untyped-def]
+    client = httpclient.InferenceServerClient(server.http_url)
+    client.unload_model("pipe")
+    assert not client.is_model_ready("pipe")
+    with pytest.raises(InferenceServerException, match="DAG query 'pipe' is not loaded") as error:
+        infer(client, ROWS)
+    assert error.value.status() == "503"
+    client.load_model("pipe")
+    assert infer(client, ROWS)[1]["dag_plan"] == "first=double,second=slow"
+    with pytest.raises(InferenceServerException, match="unknown model 'nothing'"):
+        client.unload_model("nothing")
