@@ -9,7 +9,7 @@ from typing import Any
 
 from adaserve.errors import InvalidInputError
 
-__all__ = ["accuracy_target", "number"]
+__all__ = ["accuracy_target", "latency_target_ms", "number"]
 
 
 def number(parameters: Mapping[str, Any], name: str) -> float | None:
@@ -20,6 +20,14 @@ def number(parameters: Mapping[str, Any], name: str) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise InvalidInputError(f"parameter '{name}' must be a finite number, got {value!r}")
     return float(value)
+
+
+def latency_target_ms(parameters: Mapping[str, Any]) -> float | None:
+    """`latency_ms`: the latency SLO a request asks for (SLO-NNs' LCAO, a DAG query's budget); None when absent."""
+    latency = number(parameters, "latency_ms")
+    if latency is not None and not latency > 0:
+        raise InvalidInputError(f"parameter 'latency_ms' must be a positive number of milliseconds, got {latency}")
+    return latency
 
 
 def accuracy_target(parameters: Mapping[str, Any]) -> float | None:

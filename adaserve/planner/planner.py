@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
+from adaserve.adaptive.parameters import latency_target_ms
 from adaserve.config import TensorSpec
 from adaserve.engine.stats import DurationCount, Histogram
-from adaserve.errors import InvalidInputError
 from adaserve.planner.budgets import POLICIES, partial_budgets
 from adaserve.planner.latency import LatencyBook
 from adaserve.planner.spec import DagConfig, NodeSpec, Source
@@ -89,7 +89,7 @@ class QueryPlanner:
 
     async def run(self, inputs: dict[str, np.ndarray], rows: int, parameters: dict[str, Any]) -> QueryAnswer:
         began = time.perf_counter()
-        slo_ms = _latency_ms(parameters.get("latency_ms", self.config.latency_ms))
+        slo_ms = latency_target_ms(parameters) or self.config.latency_ms
         query = _Query(self, inputs, rows, {k: v for k, v in parameters.items() if k != "latency_ms"}, began, slo_ms)
         try:
             await query.run()
@@ -247,12 +247,3 @@ class _Query:
         for node, answer in self.answers.items():
             out.update({f"{node}.{key}": value for key, value in answer.items()})
         return out
-
-
-def _latency_ms(value: Any) -> float | None:
-    """A request's `latency_ms`: a positive number of milliseconds, or absent."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise InvalidInputError(f"parameter 'latency_ms' must be a positive number of milliseconds, got {value!r}")
-    return float(value)

@@ -22,8 +22,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from adaserve.adaptive.parameters import accuracy_target, number
-from adaserve.errors import InvalidInputError
+from adaserve.adaptive.parameters import accuracy_target, latency_target_ms
 
 __all__ = ["ARRIVED_NS", "Target", "aclo_threshold", "lcao_index", "parse_target", "prepare_parameters"]
 
@@ -41,9 +40,7 @@ class Target:
 def parse_target(parameters: Mapping[str, Any]) -> Target | None:
     """The request's SLO target, or None for a plain dense request; InvalidInputError (400) names a bad one."""
     accuracy = accuracy_target(parameters)
-    latency = number(parameters, "latency_ms")
-    if latency is not None and not latency > 0:
-        raise InvalidInputError(f"parameter 'latency_ms' must be a positive number of milliseconds, got {latency}")
+    latency = latency_target_ms(parameters)
     if accuracy is not None:
         return Target("aclo", accuracy)
     if latency is not None:
