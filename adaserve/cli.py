@@ -129,6 +129,14 @@ def _models_list(args: argparse.Namespace) -> int:
             f"{name}\tv{','.join(map(str, spec.served))}\t{spec.platform}\tmax_batch={config.max_batch_size}\t"
             f"policy={config.batching.policy}\tinputs={inputs}"
         )
+    for name in repository.dag_names():
+        try:
+            dag = repository.read_dag(name)
+        except AdaserveError as exc:
+            print(f"{name}\tINVALID\t{exc}")
+            continue
+        nodes = ",".join(f"{node.name}[{'|'.join(o.model for o in node.options)}]" for node in dag.nodes)
+        print(f"{name}\tdag\tmax_batch={dag.max_batch_size}\tbudget_policy={dag.budget_policy}\tnodes={nodes}")
     return 0
 
 
@@ -217,7 +225,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     models = commands.add_parser("models", help="inspect a model repository")
     models_commands = models.add_subparsers(dest="models_command", required=True)
-    listing = models_commands.add_parser("list", help="list the models, versions and configs of a repository")
+    listing = models_commands.add_parser(
+        "list", help="list the models (versions, configs) and DAG queries (nodes, options) of a repository"
+    )
     listing.add_argument("--model-repository", type=Path, default=EXAMPLE_REPOSITORY)
     listing.set_defaults(func=_models_list)
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tests.server.test_dag import write_dag
 from tests.server_utils import EXAMPLES, ServerHandle
 
 
@@ -96,3 +97,14 @@ def test_ctrl_c_ends_a_command_with_a_line_not_a_traceback(tmp_path: Path) -> No
                 _, stderr = process.communicate(timeout=60)
     assert process.returncode == 130
     assert "adaserve: interrupted" in stderr and "Traceback" not in stderr, stderr
+
+
+def test_models_list_shows_dag_queries_and_names_an_invalid_one(tmp_path: Path) -> None:
+    write_dag(tmp_path, "pipe")
+    write_dag(tmp_path, "broken", budget_policy="greedy")
+    run = adaserve("models", "list", "--model-repository", str(tmp_path))
+    assert run.returncode == 0, run.stderr
+    lines = {line.split("\t")[0]: line for line in run.stdout.splitlines()}
+    nodes = "nodes=first[double],second[double|slow]"
+    assert lines["pipe"] == f"pipe\tdag\tmax_batch=4\tbudget_policy=proportional\t{nodes}"
+    assert lines["broken"].startswith("broken\tINVALID\t") and "field 'budget_policy'" in lines["broken"]
