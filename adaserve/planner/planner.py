@@ -206,8 +206,8 @@ class _Query:
         for parent in node.parents:
             rows &= self.ran[parent]
         if node.when is not None:
-            classes = self.values[node.when.source].reshape(self.rows, -1).argmax(axis=1)
-            rows &= np.isin(classes, node.when.argmax_in)
+            classes = self.values[node.when.source].reshape(self.rows, -1).argmax(axis=1).tolist()
+            rows &= np.array([c in node.when.argmax_in for c in classes])
         return rows
 
     def _choose(self, node: NodeSpec, count: int) -> Choice:

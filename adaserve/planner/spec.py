@@ -10,6 +10,7 @@ when the query loads (`adaserve.planner.catalog`).
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -60,13 +61,13 @@ class NodeSpec(Strict):
             raise ValueError(f"a model is listed twice: {models}")
         return options
 
-    @property
+    @cached_property
     def sources(self) -> list[Source]:
         """Every tensor the node reads: its inputs, and its condition's."""
         texts = [*self.inputs.values(), *([self.when.source] if self.when else [])]
         return [Source(text) for text in texts]
 
-    @property
+    @cached_property
     def parents(self) -> list[str]:
         """The nodes it waits for."""
         return sorted({s.node for s in self.sources if s.node is not None})
@@ -134,7 +135,15 @@ class DagConfig(Interface):
         return self
 
     def node(self, name: str) -> NodeSpec:
-        return next(node for node in self.nodes if node.name == name)
+        return self._by_name[name]
+
+    @cached_property
+    def _by_name(self) -> dict[str, NodeSpec]:
+        return {node.name: node for node in self.nodes}
+
+    @cached_property
+    def _children(self) -> dict[str, list[str]]:
+        return {name: [node.name for node in self.nodes if name in node.parents] for name in self._by_name}
 
     def runs_on_every_row(self, name: str) -> bool:
         """A node runs on a row when its condition holds there and every node it reads from ran there."""
@@ -142,4 +151,4 @@ class DagConfig(Interface):
         return node.when is None and all(self.runs_on_every_row(parent) for parent in node.parents)
 
     def children(self, name: str) -> list[str]:
-        return [node.name for node in self.nodes if name in node.parents]
+        return self._children[name]

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from adaserve.errors import InferenceError, InvalidInputError
+from adaserve.planner.latency import LatencyBook
 from adaserve.planner.planner import ModelAnswer, QueryPlanner
 from adaserve.planner.spec import DagConfig
 from tests.planner.dags import chain, fork
@@ -149,3 +150,26 @@ def test_probes_time_every_option_on_whole_runs() -> None:
         ("small", {"early_exit": False}),
     ]
     assert planner.book.estimate_ms("base", 1) is not None
+
+
+def test_the_planning_latency_is_a_quantile_of_the_recent_whole_runs() -> None:
+    book = LatencyBook(quantile=0.5, window=3)
+    assert book.estimate_ms("m", 1) is None
+    for ms in (1.0, 2.0, 3.0):
+        book.observe("m", 1, ms)
+    assert book.estimate_ms("m", 1) == 2.0
+    book.observe("m", 1, 10.0)  # the window keeps the newest three: 2, 3, 10
+    assert book.estimate_ms("m", 1) == 3.0
+    assert book.estimate_ms("m", 2) == 6.0  # no run of two rows yet: twice one row's
+    book.observe("m", 2, 4.0)
+    assert book.estimate_ms("m", 2) == 4.0
+
+
+def test_the_book_matches_numpys_quantile_as_its_window_slides() -> None:
+    rng = np.random.default_rng(0)
+    book = LatencyBook(quantile=0.95, window=50)
+    seen: list[float] = []
+    for value in rng.exponential(2.0, 400).tolist():
+        book.observe("m", 1, value)
+        seen.append(value)
+        assert book.estimate_ms("m", 1) == pytest.approx(float(np.quantile(seen[-50:], 0.95)))
