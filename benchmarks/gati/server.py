@@ -31,13 +31,14 @@ def measure_server(spec: ModelSpec, images: np.ndarray) -> dict[str, Any]:
         try:
             for image in images[:WARM_UP]:
                 for parameters in (None, {"early_exit": False}):
-                    _infer(client, spec.name, image, parameters)
+                    infer_row(client, spec.name, image, parameters)
             shuffle = np.random.default_rng(0)
             with cpu_window(window := {"quiet_wait": wait_for_quiet(QUIET_WAIT_S)}, server.pid):
                 for image in images:
                     for side in shuffle.permutation(["on", "off"]):
                         parameters = None if side == "on" else {"early_exit": False}
-                        latency, label, block = _infer(client, spec.name, image, parameters)
+                        latency, label, answer = infer_row(client, spec.name, image, parameters)
+                        block = answer.get("exit_block")
                         samples[side].add([(latency, label, block)], latency)
         finally:
             client.close()
@@ -52,10 +53,10 @@ def measure_server(spec: ModelSpec, images: np.ndarray) -> dict[str, Any]:
     }
 
 
-def _infer(
+def infer_row(
     client: httpclient.InferenceServerClient, model: str, image: np.ndarray, parameters: dict[str, Any] | None
-) -> tuple[float, int, str | None]:
-    """One request of one row: (latency s, class, the exit block the response names)."""
+) -> tuple[float, int, dict[str, Any]]:
+    """One request of one image, binary tensors both ways: (latency s, class, the response's parameters)."""
     tensor = httpclient.InferInput("image", [1, *image.shape], "FP32")
     tensor.set_data_from_numpy(image[None], binary_data=True)
     output = httpclient.InferRequestedOutput("logits", binary_data=True)
@@ -63,5 +64,4 @@ def _infer(
     result = client.infer(model, [tensor], outputs=[output], parameters=parameters)
     logits = result.as_numpy("logits")
     latency = time.perf_counter() - began
-    block = (result.get_response().get("parameters") or {}).get("exit_block")
-    return latency, int(np.argmax(logits)), block
+    return latency, int(np.argmax(logits)), result.get_response().get("parameters") or {}
