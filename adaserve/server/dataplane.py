@@ -143,7 +143,7 @@ class DataPlane:
         arrays, rows = validate_inputs(config, request)
         wanted = requested_outputs(config, request)
         engine, result = await self._compute(
-            request.model_name, request.model_version, arrays, rows, request.parameters
+            request.model_name, request.model_version, config, arrays, rows, request.parameters
         )
         return _response(request, config, wanted, str(engine.model.version), result.outputs, result.parameters)
 
@@ -162,16 +162,21 @@ class DataPlane:
         """A DAG query's node: its model run through the request path a client's request takes."""
         config = self.router.spec(name).config
         arrays = [inputs[spec.name] for spec in config.inputs]
-        _, result = await self._compute(name, "", arrays, rows, parameters)
+        _, result = await self._compute(name, "", config, arrays, rows, parameters)
         return ModelAnswer(
             {spec.name: array for spec, array in zip(config.outputs, result.outputs, strict=True)}, result.parameters
         )
 
     async def _compute(
-        self, name: str, version: str, arrays: list[np.ndarray], rows: int, parameters: dict[str, Any]
+        self,
+        name: str,
+        version: str,
+        config: ModelConfig,
+        arrays: list[np.ndarray],
+        rows: int,
+        parameters: dict[str, Any],
     ) -> tuple[ModelEngine, EngineResult]:
         """Run rows on a model's engine, the config's default parameters under the request's."""
-        config = self.router.spec(name, version).config
         async with self.router.serving(name, version) as engine:
             return engine, await engine.infer(arrays, rows, {**config.parameters, **parameters})
 
