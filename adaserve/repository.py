@@ -113,10 +113,13 @@ class ModelRepository:
 
     def fingerprint(self, name: str) -> Fingerprint | None:
         """What on disk decides how `name` is served: its config file and the files of its version folders (name,
-        size and modification time of each). None when it is not a model of the repository now. Cheap enough to
+        size and modification time of each), or a DAG query's dag.yaml. None when it is neither now. Cheap enough to
         take for every model every few seconds; the poller compares them (`engine/poller.py`)."""
         directory = self.root / name
         try:
+            if not (directory / CONFIG_FILE).exists() and (directory / DAG_FILE).exists():
+                dag = (directory / DAG_FILE).stat()  # a DAG query: its definition is all there is
+                return (dag.st_size, dag.st_mtime_ns), ()
             config = (directory / CONFIG_FILE).stat()
             folders = sorted(
                 (p for p in directory.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name)

@@ -10,6 +10,9 @@ the files change again, not on every poll.
 
 Under a memory budget (mCache) models load on demand: a change reloads a model only if it is resident, and a new
 model waits for its first request.
+
+DAG queries (`dag.yaml`) are followed the same way, after the models of the same poll, so a query added with its
+models finds them loaded.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import logging
 
 from adaserve.engine.router import ModelRouter
 from adaserve.errors import AdaserveError
+from adaserve.planner.catalog import DagCatalog
 from adaserve.repository import Fingerprint
 
 log = logging.getLogger("adaserve.poller")
@@ -28,12 +32,14 @@ _GONE = "gone"
 
 
 class RepositoryPoller:
-    """Watches `names` (default: every model the repository holds, new ones included) for `router`."""
+    """Watches `names` (default: every model and DAG query the repository holds, new ones included) for `router`
+    and `dags`."""
 
-    def __init__(self, router: ModelRouter, names: list[str] | None = None) -> None:
+    def __init__(self, router: ModelRouter, dags: DagCatalog, names: list[str] | None = None) -> None:
         self.router = router
+        self.dags = dags
         self.names = names
-        self._seen = self._scan()
+        self._seen, _ = self._scan()
         self._pending: dict[str, Fingerprint | str] = {}  # a change seen once, acted on if the next poll agrees
 
     async def run(self, interval_s: float) -> None:
@@ -49,9 +55,10 @@ class RepositoryPoller:
     async def poll(self) -> list[str]:
         """Compare the repository with what was seen, and load, reload or unload what settled since; the names
         acted on."""
-        now = await asyncio.to_thread(self._scan)
+        now, dag_names = await asyncio.to_thread(self._scan)
+        dags = {name for name in set(now) | set(self._seen) if name in dag_names or self.dags.knows(name)}
         acted = []
-        for name in sorted(set(now) | set(self._seen)):
+        for name in sorted(set(now) | set(self._seen), key=lambda name: (name in dags, name)):
             current: Fingerprint | str = now.get(name, _GONE)
             if current == self._seen.get(name, _GONE):
                 self._pending.pop(name, None)  # changed and changed back: nothing to do
@@ -64,15 +71,17 @@ class RepositoryPoller:
                 self._seen[name] = now[name]
             else:
                 self._seen.pop(name, None)
-            await self._apply(name, name in now)
+            await (self._apply_dag if name in dags else self._apply)(name, name in now)
             acted.append(name)
         return acted
 
-    def _scan(self) -> dict[str, Fingerprint]:
+    def _scan(self) -> tuple[dict[str, Fingerprint], set[str]]:
+        """The fingerprint of each model and DAG query watched, and which of them are DAG queries."""
         repository = self.router.repository
-        names = repository.names() if self.names is None else self.names
+        dag_names = repository.dag_names()
+        names = repository.names() + dag_names if self.names is None else self.names
         found = {name: repository.fingerprint(name) for name in names}
-        return {name: fingerprint for name, fingerprint in found.items() if fingerprint is not None}
+        return {name: fingerprint for name, fingerprint in found.items() if fingerprint is not None}, set(dag_names)
 
     async def _apply(self, name: str, present: bool) -> None:
         resident = name in self.router.engines
@@ -87,5 +96,19 @@ class RepositoryPoller:
         except AdaserveError as exc:
             log.error(
                 "model failed to load from the repository; the old engine, if any, keeps serving",
+                extra={"model": name, "error": str(exc)},
+            )
+
+    async def _apply_dag(self, name: str, present: bool) -> None:
+        if not present:
+            log.info("DAG query removed from the repository: unloading", extra={"model": name})
+            self.dags.unload(name)
+            return
+        try:
+            log.info("DAG query changed in the repository: loading", extra={"model": name})
+            await self.dags.load(name)
+        except AdaserveError as exc:
+            log.error(
+                "DAG query failed to load from the repository; the old one, if any, keeps serving",
                 extra={"model": name, "error": str(exc)},
             )

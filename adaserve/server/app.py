@@ -115,7 +115,7 @@ async def serve(options: ServeOptions) -> None:
     log.info("serving", extra={"models": [e.name for e in router.index() if e.state == "READY"]})
     polling = None
     if options.repository_poll_s is not None:
-        polling = loop.create_task(RepositoryPoller(router, options.models).run(options.repository_poll_s))
+        polling = loop.create_task(RepositoryPoller(router, plane.dags, options.models).run(options.repository_poll_s))
 
     await stopping.wait()
     log.info("stopping")

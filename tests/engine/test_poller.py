@@ -15,6 +15,7 @@ import torch
 from adaserve.engine.poller import RepositoryPoller
 from adaserve.engine.router import ModelRouter
 from adaserve.repository import ModelRepository
+from adaserve.server.dataplane import DataPlane
 from tests.server_utils import Spin, link_example, write_config, write_fussy_model
 
 ONE_WORKER = [{"batch": 4, "threads": 1}]
@@ -55,7 +56,7 @@ def test_each_change_on_disk_is_followed_after_it_settles(tmp_path: Path, caplog
 
     async def body(router: ModelRouter) -> None:
         await router.load_all()
-        poller = RepositoryPoller(router)
+        poller = RepositoryPoller(router, DataPlane(router).dags)
         assert await poller.poll() == []  # nothing changed
 
         fussy = write_fussy_model(tmp_path, workers=ONE_WORKER)  # added: loaded
@@ -90,7 +91,7 @@ def test_a_change_undone_before_it_settled_does_nothing_and_a_partial_copy_waits
 
     async def body(router: ModelRouter) -> None:
         await router.load("mlp")
-        poller = RepositoryPoller(router)
+        poller = RepositoryPoller(router, DataPlane(router).dags)
         config = tmp_path / "mlp" / "config.yaml"
         text = config.read_text()
         config.write_text(text + "# edited\n")
@@ -115,7 +116,7 @@ def test_only_the_named_models_are_watched(tmp_path: Path) -> None:
 
     async def body(router: ModelRouter) -> None:
         await router.load_all(["mlp"])
-        poller = RepositoryPoller(router, ["mlp"])
+        poller = RepositoryPoller(router, DataPlane(router).dags, ["mlp"])
         write_fussy_model(tmp_path, workers=ONE_WORKER)
         assert await settle(poller) == []
         assert list(router.engines) == ["mlp"]
@@ -131,7 +132,7 @@ def test_a_repository_that_goes_away_for_a_while_is_logged_and_followed_again(
 
     async def body(router: ModelRouter) -> None:
         await router.load("mlp")
-        poller = RepositoryPoller(router)
+        poller = RepositoryPoller(router, DataPlane(router).dags)
         polling = asyncio.get_running_loop().create_task(poller.run(0.02))
         aside = tmp_path / "aside"
         with caplog.at_level(logging.ERROR, logger="adaserve.poller"):

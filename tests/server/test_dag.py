@@ -15,6 +15,7 @@ import tritonclient.http as httpclient
 import yaml
 from tritonclient.utils import InferenceServerException
 
+from tests.server.test_poll import wait_for
 from tests.server_utils import running_server, write_fussy_model, write_slow_model
 
 ONE_WORKER = [{"batch": 4, "threads": 1}]
@@ -160,3 +161,28 @@ def test_unload_and_load_through_the_repository_api(server) -> None:  # type: ig
     assert infer(client, ROWS)[1]["dag_plan"] == "first=double,second=slow"
     with pytest.raises(InferenceServerException, match="unknown model 'nothing'"):
         client.unload_model("nothing")
+
+
+def test_the_poller_follows_dag_queries_on_disk(tmp_path: Path) -> None:
+    repository = tmp_path / "models"
+    repository.mkdir()
+    write_fussy_model(repository, "double", workers=ONE_WORKER, batching={"policy": "elastic"})
+    write_slow_model(repository, "slow", rounds=1, max_batch_size=4, workers=ONE_WORKER)
+    with running_server(repository, "--repository-poll-secs", "0.2") as server:
+        client = httpclient.InferenceServerClient(server.http_url)
+        write_dag(repository, "pipe")  # added: loaded
+        wait_for(lambda: client.is_model_ready("pipe"))
+        assert infer(client, ROWS)[1]["dag_plan"] == "first=double,second=slow"
+
+        def policy() -> str:
+            return str(
+                yaml.safe_load(client.get_model_config("pipe")["parameters"]["dag"]["string_value"])["budget_policy"]
+            )
+
+        document = yaml.safe_load((repository / "pipe" / "dag.yaml").read_text())
+        (repository / "pipe" / "dag.yaml").write_text(yaml.safe_dump({**document, "budget_policy": "equal"}))
+        wait_for(lambda: policy() == "equal")  # changed: reloaded
+
+        (repository / "pipe" / "dag.yaml").unlink()  # removed: unloaded
+        wait_for(lambda: not client.is_model_ready("pipe"))
+        assert client.is_model_ready("double")
