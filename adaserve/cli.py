@@ -195,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"seconds an HTTP connection may send nothing while no answer is being computed before it is closed "
         f"(a 408 if it stopped mid-request; default {IDLE_TIMEOUT_S:g})",
     )
-    serve.add_argument("--model", action="append", help="load only this model (repeatable; default: all)")
+    serve.add_argument("--model", action="append", help="load only this model or DAG query (repeatable; default: all)")
     serve.add_argument(
         "--model-memory-budget",
         type=memory_budget,
@@ -217,8 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--repository-poll-secs",
         type=positive_number,
-        help="Triton's poll mode: every so many seconds, load models added to the repository, reload those whose "
-        "config or versions changed (no downtime), unload those removed (default: never)",
+        help="Triton's poll mode: every so many seconds, load models and DAG queries added to the repository, reload "
+        "those whose config, versions or dag.yaml changed (no downtime), unload those removed (default: never)",
     )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.set_defaults(func=_serve)
