@@ -186,3 +186,21 @@ def test_the_poller_follows_dag_queries_on_disk(tmp_path: Path) -> None:
         (repository / "pipe" / "dag.yaml").unlink()  # removed: unloaded
         wait_for(lambda: not client.is_model_ready("pipe"))
         assert client.is_model_ready("double")
+
+
+def test_under_a_memory_budget_the_options_load_on_demand(tmp_path: Path) -> None:
+    repository = tmp_path / "models"
+    repository.mkdir()
+    write_fussy_model(repository, "double", workers=ONE_WORKER, batching={"policy": "elastic"})
+    write_slow_model(repository, "slow", rounds=1, max_batch_size=4, workers=ONE_WORKER)
+    write_dag(repository, "pipe")
+    with running_server(repository, "--model-memory-budget", "1GiB") as server:
+        client = httpclient.InferenceServerClient(server.http_url)
+        # no model loads at start under a budget: the query's probes loaded its options through the model cache
+        assert {row["name"]: row["state"] for row in client.get_model_repository_index()} == {
+            "double": "READY",
+            "slow": "READY",
+            "pipe": "READY",
+        }
+        y, parameters = infer(client, ROWS)
+        assert y.tolist() == [[2, 0, 0, 0], [0, 2, 0, 0]] and parameters["dag_plan"] == "first=double,second=slow"
