@@ -130,6 +130,13 @@ class ModelRepository:
         return (config.st_size, config.st_mtime_ns), versions
 
 
+def version_source(fingerprint: Fingerprint, version: int) -> tuple[object, ...]:
+    """What one version's engine was started from, out of the model's fingerprint: the config file and that
+    version's folder. Equal before and after a change: the change did not touch that version."""
+    config, folders = fingerprint
+    return config, dict(folders).get(str(version), ())
+
+
 def _files(folder: Path) -> tuple[tuple[str, int, int], ...]:
     """(name, size, modification time) of each file in `folder`, by name."""
     stats = ((f.name, f.stat()) for f in folder.iterdir() if f.is_file())

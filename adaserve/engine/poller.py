@@ -3,7 +3,8 @@
 Every few seconds the poller takes each model's fingerprint (its config and its version folders' files,
 `ModelRepository.fingerprint`) and compares it with what it saw before. A model added is loaded, one whose config
 or versions changed is reloaded (the router starts the new engines beside the old and swaps when they are ready,
-so requests keep being answered; the config's version_policy says which versions), one removed is unloaded. A
+so requests keep being answered; the config's version_policy says which versions, and a version whose config and
+files did not change keeps its engine), one removed is unloaded. A
 change is acted on only once two polls in a row see it the same, so a model still being copied in is not loaded
 half-written. A load that fails is logged and the old engine, if any, keeps serving; the poller tries again when
 the files change again, not on every poll.
@@ -92,7 +93,7 @@ class RepositoryPoller:
                     await self.router.unload(name)
             elif resident or self.router.cache is None:
                 log.info("model changed in the repository: loading", extra={"model": name, "reload": resident})
-                await self.router.load(name)
+                await self.router.load(name, changed_only=True)
         except AdaserveError as exc:
             log.error(
                 "model failed to load from the repository; the old engine, if any, keeps serving",

@@ -7,10 +7,12 @@ makes room (`adaserve.cache`); a model is pinned while a request uses it, so it 
 
 A model has an engine for each version its config's version_policy serves (by default the newest alone); a request
 that names no version goes to the newest served. A reload starts the new engines beside the old ones and swaps them
-all in only when every one is ready, so a reload never interrupts serving. A model that fails to load is recorded
-with its reason; the others keep serving. A load or unload runs to its end even when its caller stops waiting (the
-client hung up, a gRPC deadline passed), as Triton's do: cut off half-way, it would leave a host process that no
-engine owns.
+all in only when every one is ready, so a reload never interrupts serving. A reload through the repository API
+starts every version again (it also picks up a new profile or cache set); the poller's reload, as Triton's, starts
+only the versions whose files or config changed and keeps the engines of the others serving. A model that fails to
+load is recorded with its reason; the others keep serving. A load or unload runs to its end even when its caller
+stops waiting (the client hung up, a gRPC deadline passed), as Triton's do: cut off half-way, it would leave a host
+process that no engine owns.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from adaserve.cache import Loaded, ModelCache
 from adaserve.engine.engine import EngineState, ModelEngine
 from adaserve.engine.processes import HostLauncher
 from adaserve.errors import AdaserveError, ModelNotFoundError, ModelNotReadyError
-from adaserve.repository import ModelRepository, ModelSpec
+from adaserve.repository import ModelRepository, ModelSpec, version_source
 
 log = logging.getLogger("adaserve.router")
 
@@ -56,6 +58,7 @@ class ModelRouter:
         self.repository = repository
         self.hosts = HostLauncher(spare_hosts)
         self._served: dict[str, dict[int, ModelEngine]] = {}  # name → version → engine, each version served
+        self._sources: dict[str, dict[int, tuple[object, ...]]] = {}  # name → version → the files it started from
         self._errors: dict[str, str] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._operations: set[asyncio.Task[None]] = set()  # loads, unloads and reloads, each in a task of its own
@@ -115,27 +118,46 @@ class ModelRouter:
             )
         return self.repository.read(name, int(version))
 
-    async def load(self, name: str) -> None:
+    async def load(self, name: str, *, changed_only: bool = False) -> None:
         """Load or reload a model from the repository; raises ConfigError / ModelNotFoundError with the cause.
+        `changed_only`: keep the engines of versions whose config and files did not change (the poller's reload).
 
         Under a memory budget the cache loads it, evicting other models by its policy to make room.
         """
-        await asyncio.shield(self._operation(self._load(name)))
+        await asyncio.shield(self._operation(self._load(name, changed_only)))
 
-    async def _load(self, name: str) -> None:
+    async def _load(self, name: str, changed_only: bool = False) -> None:
         if self.cache is not None and name not in self._served:
             self._check_known(name)
             async with self.cache.use(name):
                 return
-        await self._start(name)
+        await self._start(name, changed_only)
 
-    async def _start(self, name: str) -> None:
-        """Start an engine for each version the model's version_policy serves, then swap them in for the old ones
-        together; if one fails, none is swapped in and the ones started stop."""
+    async def _start(self, name: str, changed_only: bool = False) -> None:
+        """Start an engine for each version the model's version_policy serves (with `changed_only`, each whose
+        files changed since its engine started), then swap them in for the old ones together; if one fails, none
+        is swapped in and the ones started stop."""
         async with self._lock(name):
+            old = self._served.get(name, {})
+            fingerprint = self.repository.fingerprint(name)
             started: dict[int, ModelEngine] = {}
+            kept: dict[int, ModelEngine] = {}
+            sources: dict[int, tuple[object, ...]] = {}
             try:
                 for spec in self.repository.read_served(name):
+                    if fingerprint is not None:
+                        sources[spec.version] = version_source(fingerprint, spec.version)
+                    previous = old.get(spec.version)
+                    if (
+                        changed_only
+                        and previous is not None
+                        and previous.state is EngineState.READY
+                        and spec.version in sources
+                        and self._sources.get(name, {}).get(spec.version) == sources[spec.version]
+                    ):
+                        previous.model = spec  # the same config and files; the versions beside it may differ
+                        kept[spec.version] = previous
+                        continue
                     engine = ModelEngine(spec, reload=lambda: self._reload_soon(name), hosts=self.hosts)
                     await engine.start()  # a start that fails stops what it started
                     started[spec.version] = engine
@@ -145,8 +167,8 @@ class ModelRouter:
                     self._errors[name] = str(exc)
                 raise
             self._errors.pop(name, None)
-            old, self._served[name] = self._served.get(name, {}), started
-            await asyncio.gather(*(engine.stop() for engine in old.values()))
+            self._served[name], self._sources[name] = {**kept, **started}, sources
+            await asyncio.gather(*(engine.stop() for version, engine in old.items() if kept.get(version) is not engine))
 
     def _reload_soon(self, name: str) -> None:
         """Load the model again in a task of the router's own (the engine asking is the one being replaced)."""
@@ -192,6 +214,7 @@ class ModelRouter:
         model may both come to stop it."""
         async with self._lock(name):
             engines = self._served.pop(name, {})
+            self._sources.pop(name, None)
             await asyncio.gather(*(engine.stop() for engine in engines.values()))
 
     # -- the cache's view of a model: load and measure, unload, size before the first load -------------------

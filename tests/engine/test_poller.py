@@ -152,3 +152,34 @@ def test_a_repository_that_goes_away_for_a_while_is_logged_and_followed_again(
         polling.cancel()
 
     run_router(repository, body)
+
+
+def test_the_poller_restarts_only_the_versions_that_changed_and_the_api_restarts_all(tmp_path: Path) -> None:
+    fussy = write_fussy_model(tmp_path, workers=ONE_WORKER, version_policy={"all": True})
+    x = np.ones((1, 4), dtype=np.float32)
+
+    async def body(router: ModelRouter) -> None:
+        await router.load_all()
+        poller = RepositoryPoller(router, DataPlane(router).dags)
+        first = router.engine("fussy", "1")
+        add_identity_version(fussy, 2)  # a version added: version 1's files and the config are as they were
+        assert await settle(poller) == ["fussy"]
+        assert router.engine("fussy", "1") is first  # kept serving, not restarted
+        assert router.engine("fussy", "1").model.served == (1, 2)  # and it knows its new neighbour
+        assert (await router.engine("fussy", "2").infer([x], 1, {})).outputs[0].tolist() == [[1.0] * 4]
+
+        second = router.engine("fussy", "2")
+        torch.jit.save(torch.jit.script(Spin(2)), str(fussy / "2" / "model.pt"))  # version 2 rewritten
+        assert await settle(poller) == ["fussy"]
+        assert router.engine("fussy", "1") is first and router.engine("fussy", "2") is not second
+
+        await router.load("fussy")  # through the repository API: every version starts again
+        assert router.engine("fussy", "1") is not first
+        assert (await router.engine("fussy", "1").infer([x], 1, {})).outputs[0].tolist() == [[2.0] * 4]
+
+        engines = [router.engine("fussy", "1"), router.engine("fussy", "2")]
+        (fussy / "config.yaml").write_text((fussy / "config.yaml").read_text() + "\n")  # the config: both again
+        assert await settle(poller) == ["fussy"]
+        assert all(router.engine("fussy", v) is not engine for v, engine in zip(("1", "2"), engines, strict=True))
+
+    run_router(tmp_path, body)
