@@ -20,9 +20,12 @@ if TYPE_CHECKING:
     import numpy as np
 
     from adaserve.cache.budget import Budget
+    from adaserve.server.dataplane import ModelControlMode
 
 #: The example repository shipped in the source tree; `adaserve serve` with no arguments serves it.
 EXAMPLE_REPOSITORY = Path(__file__).resolve().parent.parent / "examples" / "models"
+#: Triton's default `--repository-poll-secs` in poll mode.
+DEFAULT_POLL_S = 15.0
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -38,6 +41,13 @@ def _serve(args: argparse.Namespace) -> int:
 
         budget = _budget_bytes(args.model_memory_budget, args.model_repository)
         cache = CacheSettings(budget, args.cache_policy)
+    mode: ModelControlMode = args.model_control_mode or (
+        "poll" if args.repository_poll_secs is not None else "explicit"
+    )
+    if mode != "poll" and args.repository_poll_secs is not None:
+        raise ConfigError(
+            f"--repository-poll-secs follows the repository on disk: it needs --model-control-mode poll, not {mode}"
+        )
     options = ServeOptions(
         model_repository=args.model_repository,
         host=args.host,
@@ -48,7 +58,8 @@ def _serve(args: argparse.Namespace) -> int:
         models=args.model or None,
         cache=cache,
         spare_hosts=args.spare_hosts if args.spare_hosts is not None else int(cache is not None),
-        repository_poll_s=args.repository_poll_secs,
+        repository_poll_s=(args.repository_poll_secs or DEFAULT_POLL_S) if mode == "poll" else None,
+        model_control_mode=mode,
     )
     uvloop.run(serve(options))
     return 0
@@ -218,7 +229,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--repository-poll-secs",
         type=positive_number,
         help="Triton's poll mode: every so many seconds, load models and DAG queries added to the repository, reload "
-        "those whose config, versions or dag.yaml changed (no downtime), unload those removed (default: never)",
+        "those whose config, versions or dag.yaml changed (no downtime), unload those removed (default: never; "
+        f"{DEFAULT_POLL_S:g} with --model-control-mode poll)",
+    )
+    serve.add_argument(
+        "--model-control-mode",
+        choices=["explicit", "poll", "none"],
+        help="Triton's: explicit (the default; poll when --repository-poll-secs is given) lets the repository API "
+        "load and unload; poll follows the repository on disk and refuses the API; none serves what loaded at start "
+        "and refuses the API",
     )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.set_defaults(func=_serve)

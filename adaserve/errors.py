@@ -40,6 +40,14 @@ class ModelNotReadyError(AdaserveError):
     grpc_code = grpc.StatusCode.UNAVAILABLE
 
 
+class ModelControlError(AdaserveError):
+    """A repository load or unload while the model control mode does not allow one (Triton's modes none and poll);
+    the message starts with Triton's own words, which clients match."""
+
+    http_status = 503
+    grpc_code = grpc.StatusCode.UNAVAILABLE
+
+
 class PayloadTooLargeError(AdaserveError):
     http_status = 413
     grpc_code = grpc.StatusCode.RESOURCE_EXHAUSTED

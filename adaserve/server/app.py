@@ -21,7 +21,7 @@ from adaserve.engine.poller import RepositoryPoller
 from adaserve.engine.router import CacheSettings, ModelRouter
 from adaserve.errors import ConfigError
 from adaserve.repository import ModelRepository
-from adaserve.server.dataplane import DataPlane
+from adaserve.server.dataplane import DataPlane, ModelControlMode
 from adaserve.server.grpc_service import InferenceServicer
 from adaserve.server.http import IDLE_TIMEOUT_S, HttpServer
 from adaserve.server.rest import create_app, error_response
@@ -41,6 +41,7 @@ class ServeOptions:
     cache: CacheSettings | None = None  # mCache: a memory budget and an eviction policy
     spare_hosts: int = 0  # model host processes started ahead of loads (see HostLauncher)
     repository_poll_s: float | None = None  # follow the repository on disk every so often (engine/poller.py)
+    model_control_mode: ModelControlMode = "explicit"  # Triton's: may the repository API load and unload models
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -72,7 +73,7 @@ def raise_open_file_limit() -> int:
 async def serve(options: ServeOptions) -> None:
     open_files = raise_open_file_limit()
     router = ModelRouter(ModelRepository(options.model_repository), options.cache, spare_hosts=options.spare_hosts)
-    plane = DataPlane(router)
+    plane = DataPlane(router, options.model_control_mode)
     http_socket = _listen(options.host, options.http_port)
     http = HttpServer(
         create_app(plane),

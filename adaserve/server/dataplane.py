@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Collection
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -16,7 +16,7 @@ from adaserve import __version__
 from adaserve.config import Interface, ModelConfig, QueuePolicySpec
 from adaserve.engine.engine import EngineResult, EngineState, ModelEngine
 from adaserve.engine.router import ModelRouter
-from adaserve.errors import InvalidInputError, ModelNotReadyError
+from adaserve.errors import InvalidInputError, ModelControlError, ModelNotReadyError
 from adaserve.logs import SWITCHES
 from adaserve.planner.catalog import DagCatalog
 from adaserve.planner.planner import ModelAnswer, PlannerStats
@@ -34,9 +34,16 @@ EXTENSIONS = [
 ]
 
 
+#: Triton's model control modes: who may load and unload models once the server runs.
+ModelControlMode = Literal["none", "poll", "explicit"]
+
+
 class DataPlane:
-    def __init__(self, router: ModelRouter) -> None:
+    def __init__(self, router: ModelRouter, model_control: ModelControlMode = "explicit") -> None:
+        """`model_control`: explicit lets the repository API load and unload; none and poll refuse it (in poll
+        mode the poller follows the repository instead)."""
         self.router = router
+        self.model_control = model_control
         self.dags = DagCatalog(router, self._run_node)  # DAG queries: names answered by several models in turn
         self.started = False  # set once the models named at start have been loaded (or failed)
 
@@ -115,6 +122,7 @@ class DataPlane:
     async def load(self, name: str, parameters: Collection[str] = ()) -> None:
         """Triton's repository load. Its parameters send a config or files with the request (`config`,
         `file:<path>`); they are refused, not ignored: a model loads from its directory in the repository."""
+        self._check_model_control()
         if parameters:
             raise InvalidInputError(
                 f"load of '{name}': parameters {sorted(parameters)} are not supported; a model loads from its "
@@ -127,6 +135,7 @@ class DataPlane:
 
     async def unload(self, name: str, parameters: Collection[str] = ()) -> None:
         """Triton's repository unload; `unload_dependents` is accepted (no model here has dependents)."""
+        self._check_model_control()
         unknown = sorted(set(parameters) - {"unload_dependents"})
         if unknown:
             raise InvalidInputError(f"unload of '{name}': parameters {unknown} are not supported")
@@ -134,6 +143,18 @@ class DataPlane:
             self.dags.unload(name)
         else:
             await self.router.unload(name)
+
+    def _check_model_control(self) -> None:
+        if self.model_control == "poll":
+            raise ModelControlError(
+                "explicit model load / unload is not allowed if polling is enabled (--model-control-mode poll: the "
+                "server follows the repository on disk)"
+            )
+        if self.model_control == "none":
+            raise ModelControlError(
+                "explicit model load / unload is not allowed in model control mode none (--model-control-mode none: "
+                "the models loaded at start are the ones served)"
+            )
 
     # -- inference -------------------------------------------------------------------------------------------
     async def infer(self, request: InferenceRequest) -> InferenceResponse:
