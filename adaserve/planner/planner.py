@@ -239,9 +239,8 @@ class _Query:
 
     def response_parameters(self) -> dict[str, Any]:
         """`dag_plan` ("classify=resnet,tops=tops_large"), the SLO, and each node's answer's own parameters."""
-        out: dict[str, Any] = {
-            "dag_plan": ",".join(f"{node}={choice.model or 'skipped'}" for node, choice in self.choices.items())
-        }
+        plan = (f"{node.name}={self.choices[node.name].model or 'skipped'}" for node in self.config.nodes)
+        out: dict[str, Any] = {"dag_plan": ",".join(plan)}  # in the config's order, whichever branch ran first
         if self.slo_ms is not None:
             out["latency_budget_ms"] = self.slo_ms
         for node, answer in self.answers.items():

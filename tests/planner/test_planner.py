@@ -119,6 +119,7 @@ async def _timed(planner: QueryPlanner) -> float:
     start = loop.time()
     answer = await planner.run({"x": ROWS}, 2, {})
     assert answer.outputs[0].tolist() == (ROWS * 16).tolist()  # a doubles; b and c double; d sums the two
+    assert answer.parameters["dag_plan"] == "a=m,b=m,c=m,d=join"  # the config's order, whichever branch ran first
     return loop.time() - start
 
 
