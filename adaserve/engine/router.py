@@ -141,7 +141,7 @@ class ModelRouter:
             old = self._served.get(name, {})
             fingerprint = self.repository.fingerprint(name)
             started: dict[int, ModelEngine] = {}
-            kept: dict[int, ModelEngine] = {}
+            kept: dict[int, tuple[ModelEngine, ModelSpec]] = {}  # unchanged: the engine, and its spec as read now
             sources: dict[int, tuple[object, ...]] = {}
             try:
                 for spec in self.repository.read_served(name):
@@ -155,8 +155,7 @@ class ModelRouter:
                         and spec.version in sources
                         and self._sources.get(name, {}).get(spec.version) == sources[spec.version]
                     ):
-                        previous.model = spec  # the same config and files; the versions beside it may differ
-                        kept[spec.version] = previous
+                        kept[spec.version] = previous, spec
                         continue
                     engine = ModelEngine(spec, reload=lambda: self._reload_soon(name), hosts=self.hosts)
                     await engine.start()  # a start that fails stops what it started
@@ -167,8 +166,11 @@ class ModelRouter:
                     self._errors[name] = str(exc)
                 raise
             self._errors.pop(name, None)
-            self._served[name], self._sources[name] = {**kept, **started}, sources
-            await asyncio.gather(*(engine.stop() for version, engine in old.items() if kept.get(version) is not engine))
+            for engine, spec in kept.values():
+                engine.model = spec  # the same config and files; the versions beside it may differ (now, not before)
+            self._served[name] = {**{version: engine for version, (engine, _) in kept.items()}, **started}
+            self._sources[name] = sources
+            await asyncio.gather(*(engine.stop() for version, engine in old.items() if version not in kept))
 
     def _reload_soon(self, name: str) -> None:
         """Load the model again in a task of the router's own (the engine asking is the one being replaced)."""
