@@ -122,6 +122,11 @@ class ModelCache:
     def state(self, name: str) -> State | None:
         return self._core.state(name)
 
+    def load_penalty_s(self, name: str) -> float | None:
+        """P_i, the time a load of `name` is expected to take (its own, and the wait for a host); None before its
+        first load."""
+        return self._core.stats.penalty_s(name) if self._core.stats.get(name).loads else None
+
     def snapshot(self) -> CacheSnapshot:
         residents = self._core.residents()
         models = {
@@ -129,7 +134,7 @@ class ModelCache:
                 state=residents[name].state.value if name in residents else "UNLOADED",
                 resident_bytes=residents[name].size_bytes if name in residents else 0,
                 counters=ModelCounters(**vars(counters)),
-                smoothed_load_s=self._core.stats.penalty_s(name) if self._core.stats.get(name).loads else None,
+                smoothed_load_s=self.load_penalty_s(name),
             )
             for name, counters in self._counters.items()
         }

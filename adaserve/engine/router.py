@@ -267,6 +267,17 @@ class ModelRouter:
             raise ModelNotFoundError(f"unknown version '{version}' of model '{name}'")
         return engine
 
+    def start_delay_s(self, name: str) -> float | None:
+        """How long before a request for `name` could start computing: 0 when its newest version is ready, its
+        expected load time when the model cache must load it first, None when it cannot be served now (not
+        loaded and no cache to load it, failed, or never loaded so its load time is unknown)."""
+        served = self._served.get(name)
+        if served and served[max(served)].state is EngineState.READY:
+            return 0.0
+        if self.cache is None or name in self._errors:
+            return None
+        return self.cache.load_penalty_s(name)
+
     def ready_engine(self, name: str, version: str = "") -> ModelEngine:
         engine = self.engine(name, version)
         if engine.state is not EngineState.READY:

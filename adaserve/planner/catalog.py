@@ -51,7 +51,7 @@ class DagCatalog:
         """(Re)load a query; the one serving keeps serving until the new one is ready."""
         try:
             config = self.router.repository.read_dag(name)
-            planner = QueryPlanner(config, self.run_model)
+            planner = QueryPlanner(config, self.run_model, self.router.start_delay_s)
             await planner.probe(self._option_inputs(config))
         except AdaserveError as exc:
             if name in self.router.repository.dag_names():

@@ -67,12 +67,18 @@ class PlannerStats:
     latency_s: Histogram = field(default_factory=Histogram)
 
 
+#: How long before a model could start a run, in seconds: 0 when it is ready, its load time when it must be loaded
+#: first (mCache), None when it cannot be served now.
+StartDelay = Callable[[str], float | None]
+
+
 class QueryPlanner:
     """One DAG query's planner: its latency book and counters live as long as the query is loaded."""
 
-    def __init__(self, config: DagConfig, run_model: RunModel) -> None:
+    def __init__(self, config: DagConfig, run_model: RunModel, start_delay_s: StartDelay = lambda model: 0.0) -> None:
         self.config = config
         self.run_model = run_model
+        self.start_delay_s = start_delay_s
         self.policy = POLICIES[config.budget_policy]
         self.book = LatencyBook(config.latency_quantile, config.latency_window)
         self.stats = PlannerStats()
@@ -121,9 +127,13 @@ class QueryPlanner:
         return max(self.book.estimate_ms(option.model, rows) or 0.0 for option in node.options)
 
     def choose(self, node: NodeSpec, budget_ms: float | None, rows: int) -> Choice:
-        """The most accurate option whose planning latency fits the budget; when none fits, the fastest."""
+        """The most accurate option whose planning latency fits the budget; when none fits, the fastest. An option
+        that cannot be served now is passed over (unless no option can); one the model cache must load first is
+        planned with its load time on top."""
         ranked = sorted(node.options, key=lambda option: -option.accuracy)
-        estimates = {option.model: self.book.estimate_ms(option.model, rows) for option in ranked}
+        delays = {option.model: self.start_delay_s(option.model) for option in ranked}
+        ranked = [option for option in ranked if delays[option.model] is not None] or ranked
+        estimates = {option.model: self._estimate_ms(option.model, rows, delays[option.model]) for option in ranked}
         if budget_ms is None:
             return Choice(ranked[0].model, None, estimates[ranked[0].model])
         for option in ranked:
@@ -133,6 +143,10 @@ class QueryPlanner:
         known = [(estimate, model) for model, estimate in estimates.items() if estimate is not None]
         model = min(known)[1] if known else ranked[0].model
         return Choice(model, budget_ms, estimates[model])
+
+    def _estimate_ms(self, model: str, rows: int, delay_s: float | None) -> float | None:
+        run_ms = self.book.estimate_ms(model, rows)
+        return None if run_ms is None else run_ms + (delay_s or 0.0) * 1e3
 
     def accuracy(self, node: NodeSpec, model: str) -> float:
         return next(option.accuracy for option in node.options if option.model == model)

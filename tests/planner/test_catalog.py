@@ -35,6 +35,9 @@ class Router:
         self.repository = Repository(dag)
         self.models = models
 
+    def start_delay_s(self, name: str) -> float | None:
+        return 0.0
+
     def spec(self, name: str) -> SimpleNamespace:
         if name not in self.models:
             raise ModelNotFoundError(f"unknown model '{name}'")

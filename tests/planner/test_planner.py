@@ -174,3 +174,24 @@ def test_the_book_matches_numpys_quantile_as_its_window_slides() -> None:
         book.observe("m", 1, value)
         seen.append(value)
         assert book.estimate_ms("m", 1) == pytest.approx(float(np.quantile(seen[-50:], 0.95)))
+
+
+def test_an_option_that_cannot_serve_now_is_passed_over_and_one_to_load_first_pays_its_load() -> None:
+    unavailable = Models({})
+    planner = planner_with(chain(), unavailable, LATENCY)
+    planner.start_delay_s = lambda model: None if model == "large" else 0.0  # large: unloaded, no cache to load it
+    run(planner, ROWS[:1], {})
+    assert [model for model, _, _ in unavailable.calls] == ["base", "small"]
+
+    to_load = Models({})
+    planner = planner_with(chain(), to_load, LATENCY)
+    planner.start_delay_s = lambda model: 1.0 if model == "large" else 0.0  # large: evicted, loads in about 1 s
+    run(planner, ROWS[:1], {"latency_ms": 600})  # 150 ms of run would fit its share; 1,150 with the load does not
+    run(planner, ROWS[:1], {})  # no SLO: the most accurate, loaded on demand
+    assert [model for model, _, _ in to_load.calls] == ["base", "small", "base", "large"]
+
+    nothing = Models({})
+    planner = planner_with(chain(), nothing, LATENCY)
+    planner.start_delay_s = lambda model: None  # nothing can serve: plan as if all could, the engine says why
+    run(planner, ROWS[:1], {})
+    assert [model for model, _, _ in nothing.calls] == ["base", "large"]

@@ -159,6 +159,10 @@ def test_unload_and_load_through_the_repository_api(server) -> None:  # type: ig
     assert error.value.status() == "503"
     client.load_model("pipe")
     assert infer(client, ROWS)[1]["dag_plan"] == "first=double,second=slow"
+    client.unload_model("slow")  # an option unloaded: the planner passes over it rather than fail
+    assert infer(client, ROWS)[1]["dag_plan"] == "first=double,second=double"
+    client.load_model("slow")
+    assert infer(client, ROWS)[1]["dag_plan"] == "first=double,second=slow"
     with pytest.raises(InferenceServerException, match="unknown model 'nothing'"):
         client.unload_model("nothing")
 
