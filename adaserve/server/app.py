@@ -110,7 +110,8 @@ async def serve(options: ServeOptions) -> None:
             "open_files": open_files,
         },
     )
-    await router.load_all(options.models)
+    dags = set(router.repository.dag_names())
+    await router.load_all(None if options.models is None else [n for n in options.models if n not in dags])
     await plane.dags.load_all(options.models)  # after the models: loading a DAG query times its models
     plane.started = True
     log.info("serving", extra={"models": [e.name for e in router.index() if e.state == "READY"]})

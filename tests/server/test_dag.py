@@ -208,3 +208,18 @@ def test_under_a_memory_budget_the_options_load_on_demand(tmp_path: Path) -> Non
         }
         y, parameters = infer(client, ROWS)
         assert y.tolist() == [[2, 0, 0, 0], [0, 2, 0, 0]] and parameters["dag_plan"] == "first=double,second=slow"
+
+
+def test_a_query_named_at_start_loads_as_a_query_not_as_a_model(tmp_path: Path) -> None:
+    repository = tmp_path / "models"
+    repository.mkdir()
+    write_fussy_model(repository, "double", workers=ONE_WORKER, batching={"policy": "elastic"})
+    write_slow_model(repository, "slow", rounds=1, max_batch_size=4, workers=ONE_WORKER)
+    write_fussy_model(repository, "other", workers=ONE_WORKER)
+    write_dag(repository, "pipe")
+    names = ("--model", "double", "--model", "slow", "--model", "pipe")
+    with running_server(repository, *names) as server:
+        client = httpclient.InferenceServerClient(server.http_url)
+        states = {row["name"]: row["state"] for row in client.get_model_repository_index()}
+        assert states == {"double": "READY", "slow": "READY", "pipe": "READY", "other": "UNAVAILABLE"}
+        assert "failed to load" not in server.log.read_text()
