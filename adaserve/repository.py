@@ -59,17 +59,25 @@ class ModelRepository:
 
     def names(self) -> list[str]:
         """The models."""
-        return sorted(p.name for p in self.root.iterdir() if (p / CONFIG_FILE).is_file())
+        return self._holding(CONFIG_FILE)
 
     def dag_names(self) -> list[str]:
         """The DAG queries (a folder with both files is a model, and its dag.yaml an error when read)."""
-        return sorted(p.name for p in self.root.iterdir() if (p / DAG_FILE).is_file())
+        return self._holding(DAG_FILE)
+
+    def _holding(self, file: str) -> list[str]:
+        return sorted(p.name for p in self.root.iterdir() if (p / file).is_file())
+
+    def _folder(self, name: str, file: str, kind: str) -> Path:
+        """`name`'s folder, when `name` is a folder of the repository (no path in it) that holds `file`."""
+        directory = self.root / name
+        if "/" in name or name.startswith(".") or not _is_file(directory / file):
+            raise ModelNotFoundError(f"no {kind} named '{name}' in repository {self.root}")
+        return directory
 
     def read_dag(self, name: str) -> DagConfig:
         """Validate a DAG query's definition; what it needs of the models is checked when it loads."""
-        directory = self.root / name
-        if "/" in name or name.startswith(".") or not _is_file(directory / DAG_FILE):
-            raise ModelNotFoundError(f"no DAG query named '{name}' in repository {self.root}")
+        directory = self._folder(name, DAG_FILE, "DAG query")
         if _is_file(directory / CONFIG_FILE):
             raise ConfigError(f"{directory}: holds both {CONFIG_FILE} (a model) and {DAG_FILE} (a DAG query)")
         return load_document(directory / DAG_FILE, DagConfig, name=name)
@@ -90,9 +98,7 @@ class ModelRepository:
 
     def _describe(self, name: str) -> tuple[Path, ModelConfig, tuple[int, ...], tuple[int, ...]]:
         """The model's folder, validated config, version folders and the versions its policy serves."""
-        directory = self.root / name
-        if "/" in name or name.startswith(".") or not _is_file(directory / CONFIG_FILE):
-            raise ModelNotFoundError(f"no model named '{name}' in repository {self.root}")
+        directory = self._folder(name, CONFIG_FILE, "model")
         config = load_config(directory / CONFIG_FILE, name=name)
         _check_cpus(config, directory / CONFIG_FILE)
         versions = tuple(sorted(int(p.name) for p in directory.iterdir() if p.is_dir() and p.name.isdigit()))
