@@ -8,8 +8,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from tritonclient.utils import InferenceServerException
 
@@ -20,7 +21,11 @@ if TYPE_CHECKING:
     import numpy as np
 
     from adaserve.cache.budget import Budget
+    from adaserve.planner.spec import DagConfig
+    from adaserve.repository import ModelSpec
     from adaserve.server.dataplane import ModelControlMode
+
+Read = TypeVar("Read")
 
 #: The example repository shipped in the source tree; `adaserve serve` with no arguments serves it.
 EXAMPLE_REPOSITORY = Path(__file__).resolve().parent.parent / "examples" / "models"
@@ -128,27 +133,32 @@ def _models_list(args: argparse.Namespace) -> int:
     from adaserve.repository import ModelRepository
 
     repository = ModelRepository(args.model_repository)
-    for name in repository.names():
-        try:
-            spec = repository.read(name)
-        except AdaserveError as exc:
-            print(f"{name}\tINVALID\t{exc}")
-            continue
-        config = spec.config
-        inputs = ", ".join(f"{t.name}:{t.datatype}{list(t.shape)}" for t in config.inputs)
-        print(
-            f"{name}\tv{','.join(map(str, spec.served))}\t{spec.platform}\tmax_batch={config.max_batch_size}\t"
-            f"policy={config.batching.policy}\tinputs={inputs}"
-        )
-    for name in repository.dag_names():
-        try:
-            dag = repository.read_dag(name)
-        except AdaserveError as exc:
-            print(f"{name}\tINVALID\t{exc}")
-            continue
-        nodes = ",".join(f"{node.name}[{'|'.join(o.model for o in node.options)}]" for node in dag.nodes)
-        print(f"{name}\tdag\tmax_batch={dag.max_batch_size}\tbudget_policy={dag.budget_policy}\tnodes={nodes}")
+    _list(repository.names(), repository.read, _model_line)
+    _list(repository.dag_names(), repository.read_dag, _dag_line)
     return 0
+
+
+def _list(names: list[str], read: Callable[[str], Read], line: Callable[[Read], str]) -> None:
+    """A line per name: what `line` says of it once read, or why it could not be read."""
+    for name in names:
+        try:
+            print(f"{name}\t{line(read(name))}")
+        except AdaserveError as exc:
+            print(f"{name}\tINVALID\t{exc}")
+
+
+def _model_line(spec: ModelSpec) -> str:
+    config = spec.config
+    inputs = ", ".join(f"{t.name}:{t.datatype}{list(t.shape)}" for t in config.inputs)
+    return (
+        f"v{','.join(map(str, spec.served))}\t{spec.platform}\tmax_batch={config.max_batch_size}\t"
+        f"policy={config.batching.policy}\tinputs={inputs}"
+    )
+
+
+def _dag_line(dag: DagConfig) -> str:
+    nodes = ",".join(f"{node.name}[{'|'.join(o.model for o in node.options)}]" for node in dag.nodes)
+    return f"dag\tmax_batch={dag.max_batch_size}\tbudget_policy={dag.budget_policy}\tnodes={nodes}"
 
 
 def _infer(args: argparse.Namespace) -> int:
