@@ -285,17 +285,8 @@ def triton_config(engine: ModelEngine) -> dict[str, Any]:
     config = engine.model.config
     workers = [{"pid": w.pid, "batch": w.batch, "threads": w.threads, "cpus": w.cpus} for w in engine.workers.values()]
     document: dict[str, Any] = {
-        "name": config.name,
-        "platform": engine.model.platform,
-        "backend": "adaserve",
-        "max_batch_size": config.max_batch_size,
+        **interface_document(config, engine.model.platform),
         "version_policy": version_policy_document(config),
-        "input": [
-            {"name": t.name, "data_type": f"TYPE_{t.datatype}", "dims": list(t.row_shape)} for t in config.inputs
-        ],
-        "output": [
-            {"name": t.name, "data_type": f"TYPE_{t.datatype}", "dims": list(t.row_shape)} for t in config.outputs
-        ],
         "instance_group": [{"name": f"worker_{w.id}", "kind": "KIND_CPU", "count": 1} for w in engine.workers.values()],
         "parameters": {
             "batching_policy": {"string_value": config.batching.policy},
@@ -401,8 +392,16 @@ def dag_config(config: DagConfig) -> dict[str, Any]:
     """A DAG query's configuration in Triton's form, its definition (nodes, options, budget policy) as the
     `dag` parameter."""
     return {
+        **interface_document(config, "dag"),
+        "parameters": {"dag": {"string_value": config.model_dump_json(exclude={"inputs", "outputs"})}},
+    }
+
+
+def interface_document(config: Interface, platform: str) -> dict[str, Any]:
+    """What a model and a DAG query show alike in Triton's configuration: name, platform, batch bound, tensors."""
+    return {
         "name": config.name,
-        "platform": "dag",
+        "platform": platform,
         "backend": "adaserve",
         "max_batch_size": config.max_batch_size,
         "input": [
@@ -411,7 +410,6 @@ def dag_config(config: DagConfig) -> dict[str, Any]:
         "output": [
             {"name": t.name, "data_type": f"TYPE_{t.datatype}", "dims": list(t.row_shape)} for t in config.outputs
         ],
-        "parameters": {"dag": {"string_value": config.model_dump_json(exclude={"inputs", "outputs"})}},
     }
 
 
