@@ -10,7 +10,9 @@
 #   python3 -m pytest -q tests/engine/test_streams.py tests/adaptive/gati/test_server.py
 #   python3 -m benchmarks.elastic_batching --quick --device cuda --model resnet50 --trace "$GPU_BUNDLE/conv.csv" \
 #       --perf-venv "$GPU_BUNDLE/perf" --noise-cores 2 --quiet-s 0
-#   python3 -m benchmarks.packrat.speedup --quick --models inception     # Packrat at T = every CPU (16 there)
+#   python3 -m benchmarks.packrat.speedup --quick --models resnet50 --skip-end-to-end --profile-max-batch 16 \
+#       --batches 1,2,4,8,16,32,64,128,256 --output benchmarks/results/packrat_speedup-t16.json
+#       # Packrat at T = every CPU (16 there): ~5 minutes a CNN (ResNet-50 295 s, profile included)
 #   python3 -m benchmarks.gati.gpu --packed "$GPU_BUNDLE/gati" --device cpu --output benchmarks/results/gati_cpu16.json
 #       # GATI's lookups on a core of their own (p99 bar, issue 6); `--device cuda` for the GPU form
 #
@@ -55,5 +57,5 @@ pack() {
 
 case "${1:-}" in
     pack) pack "${2:-}" ;;
-    *) sed -n '2,21p' "$0" >&2; exit 2 ;;
+    *) sed -n '2,23p' "$0" >&2; exit 2 ;;
 esac
