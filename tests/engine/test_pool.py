@@ -48,6 +48,15 @@ def test_freed_slots_are_reused_only_when_the_head_comes_round() -> None:
     assert ring.allocate(2) == 0
 
 
+def test_an_empty_ring_starts_again_at_slot_0() -> None:
+    """Under light load requests keep to the first slots, whose pages are resident (see SlotRing)."""
+    ring, [first, second] = filled_ring(8, 2, 3)
+    ring.free(second, 3)
+    ring.free(first, 2)
+    assert ring.allocate(2) == 0  # not 5, where the head was
+    assert ring.allocate(2) == 2
+
+
 def test_frees_out_of_order() -> None:
     ring, [a, b, c] = filled_ring(6, 2, 2, 2)
     ring.free(b, 2)
@@ -130,6 +139,8 @@ def test_random_allocations_match_a_first_fit_model(seed: int) -> None:
             rows = live.pop(freed)
             ring.free(freed, rows)
             used[freed : freed + rows] = [False] * rows
+            if not live:
+                head = 0  # an empty ring starts again at slot 0
         else:
             rows = value
             expected = first_fit_from(head, used, rows) if rows <= slots else None
