@@ -65,9 +65,18 @@ def _serve(args: argparse.Namespace) -> int:
         spare_hosts=args.spare_hosts if args.spare_hosts is not None else int(cache is not None),
         repository_poll_s=(args.repository_poll_secs or DEFAULT_POLL_S) if mode == "poll" else None,
         model_control_mode=mode,
+        allow_client_shm=args.allow_client_shm,
     )
     uvloop.run(serve(options))
     return 0
+
+
+def _switch(text: str) -> bool:
+    """`--allow-client-shm`, `--allow-client-shm=true` (Triton's spelling) or `=false`."""
+    value = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}.get(text.lower())
+    if value is None:
+        raise argparse.ArgumentTypeError(f"expected true or false; got {text!r}")
+    return value
 
 
 def memory_budget(text: str) -> Budget:
@@ -248,6 +257,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="Triton's: explicit (the default; poll when --repository-poll-secs is given) lets the repository API "
         "load and unload; poll follows the repository on disk and refuses the API; none serves what loaded at start "
         "and refuses the API",
+    )
+    serve.add_argument(
+        "--allow-client-shm",
+        type=_switch,
+        nargs="?",
+        const=True,
+        default=False,
+        metavar="true|false",
+        help="Triton's: let clients register POSIX shared memory (/dev/shm) and send and receive tensors through "
+        "it (the system shared-memory extension); off by default, since the server then reads and writes any "
+        "shared-memory object a client names that the server may open",
     )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.set_defaults(func=_serve)

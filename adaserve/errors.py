@@ -48,6 +48,13 @@ class ModelControlError(AdaserveError):
     grpc_code = grpc.StatusCode.UNAVAILABLE
 
 
+class NotAllowedError(AdaserveError):
+    """An operation the server was started without: e.g. client shared memory without --allow-client-shm."""
+
+    http_status = 403
+    grpc_code = grpc.StatusCode.PERMISSION_DENIED
+
+
 class PayloadTooLargeError(AdaserveError):
     http_status = 413
     grpc_code = grpc.StatusCode.RESOURCE_EXHAUSTED

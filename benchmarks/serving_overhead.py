@@ -100,7 +100,7 @@ def main() -> int:
         report["server_command"] = process_command(server.pid)
         report["server_config"] = (repository / MODEL / "config.yaml").read_text()
         report["runs"] = [
-            _perf_run(perf, server, protocol, concurrency, repeat, args.request_count)
+            perf_run(perf, server, protocol, concurrency, repeat, args.request_count)
             for repeat in range(args.repeats)
             for protocol in PROTOCOLS
             for concurrency in CONCURRENCIES
@@ -108,8 +108,7 @@ def main() -> int:
     with grpc_floor() as floor:
         report["floor_command"] = process_command(floor.pid)
         report["floor_runs"] = [
-            _perf_run(perf, floor, "grpc", 1, repeat, args.request_count, name="floor")
-            for repeat in range(args.repeats)
+            perf_run(perf, floor, "grpc", 1, repeat, args.request_count, name="floor") for repeat in range(args.repeats)
         ]
     report["in_process"].append(_in_process(args.iterations))
     report["load_end"] = load_average()
@@ -120,14 +119,22 @@ def main() -> int:
     return 0
 
 
-def _parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def perf_parser(description: str | None, request_count: int) -> argparse.ArgumentParser:
+    """The options every benchmark made of interleaved perf_analyzer runs takes."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="one repeat, short windows (a smoke run)")
     parser.add_argument("--repeats", type=int, help="runs of each case, interleaved (default 3; --quick 1)")
-    parser.add_argument("--request-count", type=int, help="perf_analyzer requests per window (default 3000)")
-    parser.add_argument("--iterations", type=int, help="in-process calls per measurement (default 20000)")
+    parser.add_argument(
+        "--request-count", type=int, help=f"perf_analyzer requests per window (default {request_count})"
+    )
     parser.add_argument("--perf-venv", type=Path, default=ROOT / ".venv-perf", help="venv holding perf_analyzer")
     parser.add_argument("--output", type=Path, help="result JSON (the PNG goes beside it)")
+    return parser
+
+
+def _parse_args() -> argparse.Namespace:
+    parser = perf_parser(__doc__, request_count=3000)
+    parser.add_argument("--iterations", type=int, help="in-process calls per measurement (default 20000)")
     args = parser.parse_args()
     args.repeats = args.repeats or (1 if args.quick else 3)
     args.request_count = args.request_count or (1000 if args.quick else 3000)
@@ -202,7 +209,7 @@ def grpc_floor(ready_timeout_s: float = 60.0) -> Iterator[ServerHandle]:
         stop_server(process)
 
 
-def _perf_run(
+def perf_run(
     perf: PerfAnalyzer,
     server: ServerHandle,
     protocol: str,
@@ -210,16 +217,23 @@ def _perf_run(
     repeat: int,
     count: int,
     name: str = "adaserve",
+    *,
+    model: str = MODEL,
+    shape: str = "image:784",
+    extra: tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    """One perf_analyzer run; its CSV row, its own and the server's CPU over the run, the load average around it."""
-    csv_path = SCRATCH / "serving_overhead" / f"{name}-{protocol}-c{concurrency}-r{repeat}.csv"
+    """One perf_analyzer run of batch-1 requests (`extra`: more of its arguments); its CSV row, its own and the
+    server's CPU over the run, the load average around it."""
+    label = "-".join([name, model, protocol, f"c{concurrency}", *(a.lstrip("-") for a in extra), f"r{repeat}"])
+    csv_path = SCRATCH / "serving_overhead" / f"{label}.csv"
+    csv_path.parent.mkdir(parents=True, exist_ok=True)
     csv_path.unlink(missing_ok=True)
     url = server.http_url if protocol == "http" else server.grpc_url
     arguments = [
-        "-m", MODEL, "-u", url, "-i", protocol, "--concurrency-range", str(concurrency),
-        "--shape", "image:784", "-b", "1", "--measurement-mode", "count_windows",
+        "-m", model, "-u", url, "-i", protocol, "--concurrency-range", str(concurrency),
+        "--shape", shape, "-b", "1", "--measurement-mode", "count_windows",
         "--measurement-request-count", str(count), "--stability-percentage", "25", "--max-trials", "10",
-        "--percentile", "50", "-f", str(csv_path), "--verbose-csv",
+        "--percentile", "50", "-f", str(csv_path), "--verbose-csv", *extra,
     ]  # fmt: skip
     run: dict[str, Any] = {"server": name, "protocol": protocol, "concurrency": concurrency, "repeat": repeat}
     run["command"] = perf.shell_text(arguments)
@@ -250,7 +264,7 @@ def _perf_run(
             server_compute_ms=row["Server Compute Infer"] / 1000 if "Server Compute Infer" in row else None,
         )
     print(
-        f"{name} {protocol} c={concurrency} #{repeat}: "
+        f"{label}: "
         + (f"{run['throughput_rps']:.0f}/s p50 {run['p50_ms']:.3f} ms" if row else f"FAILED rc={run['returncode']}")
         + f"  others {run['other_cores']:.2f} cores, load {run['load_before'][0]}→{run['load_after'][0]}",
         flush=True,

@@ -44,5 +44,5 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def server(repository: Path) -> Iterator[ServerHandle]:
-    with running_server(repository, "--max-request-bytes", str(MAX_REQUEST_BYTES)) as handle:
+    with running_server(repository, "--max-request-bytes", str(MAX_REQUEST_BYTES), "--allow-client-shm") as handle:
         yield handle

@@ -42,6 +42,7 @@ class ServeOptions:
     spare_hosts: int = 0  # model host processes started ahead of loads (see HostLauncher)
     repository_poll_s: float | None = None  # follow the repository on disk every so often (engine/poller.py)
     model_control_mode: ModelControlMode = "explicit"  # Triton's: may the repository API load and unload models
+    allow_client_shm: bool = False  # Triton's: may clients register system shared memory for their tensors
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -73,7 +74,7 @@ def raise_open_file_limit() -> int:
 async def serve(options: ServeOptions) -> None:
     open_files = raise_open_file_limit()
     router = ModelRouter(ModelRepository(options.model_repository), options.cache, spare_hosts=options.spare_hosts)
-    plane = DataPlane(router, options.model_control_mode)
+    plane = DataPlane(router, options.model_control_mode, options.allow_client_shm)
     http_socket = _listen(options.host, options.http_port)
     http = HttpServer(
         create_app(plane),
@@ -125,4 +126,5 @@ async def serve(options: ServeOptions) -> None:
         polling.cancel()  # no load may start now; one under way is the router's, which close() ends
     await asyncio.gather(http.stop(grace_s=5.0), grpc_server.stop(grace=5.0))
     await router.close()
+    plane.shared_memory.close()
     log.info("stopped")

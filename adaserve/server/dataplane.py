@@ -21,7 +21,8 @@ from adaserve.logs import SWITCHES
 from adaserve.planner.catalog import DagCatalog
 from adaserve.planner.planner import ModelAnswer, PlannerStats
 from adaserve.planner.spec import DagConfig
-from adaserve.server.protocol import InferenceRequest, InferenceResponse, Tensor
+from adaserve.server.protocol import InferenceRequest, InferenceResponse, RequestedOutput, Tensor
+from adaserve.server.shared_memory import SharedMemoryRegions
 
 EXTENSIONS = [
     "binary_tensor_data",
@@ -39,12 +40,16 @@ ModelControlMode = Literal["none", "poll", "explicit"]
 
 
 class DataPlane:
-    def __init__(self, router: ModelRouter, model_control: ModelControlMode = "explicit") -> None:
+    def __init__(
+        self, router: ModelRouter, model_control: ModelControlMode = "explicit", allow_client_shm: bool = False
+    ) -> None:
         """`model_control`: explicit lets the repository API load and unload; none and poll refuse it (in poll
-        mode the poller follows the repository instead)."""
+        mode the poller follows the repository instead). `allow_client_shm`: clients may register system
+        shared-memory regions and name them in requests."""
         self.router = router
         self.model_control = model_control
         self.dags = DagCatalog(router, self._run_node)  # DAG queries: names answered by several models in turn
+        self.shared_memory = SharedMemoryRegions(allow_client_shm)  # the client's regions inputs and outputs name
         self.started = False  # set once the models named at start have been loaded (or failed)
 
     # -- health and metadata ---------------------------------------------------------------------------------
@@ -56,7 +61,8 @@ class DataPlane:
 
     def metadata(self) -> dict[str, Any]:
         """`{"name": ..., "version": ..., "extensions": [...]}`."""
-        return {"name": "adaserve", "version": __version__, "extensions": EXTENSIONS}
+        shared_memory = ["system_shared_memory"] if self.shared_memory.allowed else []
+        return {"name": "adaserve", "version": __version__, "extensions": EXTENSIONS + shared_memory}
 
     def model_ready(self, name: str, version: str = "") -> bool:
         """Ready to answer an inference: loaded and ready, or not resident but loadable by the model cache."""
@@ -166,7 +172,7 @@ class DataPlane:
         engine, result = await self._compute(
             request.model_name, request.model_version, config, arrays, rows, request.parameters
         )
-        return _response(request, config, wanted, str(engine.model.version), result.outputs, result.parameters)
+        return self._response(request, config, wanted, str(engine.model.version), result.outputs, result.parameters)
 
     async def _infer_dag(self, request: InferenceRequest) -> InferenceResponse:
         planner = self.dags.planner(request.model_name)
@@ -175,7 +181,7 @@ class DataPlane:
         wanted = requested_outputs(config, request)
         inputs = {spec.name: array for spec, array in zip(config.inputs, arrays, strict=True)}
         answer = await planner.run(inputs, rows, {**config.parameters, **request.parameters})
-        return _response(request, config, wanted, "1", answer.outputs, answer.parameters)
+        return self._response(request, config, wanted, "1", answer.outputs, answer.parameters)
 
     async def _run_node(
         self, name: str, inputs: dict[str, np.ndarray], rows: int, parameters: dict[str, Any]
@@ -201,29 +207,33 @@ class DataPlane:
         async with self.router.serving(name, version) as engine:
             return engine, await engine.infer(arrays, rows, {**config.parameters, **parameters})
 
-
-def _response(
-    request: InferenceRequest,
-    config: Interface,
-    wanted: dict[str, bool],
-    version: str,
-    arrays: list[np.ndarray],
-    parameters: dict[str, Any],
-) -> InferenceResponse:
-    """The outputs the request asked for, each in the form it asked for."""
-    outputs, binary = [], []
-    for spec, array in zip(config.outputs, arrays, strict=True):
-        if spec.name in wanted:
-            outputs.append(Tensor(spec.name, spec.datatype, tuple(array.shape), array))
-            binary.append(wanted[spec.name])
-    return InferenceResponse(
-        model_name=request.model_name,
-        model_version=version,
-        outputs=outputs,
-        binary=binary,
-        id=request.id,
-        parameters=parameters,
-    )
+    def _response(
+        self,
+        request: InferenceRequest,
+        config: Interface,
+        wanted: dict[str, RequestedOutput],
+        version: str,
+        arrays: list[np.ndarray],
+        parameters: dict[str, Any],
+    ) -> InferenceResponse:
+        """The outputs the request asked for, each in the form it asked for; those asked into shared memory are
+        written there now."""
+        outputs, forms = [], []
+        for spec, array in zip(config.outputs, arrays, strict=True):
+            form = wanted.get(spec.name)
+            if form is not None:
+                if form.shared_memory is not None:
+                    self.shared_memory.write(form.shared_memory, array, f"output '{spec.name}'")
+                outputs.append(Tensor(spec.name, spec.datatype, tuple(array.shape), array))
+                forms.append(form)
+        return InferenceResponse(
+            model_name=request.model_name,
+            model_version=version,
+            outputs=outputs,
+            forms=forms,
+            id=request.id,
+            parameters=parameters,
+        )
 
 
 def validate_inputs(config: Interface, request: InferenceRequest) -> tuple[list[np.ndarray], int]:
@@ -266,18 +276,20 @@ def validate_inputs(config: Interface, request: InferenceRequest) -> tuple[list[
     return arrays, rows
 
 
-def requested_outputs(config: Interface, request: InferenceRequest) -> dict[str, bool]:
-    """Output name → send as binary, for the outputs the request asks for (all when it names none)."""
+def requested_outputs(config: Interface, request: InferenceRequest) -> dict[str, RequestedOutput]:
+    """Output name → the form to send it in, for the outputs the request asks for (all when it names none)."""
     names = [spec.name for spec in config.outputs]
     if request.outputs is None:
-        return dict.fromkeys(names, request.binary_outputs)
+        return {name: RequestedOutput(name, request.binary_outputs) for name in names}
     wanted = {}
     for output in request.outputs:
         if output.name not in names:
             raise InvalidInputError(
                 f"unknown output '{output.name}' for model '{config.name}'; it has: {', '.join(names)}"
             )
-        wanted[output.name] = output.binary or request.binary_outputs
+        wanted[output.name] = RequestedOutput(
+            output.name, output.binary or request.binary_outputs, output.shared_memory
+        )
     return wanted
 
 

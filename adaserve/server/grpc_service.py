@@ -2,7 +2,8 @@
 
 The service is Triton's `grpc_service.proto`, taken from the `tritonclient` wheel's generated modules. Its core
 RPCs (ServerLive … ModelInfer) are KServe's `grpc_predict_v2.proto` message for message and field for field, so
-clients built from either proto work; the rest are Triton's extensions (config, statistics, repository).
+clients built from either proto work; the rest are Triton's extensions (config, statistics, repository, logging,
+system shared memory).
 """
 
 from __future__ import annotations
@@ -27,8 +28,11 @@ from adaserve.server.protocol import (
     array_from_buffer,
     array_from_values,
     check_shape,
+    refuse_shared_memory,
     refuse_unsupported,
+    shared_memory_ref,
 )
+from adaserve.server.shared_memory import SharedMemoryRegions
 
 log = logging.getLogger("adaserve.grpc")
 
@@ -85,9 +89,6 @@ _SETTING_KINDS = {bool: "bool_param", int: "uint32_param", str: "string_param"}
 
 class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     ModelStreamInfer = _not_implemented("streaming inference (ModelStreamInfer, for decoupled models)")
-    SystemSharedMemoryStatus = _not_implemented("the system shared-memory extension")
-    SystemSharedMemoryRegister = _not_implemented("the system shared-memory extension")
-    SystemSharedMemoryUnregister = _not_implemented("the system shared-memory extension")
     CudaSharedMemoryStatus = _not_implemented("the CUDA shared-memory extension")
     CudaSharedMemoryRegister = _not_implemented("the CUDA shared-memory extension")
     CudaSharedMemoryUnregister = _not_implemented("the CUDA shared-memory extension")
@@ -144,6 +145,25 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         return response
 
     @_answers_errors
+    async def SystemSharedMemoryStatus(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        response = service_pb2.SystemSharedMemoryStatusResponse()
+        for region in self.plane.shared_memory.status(request.name):
+            response.regions[region["name"]].CopyFrom(
+                service_pb2.SystemSharedMemoryStatusResponse.RegionStatus(**region)
+            )
+        return response
+
+    @_answers_errors
+    async def SystemSharedMemoryRegister(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        self.plane.shared_memory.register(request.name, request.key, request.offset, request.byte_size)
+        return service_pb2.SystemSharedMemoryRegisterResponse()
+
+    @_answers_errors
+    async def SystemSharedMemoryUnregister(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        self.plane.shared_memory.unregister(request.name)
+        return service_pb2.SystemSharedMemoryUnregisterResponse()
+
+    @_answers_errors
     async def RepositoryIndex(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         rows = self.plane.repository_index(ready_only=request.ready)
         return json_format.ParseDict({"models": rows}, service_pb2.RepositoryIndexResponse())
@@ -161,36 +181,52 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     @_answers_errors
     async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         self.plane.check_model(request.model_name, request.model_version)
-        return encode_response(await self.plane.infer(decode_request(request)))
+        return encode_response(await self.plane.infer(decode_request(request, self.plane.shared_memory)))
 
 
-def decode_request(message: Any) -> InferenceRequest:
-    raw = message.raw_input_contents
-    if raw and len(raw) != len(message.inputs):
-        raise InvalidInputError(f"{len(raw)} raw_input_contents for {len(message.inputs)} inputs")
+def decode_request(message: Any, regions: SharedMemoryRegions) -> InferenceRequest:
+    """Raw contents, where sent, are positional over the inputs not in shared memory (as tritonclient sends them)."""
+    placed = {}
+    for tensor in message.inputs:
+        where = f"input '{tensor.name}'"
+        refuse_unsupported(where, tensor.parameters)
+        placed[tensor.name] = shared_memory_ref(where, _parameters(tensor.parameters))
+    raw = iter(message.raw_input_contents)
+    sent = len(message.inputs) - sum(ref is not None for ref in placed.values())
+    if message.raw_input_contents and len(message.raw_input_contents) != sent:
+        raise InvalidInputError(
+            f"{len(message.raw_input_contents)} raw_input_contents for {sent} inputs not in shared memory"
+        )
     inputs = []
     refuse_unsupported("request", message.parameters)
-    for index, tensor in enumerate(message.inputs):
-        refuse_unsupported(f"input '{tensor.name}'", tensor.parameters)
+    refuse_shared_memory("request", message.parameters)
+    for tensor in message.inputs:
         shape = check_shape(tensor.name, list(tensor.shape))
-        if raw:
-            data = array_from_buffer(tensor.name, tensor.datatype, shape, raw[index])
+        ref = placed[tensor.name]
+        if ref is not None:
+            data = array_from_buffer(tensor.name, tensor.datatype, shape, regions.read(ref, f"input '{tensor.name}'"))
+        elif message.raw_input_contents:
+            data = array_from_buffer(tensor.name, tensor.datatype, shape, next(raw))
         else:
             field = CONTENTS_FIELD.get(tensor.datatype)
             if field is None:
                 raise InvalidInputError(f"input '{tensor.name}': {tensor.datatype} data must be sent as raw contents")
             data = array_from_values(tensor.name, tensor.datatype, shape, getattr(tensor.contents, field))
         inputs.append(Tensor(tensor.name, tensor.datatype, shape, data))
+    outputs = []
     for output in message.outputs:
-        refuse_unsupported(f"output '{output.name}'", output.parameters)
-    outputs = [RequestedOutput(output.name) for output in message.outputs] or None
+        where = f"output '{output.name}'"
+        refuse_unsupported(where, output.parameters)
+        outputs.append(
+            RequestedOutput(output.name, shared_memory=shared_memory_ref(where, _parameters(output.parameters)))
+        )
     return InferenceRequest(
         model_name=message.model_name,
         model_version=message.model_version,
         inputs=inputs,
-        outputs=outputs,
+        outputs=outputs or None,
         id=message.id,
-        parameters={key: _from_parameter(value) for key, value in message.parameters.items()},
+        parameters=_parameters(message.parameters),
     )
 
 
@@ -200,11 +236,18 @@ def encode_response(response: InferenceResponse) -> Any:
     )
     for key, value in response.parameters.items():
         message.parameters[key].CopyFrom(_to_parameter(value))
-    for tensor in response.outputs:
+    for tensor, form in zip(response.outputs, response.forms, strict=True):
         message.outputs.add(name=tensor.name, datatype=tensor.datatype, shape=list(tensor.shape))
+        if form.shared_memory is not None:  # in the client's region already; an empty entry keeps the places
+            message.raw_output_contents.append(b"")
+            continue
         data: np.ndarray = tensor.data
         message.raw_output_contents.append(data.astype(data.dtype.newbyteorder("<"), copy=False).tobytes())
     return message
+
+
+def _parameters(parameters: Any) -> dict[str, Any]:
+    return {key: _from_parameter(value) for key, value in parameters.items()}
 
 
 def _from_parameter(parameter: Any) -> Any:

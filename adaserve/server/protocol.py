@@ -18,7 +18,6 @@ from adaserve.errors import InvalidInputError
 #: Parameters that ask for a protocol extension this server does not implement, and what it is called: refused
 #: with a 400 that names it, never ignored (a request asking for top classes must not get the whole logits back).
 UNSUPPORTED = {
-    "shared_memory_region": "the shared-memory extension",
     "classification": "the classification extension",
     "sequence_id": "the sequence extension (every model here is stateless)",
     "sequence_start": "the sequence extension (every model here is stateless)",
@@ -35,6 +34,50 @@ def refuse_unsupported(where: str, parameters: Iterable[str]) -> None:
             )
 
 
+#: Triton's system shared-memory extension: where an input's data lies, or where an output is to be written.
+SHARED_MEMORY_PARAMETERS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
+
+
+@dataclass(frozen=True)
+class SharedMemoryRef:
+    """`{"shared_memory_region": "input0", "shared_memory_byte_size": 3136, "shared_memory_offset": 0}`: a slice
+    of a registered system shared-memory region."""
+
+    region: str
+    byte_size: int
+    offset: int = 0
+
+
+def shared_memory_ref(where: str, parameters: dict[str, Any]) -> SharedMemoryRef | None:
+    """The shared-memory slice a tensor's parameters name, checked; None when they name none."""
+    if SHARED_MEMORY_PARAMETERS[0] not in parameters:
+        stray = [name for name in SHARED_MEMORY_PARAMETERS[1:] if name in parameters]
+        if stray:
+            raise InvalidInputError(f"{where}: parameter '{stray[0]}' without 'shared_memory_region'")
+        return None
+    region, size, offset = (parameters.get(name) for name in SHARED_MEMORY_PARAMETERS)
+    if not isinstance(region, str) or not region:
+        raise InvalidInputError(f"{where}: parameter 'shared_memory_region' must be a region's name, got {region!r}")
+    if type(size) is not int or size < 0:
+        raise InvalidInputError(
+            f"{where}: parameter 'shared_memory_byte_size' must be a whole number >= 0, got {size!r}"
+        )
+    if offset is None:
+        offset = 0
+    if type(offset) is not int or offset < 0:
+        raise InvalidInputError(
+            f"{where}: parameter 'shared_memory_offset' must be a whole number >= 0, got {offset!r}"
+        )
+    return SharedMemoryRef(region, size, offset)
+
+
+def refuse_shared_memory(where: str, parameters: Iterable[str]) -> None:
+    """A request's own parameters cannot place tensors: the shared-memory parameters belong on an input or output."""
+    for name in parameters:
+        if name in SHARED_MEMORY_PARAMETERS:
+            raise InvalidInputError(f"{where}: parameter '{name}' belongs on an input or an output, not on the request")
+
+
 @dataclass(frozen=True)
 class Tensor:
     """`{"name": "image", "datatype": "FP32", "shape": [1, 784], "data": [...]}` as a typed numpy array."""
@@ -47,10 +90,11 @@ class Tensor:
 
 @dataclass(frozen=True)
 class RequestedOutput:
-    """`{"name": "logits", "parameters": {"binary_data": true}}`."""
+    """`{"name": "logits", "parameters": {"binary_data": true}}`, or an output to be written into shared memory."""
 
     name: str
     binary: bool = False
+    shared_memory: SharedMemoryRef | None = None
 
 
 @dataclass(frozen=True)
@@ -73,7 +117,8 @@ class InferenceResponse:
     model_name: str
     model_version: str
     outputs: list[Tensor]
-    binary: list[bool]  # per output: send as binary data (REST) — gRPC always sends raw contents
+    forms: list[RequestedOutput]  # per output, how it is sent: JSON or binary data (REST; gRPC always sends raw
+    # contents), or written into shared memory already and named in the response
     id: str = ""
     parameters: dict[str, Any] = field(default_factory=dict)
 

@@ -1,8 +1,9 @@
 """The REST adapter: the whole `/v2` route table in one place, a thin layer over the data plane.
 
 Routes follow the Open Inference Protocol (KServe V2) and Triton's HTTP extensions that `tritonclient.http`
-calls (model configuration, repository, statistics). Errors are answered as `{"error": "<message>"}` with the
-status their exception class names; anything unexpected is a 500 and the server keeps serving.
+calls (model configuration, repository, statistics, logging, system shared memory). Errors are answered as
+`{"error": "<message>"}` with the status their exception class names; anything unexpected is a 500 and the server
+keeps serving.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def create_app(plane: DataPlane) -> Application:
     async def infer(request: Request) -> Response:
         name, version = _model(request)
         plane.check_model(name, version)
-        inference = decode_request(name, version, request.body, request.headers.get(HEADER_LENGTH))
+        inference = decode_request(name, version, request.body, request.headers.get(HEADER_LENGTH), plane.shared_memory)
         content, headers = encode_response(await plane.infer(inference))
         return Response(200, content, headers.pop("content-type"), headers)
 
@@ -80,6 +81,20 @@ def create_app(plane: DataPlane) -> Application:
     async def log_settings(request: Request) -> Response:
         return json_response(plane.log_settings(_json_body(request) if request.method == "POST" else None))
 
+    async def shared_memory_status(request: Request) -> Response:
+        return json_response(plane.shared_memory.status(request.params.get("region", "")))
+
+    async def shared_memory_register(request: Request) -> Response:
+        body = _json_body(request)
+        if "key" not in body or "byte_size" not in body:
+            raise InvalidInputError("registering a system shared memory region needs 'key' and 'byte_size'")
+        plane.shared_memory.register(request.params["region"], body["key"], body.get("offset", 0), body["byte_size"])
+        return Response(200)
+
+    async def shared_memory_unregister(request: Request) -> Response:
+        plane.shared_memory.unregister(request.params.get("region", ""))
+        return Response(200)
+
     async def metrics(request: Request) -> Response:
         content, media_type = render_metrics(plane.router, plane.dags)
         return Response(200, content, media_type)
@@ -101,6 +116,10 @@ def create_app(plane: DataPlane) -> Application:
     routes.add("POST", "/v2/repository/models/{model}/unload", unload)
     routes.add("GET", "/v2/logging", log_settings)
     routes.add("POST", "/v2/logging", log_settings)
+    for prefix in ("/v2/systemsharedmemory", "/v2/systemsharedmemory/region/{region}"):
+        routes.add("GET", f"{prefix}/status", shared_memory_status)
+        routes.add("POST", f"{prefix}/unregister", shared_memory_unregister)
+    routes.add("POST", "/v2/systemsharedmemory/region/{region}/register", shared_memory_register)
     routes.add("GET", "/metrics", metrics)
 
     async def app(request: Request) -> Response:

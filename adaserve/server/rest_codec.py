@@ -20,8 +20,11 @@ from adaserve.server.protocol import (
     array_from_buffer,
     array_from_values,
     check_shape,
+    refuse_shared_memory,
     refuse_unsupported,
+    shared_memory_ref,
 )
+from adaserve.server.shared_memory import SharedMemoryRegions
 
 HEADER_LENGTH = "inference-header-content-length"
 #: The binary data extension's switches.
@@ -30,7 +33,9 @@ _json = msgspec.json.Decoder()
 _encode = msgspec.json.Encoder().encode
 
 
-def decode_request(model: str, version: str, body: bytes, header_length: str | None) -> InferenceRequest:
+def decode_request(
+    model: str, version: str, body: bytes, header_length: str | None, regions: SharedMemoryRegions
+) -> InferenceRequest:
     if header_length is None:
         header, binary = body, memoryview(b"")
     else:
@@ -44,21 +49,24 @@ def decode_request(model: str, version: str, body: bytes, header_length: str | N
     document = decode_json(header)
     if not isinstance(document, dict):
         raise InvalidInputError("request body must be a JSON object with an 'inputs' list")
-    return _request(model, version, document, binary)
+    return _request(model, version, document, binary, regions)
 
 
-def _request(model: str, version: str, document: dict[str, Any], binary: memoryview) -> InferenceRequest:
+def _request(
+    model: str, version: str, document: dict[str, Any], binary: memoryview, regions: SharedMemoryRegions
+) -> InferenceRequest:
     raw_inputs = document.get("inputs")
     if not isinstance(raw_inputs, list) or not raw_inputs:
         raise InvalidInputError("request must have a non-empty 'inputs' list")
     inputs, offset = [], 0
     for raw in raw_inputs:
-        tensor, used = _input(raw, binary[offset:])
+        tensor, used = _input(raw, binary[offset:], regions)
         inputs.append(tensor)
         offset += used
     if offset != len(binary):
         raise InvalidInputError(f"{len(binary) - offset} bytes of binary data are not claimed by any input")
     parameters = _parameters(document.get("parameters"), "request")
+    refuse_shared_memory("request", parameters)
     outputs = None
     if "outputs" in document:
         raw_outputs = document["outputs"]
@@ -77,7 +85,7 @@ def _request(model: str, version: str, document: dict[str, Any], binary: memoryv
     )
 
 
-def _input(raw: Any, binary: memoryview) -> tuple[Tensor, int]:
+def _input(raw: Any, binary: memoryview, regions: SharedMemoryRegions) -> tuple[Tensor, int]:
     if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
         raise InvalidInputError("each input must be an object with a 'name'")
     name = raw["name"]
@@ -85,7 +93,14 @@ def _input(raw: Any, binary: memoryview) -> tuple[Tensor, int]:
     if not isinstance(datatype, str):
         raise InvalidInputError(f"input '{name}': missing 'datatype'")
     shape = check_shape(name, raw.get("shape"))
-    size = _parameters(raw.get("parameters"), f"input '{name}'").get("binary_data_size")
+    parameters = _parameters(raw.get("parameters"), f"input '{name}'")
+    size = parameters.get("binary_data_size")
+    placed = shared_memory_ref(f"input '{name}'", parameters)
+    if placed is not None:
+        if size is not None or "data" in raw:
+            raise InvalidInputError(f"input '{name}': data in a shared memory region and in the request too")
+        data = array_from_buffer(name, datatype, shape, regions.read(placed, f"input '{name}'"))
+        return Tensor(name, datatype, shape, data), 0
     if size is not None:
         if not isinstance(size, int) or size < 0 or size > len(binary):
             raise InvalidInputError(f"input '{name}': binary_data_size {size!r} exceeds the binary data sent")
@@ -98,8 +113,10 @@ def _input(raw: Any, binary: memoryview) -> tuple[Tensor, int]:
 def _requested_output(raw: Any) -> RequestedOutput:
     if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
         raise InvalidInputError("each requested output must be an object with a 'name'")
-    parameters = _parameters(raw.get("parameters"), f"output '{raw['name']}'")
-    return RequestedOutput(raw["name"], parameters.get("binary_data", False))  # a boolean: `_parameters`
+    where = f"output '{raw['name']}'"
+    parameters = _parameters(raw.get("parameters"), where)
+    placed = shared_memory_ref(where, parameters)
+    return RequestedOutput(raw["name"], parameters.get("binary_data", False), placed)  # a boolean: `_parameters`
 
 
 def _parameters(raw: Any, where: str) -> dict[str, Any]:
@@ -124,15 +141,17 @@ def _parameters(raw: Any, where: str) -> dict[str, Any]:
 def encode_response(response: InferenceResponse) -> tuple[bytes, dict[str, str]]:
     """The body and extra headers; binary outputs follow the JSON header in output order."""
     outputs, blobs = [], []
-    for tensor, binary in zip(response.outputs, response.binary, strict=True):
+    for tensor, form in zip(response.outputs, response.forms, strict=True):
         entry: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype, "shape": list(tensor.shape)}
-        if binary:
+        outputs.append(entry)
+        if form.shared_memory is not None:  # in the client's region already: named without data, as Triton does
+            continue
+        if form.binary:
             blob = tensor.data.astype(tensor.data.dtype.newbyteorder("<"), copy=False).tobytes()
             entry["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
         else:
             entry["data"] = tensor.data.ravel().tolist()
-        outputs.append(entry)
     document: dict[str, Any] = {"model_name": response.model_name, "model_version": response.model_version}
     if response.id:
         document["id"] = response.id

@@ -1,5 +1,5 @@
 """Protocol extensions this server does not implement are refused by name over REST and gRPC, never ignored: a
-client asking for the top classes, a shared-memory region or a sequence must not get an answer that looks right."""
+client asking for the top classes or a sequence must not get an answer that looks right."""
 
 from __future__ import annotations
 
@@ -21,11 +21,6 @@ def top_classes(client: Any, module: Any, tensor: Any) -> Any:
     return client.infer("mlp", [tensor], outputs=[module.InferRequestedOutput("logits", class_count=3)])
 
 
-def shared_memory(client: Any, module: Any, tensor: Any) -> Any:
-    tensor.set_shared_memory("region0", 784 * 4)
-    return client.infer("mlp", [tensor])
-
-
 def sequence(client: Any, module: Any, tensor: Any) -> Any:
     return client.infer("mlp", [tensor], sequence_id=7, sequence_start=True)
 
@@ -35,7 +30,6 @@ def sequence(client: Any, module: Any, tensor: Any) -> Any:
     ("ask", "message"),
     [
         (top_classes, "output 'logits': parameter 'classification' asks for the classification extension"),
-        (shared_memory, "input 'image': parameter 'shared_memory_region' asks for the shared-memory extension"),
         (sequence, "asks for the sequence extension (every model here is stateless), which this server does not"),
     ],
 )
@@ -88,7 +82,7 @@ def test_the_priority_parameter_is_read_and_the_extension_announced(server: Serv
 @pytest.mark.parametrize(
     ("call", "extension"),
     [
-        (lambda c: c.get_system_shared_memory_status(), "the system shared-memory extension"),
+        (lambda c: c.get_cuda_shared_memory_status(), "the CUDA shared-memory extension"),
         (lambda c: c.unregister_cuda_shared_memory(), "the CUDA shared-memory extension"),
         (lambda c: c.get_trace_settings(), "the trace extension"),
     ],
