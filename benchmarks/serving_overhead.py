@@ -1,9 +1,9 @@
 """Serving overhead: what REST and gRPC cost on top of the model, against the model called in-process.
 
 The example `mlp` (784-256-256-10, FP32) takes batch-1 requests from Triton's C++ perf_analyzer (closed loop,
-concurrency 1 and 8, HTTP and gRPC); the same artifact called in this process with one thread is the limit. Every
-case runs `--repeats` times, interleaved, and the median is reported beside each repeat. The server runs with the
-example's own config; nothing is tuned here.
+concurrency 1 and 8, HTTP, gRPC and gRPC streaming); the same artifact called in this process with one thread is the
+limit. Every case runs `--repeats` times, interleaved, and the median is reported beside each repeat. The server runs
+with the example's own config; nothing is tuned here.
 
 The limit is measured twice: calls back to back (the CPU stays busy and its caches warm), and calls with 1 ms of
 sleep between them, the pace at which a worker gets requests at concurrency 1. On this VM a call after an idle gap
@@ -62,7 +62,7 @@ from tests.server_utils import (
 )
 
 MODEL = "mlp"
-PROTOCOLS = ("http", "grpc")
+PROTOCOLS = ("http", "grpc", "grpc_stream")  # grpc_stream: ModelStreamInfer, perf_analyzer's --streaming
 CONCURRENCIES = (1, 8)
 #: Sleep between the paced in-process calls: about the gap a worker sees between requests at concurrency 1.
 IDLE_GAP_S = 0.001
@@ -229,8 +229,9 @@ def perf_run(
     csv_path.parent.mkdir(parents=True, exist_ok=True)
     csv_path.unlink(missing_ok=True)
     url = server.http_url if protocol == "http" else server.grpc_url
+    wire = ["-i", "grpc", "--streaming"] if protocol == "grpc_stream" else ["-i", protocol]
     arguments = [
-        "-m", model, "-u", url, "-i", protocol, "--concurrency-range", str(concurrency),
+        "-m", model, "-u", url, *wire, "--concurrency-range", str(concurrency),
         "--shape", shape, "-b", "1", "--measurement-mode", "count_windows",
         "--measurement-request-count", str(count), "--stability-percentage", "25", "--max-trials", "10",
         "--percentile", "50", "-f", str(csv_path), "--verbose-csv", *extra,
@@ -347,7 +348,8 @@ def _plot(report: dict[str, Any], path: Path) -> None:
             ax.annotate(f"{medians[i]:.0f}" if key == "throughput_rps" else f"{medians[i]:.2f}", (i, medians[i]),
                         ha="center", va="bottom", fontsize=8)  # fmt: skip
         ax.axhline(limit[key], color="C2", linestyle="--", label=f"in-process limit {limit[key]:.3g} {unit}")
-        ax.set_xticks(x, [n.replace("_c", " c=").replace("http", "REST").replace("grpc", "gRPC") for n in names])
+        labels = [n.replace("_c", " c=").replace("_stream", " stream").replace("http", "REST") for n in names]
+        ax.set_xticks(x, [label.replace("grpc", "gRPC") for label in labels], fontsize=8)
         ax.grid(True, axis="y", alpha=0.3)
     left.axhline(BAR_REST_C8_RPS, color="C3", linestyle=":", label=f"bar: REST c=8 ≥ {BAR_REST_C8_RPS:.0f}/s")
     right.axhline(BAR_C1_P50_MS, color="C3", linestyle=":", label=f"bar: c=1 p50 ≤ {BAR_C1_P50_MS} ms")

@@ -8,9 +8,10 @@ system shared memory).
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
@@ -88,7 +89,6 @@ _SETTING_KINDS = {bool: "bool_param", int: "uint32_param", str: "string_param"}
 
 
 class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
-    ModelStreamInfer = _not_implemented("streaming inference (ModelStreamInfer, for decoupled models)")
     CudaSharedMemoryStatus = _not_implemented("the CUDA shared-memory extension")
     CudaSharedMemoryRegister = _not_implemented("the CUDA shared-memory extension")
     CudaSharedMemoryUnregister = _not_implemented("the CUDA shared-memory extension")
@@ -180,6 +180,51 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @_answers_errors
     async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await self._infer(request)
+
+    async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
+        """Triton's streaming inference (tritonclient's `start_stream` / `async_stream_infer`), for models that
+        answer each request once: every request runs as it arrives, and its response is written when it is done, in
+        the order requests finish (a client matches them by `id`). A request that fails is answered with
+        `error_message` and its `id`; the stream goes on until the client ends it."""
+        answers: asyncio.Queue[Any] = asyncio.Queue()
+        running: set[asyncio.Task[None]] = set()
+
+        async def answer(request: Any) -> None:
+            try:
+                response = service_pb2.ModelStreamInferResponse(infer_response=await self._infer(request))
+            except Exception as exc:
+                if not isinstance(exc, AdaserveError):
+                    log.exception("unexpected error", extra={"rpc": "ModelStreamInfer"})
+                message = str(exc) if isinstance(exc, AdaserveError) else f"internal error: {type(exc).__name__}: {exc}"
+                named = service_pb2.ModelInferResponse(
+                    model_name=request.model_name, model_version=request.model_version, id=request.id
+                )
+                response = service_pb2.ModelStreamInferResponse(error_message=message, infer_response=named)
+            answers.put_nowait(response)
+
+        async def read() -> None:
+            try:
+                async for request in requests:
+                    task = asyncio.create_task(answer(request))
+                    running.add(task)
+                    task.add_done_callback(running.discard)
+                if running:
+                    await asyncio.wait(set(running))
+            finally:
+                answers.put_nowait(None)  # the end of the answers, also when reading failed
+
+        reader = asyncio.create_task(read())
+        try:
+            while (response := await answers.get()) is not None:
+                yield response
+            await reader  # a failed read ends the call with its error
+        finally:
+            reader.cancel()  # the client went away: what has not started is taken back (engine.infer)
+            for task in running:
+                task.cancel()
+
+    async def _infer(self, request: Any) -> Any:
         self.plane.check_model(request.model_name, request.model_version)
         return encode_response(await self.plane.infer(decode_request(request, self.plane.shared_memory)))
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import subprocess
 import sys
 from pathlib import Path
@@ -168,3 +169,61 @@ def test_a_load_that_sends_a_config_is_refused_not_ignored(client: grpcclient.In
     assert raised.value.status() == "StatusCode.NOT_FOUND"
     client.load_model("mlp_torchscript")
     assert client.is_model_ready("mlp_torchscript") and client.is_model_ready("mlp")
+
+
+def test_a_stream_answers_every_request_by_id_and_goes_on_after_an_error(server: ServerHandle) -> None:
+    """Triton's ModelStreamInfer through tritonclient's stream API: requests of two models and mixed batch sizes,
+    one of them bad, on one stream; each is answered once, matched by id, the bad one with its error."""
+    answers: queue.Queue[tuple[grpcclient.InferResult | None, InferenceServerException | None]] = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    images = np.random.default_rng(5).random((24, 784), dtype=np.float32)
+    sent: dict[str, tuple[str, np.ndarray]] = {}
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        for i, rows in enumerate([1, 3, 8, 2, 16, 1, 5]):
+            model = "mlp" if i % 2 else "mlp_torchscript"
+            batch = images[i : i + rows]
+            tensor = grpcclient.InferInput("image", list(batch.shape), "FP32")
+            tensor.set_data_from_numpy(batch)
+            client.async_stream_infer(model, [tensor], request_id=f"r{i}")
+            sent[f"r{i}"] = (model, batch)
+        wrong = grpcclient.InferInput("image", [1, 783], "FP32")
+        wrong.set_data_from_numpy(images[:1, :783])
+        client.async_stream_infer("mlp", [wrong], request_id="bad")
+        results = [answers.get(timeout=60) for _ in range(len(sent) + 1)]
+    finally:
+        client.stop_stream()
+    errors = [error for result, error in results if error is not None]
+    assert len(errors) == 1 and "input 'image': shape [1, 783] does not match the model's [-1, 784]" in str(errors[0])
+    answered = {result.get_response().id: result for result, _ in results if result is not None}
+    assert sorted(answered) == sorted(sent)
+    for request_id, (model, batch) in sent.items():
+        np.testing.assert_allclose(
+            answered[request_id].as_numpy("logits"), reference_outputs(model, batch), rtol=1e-4, atol=1e-5
+        )
+    assert client.is_server_ready()
+
+
+def test_a_stream_cancelled_with_requests_in_flight_leaves_the_server_serving(server: ServerHandle) -> None:
+    """tritonclient's `stop_stream(cancel_requests=True)` while the slow model still computes: the server takes
+    back what has not started, logs no error, and the next stream is answered."""
+    errors_before = sum('"level": "error"' in line for line in server.log.read_text().splitlines())
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: None)
+    for i in range(2):
+        tensor = grpcclient.InferInput("x", [1, 4], "FP32")
+        tensor.set_data_from_numpy(np.ones((1, 4), dtype=np.float32))
+        client.async_stream_infer("slow", [tensor], request_id=f"s{i}")
+    client.stop_stream(cancel_requests=True)
+
+    answers: queue.Queue[tuple[grpcclient.InferResult | None, InferenceServerException | None]] = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        tensor = grpcclient.InferInput("image", [1, 784], "FP32")
+        tensor.set_data_from_numpy(np.zeros((1, 784), dtype=np.float32))
+        client.async_stream_infer("mlp", [tensor], request_id="after")
+        result, error = answers.get(timeout=60)
+    finally:
+        client.stop_stream()
+    assert error is None and result is not None and result.get_response().id == "after"
+    assert sum('"level": "error"' in line for line in server.log.read_text().splitlines()) == errors_before
