@@ -348,7 +348,7 @@ def _plot(report: dict[str, Any], path: Path) -> None:
             ax.annotate(f"{medians[i]:.0f}" if key == "throughput_rps" else f"{medians[i]:.2f}", (i, medians[i]),
                         ha="center", va="bottom", fontsize=8)  # fmt: skip
         ax.axhline(limit[key], color="C2", linestyle="--", label=f"in-process limit {limit[key]:.3g} {unit}")
-        labels = [n.replace("_c", " c=").replace("_stream", " stream").replace("http", "REST") for n in names]
+        labels = [n.replace("_c", " c=").replace("_stream", "\nstream").replace("http", "REST") for n in names]
         ax.set_xticks(x, [label.replace("grpc", "gRPC") for label in labels], fontsize=8)
         ax.grid(True, axis="y", alpha=0.3)
     left.axhline(BAR_REST_C8_RPS, color="C3", linestyle=":", label=f"bar: REST c=8 ≥ {BAR_REST_C8_RPS:.0f}/s")
