@@ -84,10 +84,11 @@ def keep_freed_memory() -> bool:
     giving it back to the kernel. By default glibc gives freed heap back once more than twice its moving mmap
     threshold is free at the top, so a request that holds a few buffers of some MiB (received, joined or parsed,
     copied into the pool) and then frees them all gave them back, and the next request faulted every page in again:
-    a page fault and a cleared page per 4 KiB, a quarter of the server's CPU at 3 MiB requests (`perf`). A 3 MiB
-    request at concurrency 1 went from 5.7–6.5 to 2.9 ms over gRPC and from 2.8–3.1 to 2.5 ms over HTTP
-    (perf_analyzer, this 2-core VM). It governs the server process (the frontend and the engines); model hosts are
-    separate processes with glibc's defaults. False where the C library is not glibc."""
+    a page fault and a cleared page per 4 KiB, a quarter of the server's CPU at 3 MiB requests over gRPC (`perf`).
+    There a 3 MiB request at concurrency 1 went from 3.7, 6.4, 5.4 to 3.8, 3.2, 3.0 ms at p50 (three interleaved
+    rounds, perf_analyzer, this 2-core VM); over HTTP, which joins the body once, it stayed within its spread. It
+    governs the server process (the frontend and the engines); model hosts are separate processes with glibc's
+    defaults. False where the C library is not glibc."""
     if platform.libc_ver()[0] != "glibc":
         return False
     libc = ctypes.CDLL(None)
