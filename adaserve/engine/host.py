@@ -40,6 +40,7 @@ from adaserve.engine.messages import (
 from adaserve.engine.pool import PoolLayout, SharedRings
 from adaserve.engine.worker import BatchRunner, Lane, RowStrategy, serve_worker
 from adaserve.errors import ConfigError
+from adaserve.malloc import keep_freed_memory
 from adaserve.repository import executable, read_artifact, weight_bytes
 
 if TYPE_CHECKING:
@@ -194,6 +195,7 @@ def main() -> None:
     # server drains. They end when the server closes their control socket and command pipes, or when it is gone.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    keep_freed_memory()  # a forward pass's activations of some MiB are reused, not faulted in again each pass
     try:
         code = host(socket.socket(fileno=int(sys.argv[1])))
     except (BrokenPipeError, ConnectionResetError):

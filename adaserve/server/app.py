@@ -7,9 +7,7 @@ SIGINT stop the frontends, let accepted requests finish, then stop the workers.
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import logging
-import platform
 import resource
 import signal
 import socket
@@ -22,6 +20,7 @@ from tritonclient.grpc import service_pb2_grpc
 from adaserve.engine.poller import RepositoryPoller
 from adaserve.engine.router import CacheSettings, ModelRouter
 from adaserve.errors import ConfigError
+from adaserve.malloc import keep_freed_memory
 from adaserve.repository import ModelRepository
 from adaserve.server.dataplane import DataPlane, ModelControlMode
 from adaserve.server.grpc_service import InferenceServicer
@@ -71,30 +70,6 @@ def raise_open_file_limit() -> int:
         return soft
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     return hard
-
-
-#: glibc's mallopt parameters (malloc.h) and the values the server sets.
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-MMAP_THRESHOLD_BYTES = 32 << 20  # glibc's own ceiling for its moving threshold
-TRIM_THRESHOLD_BYTES = 128 << 20
-
-
-def keep_freed_memory() -> bool:
-    """Have glibc's malloc serve allocations up to 32 MiB from the heap, and keep up to 128 MiB of freed heap before
-    giving it back to the kernel. By default glibc gives freed heap back once more than twice its moving mmap
-    threshold is free at the top, so a request that holds a few buffers of some MiB (received, joined or parsed,
-    copied into the pool) and then frees them all gave them back, and the next request faulted every page in again:
-    a page fault and a cleared page per 4 KiB, a quarter of the server's CPU at 3 MiB requests over gRPC (`perf`).
-    There a 3 MiB request at concurrency 1 went from 3.7, 6.4, 5.4 to 3.8, 3.2, 3.0 ms at p50 (three interleaved
-    rounds, perf_analyzer, this 2-core VM); over HTTP, which joins the body once, it stayed within its spread. It
-    governs the server process (the frontend and the engines); model hosts are separate processes with glibc's
-    defaults. False where the C library is not glibc."""
-    if platform.libc_ver()[0] != "glibc":
-        return False
-    libc = ctypes.CDLL(None)
-    return bool(
-        libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) and libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)
-    )
 
 
 async def serve(options: ServeOptions) -> None:

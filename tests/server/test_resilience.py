@@ -5,12 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-import platform
 import resource
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -145,32 +142,3 @@ def test_the_server_raises_its_open_file_limit_so_many_idle_connections_do_not_s
                 )
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-
-
-FAULTS_PROBE = """
-import resource, sys
-from adaserve.server.app import keep_freed_memory
-if sys.argv[1] == "keep":
-    assert keep_freed_memory()
-def request():  # a large request's buffers: received, parsed, copied; then all freed
-    blocks = [b"x" * (3 << 20) for _ in range(3)]
-    del blocks
-request()
-before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(10):
-    request()
-print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-"""
-
-
-@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
-def test_the_server_keeps_freed_memory_so_large_requests_do_not_fault_their_pages_in_again() -> None:
-    """glibc by default gives a request's freed buffers of some MiB back to the kernel, and the next request
-    faults every page in again; the server's malloc settings keep them (ten requests of 3 × 3 MiB: page faults)."""
-
-    def faults(mode: str) -> int:
-        done = subprocess.run([sys.executable, "-c", FAULTS_PROBE, mode], capture_output=True, text=True, check=True)
-        return int(done.stdout)
-
-    assert faults("default") > 10 * 700  # 768 pages a 3 MiB buffer: at least one buffer a request, every time
-    assert faults("keep") < 100
