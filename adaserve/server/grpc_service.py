@@ -231,13 +231,13 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
 def decode_request(message: Any, regions: SharedMemoryRegions) -> InferenceRequest:
     """Raw contents, where sent, are positional over the inputs not in shared memory (as tritonclient sends them)."""
-    placed = {}
+    placed = []  # per input, in order: its shared-memory slice, or None
     for tensor in message.inputs:
         where = f"input '{tensor.name}'"
         refuse_unsupported(where, tensor.parameters)
-        placed[tensor.name] = shared_memory_ref(where, _parameters(tensor.parameters))
+        placed.append(shared_memory_ref(where, _parameters(tensor.parameters)))
     raw = iter(message.raw_input_contents)
-    sent = len(message.inputs) - sum(ref is not None for ref in placed.values())
+    sent = placed.count(None)
     if message.raw_input_contents and len(message.raw_input_contents) != sent:
         raise InvalidInputError(
             f"{len(message.raw_input_contents)} raw_input_contents for {sent} inputs not in shared memory"
@@ -245,9 +245,8 @@ def decode_request(message: Any, regions: SharedMemoryRegions) -> InferenceReque
     inputs = []
     refuse_unsupported("request", message.parameters)
     refuse_shared_memory("request", message.parameters)
-    for tensor in message.inputs:
+    for tensor, ref in zip(message.inputs, placed, strict=True):
         shape = check_shape(tensor.name, list(tensor.shape))
-        ref = placed[tensor.name]
         if ref is not None:
             data = array_from_buffer(tensor.name, tensor.datatype, shape, regions.read(ref, f"input '{tensor.name}'"))
         elif message.raw_input_contents:

@@ -168,6 +168,10 @@ def test_bad_shared_memory_use_is_refused_by_name_and_the_server_keeps_serving(
         lambda: client.get_system_shared_memory_status("absent"),
         "system shared memory region 'absent' is not registered",
     )
+    twice = [module.InferInput("image", [1, 784], "FP32") for _ in range(2)]  # one in shared memory, one sent
+    twice[0].set_shared_memory("small", ROW_BYTES)
+    twice[1].set_data_from_numpy(rows(1))
+    refused(lambda: client.infer("mlp", twice), "input 'image' is given twice")
     assert list(regions(client, protocol)) == ["small"]
     tensor = module.InferInput("image", [1, 784], "FP32")
     tensor.set_data_from_numpy(rows(1))
