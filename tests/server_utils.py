@@ -40,6 +40,11 @@ class ServerHandle:
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
+def logged_errors(server: ServerHandle) -> int:
+    """How many error lines the server has logged so far."""
+    return sum('"level": "error"' in line for line in server.log.read_text().splitlines())
+
+
 def worker_pids(client: httpclient.InferenceServerClient, model: str) -> list[int]:
     """The PIDs of a served model's workers, as its config's `workers` parameter lists them."""
     workers = json.loads(client.get_model_config(model)["parameters"]["workers"]["string_value"])

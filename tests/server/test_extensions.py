@@ -12,7 +12,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.server_utils import ServerHandle
+from tests.server_utils import ServerHandle, logged_errors
 
 PROTOCOLS = {"http": (httpclient, "400"), "grpc": (grpcclient, "StatusCode.INVALID_ARGUMENT")}
 
@@ -93,16 +93,12 @@ def test_an_rpc_of_an_extension_not_implemented_is_unimplemented_by_name_and_log
     """grpcio's generated base class answered UNIMPLEMENTED too, but logged each call as an unexpected error with a
     traceback (475 of them in a fuzz of 1,500 calls)."""
     client = grpcclient.InferenceServerClient(server.grpc_url)
-    errors_before = _errors(server)
+    errors_before = logged_errors(server)
     with pytest.raises(InferenceServerException) as caught:
         call(client)
     assert caught.value.status() == "StatusCode.UNIMPLEMENTED"
     assert f"{extension} is not implemented by this server" in caught.value.message()
-    assert _errors(server) == errors_before
-
-
-def _errors(server: ServerHandle) -> int:
-    return sum('"level": "error"' in line for line in server.log.read_text().splitlines())
+    assert logged_errors(server) == errors_before
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)

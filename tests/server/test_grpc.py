@@ -17,7 +17,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.conftest import MAX_REQUEST_BYTES
 from tests.server.reference import MODEL_INPUT_SHAPES, reference_outputs
-from tests.server_utils import ServerHandle
+from tests.server_utils import ServerHandle, logged_errors
 
 PROTO = Path(__file__).parent / "protos" / "v2_client.proto"
 
@@ -207,7 +207,7 @@ def test_a_stream_answers_every_request_by_id_and_goes_on_after_an_error(server:
 def test_a_stream_cancelled_with_requests_in_flight_leaves_the_server_serving(server: ServerHandle) -> None:
     """tritonclient's `stop_stream(cancel_requests=True)` while the slow model still computes: the server takes
     back what has not started, logs no error, and the next stream is answered."""
-    errors_before = sum('"level": "error"' in line for line in server.log.read_text().splitlines())
+    errors_before = logged_errors(server)
     client = grpcclient.InferenceServerClient(server.grpc_url)
     client.start_stream(callback=lambda result, error: None)
     for i in range(2):
@@ -226,4 +226,4 @@ def test_a_stream_cancelled_with_requests_in_flight_leaves_the_server_serving(se
     finally:
         client.stop_stream()
     assert error is None and result is not None and result.get_response().id == "after"
-    assert sum('"level": "error"' in line for line in server.log.read_text().splitlines()) == errors_before
+    assert logged_errors(server) == errors_before

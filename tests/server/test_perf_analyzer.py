@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.perf_load import PerfAnalyzer
-from tests.server_utils import ServerHandle
+from tests.server_utils import ServerHandle, logged_errors
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -38,7 +38,7 @@ def perf_analyzer() -> PerfAnalyzer:
 def test_perf_analyzer_runs_against_the_server(
     server: ServerHandle, perf_analyzer: PerfAnalyzer, protocol: str, mode: str
 ) -> None:
-    errors_before = sum('"level": "error"' in line for line in server.log.read_text().splitlines())
+    errors_before = logged_errors(server)
     url = server.http_url if protocol == "http" else server.grpc_url
     arguments = ["-m", "mlp", "-u", url, "-i", protocol, mode, "--concurrency-range", "2", "-b", "1"]
     arguments += ["--measurement-mode", "count_windows", "--measurement-request-count", "200", "-s", "1000"]
@@ -48,4 +48,4 @@ def test_perf_analyzer_runs_against_the_server(
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-2000:]
     assert "Throughput:" in output and "error" not in output.lower(), output[-2000:]
-    assert sum('"level": "error"' in line for line in server.log.read_text().splitlines()) == errors_before
+    assert logged_errors(server) == errors_before
