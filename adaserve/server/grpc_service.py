@@ -64,14 +64,20 @@ def _answers_errors(
     async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Message:
         try:
             return await method(self, request, context)
-        except AdaserveError as exc:
-            await context.abort(exc.grpc_code, str(exc))
         except Exception as exc:
-            log.exception("unexpected error", extra={"rpc": method.__name__})
-            await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
+            await context.abort(*_status(exc, method.__name__))
         raise AssertionError("unreachable: context.abort raises")
 
     return wrapper
+
+
+def _status(exc: Exception, rpc: str) -> tuple[grpc.StatusCode, str]:
+    """The status and message an error answers with; one outside the hierarchy is logged with its traceback (call
+    it from the `except` block)."""
+    if isinstance(exc, AdaserveError):
+        return exc.grpc_code, str(exc)
+    log.exception("unexpected error", extra={"rpc": rpc})
+    return grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}"
 
 
 def _not_implemented(extension: str) -> Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[Any]]:
@@ -194,9 +200,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             try:
                 response = service_pb2.ModelStreamInferResponse(infer_response=await self._infer(request))
             except Exception as exc:
-                if not isinstance(exc, AdaserveError):
-                    log.exception("unexpected error", extra={"rpc": "ModelStreamInfer"})
-                message = str(exc) if isinstance(exc, AdaserveError) else f"internal error: {type(exc).__name__}: {exc}"
+                _, message = _status(exc, "ModelStreamInfer")
                 named = service_pb2.ModelInferResponse(
                     model_name=request.model_name, model_version=request.model_version, id=request.id
                 )
