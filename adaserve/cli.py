@@ -66,6 +66,7 @@ def _serve(args: argparse.Namespace) -> int:
         repository_poll_s=(args.repository_poll_secs or DEFAULT_POLL_S) if mode == "poll" else None,
         model_control_mode=mode,
         allow_client_shm=args.allow_client_shm,
+        trace_config=tuple(args.trace_config),
     )
     uvloop.run(serve(options))
     return 0
@@ -268,6 +269,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="Triton's: let clients register POSIX shared memory (/dev/shm) and send and receive tensors through "
         "it (the system shared-memory extension); off by default, since the server then reads and writes any "
         "shared-memory object a client names that the server may open",
+    )
+    serve.add_argument(
+        "--trace-config",
+        action="append",
+        default=[],
+        metavar="[triton,]SETTING=VALUE",
+        help="Triton's: trace sampled requests' timestamps (and tensors) into a file, e.g. --trace-config "
+        "triton,file=/tmp/trace.json --trace-config level=TIMESTAMPS --trace-config rate=100 (settings level, rate, "
+        "count, mode, and triton,file and triton,log-frequency); the trace API changes all but the file at run time",
     )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.set_defaults(func=_serve)

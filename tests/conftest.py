@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from benchmarks.perf_load import PerfAnalyzer
 from tests.server_utils import (
+    ROOT,
     ServerHandle,
     link_example,
     running_server,
@@ -46,3 +50,18 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def server(repository: Path) -> Iterator[ServerHandle]:
     with running_server(repository, "--max-request-bytes", str(MAX_REQUEST_BYTES), "--allow-client-shm") as handle:
         yield handle
+
+
+@pytest.fixture(scope="session")
+def perf_analyzer() -> PerfAnalyzer:
+    """Triton's perf_analyzer, set up (once) and found; in CI a set-up that fails is a failure, elsewhere a skip
+    that says why."""
+    done = subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / "perf_analyzer_env.sh")], capture_output=True, text=True, timeout=900
+    )
+    if done.returncode != 0:
+        reason = f"perf_analyzer could not be set up: {done.stderr.strip()[-500:]}"
+        if os.environ.get("CI"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return PerfAnalyzer.find(ROOT / ".venv-perf")

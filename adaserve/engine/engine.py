@@ -69,9 +69,21 @@ class EngineState(Enum):
 
 
 @dataclass(frozen=True)
+class RequestTimes:
+    """Where a request's time went, as CLOCK_MONOTONIC nanoseconds (Triton's trace timestamps QUEUE_START,
+    COMPUTE_START and COMPUTE_END): queued on arrival, computed from when the first of its batches started to when
+    the last ended (or a learned cache answered it)."""
+
+    queued_ns: int
+    compute_start_ns: int
+    compute_end_ns: int
+
+
+@dataclass(frozen=True)
 class EngineResult:
     outputs: list[np.ndarray]  # in config order, `rows` rows each
     parameters: dict[str, Any]  # response parameters set by the worker (e.g. an early-exit block)
+    times: RequestTimes
 
 
 @dataclass(eq=False)
@@ -86,6 +98,8 @@ class PendingRequest:
     outstanding: int
     level: int = 0  # its rank in the queue (`schedule_policy.queue_rank`: its priority level, and if delayed)
     dispatched_ns: int = 0
+    compute_start_ns: int = 0  # the first of its batches began (in its worker)
+    compute_end_ns: int = 0  # the last ended, or a learned cache answered it
     answered: bool = False  # a learned cache answered it while its batch ran on
     # The worker processes that died holding its rows. A CUDA model's workers are threads of its host and report
     # the host's PID, so a host that dies counts once however many of its workers held the request's rows.
@@ -101,6 +115,11 @@ class PendingRequest:
         for start in [s for s, (n, _) in self.parts.items() if s < slot + rows and slot < s + n]:
             del self.parts[start]
         self.parts[slot] = (rows, values)
+
+    def computed(self, start_ns: int, end_ns: int) -> None:
+        """One of its batches ran from `start_ns` to `end_ns` (worker clock, the same CLOCK_MONOTONIC)."""
+        self.compute_start_ns = min(self.compute_start_ns or start_ns, start_ns)
+        self.compute_end_ns = max(self.compute_end_ns, end_ns)
 
 
 @dataclass(frozen=True)
@@ -599,7 +618,9 @@ class ModelEngine:
             owner = self._owners[slot]
             if owner is not None:
                 owner.record(slot, row_parameters.rows, row_parameters.values)
+        ended_ns = message.started_ns + message.compute_ns
         for index, (pending, _, rows) in enumerate(list(self._requests_in(batch))):
+            pending.computed(message.started_ns, ended_ns)
             pending.outstanding -= rows
             if message.errors is not None and message.errors[index] is not None:
                 pending.error, pending.reason = message.errors[index], "model_error"
@@ -620,6 +641,7 @@ class ModelEngine:
             if pending is None or pending.answered:
                 continue  # answered already (its rows ran again after an error in their batch)
             pending.record(slot, answered.rows, answered.values)
+            pending.computed(message.started_ns, message.answered_ns)
             if (pending.start, pending.rows) == (slot, answered.rows):
                 self._answer(pending)
 
@@ -717,7 +739,8 @@ class ModelEngine:
                 end = pending.start + pending.rows
                 outputs = [ring[pending.start : end].copy() for ring in self.rings.outputs]
                 parameters = combine([pending.parts[slot] for slot in sorted(pending.parts)], self.exit_blocks)
-                pending.future.set_result(EngineResult(outputs, parameters))
+                times = RequestTimes(pending.arrived_ns, pending.compute_start_ns, pending.compute_end_ns)
+                pending.future.set_result(EngineResult(outputs, parameters, times))
             else:
                 failure = OverloadedError if pending.reason == "timeout" else InferenceError
                 pending.future.set_exception(failure(f"model '{self.model.name}': {pending.error}"))

@@ -105,6 +105,7 @@ class ExitCounts(msgspec.Struct, frozen=True):
 class BatchDone(msgspec.Struct, frozen=True, tag="done"):
     batch_id: int
     compute_ns: int
+    started_ns: int  # when the worker took the batch (CLOCK_MONOTONIC, which every process shares): for traces
     errors: list[str | None] | None = None  # None: all rows computed; else one entry per request of the batch
     parameters: list[RowParameters] = []
     early_exit: list[ExitCounts] = []  # one entry per target whose plan ran rows of the batch
@@ -118,6 +119,8 @@ class RowsDone(msgspec.Struct, frozen=True, tag="rows_done"):
 
     batch_id: int
     answered: list[RowParameters]
+    started_ns: int  # when the worker took the batch, and when it answered these (CLOCK_MONOTONIC)
+    answered_ns: int
 
 
 ToWorker = RunBatch | Stop

@@ -263,7 +263,7 @@ def _serve(spawn: SpawnWorker, runner: BatchRunner, command_fd: int, result_fd: 
 def _run(runner: BatchRunner, command: RunBatch, result_fd: int, lane: Lane) -> BatchDone:
     """Run the batch; if the model raises, run each request's rows alone so only the culprit gets the error."""
     began = time.perf_counter_ns()
-    answer = _answer_to(result_fd, command.batch_id, 0)
+    answer = _answer_to(result_fd, command.batch_id, 0, began)
     errors: list[str | None] | None = None  # None: every request's rows were computed
     with lane.running(command.start, command.rows):
         try:
@@ -273,11 +273,14 @@ def _run(runner: BatchRunner, command: RunBatch, result_fd: int, lane: Lane) -> 
             if len(command.requests) == 1:
                 errors, responses = [_describe(exc)], []
             else:
-                errors, responses = _run_alone(runner, command, result_fd)
-    return BatchDone(command.batch_id, time.perf_counter_ns() - began, errors, responses, runner.exit_counts())
+                errors, responses = _run_alone(runner, command, result_fd, began)
+    compute_ns = time.perf_counter_ns() - began
+    return BatchDone(command.batch_id, compute_ns, began, errors, responses, runner.exit_counts())
 
 
-def _run_alone(runner: BatchRunner, command: RunBatch, result_fd: int) -> tuple[list[str | None], list[RowParameters]]:
+def _run_alone(
+    runner: BatchRunner, command: RunBatch, result_fd: int, began: int
+) -> tuple[list[str | None], list[RowParameters]]:
     """Each request's rows (and parameters, offsets made relative to them) on their own."""
     errors: list[str | None] = []
     responses: list[RowParameters] = []
@@ -288,7 +291,7 @@ def _run_alone(runner: BatchRunner, command: RunBatch, result_fd: int) -> tuple[
             for p in command.parameters
             if offset <= p.offset < offset + rows
         ]
-        answer = _answer_to(result_fd, command.batch_id, offset)
+        answer = _answer_to(result_fd, command.batch_id, offset, began)
         try:
             for p in runner.run(command.start + offset, rows, mine, None, answer):
                 responses.append(RowParameters(p.offset + offset, p.rows, p.values))
@@ -299,12 +302,13 @@ def _run_alone(runner: BatchRunner, command: RunBatch, result_fd: int) -> tuple[
     return errors, responses
 
 
-def _answer_to(result_fd: int, batch_id: int, offset: int) -> Answer:
-    """Send requests answered early to the engine at once (offsets `offset` rows into the batch)."""
+def _answer_to(result_fd: int, batch_id: int, offset: int, began: int) -> Answer:
+    """Send requests answered early to the engine at once (offsets `offset` rows into the batch, begun at
+    `began`)."""
 
     def answer(answered: list[RowParameters]) -> None:
         moved = [RowParameters(p.offset + offset, p.rows, p.values) for p in answered]
-        write_message(result_fd, RowsDone(batch_id, moved))
+        write_message(result_fd, RowsDone(batch_id, moved, began, time.perf_counter_ns()))
 
     return answer
 

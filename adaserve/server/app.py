@@ -26,6 +26,7 @@ from adaserve.server.dataplane import DataPlane, ModelControlMode
 from adaserve.server.grpc_service import InferenceServicer
 from adaserve.server.http import IDLE_TIMEOUT_S, HttpServer
 from adaserve.server.rest import create_app, error_response
+from adaserve.server.trace import Tracer, settings_from_config
 
 log = logging.getLogger("adaserve.server")
 
@@ -44,6 +45,7 @@ class ServeOptions:
     repository_poll_s: float | None = None  # follow the repository on disk every so often (engine/poller.py)
     model_control_mode: ModelControlMode = "explicit"  # Triton's: may the repository API load and unload models
     allow_client_shm: bool = False  # Triton's: may clients register system shared memory for their tensors
+    trace_config: tuple[str, ...] = ()  # Triton's --trace-config settings (server/trace.py)
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -73,10 +75,11 @@ def raise_open_file_limit() -> int:
 
 
 async def serve(options: ServeOptions) -> None:
+    tracer = Tracer(*settings_from_config(options.trace_config))  # a bad setting fails before anything starts
     open_files = raise_open_file_limit()
     kept = keep_freed_memory()
     router = ModelRouter(ModelRepository(options.model_repository), options.cache, spare_hosts=options.spare_hosts)
-    plane = DataPlane(router, options.model_control_mode, options.allow_client_shm)
+    plane = DataPlane(router, options.model_control_mode, options.allow_client_shm, tracer)
     http_socket = _listen(options.host, options.http_port)
     http = HttpServer(
         create_app(plane),
@@ -130,4 +133,5 @@ async def serve(options: ServeOptions) -> None:
     await asyncio.gather(http.stop(grace_s=5.0), grpc_server.stop(grace=5.0))
     await router.close()
     plane.shared_memory.close()
+    tracer.close()
     log.info("stopped")

@@ -7,6 +7,7 @@ them as JSON, the gRPC adapter parses them into the protobuf messages of the sam
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Collection
 from typing import Any, Literal
 
@@ -23,6 +24,7 @@ from adaserve.planner.planner import ModelAnswer, PlannerStats
 from adaserve.planner.spec import DagConfig
 from adaserve.server.protocol import InferenceRequest, InferenceResponse, RequestedOutput, Tensor
 from adaserve.server.shared_memory import SharedMemoryRegions
+from adaserve.server.trace import Trace, Tracer, TraceSettings
 
 EXTENSIONS = [
     "binary_tensor_data",
@@ -32,6 +34,7 @@ EXTENSIONS = [
     "parameters",
     "schedule_policy",
     "logging",
+    "trace",
 ]
 
 
@@ -41,12 +44,18 @@ ModelControlMode = Literal["none", "poll", "explicit"]
 
 class DataPlane:
     def __init__(
-        self, router: ModelRouter, model_control: ModelControlMode = "explicit", allow_client_shm: bool = False
+        self,
+        router: ModelRouter,
+        model_control: ModelControlMode = "explicit",
+        allow_client_shm: bool = False,
+        tracer: Tracer | None = None,
     ) -> None:
         """`model_control`: explicit lets the repository API load and unload; none and poll refuse it (in poll
         mode the poller follows the repository instead). `allow_client_shm`: clients may register system
-        shared-memory regions and name them in requests."""
+        shared-memory regions and name them in requests. `tracer`: which requests are traced, and where to (by
+        default none, and tracing cannot be turned on: there is no trace file)."""
         self.router = router
+        self.tracer = tracer or Tracer(TraceSettings(), None)
         self.model_control = model_control
         self.dags = DagCatalog(router, self._run_node)  # DAG queries: names answered by several models in turn
         self.shared_memory = SharedMemoryRegions(allow_client_shm)  # the client's regions inputs and outputs name
@@ -106,6 +115,12 @@ class DataPlane:
         """Triton's logging extension: the server's log switches, after setting those in `changes`."""
         return SWITCHES.update(changes) if changes else SWITCHES.settings()
 
+    def trace_settings(self, name: str = "", changes: dict[str, list[str] | None] | None = None) -> dict[str, Any]:
+        """Triton's trace extension: the settings of a model (or the server's), after applying `changes`."""
+        if name:
+            self.check_model(name)
+        return self.tracer.settings(name) if changes is None else self.tracer.update(name, changes)
+
     def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
         """Triton's statistics extension: `{"model_stats": [...]}` for one version of a model, every version it
         serves, or every loaded model."""
@@ -163,16 +178,31 @@ class DataPlane:
             )
 
     # -- inference -------------------------------------------------------------------------------------------
-    async def infer(self, request: InferenceRequest) -> InferenceResponse:
+    async def infer(self, request: InferenceRequest, trace: Trace | None = None) -> InferenceResponse:
+        """Run a request; a `trace` gets its handling's timestamps (and tensors) on the way."""
+        if trace is not None:
+            trace.stamp("REQUEST_START", time.perf_counter_ns())
+            for tensor in request.inputs:
+                trace.tensor("TENSOR_QUEUE_INPUT", tensor.name, tensor.datatype, tensor.data)
         if self.dags.knows(request.model_name):
-            return await self._infer_dag(request)
-        config = self.router.spec(request.model_name, request.model_version).config
-        arrays, rows = validate_inputs(config, request)
-        wanted = requested_outputs(config, request)
-        engine, result = await self._compute(
-            request.model_name, request.model_version, config, arrays, rows, request.parameters
-        )
-        return self._response(request, config, wanted, str(engine.model.version), result.outputs, result.parameters)
+            response = await self._infer_dag(request)
+        else:
+            config = self.router.spec(request.model_name, request.model_version).config
+            arrays, rows = validate_inputs(config, request)
+            wanted = requested_outputs(config, request)
+            engine, result = await self._compute(
+                request.model_name, request.model_version, config, arrays, rows, request.parameters
+            )
+            version = str(engine.model.version)
+            response = self._response(request, config, wanted, version, result.outputs, result.parameters)
+            if trace is not None:
+                trace.stamp_times(result.times)
+        if trace is not None:
+            trace.model_version = response.model_version
+            for tensor in response.outputs:
+                trace.tensor("TENSOR_BACKEND_OUTPUT", tensor.name, tensor.datatype, tensor.data)
+            trace.stamp("REQUEST_END", time.perf_counter_ns())
+        return response
 
     async def _infer_dag(self, request: InferenceRequest) -> InferenceResponse:
         planner = self.dags.planner(request.model_name)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -98,7 +99,6 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     CudaSharedMemoryStatus = _not_implemented("the CUDA shared-memory extension")
     CudaSharedMemoryRegister = _not_implemented("the CUDA shared-memory extension")
     CudaSharedMemoryUnregister = _not_implemented("the CUDA shared-memory extension")
-    TraceSetting = _not_implemented("the trace extension")
 
     def __init__(self, plane: DataPlane) -> None:
         self.plane = plane
@@ -148,6 +148,16 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         response = service_pb2.LogSettingsResponse()
         for name, setting in self.plane.log_settings(changes).items():
             setattr(response.settings[name], _SETTING_KINDS[type(setting)], setting)
+        return response
+
+    @_answers_errors
+    async def TraceSetting(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        """Triton's trace extension: a setting with no values clears it; a request with no settings reads them."""
+        changes = {name: list(setting.value) or None for name, setting in request.settings.items()}
+        document = self.plane.trace_settings(request.model_name, changes or None)
+        response = service_pb2.TraceSettingResponse()
+        for name, value in document.items():
+            response.settings[name].value.extend(value if isinstance(value, list) else [value])
         return response
 
     @_answers_errors
@@ -229,8 +239,24 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 task.cancel()
 
     async def _infer(self, request: Any) -> Any:
+        """One request; a traced one is stamped as read on arrival here and as sent when its answer is handed back
+        (grpc.aio reads and writes the messages itself: those spans are points)."""
+        arrived_ns = time.perf_counter_ns()
         self.plane.check_model(request.model_name, request.model_version)
-        return encode_response(await self.plane.infer(decode_request(request, self.plane.shared_memory)))
+        inference = decode_request(request, self.plane.shared_memory)
+        trace = self.plane.tracer.begin(request.model_name, inference.id)
+        if trace is None:
+            return encode_response(await self.plane.infer(inference))
+        trace.stamp("GRPC_WAITREAD_START", arrived_ns)
+        trace.stamp("GRPC_WAITREAD_END", arrived_ns)
+        try:
+            response = encode_response(await self.plane.infer(inference, trace))
+        except BaseException:
+            self.plane.tracer.finish(trace)
+            raise
+        sent_ns = time.perf_counter_ns()
+        self.plane.tracer.sent(trace, "GRPC")(sent_ns, sent_ns)
+        return response
 
 
 def decode_request(message: Any, regions: SharedMemoryRegions) -> InferenceRequest:

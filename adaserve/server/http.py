@@ -14,6 +14,7 @@ import asyncio
 import logging
 import re
 import socket
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -46,6 +47,8 @@ class Request:
     headers: dict[str, str]  # lower-case names
     body: bytes
     params: dict[str, str] = field(default_factory=dict)  # path parameters filled by the router
+    received_ns: int = 0  # its first byte arrived, and its last (CLOCK_MONOTONIC): for traces
+    complete_ns: int = 0
 
 
 @dataclass
@@ -54,6 +57,7 @@ class Response:
     body: bytes = b""
     content_type: str = "application/json"
     headers: dict[str, str] = field(default_factory=dict)
+    on_sent: Callable[[int, int], None] | None = None  # called with when its write began and ended (a trace's)
 
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -125,6 +129,7 @@ class HttpProtocol(asyncio.Protocol):
         self._can_write = asyncio.Event()  # cleared while the client is not reading what was written
         self._can_write.set()
         self._messages = 0  # requests begun on this connection
+        self._received_ns = 0  # when the current one began to arrive
         self._in_head = True  # the current request's URL and headers are not complete yet
         self._partial = False  # a request has begun and is not whole yet
         self._loop = asyncio.get_running_loop()
@@ -184,6 +189,7 @@ class HttpProtocol(asyncio.Protocol):
 
     # -- httptools callbacks ---------------------------------------------------------------------------------
     def on_message_begin(self) -> None:
+        self._received_ns = time.perf_counter_ns()
         self._messages += 1
         self._partial = True
         self._reset()
@@ -222,7 +228,9 @@ class HttpProtocol(asyncio.Protocol):
             return
         method = self.parser.get_method().decode("latin-1")
         path = httptools.parse_url(self._url).path.decode("latin-1")
-        self._enqueue(Request(method, path, self._headers, b"".join(self._body)), keep_alive)
+        request = Request(method, path, self._headers, b"".join(self._body))
+        request.received_ns, request.complete_ns = self._received_ns, time.perf_counter_ns()
+        self._enqueue(request, keep_alive)
 
     # -- answering -------------------------------------------------------------------------------------------
     def _refuse(self, message: str) -> None:
@@ -250,7 +258,10 @@ class HttpProtocol(asyncio.Protocol):
             if self.transport is None:
                 break
             with_body = not (isinstance(item, Request) and item.method == "HEAD")
+            sending_ns = time.perf_counter_ns()
             self.transport.write(render(response, keep_alive, with_body))
+            if response.on_sent is not None:
+                response.on_sent(sending_ns, time.perf_counter_ns())
             self._last_input = self._loop.time()
             if not keep_alive:
                 self._linger()

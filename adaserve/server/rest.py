@@ -39,8 +39,18 @@ def create_app(plane: DataPlane) -> Application:
         name, version = _model(request)
         plane.check_model(name, version)
         inference = decode_request(name, version, request.body, request.headers.get(HEADER_LENGTH), plane.shared_memory)
-        content, headers = encode_response(await plane.infer(inference))
-        return Response(200, content, headers.pop("content-type"), headers)
+        trace = plane.tracer.begin(name, inference.id)
+        if trace is None:
+            content, headers = encode_response(await plane.infer(inference))
+            return Response(200, content, headers.pop("content-type"), headers)
+        trace.stamp("HTTP_RECV_START", request.received_ns)
+        trace.stamp("HTTP_RECV_END", request.complete_ns)
+        try:
+            content, headers = encode_response(await plane.infer(inference, trace))
+        except BaseException:
+            plane.tracer.finish(trace)  # what it stamped before it failed
+            raise
+        return Response(200, content, headers.pop("content-type"), headers, plane.tracer.sent(trace, "HTTP"))
 
     async def live(request: Request) -> Response:
         return status_only(plane.live())
@@ -78,6 +88,10 @@ def create_app(plane: DataPlane) -> Application:
         await plane.unload(request.params["model"], _repository_parameters(request))
         return Response(200)
 
+    async def trace_settings(request: Request) -> Response:
+        changes = _trace_changes(_json_body(request)) if request.method == "POST" else None
+        return json_response(plane.trace_settings(request.params.get("model", ""), changes))
+
     async def log_settings(request: Request) -> Response:
         return json_response(plane.log_settings(_json_body(request) if request.method == "POST" else None))
 
@@ -114,6 +128,9 @@ def create_app(plane: DataPlane) -> Application:
     routes.add("POST", "/v2/repository/index", repository_index)
     routes.add("POST", "/v2/repository/models/{model}/load", load)
     routes.add("POST", "/v2/repository/models/{model}/unload", unload)
+    for prefix in ("/v2", "/v2/models/{model}"):
+        routes.add("GET", f"{prefix}/trace/setting", trace_settings)
+        routes.add("POST", f"{prefix}/trace/setting", trace_settings)
     routes.add("GET", "/v2/logging", log_settings)
     routes.add("POST", "/v2/logging", log_settings)
     for prefix in ("/v2/systemsharedmemory", "/v2/systemsharedmemory/region/{region}"):
@@ -152,6 +169,18 @@ def _repository_parameters(request: Request) -> list[str]:
     if not isinstance(parameters, dict):
         raise InvalidInputError("'parameters' must be an object")
     return list(parameters)
+
+
+def _trace_changes(body: dict[str, Any]) -> dict[str, list[str] | None]:
+    """A trace setting request's JSON (each value a string, a list of strings for the level, or null to clear)
+    as the data plane takes it."""
+    changes: dict[str, list[str] | None] = {}
+    for name, value in body.items():
+        values = value if isinstance(value, list) else [value]
+        if value is not None and not all(isinstance(v, str | int) and not isinstance(v, bool) for v in values):
+            raise InvalidInputError(f"trace setting '{name}' must be a string (or a list of strings), got {value!r}")
+        changes[name] = None if value is None else [str(v) for v in values]
+    return changes
 
 
 def _json_body(request: Request) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from adaserve.engine.messages import (
     HostFailed,
     HostReady,
     RowParameters,
+    RowsDone,
     RunBatch,
     SpawnWorker,
     Stop,
@@ -33,15 +34,17 @@ from adaserve.engine.messages import (
 
 FROM_WORKER = [
     WorkerReady(worker_id=3, pid=4242, threads=2, cpus=[0, 1], workspace_bytes=1 << 20),
-    BatchDone(batch_id=7, compute_ns=123_456),
+    BatchDone(batch_id=7, compute_ns=123_456, started_ns=5_000_000_000),
+    RowsDone(batch_id=7, answered=[RowParameters(0, 1, {"exit": "layer1"})], started_ns=1, answered_ns=2),
     BatchDone(
         batch_id=8,
         compute_ns=1,
+        started_ns=1,
         errors=[None, "RuntimeError: boom"],
         parameters=[RowParameters(offset=2, rows=3, values={"tokens": [1, 2, 3], "note": "é"})],
     ),
     WorkerFailed(worker_id=4, error="cannot load model"),
-    BatchDone(batch_id=9, compute_ns=0, parameters=[RowParameters(0, 1, {"blob": "x" * 70_000})]),
+    BatchDone(batch_id=9, compute_ns=0, started_ns=0, parameters=[RowParameters(0, 1, {"blob": "x" * 70_000})]),
 ]
 
 

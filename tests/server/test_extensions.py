@@ -84,7 +84,6 @@ def test_the_priority_parameter_is_read_and_the_extension_announced(server: Serv
     [
         (lambda c: c.get_cuda_shared_memory_status(), "the CUDA shared-memory extension"),
         (lambda c: c.unregister_cuda_shared_memory(), "the CUDA shared-memory extension"),
-        (lambda c: c.get_trace_settings(), "the trace extension"),
     ],
 )
 def test_an_rpc_of_an_extension_not_implemented_is_unimplemented_by_name_and_logs_no_error(

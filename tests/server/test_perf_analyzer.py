@@ -5,30 +5,12 @@ shared memory answered with `parameters`, which the Python client accepted."""
 
 from __future__ import annotations
 
-import os
 import subprocess
-from pathlib import Path
 
 import pytest
 
 from benchmarks.perf_load import PerfAnalyzer
 from tests.server_utils import ServerHandle, logged_errors
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def perf_analyzer() -> PerfAnalyzer:
-    """Set up (once) and found; in CI a set-up that fails is a failure, elsewhere a skip that says why."""
-    done = subprocess.run(
-        ["bash", str(ROOT / "benchmarks" / "perf_analyzer_env.sh")], capture_output=True, text=True, timeout=900
-    )
-    if done.returncode != 0:
-        reason = f"perf_analyzer could not be set up: {done.stderr.strip()[-500:]}"
-        if os.environ.get("CI"):
-            pytest.fail(reason)
-        pytest.skip(reason)
-    return PerfAnalyzer.find(ROOT / ".venv-perf")
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,331 @@
+"""Triton's trace extension: sampled requests' timestamps (and tensors), written as Triton's JSON trace file.
+
+Settings are Triton's (`trace_level`, `trace_rate`, `trace_count`, `log_frequency`, `trace_file`): the server's,
+set by `--trace-config` at start and changed at run time through the trace API, and per model, where each setting
+a model has not been given follows the server's. A request is traced when its model's settings sample it (every
+`trace_rate`-th request, while `trace_count` lasts); its frontend, the data plane and the engine stamp it, and
+when it has been sent it goes to the trace file: with `log_frequency` 0 into `trace_file` itself, one JSON array
+closed when the server stops, else `log_frequency` traces at a time into `trace_file.0`, `trace_file.1`, ...
+The file is fixed at start (as in Triton since 24.01: a client may not choose where the server writes).
+
+Timestamps are CLOCK_MONOTONIC nanoseconds, the clock every process of the server shares, so a worker's compute
+start and end line up with the frontend's.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+
+from adaserve.engine.engine import RequestTimes
+from adaserve.errors import ConfigError, InvalidInputError
+
+log = logging.getLogger("adaserve.trace")
+
+LEVELS = ("TIMESTAMPS", "TENSORS")
+#: Setting names as the trace API spells them → `TraceSettings` fields.
+SETTINGS = {"trace_level": "level", "trace_rate": "rate", "trace_count": "count", "log_frequency": "log_frequency"}
+
+
+@dataclass(frozen=True)
+class TraceSettings:
+    level: tuple[str, ...] = ()  # of LEVELS; empty: OFF
+    rate: int = 1000  # trace one request of every `rate`
+    count: int = -1  # traces left to take; -1: no limit
+    log_frequency: int = 0  # traces per numbered file; 0: all into the trace file itself
+
+
+@dataclass
+class Trace:
+    """One sampled request: what it was, and its timestamps and tensors as its path stamped them."""
+
+    id: int
+    model_name: str
+    request_id: str
+    level: tuple[str, ...]
+    scope: _Scope
+    model_version: str = ""
+    timestamps: list[tuple[str, int]] = field(default_factory=list)
+    tensors: list[dict[str, Any]] = field(default_factory=list)
+
+    def stamp(self, name: str, ns: int) -> None:
+        if "TIMESTAMPS" in self.level and ns:
+            self.timestamps.append((name, ns))
+
+    def stamp_times(self, times: RequestTimes) -> None:
+        self.stamp("QUEUE_START", times.queued_ns)
+        self.stamp("COMPUTE_START", times.compute_start_ns)
+        self.stamp("COMPUTE_END", times.compute_end_ns)
+
+    def tensor(self, activity: str, name: str, datatype: str, array: np.ndarray) -> None:
+        """A tensor as Triton's TENSORS level writes it: its values and shape as comma-separated text."""
+        if "TENSORS" in self.level:
+            items = array.ravel().tolist()
+            values = ",".join(v.decode(errors="replace") if isinstance(v, bytes) else str(v) for v in items)
+            shape = ",".join(str(d) for d in array.shape)
+            self.tensors.append(
+                {"activity": activity, "tensor": {"name": name, "data": values, "shape": shape, "dtype": datatype}}
+            )
+
+    def entries(self) -> list[dict[str, Any]]:
+        """Its entries in Triton's trace file: the request, its timestamps (in the order stamped), its tensors."""
+        head: dict[str, Any] = {"id": self.id, "model_name": self.model_name}
+        if self.model_version.isdigit():
+            head["model_version"] = int(self.model_version)
+        if self.request_id:
+            head["request_id"] = self.request_id
+        entries = [head]
+        if self.timestamps:
+            stamps = [{"name": name, "ns": ns} for name, ns in self.timestamps]
+            entries.append({"id": self.id, "timestamps": stamps})
+        entries += [{"id": self.id, **tensor} for tensor in self.tensors]
+        return entries
+
+
+class _Scope:
+    """The settings one model's requests (or the server's default) are sampled under, and what they collected."""
+
+    def __init__(self, settings: TraceSettings) -> None:
+        self.settings = settings
+        self.seen = 0  # requests since the settings last changed; every `rate`-th is traced
+        self.collected: list[Trace] = []  # waiting for `log_frequency` of them
+
+    def reset(self, settings: TraceSettings) -> None:
+        self.settings, self.seen = settings, 0
+
+    def sample(self) -> bool:
+        settings = self.settings
+        if not settings.level or settings.count == 0:
+            return False
+        self.seen += 1
+        if self.seen % settings.rate:
+            return False
+        if settings.count > 0:
+            self.settings = replace(settings, count=settings.count - 1)
+        return True
+
+
+class TraceFile:
+    """Where traces are written: `path` as one JSON array (opened at start, appended to as traces finish, closed
+    at stop), and `path.N` for each part of `log_frequency` traces."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            self._stream: IO[str] = path.open("w")
+        except OSError as exc:
+            raise ConfigError(f"cannot write the trace file {path}: {exc.strerror}") from None
+        self._stream.write("[")
+        self._empty = True
+        self._parts = itertools.count()
+
+    def append(self, trace: Trace) -> None:
+        if not self._empty:
+            self._stream.write(",")
+        self._stream.write(",".join(json.dumps(entry) for entry in trace.entries()))
+        self._empty = False
+
+    def write_part(self, traces: Iterable[Trace]) -> None:
+        entries = [entry for trace in traces for entry in trace.entries()]
+        Path(f"{self.path}.{next(self._parts)}").write_text(json.dumps(entries))
+
+    def close(self) -> None:
+        if not self._stream.closed:
+            self._stream.write("]")
+            self._stream.close()
+
+
+class Tracer:
+    """The server's trace settings, the models' own, and the trace file; decides which requests are traced."""
+
+    def __init__(self, settings: TraceSettings, path: Path | None) -> None:
+        if settings.level and path is None:
+            raise ConfigError(f"tracing at level {list(settings.level)} needs a trace file: {FILE_HINT}")
+        self.initial = settings  # what the server's settings return to when the API clears one
+        self.file = TraceFile(path) if path is not None else None
+        self._server = _Scope(settings)
+        self._models: dict[str, _Scope] = {}
+        self._given: dict[str, dict[str, Any]] = {}  # per model: the settings given for it, by field
+        self._ids = itertools.count(1)
+
+    # -- sampling --------------------------------------------------------------------------------------------
+    def begin(self, model_name: str, request_id: str) -> Trace | None:
+        """A trace for this request if its model's settings sample it, else None."""
+        scope = self._models.get(model_name, self._server)
+        if not scope.sample():
+            return None
+        return Trace(next(self._ids), model_name, request_id, scope.settings.level, scope)
+
+    def finish(self, trace: Trace | None) -> None:
+        """The request has been answered (or failed): write its trace, or keep it until its part is whole."""
+        if trace is None or self.file is None:  # the API cannot enable tracing without a file
+            return
+        scope = trace.scope if self._models.get(trace.model_name) is trace.scope else self._server
+        frequency = scope.settings.log_frequency
+        try:
+            if frequency == 0:
+                self.file.append(trace)
+                return
+            scope.collected.append(trace)
+            if len(scope.collected) >= frequency:
+                self.file.write_part(scope.collected)
+                scope.collected = []
+        except OSError as exc:  # the disk is full, say: the request was answered, and the server goes on
+            scope.collected = []
+            log.error("cannot write traces", extra={"file": str(self.file.path), "error": exc.strerror})
+
+    def sent(self, trace: Trace, frontend: str) -> Callable[[int, int], None]:
+        """What the frontend calls once the response is written (from, to): stamps the send, finishes the trace."""
+
+        def stamp(start_ns: int, end_ns: int) -> None:
+            trace.stamp(f"{frontend}_SEND_START", start_ns)
+            trace.stamp(f"{frontend}_SEND_END", end_ns)
+            self.finish(trace)
+
+        return stamp
+
+    def close(self) -> None:
+        """At stop: every trace kept for a part is written, and the trace file's array is closed."""
+        if self.file is None:
+            return
+        for scope in (self._server, *self._models.values()):
+            if scope.collected:
+                self.file.write_part(scope.collected)
+                scope.collected = []
+        self.file.close()
+
+    # -- the trace API ---------------------------------------------------------------------------------------
+    def settings(self, model_name: str = "") -> dict[str, Any]:
+        """Triton's trace setting response: every value a string, the level a list."""
+        settings = self._models.get(model_name, self._server).settings
+        return {
+            "trace_level": list(settings.level) or ["OFF"],
+            "trace_rate": str(settings.rate),
+            "trace_count": str(settings.count),
+            "log_frequency": str(settings.log_frequency),
+            "trace_file": str(self.file.path) if self.file is not None else "",
+            "trace_mode": "triton",
+        }
+
+    def update(self, model_name: str, changes: Mapping[str, list[str] | None]) -> dict[str, Any]:
+        """Apply a trace setting request: each setting given a list of strings (the level may have several), or
+        None to clear it (a model's then follows the server's again; the server's returns to its value at start).
+        For a model, a request with no settings drops all of the model's own. Returns the settings now in force."""
+        parsed = parse_changes(changes)
+        if model_name:
+            self._update_model(model_name, parsed, clear_all=not changes)
+        else:
+            self._update_server(parsed)
+        return self.settings(model_name)
+
+    def _update_server(self, parsed: dict[str, Any]) -> None:
+        fields = {key: getattr(self.initial, key) if value is None else value for key, value in parsed.items()}
+        settings = replace(self._server.settings, **fields)
+        self._check_file(settings)
+        self._server.reset(settings)
+        for model_name, scope in self._models.items():  # what a model was not given follows the server's
+            followed = {key: value for key, value in fields.items() if key not in self._given[model_name]}
+            if followed:
+                scope.reset(replace(scope.settings, **followed))
+
+    def _update_model(self, model_name: str, parsed: dict[str, Any], clear_all: bool) -> None:
+        given = {} if clear_all else {**self._given.get(model_name, {}), **parsed}
+        given = {key: value for key, value in given.items() if value is not None}
+        settings = replace(self._server.settings, **given)
+        self._check_file(settings)
+        if not given:  # the model follows the server's settings again; what it collected goes with theirs
+            self._given.pop(model_name, None)
+            dropped = self._models.pop(model_name, None)
+            if dropped is not None:
+                self._server.collected += dropped.collected
+            return
+        self._given[model_name] = given
+        scope = self._models.setdefault(model_name, _Scope(settings))
+        scope.reset(settings)
+
+    def _check_file(self, settings: TraceSettings) -> None:
+        if settings.level and self.file is None:
+            raise InvalidInputError(f"tracing needs a trace file, and this server has none: {FILE_HINT}")
+
+
+FILE_HINT = "start the server with --trace-config triton,file=PATH"
+
+
+def parse_changes(changes: Mapping[str, list[str] | None]) -> dict[str, Any]:
+    """Trace API settings → `TraceSettings` fields (None: clear), each value checked; errors name the setting."""
+    parsed: dict[str, Any] = {}
+    for name, values in changes.items():
+        if name == "trace_file":
+            raise InvalidInputError("trace file location can not be updated through network protocol")
+        if name not in SETTINGS:
+            known = ", ".join(["trace_file", *SETTINGS])
+            raise InvalidInputError(f"unknown trace setting '{name}'; the settings are: {known}")
+        key = SETTINGS[name]
+        if values is None:
+            parsed[key] = None
+        elif key == "level":
+            parsed[key] = parse_level(values)
+        elif len(values) != 1:
+            raise InvalidInputError(f"trace setting '{name}' takes one value, got {len(values)}")
+        else:
+            parsed[key] = parse_number(name, values[0], -1 if key == "count" else 1 if key == "rate" else 0)
+    return parsed
+
+
+def parse_level(values: list[str]) -> tuple[str, ...]:
+    if values == ["OFF"]:
+        return ()
+    if "OFF" in values:
+        raise InvalidInputError("trace_level OFF cannot be given with other levels")
+    unknown = [v for v in values if v not in LEVELS]
+    if unknown or not values:
+        raise InvalidInputError(f"unknown trace_level {unknown or values}; the levels are OFF, {', '.join(LEVELS)}")
+    return tuple(level for level in LEVELS if level in values)
+
+
+def parse_number(name: str, text: str, least: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise InvalidInputError(f"trace setting '{name}' must be an integer, got '{text}'") from None
+    if value < least:
+        raise InvalidInputError(f"trace setting '{name}' must be at least {least}, got {value}")
+    return value
+
+
+def settings_from_config(options: Iterable[str]) -> tuple[TraceSettings, Path | None]:
+    """`--trace-config` values, in Triton's form: `level=TIMESTAMPS`, `rate=N`, `count=N`, `mode=triton`,
+    `triton,file=PATH`, `triton,log-frequency=N` (a level may be given more than once)."""
+    changes: dict[str, list[str]] = {}
+    path: Path | None = None
+    for option in options:
+        scope, _, setting = option.rpartition(",")
+        name, equals, value = setting.partition("=")
+        if not equals or scope not in ("", "triton"):
+            raise ConfigError(
+                f"--trace-config '{option}': expected [triton,]SETTING=VALUE (this server traces in Triton's mode)"
+            )
+        if name == "mode":
+            if value != "triton":
+                raise ConfigError(f"--trace-config '{option}': the only trace mode here is triton")
+        elif name == "file":
+            path = Path(value)
+        elif name in ("level", "rate", "count", "log-frequency"):
+            key = "trace_" + name if name != "log-frequency" else "log_frequency"
+            changes[key] = [*changes.get(key, []), value] if key == "trace_level" else [value]
+        else:
+            raise ConfigError(
+                f"--trace-config '{option}': unknown setting '{name}' (level, rate, count, mode, file, log-frequency)"
+            )
+    try:
+        parsed = parse_changes(changes)
+    except InvalidInputError as exc:
+        raise ConfigError(f"--trace-config: {exc}") from None
+    return replace(TraceSettings(), **parsed), path

@@ -1,0 +1,229 @@
+"""Tracing's cost, and where a request's time goes: Triton's trace extension on the serving-overhead model.
+
+The example `mlp` (784-256-256-10, FP32) takes batch-1 requests from Triton's C++ perf_analyzer (closed loop,
+concurrency 1 and 8, HTTP and gRPC) on one server started with a trace file, with tracing off, with every request's
+timestamps traced (TIMESTAMPS, rate 1) and with its tensors too (TIMESTAMPS and TENSORS, rate 1), set through the
+trace API before each run; `log_frequency` 1000, so traces go to disk a thousand at a time. Every case runs
+`--repeats` times, interleaved; the median is reported beside each repeat.
+
+The traces themselves then say where the time of a request went inside the server: each traced request is matched
+to its run by its first timestamp (perf_analyzer's runs and the server share this machine's CLOCK_MONOTONIC), and
+for each protocol at each concurrency the median of each span is reported: receive, decode (to REQUEST_START),
+admission (to QUEUE_START), queue, compute (the worker's), answer (to REQUEST_END), encode, send.
+
+    benchmarks/perf_analyzer_env.sh                     # once: Triton's perf_analyzer in .venv-perf
+    .venv/bin/python -m benchmarks.trace_overhead       # ~4 minutes; --quick for a smoke run
+
+Writes `benchmarks/results/trace_overhead.json` and `.png` (with --quick: under `benchmarks/results/tmp/`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import shutil
+import statistics
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks.common import RESULTS, SCRATCH, command_line, figure, load_average, machine, process_command, write_json
+from benchmarks.perf_load import PerfAnalyzer
+from benchmarks.serving_overhead import MODEL, perf_parser, perf_run
+from tests.server_utils import ServerHandle, link_example, running_server
+
+PROTOCOLS = ("http", "grpc")
+CONCURRENCIES = (1, 8)
+#: Trace settings of each case, as the trace API takes them.
+CASES = {
+    "off": {"trace_level": ["OFF"]},
+    "timestamps": {"trace_level": ["TIMESTAMPS"], "trace_rate": "1"},
+    "timestamps_tensors": {"trace_level": ["TIMESTAMPS", "TENSORS"], "trace_rate": "1"},
+}
+LOG_FREQUENCY = 1000
+#: The spans of a traced request, each between two of its timestamps (`{F}`: HTTP or GRPC).
+SPANS = {
+    "receive": ("{F}_RECV_START", "{F}_RECV_END"),
+    "decode": ("{F}_RECV_END", "REQUEST_START"),
+    "admission": ("REQUEST_START", "QUEUE_START"),
+    "queue": ("QUEUE_START", "COMPUTE_START"),
+    "compute": ("COMPUTE_START", "COMPUTE_END"),
+    "answer": ("COMPUTE_END", "REQUEST_END"),
+    "encode": ("REQUEST_END", "{F}_SEND_START"),
+    "send": ("{F}_SEND_START", "{F}_SEND_END"),
+}
+
+
+def main() -> int:
+    args = _parse_args()
+    output: Path = args.output or (
+        SCRATCH / "trace_overhead-quick.json" if args.quick else RESULTS / "trace_overhead.json"
+    )
+    perf = PerfAnalyzer.find(args.perf_venv)
+    work = SCRATCH / "trace_overhead"
+    shutil.rmtree(work, ignore_errors=True)
+    link_example(work / "repo", MODEL)
+    trace_file = work / "trace.json"
+    report: dict[str, Any] = {
+        "benchmark": "trace_overhead",
+        "command": command_line(),
+        "machine": machine(),
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "load_start": load_average(),
+        "settings": {"model": MODEL, "repeats": args.repeats, "measurement_request_count": args.request_count},
+    }
+    config = [f"--trace-config=triton,file={trace_file}", f"--trace-config=triton,log-frequency={LOG_FREQUENCY}"]
+    with running_server(work / "repo", *config) as server:
+        report["server_command"] = process_command(server.pid)
+        report["runs"] = [
+            _run(perf, server, case, protocol, concurrency, repeat, args.request_count)
+            for repeat in range(args.repeats)
+            for case in CASES
+            for protocol in PROTOCOLS
+            for concurrency in CONCURRENCIES
+        ]
+    report["load_end"] = load_average()
+    report["cases"] = _cases(report["runs"])
+    report["spans"] = _spans(report["runs"], _traces(trace_file))
+    write_json(report, output)
+    _plot(report, output.with_suffix(".png"))
+    _print(report, output)
+    return 0
+
+
+def _parse_args() -> argparse.Namespace:
+    args = perf_parser(__doc__, request_count=3000).parse_args()
+    args.repeats = args.repeats or (1 if args.quick else 3)
+    args.request_count = args.request_count or (500 if args.quick else 3000)
+    return args
+
+
+def _run(
+    perf: PerfAnalyzer, server: ServerHandle, case: str, protocol: str, concurrency: int, repeat: int, count: int
+) -> dict[str, Any]:
+    request = urllib.request.Request(
+        f"http://{server.http_url}/v2/trace/setting", data=json.dumps(CASES[case]).encode(), method="POST"
+    )
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        settings = json.loads(answer.read())
+    began_ns = time.perf_counter_ns()
+    run = perf_run(perf, server, protocol, concurrency, repeat, count)
+    return {**run, "case": case, "trace_settings": settings, "began_ns": began_ns, "ended_ns": time.perf_counter_ns()}
+
+
+def _cases(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per protocol and concurrency: each case's median over the repeats, and its ratio to tracing off."""
+    cases: dict[str, Any] = {}
+    for protocol in PROTOCOLS:
+        for concurrency in CONCURRENCIES:
+            entry: dict[str, Any] = {}
+            for case in CASES:
+                wanted = (case, protocol, concurrency)
+                done = [r for r in runs if (r["case"], r["protocol"], r["concurrency"]) == wanted]
+                done = [r for r in done if "throughput_rps" in r]
+                entry[case] = {
+                    key: statistics.median([r[key] for r in done]) if done else None
+                    for key in ("throughput_rps", "p50_ms", "p99_ms", "server_cores")
+                }
+                entry[case]["p50_ms_all"] = [r["p50_ms"] for r in done]
+                entry[case]["throughput_rps_all"] = [r["throughput_rps"] for r in done]
+            off = entry["off"]
+            for case in CASES:
+                if off["p50_ms"] and entry[case]["p50_ms"]:
+                    entry[case]["p50_added_us"] = (entry[case]["p50_ms"] - off["p50_ms"]) * 1000
+                    entry[case]["throughput_ratio"] = entry[case]["throughput_rps"] / off["throughput_rps"]
+            cases[f"{protocol}_c{concurrency}"] = entry
+    return cases
+
+
+def _traces(trace_file: Path) -> list[dict[str, int]]:
+    """Every traced request's timestamps by name, from the numbered files and the file itself."""
+    entries = json.loads(trace_file.read_text())
+    for part in glob.glob(f"{trace_file}.*"):
+        entries += json.loads(Path(part).read_text())
+    return [{s["name"]: s["ns"] for s in e["timestamps"]} for e in entries if "timestamps" in e]
+
+
+def _spans(runs: list[dict[str, Any]], traces: list[dict[str, int]]) -> dict[str, Any]:
+    """Per protocol and concurrency, over the traced runs: how many requests were traced, and each span's median
+    and 90th percentile in µs."""
+    spans: dict[str, Any] = {}
+    for protocol in PROTOCOLS:
+        frontend = protocol.upper()
+        first = f"{frontend}_RECV_START" if protocol == "http" else "GRPC_WAITREAD_START"
+        names = {span: (a.format(F=frontend), b.format(F=frontend)) for span, (a, b) in SPANS.items()}
+        if protocol == "grpc":  # grpc.aio reads the message itself: the read is one point, at the handler's start
+            names["receive"] = ("GRPC_WAITREAD_START", "GRPC_WAITREAD_END")
+            names["decode"] = ("GRPC_WAITREAD_END", "REQUEST_START")
+        for concurrency in CONCURRENCIES:
+            windows = [
+                (r["began_ns"], r["ended_ns"])
+                for r in runs
+                if r["case"] != "off" and (r["protocol"], r["concurrency"]) == (protocol, concurrency)
+            ]
+            mine = [t for t in traces if first in t and any(a <= t[first] <= b for a, b in windows)]
+            entry: dict[str, Any] = {"traced_requests": len(mine)}
+            for span, (start, end) in names.items():
+                values = [(t[end] - t[start]) / 1000 for t in mine if start in t and end in t]
+                entry[span] = (
+                    {"p50_us": float(np.percentile(values, 50)), "p90_us": float(np.percentile(values, 90))}
+                    if values
+                    else None
+                )
+            spans[f"{protocol}_c{concurrency}"] = entry
+    return spans
+
+
+def _plot(report: dict[str, Any], path: Path) -> None:
+    fig = figure(13, 4.8)
+    left, right = fig.subplots(1, 2)
+    names = list(report["cases"])
+    x = np.arange(len(names))
+    width = 0.8 / len(CASES)
+    for index, case in enumerate(CASES):
+        offset = (index - (len(CASES) - 1) / 2) * width
+        medians = [report["cases"][n][case]["p50_ms"] or 0.0 for n in names]
+        left.bar(x + offset, medians, width=width, label=case.replace("_", " + "))
+        for i, name in enumerate(names):
+            points = report["cases"][name][case]["p50_ms_all"]
+            left.plot([x[i] + offset] * len(points), points, "k.", markersize=3)
+    left.set_xticks(x, names)
+    left.set_ylabel("p50 latency (ms; dots: each repeat)")
+    left.set_title("perf_analyzer p50, tracing off / on at every request")
+    left.legend()
+    bottom = np.zeros(len(names))
+    for span in SPANS:
+        values = np.array([(report["spans"][n][span] or {}).get("p50_us", 0.0) for n in names])
+        right.bar(x, values, bottom=bottom, label=span)
+        bottom += values
+    right.set_xticks(x, names)
+    right.set_ylabel("µs (median of each span, stacked)")
+    right.set_title("Inside the server, from the traces")
+    right.legend(fontsize=8)
+    fig.suptitle(f"Triton's trace extension on the MLP — {report['machine']['cpu_model']}")
+    fig.savefig(path, dpi=110)
+
+
+def _print(report: dict[str, Any], output: Path) -> None:
+    print("\n| case | " + " | ".join(f"{c}: p50 ms / req/s" for c in CASES) + " |")
+    print("|---|" + "---|" * len(CASES))
+    for name, entry in report["cases"].items():
+        cells = [
+            f"{entry[c]['p50_ms']:.3f} / {entry[c]['throughput_rps']:,.0f}" if entry[c]["p50_ms"] else "failed"
+            for c in CASES
+        ]
+        print(f"| {name} | " + " | ".join(cells) + " |")
+    print("\n| spans (p50 µs) | traced | " + " | ".join(SPANS) + " |")
+    print("|---|---|" + "---|" * len(SPANS))
+    for name, entry in report["spans"].items():
+        cells = [f"{entry[s]['p50_us']:.0f}" if entry[s] else "–" for s in SPANS]
+        print(f"| {name} | {entry['traced_requests']} | " + " | ".join(cells) + " |")
+    print(f"\nload average {report['load_start']} → {report['load_end']}; wrote {output}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,177 @@
+"""The trace extension's settings and sampling (`adaserve.server.trace`), without a server: which requests are
+traced, how a model's settings follow the server's, what the trace file holds, and every refusal by name."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from adaserve.engine.engine import RequestTimes
+from adaserve.errors import ConfigError, InvalidInputError
+from adaserve.server.trace import Tracer, TraceSettings, settings_from_config
+
+
+@pytest.fixture
+def tracer(tmp_path: Path) -> Iterator[Callable[..., Tracer]]:
+    """Makes a tracer writing to `tmp_path / "trace.json"` with the given settings; closes it after the test."""
+    made: list[Tracer] = []
+
+    def make(**settings: Any) -> Tracer:
+        made.append(Tracer(TraceSettings(**settings), tmp_path / "trace.json"))
+        return made[-1]
+
+    yield make
+    for each in made:
+        each.close()
+
+
+def traced(tracer: Tracer, model: str, requests: int) -> list[int]:
+    """The requests (1-based) of `requests` that were sampled, each finished at once."""
+    sampled = []
+    for number in range(1, requests + 1):
+        trace = tracer.begin(model, f"r{number}")
+        if trace is not None:
+            sampled.append(number)
+            tracer.finish(trace)
+    return sampled
+
+
+def test_every_rate_th_request_is_traced_while_the_count_lasts(tracer: Callable[..., Tracer]) -> None:
+    server = tracer(level=("TIMESTAMPS",), rate=3, count=2)
+    assert traced(server, "mlp", 12) == [3, 6]
+    assert server.settings()["trace_count"] == "0"  # what is left, as Triton reports it
+    server.update("", {"trace_count": ["-1"]})
+    assert traced(server, "mlp", 7) == [3, 6]  # counting starts again with new settings
+
+
+def test_nothing_is_traced_at_level_off(tracer: Callable[..., Tracer]) -> None:
+    assert traced(tracer(rate=1), "mlp", 5) == []
+
+
+def test_a_model_has_its_own_settings_and_follows_the_servers_in_the_rest(tracer: Callable[..., Tracer]) -> None:
+    server = tracer(level=("TIMESTAMPS",), rate=1)
+    mine = server.update("mlp", {"trace_rate": ["2"]})
+    assert (mine["trace_rate"], mine["trace_level"]) == ("2", ["TIMESTAMPS"])
+    assert traced(server, "mlp", 4) == [2, 4] and traced(server, "cnn", 2) == [1, 2]
+    server.update("", {"trace_level": ["TIMESTAMPS", "TENSORS"], "trace_rate": ["5"]})
+    assert server.settings("mlp")["trace_level"] == ["TIMESTAMPS", "TENSORS"]  # not given for it: followed
+    assert server.settings("mlp")["trace_rate"] == "2"  # given for it: kept
+    server.update("mlp", {"trace_rate": None})  # cleared: follows the server's again
+    assert server.settings("mlp")["trace_rate"] == "5"
+    server.update("", {"trace_rate": None, "trace_level": None})  # the server's return to their values at start
+    assert server.settings()["trace_rate"] == "1" and server.settings()["trace_level"] == ["TIMESTAMPS"]
+
+
+def test_a_model_request_with_no_settings_drops_the_models_own(tracer: Callable[..., Tracer]) -> None:
+    server = tracer(level=("TIMESTAMPS",), rate=1)
+    server.update("mlp", {"trace_level": ["OFF"]})
+    assert traced(server, "mlp", 3) == []
+    server.update("mlp", {})
+    assert traced(server, "mlp", 3) == [1, 2, 3]
+
+
+def test_the_trace_file_holds_each_trace_in_tritons_form(tracer: Callable[..., Tracer], tmp_path: Path) -> None:
+    server = tracer(level=("TIMESTAMPS", "TENSORS"), rate=1)
+    trace = server.begin("mlp", "req-7")
+    assert trace is not None
+    trace.model_version = "1"
+    trace.stamp("REQUEST_START", 100)
+    trace.stamp_times(RequestTimes(queued_ns=110, compute_start_ns=120, compute_end_ns=130))
+    trace.tensor("TENSOR_QUEUE_INPUT", "image", "FP32", np.array([[0.5, 1.0]], dtype=np.float32))
+    trace.tensor("TENSOR_QUEUE_INPUT", "text", "BYTES", np.array([b"a", b"b"], dtype=np.object_))
+    server.finish(trace)
+    server.close()
+    entries = json.loads((tmp_path / "trace.json").read_text())
+    assert entries[0] == {"id": 1, "model_name": "mlp", "model_version": 1, "request_id": "req-7"}
+    assert [(t["name"], t["ns"]) for t in entries[1]["timestamps"]] == [
+        ("REQUEST_START", 100),
+        ("QUEUE_START", 110),
+        ("COMPUTE_START", 120),
+        ("COMPUTE_END", 130),
+    ]
+    assert entries[2]["tensor"] == {"name": "image", "data": "0.5,1.0", "shape": "1,2", "dtype": "FP32"}
+    assert entries[3]["tensor"]["data"] == "a,b"
+
+
+def test_traces_go_log_frequency_at_a_time_into_numbered_files(tracer: Callable[..., Tracer], tmp_path: Path) -> None:
+    server = tracer(level=("TIMESTAMPS",), rate=1, log_frequency=2)
+    traced(server, "mlp", 5)
+    assert len(json.loads((tmp_path / "trace.json.0").read_text())) == 2  # one entry each: nothing was stamped
+    assert len(json.loads((tmp_path / "trace.json.1").read_text())) == 2
+    assert not (tmp_path / "trace.json.2").exists()
+    server.close()  # the fifth, at stop
+    assert len(json.loads((tmp_path / "trace.json.2").read_text())) == 1
+    assert json.loads((tmp_path / "trace.json").read_text()) == []
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"trace_file": ["/tmp/x"]}, "trace file location can not be updated through network protocol"),
+        ({"trace_rat": ["1"]}, "unknown trace setting 'trace_rat'; the settings are: trace_file, trace_level"),
+        ({"trace_rate": ["often"]}, "trace setting 'trace_rate' must be an integer, got 'often'"),
+        ({"trace_rate": ["0"]}, "trace setting 'trace_rate' must be at least 1, got 0"),
+        ({"trace_count": ["-2"]}, "trace setting 'trace_count' must be at least -1, got -2"),
+        ({"log_frequency": ["1", "2"]}, "trace setting 'log_frequency' takes one value, got 2"),
+        ({"trace_level": ["OFF", "TIMESTAMPS"]}, "trace_level OFF cannot be given with other levels"),
+        ({"trace_level": ["VERBOSE"]}, "unknown trace_level ['VERBOSE']; the levels are OFF, TIMESTAMPS, TENSORS"),
+    ],
+)
+def test_a_bad_setting_is_refused_by_name_and_changes_nothing(
+    tracer: Callable[..., Tracer], changes: dict[str, list[str]], message: str
+) -> None:
+    server = tracer(level=("TIMESTAMPS",), rate=7)
+    before = server.settings()
+    with pytest.raises(InvalidInputError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        server.update("", {"trace_count": ["5"], **changes})
+    assert server.settings() == before
+
+
+def test_without_a_trace_file_tracing_cannot_be_turned_on() -> None:
+    server = Tracer(TraceSettings(), None)
+    assert server.settings()["trace_file"] == "" and server.begin("mlp", "") is None
+    with pytest.raises(InvalidInputError, match="tracing needs a trace file, and this server has none: start the"):
+        server.update("mlp", {"trace_level": ["TIMESTAMPS"]})
+    with pytest.raises(ConfigError, match=r"tracing at level \['TIMESTAMPS'\] needs a trace file"):
+        Tracer(TraceSettings(level=("TIMESTAMPS",)), None)
+
+
+def test_trace_config_takes_tritons_command_line_form(tmp_path: Path) -> None:
+    settings, path = settings_from_config(
+        [
+            f"triton,file={tmp_path / 't.json'}",
+            "triton,log-frequency=50",
+            "rate=100",
+            "level=TIMESTAMPS",
+            "level=TENSORS",
+            "count=10",
+            "mode=triton",
+        ]
+    )
+    assert settings == TraceSettings(level=("TIMESTAMPS", "TENSORS"), rate=100, count=10, log_frequency=50)
+    assert path == tmp_path / "t.json"
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ("mode=opentelemetry", "the only trace mode here is triton"),
+        ("opentelemetry,url=localhost:4318", r"expected \[triton,\]SETTING=VALUE"),
+        ("rate", r"expected \[triton,\]SETTING=VALUE"),
+        ("speed=3", "unknown setting 'speed'"),
+        ("rate=fast", "--trace-config: trace setting 'trace_rate' must be an integer, got 'fast'"),
+    ],
+)
+def test_a_bad_trace_config_is_refused_by_name(option: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        settings_from_config([option])
+
+
+def test_an_unwritable_trace_file_is_refused_at_start(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"cannot write the trace file .*/missing/trace\.json: No such file"):
+        Tracer(TraceSettings(), tmp_path / "missing" / "trace.json")
