@@ -8,8 +8,10 @@ trace API before each run; `log_frequency` 1000, so traces go to disk a thousand
 
 The traces themselves then say where the time of a request went inside the server: each traced request is matched
 to its run by its first timestamp (perf_analyzer's runs and the server share this machine's CLOCK_MONOTONIC), and
-for each protocol at each concurrency the median of each span is reported: receive, decode (to REQUEST_START),
-admission (to QUEUE_START), queue, compute (the worker's), answer (to REQUEST_END), encode, send.
+for each protocol at each concurrency (timestamps only) the median of each span is reported: receive, decode (to
+REQUEST_START), admission (to QUEUE_START), queue (into the input pool, scheduled, handed to a worker process and
+begun there), compute (the worker's), answer (the worker's message back, outputs read, the response built: to
+REQUEST_END), encode, send.
 
     benchmarks/perf_analyzer_env.sh                     # once: Triton's perf_analyzer in .venv-perf
     .venv/bin/python -m benchmarks.trace_overhead       # ~4 minutes; --quick for a smoke run
@@ -149,8 +151,8 @@ def _traces(trace_file: Path) -> list[dict[str, int]]:
 
 
 def _spans(runs: list[dict[str, Any]], traces: list[dict[str, int]]) -> dict[str, Any]:
-    """Per protocol and concurrency, over the traced runs: how many requests were traced, and each span's median
-    and 90th percentile in µs."""
+    """Per protocol and concurrency, over the runs tracing timestamps only (formatting tensors would lengthen the
+    spans it happens in): how many requests were traced, and each span's median and 90th percentile in µs."""
     spans: dict[str, Any] = {}
     for protocol in PROTOCOLS:
         frontend = protocol.upper()
@@ -163,7 +165,7 @@ def _spans(runs: list[dict[str, Any]], traces: list[dict[str, int]]) -> dict[str
             windows = [
                 (r["began_ns"], r["ended_ns"])
                 for r in runs
-                if r["case"] != "off" and (r["protocol"], r["concurrency"]) == (protocol, concurrency)
+                if (r["case"], r["protocol"], r["concurrency"]) == ("timestamps", protocol, concurrency)
             ]
             mine = [t for t in traces if first in t and any(a <= t[first] <= b for a, b in windows)]
             entry: dict[str, Any] = {"traced_requests": len(mine)}
