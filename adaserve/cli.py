@@ -67,6 +67,8 @@ def _serve(args: argparse.Namespace) -> int:
         model_control_mode=mode,
         allow_client_shm=args.allow_client_shm,
         trace_config=tuple(args.trace_config),
+        http_restricted_api=tuple(args.http_restricted_api),
+        grpc_restricted_protocol=tuple(args.grpc_restricted_protocol),
     )
     uvloop.run(serve(options))
     return 0
@@ -279,6 +281,19 @@ def build_parser() -> argparse.ArgumentParser:
         "triton,file=/tmp/trace.json --trace-config level=TIMESTAMPS --trace-config rate=100 (settings level, rate, "
         "count, mode, and triton,file and triton,log-frequency); the trace API changes all but the file at run time",
     )
+    for flag, header in (
+        ("--http-restricted-api", "the header KEY"),
+        ("--grpc-restricted-protocol", "the metadata key triton-grpc-protocol-KEY"),
+    ):
+        serve.add_argument(
+            flag,
+            action="append",
+            default=[],
+            metavar="CATEGORY[,CATEGORY...]:KEY=VALUE",
+            help=f"Triton's: these API categories answer only requests whose {header} is VALUE (categories: health, "
+            "metadata, inference, shared-memory, model-config, model-repository, statistics, trace, logging); "
+            "repeat for groups with other keys",
+        )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.set_defaults(func=_serve)
 

@@ -26,6 +26,7 @@ from adaserve.server.dataplane import DataPlane, ModelControlMode
 from adaserve.server.grpc_service import InferenceServicer
 from adaserve.server.http import IDLE_TIMEOUT_S, HttpServer
 from adaserve.server.rest import create_app, error_response
+from adaserve.server.restrictions import GRPC_PREFIX, Restrictions
 from adaserve.server.trace import Tracer, settings_from_config
 
 log = logging.getLogger("adaserve.server")
@@ -46,6 +47,8 @@ class ServeOptions:
     model_control_mode: ModelControlMode = "explicit"  # Triton's: may the repository API load and unload models
     allow_client_shm: bool = False  # Triton's: may clients register system shared memory for their tensors
     trace_config: tuple[str, ...] = ()  # Triton's --trace-config settings (server/trace.py)
+    http_restricted_api: tuple[str, ...] = ()  # Triton's: API categories that need a header (server/restrictions.py)
+    grpc_restricted_protocol: tuple[str, ...] = ()
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -75,14 +78,17 @@ def raise_open_file_limit() -> int:
 
 
 async def serve(options: ServeOptions) -> None:
-    tracer = Tracer(*settings_from_config(options.trace_config))  # a bad setting fails before anything starts
+    # Bad settings fail here, before anything starts.
+    http_restrictions = Restrictions.parse(options.http_restricted_api, "--http-restricted-api")
+    grpc_restrictions = Restrictions.parse(options.grpc_restricted_protocol, "--grpc-restricted-protocol", GRPC_PREFIX)
+    tracer = Tracer(*settings_from_config(options.trace_config))
     open_files = raise_open_file_limit()
     kept = keep_freed_memory()
     router = ModelRouter(ModelRepository(options.model_repository), options.cache, spare_hosts=options.spare_hosts)
     plane = DataPlane(router, options.model_control_mode, options.allow_client_shm, tracer)
     http_socket = _listen(options.host, options.http_port)
     http = HttpServer(
-        create_app(plane),
+        create_app(plane, http_restrictions),
         max_body_bytes=options.max_request_bytes,
         on_error=error_response,
         idle_timeout_s=options.http_idle_timeout_s,
@@ -94,7 +100,8 @@ async def serve(options: ServeOptions) -> None:
             ("grpc.so_reuseport", 0),
         ]
     )
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(plane), grpc_server)
+    servicer = InferenceServicer(plane, grpc_restrictions)
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, grpc_server)
     try:  # grpcio raises when the port is taken, with no reason: only its C core logs one
         grpc_server.add_insecure_port(f"{options.host}:{options.grpc_port}")
     except RuntimeError:

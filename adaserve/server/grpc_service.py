@@ -34,6 +34,7 @@ from adaserve.server.protocol import (
     refuse_unsupported,
     shared_memory_ref,
 )
+from adaserve.server.restrictions import Restrictions
 from adaserve.server.shared_memory import SharedMemoryRegions
 
 log = logging.getLogger("adaserve.grpc")
@@ -56,20 +57,26 @@ CONTENTS_FIELD = {
 Message = TypeVar("Message")
 
 
-def _answers_errors(
-    method: Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[Message]],
-) -> Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[Message]]:
-    """Map the one exception hierarchy to gRPC status codes, in one place for every RPC."""
+Method = Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[Message]]
 
-    @functools.wraps(method)
-    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Message:
-        try:
-            return await method(self, request, context)
-        except Exception as exc:
-            await context.abort(*_status(exc, method.__name__))
-        raise AssertionError("unreachable: context.abort raises")
 
-    return wrapper
+def _rpc(category: str) -> Callable[[Method[Message]], Method[Message]]:
+    """A unary RPC in one of Triton's API categories (`restrictions`): refused without the category's header, if it
+    has one, and every error mapped from the one exception hierarchy to its status code, in one place."""
+
+    def decorate(method: Method[Message]) -> Method[Message]:
+        @functools.wraps(method)
+        async def wrapper(self: InferenceServicer, request: Any, context: grpc.aio.ServicerContext) -> Message:
+            try:
+                self.restrictions.check(category, lambda: dict(context.invocation_metadata() or ()))
+                return await method(self, request, context)
+            except Exception as exc:
+                await context.abort(*_status(exc, method.__name__))
+            raise AssertionError("unreachable: context.abort raises")
+
+        return wrapper
+
+    return decorate
 
 
 def _status(exc: Exception, rpc: str) -> tuple[grpc.StatusCode, str]:
@@ -100,43 +107,46 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     CudaSharedMemoryRegister = _not_implemented("the CUDA shared-memory extension")
     CudaSharedMemoryUnregister = _not_implemented("the CUDA shared-memory extension")
 
-    def __init__(self, plane: DataPlane) -> None:
+    def __init__(self, plane: DataPlane, restrictions: Restrictions | None = None) -> None:
+        """`restrictions`: the RPC categories that answer only calls with a given metadata key
+        (`--grpc-restricted-protocol`)."""
         self.plane = plane
+        self.restrictions = restrictions or Restrictions()
 
-    @_answers_errors
+    @_rpc("health")
     async def ServerLive(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         return service_pb2.ServerLiveResponse(live=self.plane.live())
 
-    @_answers_errors
+    @_rpc("health")
     async def ServerReady(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         return service_pb2.ServerReadyResponse(ready=self.plane.ready())
 
-    @_answers_errors
+    @_rpc("health")
     async def ModelReady(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         return service_pb2.ModelReadyResponse(ready=self.plane.model_ready(request.name, request.version))
 
-    @_answers_errors
+    @_rpc("metadata")
     async def ServerMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         return json_format.ParseDict(self.plane.metadata(), service_pb2.ServerMetadataResponse())
 
-    @_answers_errors
+    @_rpc("metadata")
     async def ModelMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         document = self.plane.model_metadata(request.name, request.version)
         return json_format.ParseDict(document, service_pb2.ModelMetadataResponse())
 
-    @_answers_errors
+    @_rpc("model-config")
     async def ModelConfig(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         config = json_format.ParseDict(
             self.plane.model_config(request.name, request.version), model_config_pb2.ModelConfig()
         )
         return service_pb2.ModelConfigResponse(config=config)
 
-    @_answers_errors
+    @_rpc("statistics")
     async def ModelStatistics(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         document = self.plane.statistics(request.name, request.version)
         return json_format.ParseDict(document, service_pb2.ModelStatisticsResponse())
 
-    @_answers_errors
+    @_rpc("logging")
     async def LogSettings(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         """Triton's logging extension; each setting a `SettingValue` of the kind its value is."""
         changes = {}
@@ -150,7 +160,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             setattr(response.settings[name], _SETTING_KINDS[type(setting)], setting)
         return response
 
-    @_answers_errors
+    @_rpc("trace")
     async def TraceSetting(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         """Triton's trace extension: a setting with no values clears it; a request with no settings reads them."""
         changes = {name: list(setting.value) or None for name, setting in request.settings.items()}
@@ -160,7 +170,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             response.settings[name].value.extend(value if isinstance(value, list) else [value])
         return response
 
-    @_answers_errors
+    @_rpc("shared-memory")
     async def SystemSharedMemoryStatus(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         response = service_pb2.SystemSharedMemoryStatusResponse()
         for region in self.plane.shared_memory.status(request.name):
@@ -169,32 +179,32 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             )
         return response
 
-    @_answers_errors
+    @_rpc("shared-memory")
     async def SystemSharedMemoryRegister(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         self.plane.shared_memory.register(request.name, request.key, request.offset, request.byte_size)
         return service_pb2.SystemSharedMemoryRegisterResponse()
 
-    @_answers_errors
+    @_rpc("shared-memory")
     async def SystemSharedMemoryUnregister(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         self.plane.shared_memory.unregister(request.name)
         return service_pb2.SystemSharedMemoryUnregisterResponse()
 
-    @_answers_errors
+    @_rpc("model-repository")
     async def RepositoryIndex(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         rows = self.plane.repository_index(ready_only=request.ready)
         return json_format.ParseDict({"models": rows}, service_pb2.RepositoryIndexResponse())
 
-    @_answers_errors
+    @_rpc("model-repository")
     async def RepositoryModelLoad(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         await self.plane.load(request.model_name, list(request.parameters))
         return service_pb2.RepositoryModelLoadResponse()
 
-    @_answers_errors
+    @_rpc("model-repository")
     async def RepositoryModelUnload(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         await self.plane.unload(request.model_name, list(request.parameters))
         return service_pb2.RepositoryModelUnloadResponse()
 
-    @_answers_errors
+    @_rpc("inference")
     async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         return await self._infer(request)
 
@@ -203,6 +213,10 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         answer each request once: every request runs as it arrives, and its response is written when it is done, in
         the order requests finish (a client matches them by `id`). A request that fails is answered with
         `error_message` and its `id`; the stream goes on until the client ends it."""
+        try:
+            self.restrictions.check("inference", lambda: dict(context.invocation_metadata() or ()))
+        except Exception as exc:
+            await context.abort(*_status(exc, "ModelStreamInfer"))
         answers: asyncio.Queue[Any] = asyncio.Queue()
         running: set[asyncio.Task[None]] = set()
 

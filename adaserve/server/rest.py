@@ -13,9 +13,10 @@ from typing import Any
 
 from adaserve.errors import AdaserveError, InvalidInputError
 from adaserve.server.dataplane import DataPlane
-from adaserve.server.http import Application, Request, Response, Routes
+from adaserve.server.http import Application, Handler, Request, Response, Routes
 from adaserve.server.metrics import render_metrics
 from adaserve.server.rest_codec import HEADER_LENGTH, decode_json, decode_request, encode_json, encode_response
+from adaserve.server.restrictions import Restrictions
 
 log = logging.getLogger("adaserve.rest")
 
@@ -32,8 +33,10 @@ def status_only(ok: bool) -> Response:
     return Response(200 if ok else 503)
 
 
-def create_app(plane: DataPlane) -> Application:
-    """The application: routes a request to its handler and maps every error to a response."""
+def create_app(plane: DataPlane, restrictions: Restrictions | None = None) -> Application:
+    """The application: routes a request to its handler and maps every error to a response. `restrictions`: the
+    API categories that answer only requests with a given header (`--http-restricted-api`)."""
+    restrictions = restrictions or Restrictions()
 
     async def infer(request: Request) -> Response:
         name, version = _model(request)
@@ -114,30 +117,37 @@ def create_app(plane: DataPlane) -> Application:
         return Response(200, content, media_type)
 
     routes = Routes()
+
+    def add(method: str, template: str, category: str, handler: Handler) -> None:
+        """A route in one of Triton's API categories, which `restrictions` may guard with a header."""
+        if restrictions.restricts(category):
+            handler = _guarded(restrictions, category, handler)
+        routes.add(method, template, handler)
+
     for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
-        routes.add("POST", f"{prefix}/infer", infer)  # first: the hot path matches at once
-    routes.add("GET", "/v2/health/live", live)
-    routes.add("GET", "/v2/health/ready", ready)
-    routes.add("GET", "/v2", server_metadata)
-    routes.add("GET", "/v2/models/stats", all_stats)
+        add("POST", f"{prefix}/infer", "inference", infer)  # first: the hot path matches at once
+    add("GET", "/v2/health/live", "health", live)
+    add("GET", "/v2/health/ready", "health", ready)
+    add("GET", "/v2", "metadata", server_metadata)
+    add("GET", "/v2/models/stats", "statistics", all_stats)
     for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
-        routes.add("GET", prefix, model_metadata)
-        routes.add("GET", f"{prefix}/ready", model_ready)
-        routes.add("GET", f"{prefix}/config", model_config)
-        routes.add("GET", f"{prefix}/stats", model_stats)
-    routes.add("POST", "/v2/repository/index", repository_index)
-    routes.add("POST", "/v2/repository/models/{model}/load", load)
-    routes.add("POST", "/v2/repository/models/{model}/unload", unload)
+        add("GET", prefix, "metadata", model_metadata)
+        add("GET", f"{prefix}/ready", "health", model_ready)
+        add("GET", f"{prefix}/config", "model-config", model_config)
+        add("GET", f"{prefix}/stats", "statistics", model_stats)
+    add("POST", "/v2/repository/index", "model-repository", repository_index)
+    add("POST", "/v2/repository/models/{model}/load", "model-repository", load)
+    add("POST", "/v2/repository/models/{model}/unload", "model-repository", unload)
     for prefix in ("/v2", "/v2/models/{model}"):
-        routes.add("GET", f"{prefix}/trace/setting", trace_settings)
-        routes.add("POST", f"{prefix}/trace/setting", trace_settings)
-    routes.add("GET", "/v2/logging", log_settings)
-    routes.add("POST", "/v2/logging", log_settings)
+        add("GET", f"{prefix}/trace/setting", "trace", trace_settings)
+        add("POST", f"{prefix}/trace/setting", "trace", trace_settings)
+    add("GET", "/v2/logging", "logging", log_settings)
+    add("POST", "/v2/logging", "logging", log_settings)
     for prefix in ("/v2/systemsharedmemory", "/v2/systemsharedmemory/region/{region}"):
-        routes.add("GET", f"{prefix}/status", shared_memory_status)
-        routes.add("POST", f"{prefix}/unregister", shared_memory_unregister)
-    routes.add("POST", "/v2/systemsharedmemory/region/{region}/register", shared_memory_register)
-    routes.add("GET", "/metrics", metrics)
+        add("GET", f"{prefix}/status", "shared-memory", shared_memory_status)
+        add("POST", f"{prefix}/unregister", "shared-memory", shared_memory_unregister)
+    add("POST", "/v2/systemsharedmemory/region/{region}/register", "shared-memory", shared_memory_register)
+    routes.add("GET", "/metrics", metrics)  # Prometheus scrapes: in no category, as Triton's metrics port
 
     async def app(request: Request) -> Response:
         resolved = routes.resolve(request.method, request.path)
@@ -157,6 +167,14 @@ def create_app(plane: DataPlane) -> Application:
             return error_response(500, f"internal error: {type(exc).__name__}: {exc}")
 
     return app
+
+
+def _guarded(restrictions: Restrictions, category: str, handler: Handler) -> Handler:
+    async def guarded(request: Request) -> Response:
+        restrictions.check(category, lambda: request.headers)
+        return await handler(request)
+
+    return guarded
 
 
 def _model(request: Request) -> tuple[str, str]:
