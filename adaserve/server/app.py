@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+from grpc_health.v1 import health_pb2_grpc
 from tritonclient.grpc import service_pb2_grpc
 
 from adaserve.engine.poller import RepositoryPoller
@@ -24,6 +25,7 @@ from adaserve.malloc import keep_freed_memory
 from adaserve.repository import ModelRepository
 from adaserve.server.dataplane import DataPlane, ModelControlMode
 from adaserve.server.grpc_service import InferenceServicer
+from adaserve.server.health import HealthService
 from adaserve.server.http import IDLE_TIMEOUT_S, HttpServer
 from adaserve.server.rest import create_app, error_response
 from adaserve.server.restrictions import GRPC_PREFIX, Restrictions
@@ -102,6 +104,7 @@ async def serve(options: ServeOptions) -> None:
     )
     servicer = InferenceServicer(plane, grpc_restrictions)
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, grpc_server)
+    health_pb2_grpc.add_HealthServicer_to_server(HealthService(plane, grpc_restrictions), grpc_server)
     try:  # grpcio raises when the port is taken, with no reason: only its C core logs one
         grpc_server.add_insecure_port(f"{options.host}:{options.grpc_port}")
     except RuntimeError:
@@ -135,6 +138,7 @@ async def serve(options: ServeOptions) -> None:
 
     await stopping.wait()
     log.info("stopping")
+    plane.stopping = True  # not ready from now on: health checks tell load balancers to send no more
     if polling is not None:
         polling.cancel()  # no load may start now; one under way is the router's, which close() ends
     await asyncio.gather(http.stop(grace_s=5.0), grpc_server.stop(grace=5.0))

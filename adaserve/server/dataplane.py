@@ -60,13 +60,15 @@ class DataPlane:
         self.dags = DagCatalog(router, self._run_node)  # DAG queries: names answered by several models in turn
         self.shared_memory = SharedMemoryRegions(allow_client_shm)  # the client's regions inputs and outputs name
         self.started = False  # set once the models named at start have been loaded (or failed)
+        self.stopping = False  # set when the server begins to stop: not ready from then on
 
     # -- health and metadata ---------------------------------------------------------------------------------
     def live(self) -> bool:
         return True
 
     def ready(self) -> bool:
-        return self.started and all(e.state is EngineState.READY for e in self.router.all_engines())
+        ready = self.started and not self.stopping
+        return ready and all(e.state is EngineState.READY for e in self.router.all_engines())
 
     def metadata(self) -> dict[str, Any]:
         """`{"name": ..., "version": ..., "extensions": [...]}`."""

@@ -68,7 +68,7 @@ def _rpc(category: str) -> Callable[[Method[Message]], Method[Message]]:
         @functools.wraps(method)
         async def wrapper(self: InferenceServicer, request: Any, context: grpc.aio.ServicerContext) -> Message:
             try:
-                self.restrictions.check(category, lambda: dict(context.invocation_metadata() or ()))
+                self.restrictions.check_call(category, context)
                 return await method(self, request, context)
             except Exception as exc:
                 await context.abort(*_status(exc, method.__name__))
@@ -214,7 +214,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         the order requests finish (a client matches them by `id`). A request that fails is answered with
         `error_message` and its `id`; the stream goes on until the client ends it."""
         try:
-            self.restrictions.check("inference", lambda: dict(context.invocation_metadata() or ()))
+            self.restrictions.check_call("inference", context)
         except Exception as exc:
             await context.abort(*_status(exc, "ModelStreamInfer"))
         answers: asyncio.Queue[Any] = asyncio.Queue()

@@ -13,6 +13,8 @@ import hmac
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
+import grpc
+
 from adaserve.errors import ConfigError, NotAllowedError
 
 #: Triton's API categories (the REST endpoints and gRPC RPCs of each are listed where they are served).
@@ -74,3 +76,7 @@ class Restrictions:
         given = headers().get(header.name)
         if given is None or not hmac.compare_digest(given.encode(), header.value.encode()):
             raise NotAllowedError(f"This {self.what} is restricted, expecting header '{header.name}'")
+
+    def check_call(self, category: str, context: grpc.aio.ServicerContext) -> None:
+        """`check` for a gRPC call, whose metadata are its headers."""
+        self.check(category, lambda: dict(context.invocation_metadata() or ()))

@@ -12,10 +12,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from adaserve.errors import ConfigError, NotAllowedError
@@ -44,6 +46,7 @@ def restricted_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serv
     for categories, key, value in (ADMIN, INFER):
         options += [f"--http-restricted-api={categories}:{key}={value}"]
         options += [f"--grpc-restricted-protocol={categories}:{key}={value}"]
+    options += ["--grpc-restricted-protocol=health:probe-key=k8s"]  # not on REST: the test harness polls its ready
     with running_server(root, *options) as handle:
         yield handle
 
@@ -94,9 +97,25 @@ def test_a_restricted_category_answers_only_with_its_header(restricted_server: S
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_the_other_categories_stay_open(restricted_server: ServerHandle, protocol: str) -> None:
     client = connect(restricted_server, protocol)
-    assert client.is_server_live() and client.is_server_ready() and client.is_model_ready("mlp")
+    if protocol == "http":
+        assert client.is_server_live() and client.is_server_ready() and client.is_model_ready("mlp")
     assert client.get_server_metadata() and client.get_model_metadata("mlp")
     assert client.get_model_config("mlp") and client.get_inference_statistics("mlp")
+
+
+def test_the_health_category_covers_the_grpc_health_service(restricted_server: ServerHandle) -> None:
+    """Triton's `health` category: live, ready and model ready, and on gRPC the standard health service too."""
+    client = connect(restricted_server, "grpc")
+    assert_refused("grpc", "probe-key", lambda: client.is_server_live())
+    assert client.is_server_ready(headers=header("grpc", "probe-key", "k8s"))
+    with grpc.insecure_channel(restricted_server.grpc_url) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        with pytest.raises(grpc.RpcError) as refused:
+            health.Check(health_pb2.HealthCheckRequest(), timeout=10)
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        metadata = [("triton-grpc-protocol-probe-key", "k8s")]
+        answer = health.Check(health_pb2.HealthCheckRequest(), metadata=metadata, timeout=10)
+        assert answer.status == health_pb2.HealthCheckResponse.SERVING
 
 
 def test_an_http_header_name_matches_in_any_case(restricted_server: ServerHandle) -> None:
