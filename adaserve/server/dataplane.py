@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Collection
+from contextvars import ContextVar
 from typing import Any, Literal
 
 import numpy as np
@@ -37,6 +38,9 @@ EXTENSIONS = [
     "trace",
 ]
 
+
+#: The trace of the DAG query being run, if it is traced: its nodes' traces are its children.
+_dag_trace: ContextVar[Trace | None] = ContextVar("dag_trace", default=None)
 
 #: Triton's model control modes: who may load and unload models once the server runs.
 ModelControlMode = Literal["none", "poll", "explicit"]
@@ -181,13 +185,18 @@ class DataPlane:
 
     # -- inference -------------------------------------------------------------------------------------------
     async def infer(self, request: InferenceRequest, trace: Trace | None = None) -> InferenceResponse:
-        """Run a request; a `trace` gets its handling's timestamps (and tensors) on the way."""
+        """Run a request; a `trace` gets its handling's timestamps (and tensors) on the way, and, for a DAG query,
+        each model it runs gets a trace of its own whose parent it is."""
         if trace is not None:
             trace.stamp("REQUEST_START", time.perf_counter_ns())
             for tensor in request.inputs:
                 trace.tensor("TENSOR_QUEUE_INPUT", tensor.name, tensor.datatype, tensor.data)
         if self.dags.knows(request.model_name):
-            response = await self._infer_dag(request)
+            token = _dag_trace.set(trace)  # the query's nodes run in tasks that copy this context
+            try:
+                response = await self._infer_dag(request)
+            finally:
+                _dag_trace.reset(token)
         else:
             config = self.router.spec(request.model_name, request.model_version).config
             arrays, rows = validate_inputs(config, request)
@@ -218,10 +227,27 @@ class DataPlane:
     async def _run_node(
         self, name: str, inputs: dict[str, np.ndarray], rows: int, parameters: dict[str, Any]
     ) -> ModelAnswer:
-        """A DAG query's node: its model run through the request path a client's request takes."""
+        """A DAG query's node: its model run through the request path a client's request takes (and traced as a
+        child when its query is)."""
         config = self.router.spec(name).config
         arrays = [inputs[spec.name] for spec in config.inputs]
-        _, result = await self._compute(name, "", config, arrays, rows, parameters)
+        parent = _dag_trace.get()
+        if parent is None:
+            _, result = await self._compute(name, "", config, arrays, rows, parameters)
+        else:
+            trace = self.tracer.child(parent, name)
+            trace.stamp("REQUEST_START", time.perf_counter_ns())
+            for spec, array in zip(config.inputs, arrays, strict=True):
+                trace.tensor("TENSOR_QUEUE_INPUT", spec.name, spec.datatype, array)
+            try:
+                engine, result = await self._compute(name, "", config, arrays, rows, parameters)
+                trace.model_version = str(engine.model.version)
+                trace.stamp_times(result.times)
+                for spec, array in zip(config.outputs, result.outputs, strict=True):
+                    trace.tensor("TENSOR_BACKEND_OUTPUT", spec.name, spec.datatype, array)
+                trace.stamp("REQUEST_END", time.perf_counter_ns())
+            finally:
+                self.tracer.finish(trace)
         return ModelAnswer(
             {spec.name: array for spec, array in zip(config.outputs, result.outputs, strict=True)}, result.parameters
         )

@@ -52,6 +52,7 @@ class Trace:
     level: tuple[str, ...]
     scope: _Scope
     model_version: str = ""
+    parent_id: int = 0  # a DAG query's trace, for the traces of the models it ran
     timestamps: list[tuple[str, int]] = field(default_factory=list)
     tensors: list[dict[str, Any]] = field(default_factory=list)
 
@@ -81,6 +82,8 @@ class Trace:
             head["model_version"] = int(self.model_version)
         if self.request_id:
             head["request_id"] = self.request_id
+        if self.parent_id:
+            head["parent_id"] = self.parent_id
         entries = [head]
         if self.timestamps:
             stamps = [{"name": name, "ns": ns} for name, ns in self.timestamps]
@@ -163,11 +166,16 @@ class Tracer:
             return None
         return Trace(next(self._ids), model_name, request_id, scope.settings.level, scope)
 
+    def child(self, parent: Trace, model_name: str) -> Trace:
+        """The trace of a model a traced DAG query runs: traced because its query is, under the query's settings."""
+        return Trace(next(self._ids), model_name, parent.request_id, parent.level, parent.scope, parent_id=parent.id)
+
     def finish(self, trace: Trace | None) -> None:
         """The request has been answered (or failed): write its trace, or keep it until its part is whole."""
         if trace is None or self.file is None:  # the API cannot enable tracing without a file
             return
-        scope = trace.scope if self._models.get(trace.model_name) is trace.scope else self._server
+        live = trace.scope is self._server or any(trace.scope is scope for scope in self._models.values())
+        scope = trace.scope if live else self._server  # its model's own settings were dropped meanwhile
         frequency = scope.settings.log_frequency
         try:
             if frequency == 0:

@@ -20,7 +20,15 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from benchmarks.perf_load import PerfAnalyzer
-from tests.server_utils import ServerHandle, link_example, logged_errors, running_server
+from tests.server.test_dag import ONE_WORKER, write_dag
+from tests.server_utils import (
+    ServerHandle,
+    link_example,
+    logged_errors,
+    running_server,
+    write_fussy_model,
+    write_slow_model,
+)
 
 PROTOCOLS = {"http": httpclient, "grpc": grpcclient}
 STEPS = ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_END", "REQUEST_END"]
@@ -41,6 +49,9 @@ def traced_server(tmp_path_factory: pytest.TempPathFactory, trace_file: Path) ->
     root = tmp_path_factory.mktemp("trace-repository") / "models"
     for name in ("mlp", "cnn"):
         link_example(root, name)
+    write_fussy_model(root, "double", workers=ONE_WORKER)
+    write_slow_model(root, "slow", rounds=30, max_batch_size=4, workers=ONE_WORKER)
+    write_dag(root, "pipe")
     config = [f"--trace-config=triton,file={trace_file}", "--trace-config=level=TIMESTAMPS", "--trace-config=rate=1"]
     with running_server(root, *config) as handle:
         yield handle
@@ -172,6 +183,33 @@ def test_the_tensors_level_records_each_requests_inputs_and_outputs(
         assert tensor["dtype"] == "FP32" and tensor["shape"] == ",".join(map(str, array.shape))
         values = np.array([float(v) for v in tensor["data"].split(",")], dtype=np.float32)
         assert np.array_equal(values, array.ravel())
+
+
+def test_a_dag_querys_models_are_traced_as_its_children(traced_server: ServerHandle, trace_file: Path) -> None:
+    """Each model the query runs gets its own trace, with the query's as its parent and its steps inside the
+    query's, as Triton traces an ensemble's models."""
+    http = client(traced_server, "http")
+    http.update_trace_settings("pipe", {"log_frequency": "1"})
+    try:
+        tensor = httpclient.InferInput("x", [2, 4], "FP32")
+        tensor.set_data_from_numpy(np.array([[1, 0, 0, 0], [0, 1, 0, 0]], dtype=np.float32))  # row 0 runs both nodes
+        http.infer("pipe", [tensor], request_id="dag-1")
+    finally:
+        http.update_trace_settings("pipe", {})
+    entries = traces_in_parts(trace_file)["dag-1"]
+    heads = {e["id"]: e for e in entries if "model_name" in e}
+    stamps = {e["id"]: {s["name"]: s["ns"] for s in e["timestamps"]} for e in entries if "timestamps" in e}
+    (query,) = [i for i, head in heads.items() if head["model_name"] == "pipe"]
+    children = [i for i, head in heads.items() if head.get("parent_id") == query]
+    assert sorted(heads[i]["model_name"] for i in children) in (["double", "double"], ["double", "slow"])
+    assert set(stamps[query]) == {"HTTP_RECV_START", "HTTP_RECV_END", "REQUEST_START", "REQUEST_END"} | {
+        "HTTP_SEND_START",
+        "HTTP_SEND_END",
+    }
+    for child in children:
+        assert list(stamps[child]) == STEPS
+        assert stamps[query]["REQUEST_START"] <= stamps[child]["REQUEST_START"]
+        assert stamps[child]["REQUEST_END"] <= stamps[query]["REQUEST_END"]
 
 
 def test_perf_analyzer_turns_tracing_on_and_its_requests_are_traced(
