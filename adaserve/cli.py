@@ -141,6 +141,14 @@ def npy_array(text: str) -> np.ndarray:
         raise argparse.ArgumentTypeError(f"cannot read {text} as a .npy array: {exc}") from None
 
 
+def _trace_summary(args: argparse.Namespace) -> int:
+    from adaserve.server.trace_summary import format_summary, read_traces, summarize
+
+    summary = summarize(read_traces(args.files))
+    print(json.dumps(summary, indent=2) if args.json else format_summary(summary))
+    return 0
+
+
 def _models_list(args: argparse.Namespace) -> int:
     from adaserve.repository import ModelRepository
 
@@ -311,6 +319,15 @@ def build_parser() -> argparse.ArgumentParser:
     infer.add_argument("--url", default="127.0.0.1:8000")
     infer.add_argument("--parameters", type=json_object, help="request parameters as JSON, e.g. '{\"latency_ms\": 5}'")
     infer.set_defaults(func=_infer)
+
+    trace = commands.add_parser("trace", help="read trace files the server wrote (--trace-config)")
+    trace_commands = trace.add_subparsers(dest="trace_command", required=True)
+    summary = trace_commands.add_parser(
+        "summary", help="where traced requests' time went: each span's median and 90th percentile, per model"
+    )
+    summary.add_argument("files", nargs="+", type=Path, help="trace files (the file, and its numbered parts)")
+    summary.add_argument("--json", action="store_true", help="print the summary as JSON")
+    summary.set_defaults(func=_trace_summary)
 
     register_bench(commands)
     register_cache(commands)

@@ -22,7 +22,6 @@ Writes `benchmarks/results/trace_overhead.json` and `.png` (with --quick: under 
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import shutil
 import statistics
@@ -33,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from adaserve.server.trace_summary import FRONTENDS, SPANS, TracedRequest, read_traces, summarize
 from benchmarks.common import RESULTS, SCRATCH, command_line, figure, load_average, machine, process_command, write_json
 from benchmarks.perf_load import PerfAnalyzer
 from benchmarks.serving_overhead import MODEL, perf_parser, perf_run
@@ -47,17 +47,6 @@ CASES = {
     "timestamps_tensors": {"trace_level": ["TIMESTAMPS", "TENSORS"], "trace_rate": "1"},
 }
 LOG_FREQUENCY = 1000
-#: The spans of a traced request, each between two of its timestamps (`{F}`: HTTP or GRPC).
-SPANS = {
-    "receive": ("{F}_RECV_START", "{F}_RECV_END"),
-    "decode": ("{F}_RECV_END", "REQUEST_START"),
-    "admission": ("REQUEST_START", "QUEUE_START"),
-    "queue": ("QUEUE_START", "COMPUTE_START"),
-    "compute": ("COMPUTE_START", "COMPUTE_END"),
-    "answer": ("COMPUTE_END", "REQUEST_END"),
-    "encode": ("REQUEST_END", "{F}_SEND_START"),
-    "send": ("{F}_SEND_START", "{F}_SEND_END"),
-}
 
 
 def main() -> int:
@@ -90,7 +79,7 @@ def main() -> int:
         ]
     report["load_end"] = load_average()
     report["cases"] = _cases(report["runs"])
-    report["spans"] = _spans(report["runs"], _traces(trace_file))
+    report["spans"] = _spans(report["runs"], read_traces([trace_file, *work.glob("trace.json.*")]))
     write_json(report, output)
     _plot(report, output.with_suffix(".png"))
     _print(report, output)
@@ -142,41 +131,22 @@ def _cases(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return cases
 
 
-def _traces(trace_file: Path) -> list[dict[str, int]]:
-    """Every traced request's timestamps by name, from the numbered files and the file itself."""
-    entries = json.loads(trace_file.read_text())
-    for part in glob.glob(f"{trace_file}.*"):
-        entries += json.loads(Path(part).read_text())
-    return [{s["name"]: s["ns"] for s in e["timestamps"]} for e in entries if "timestamps" in e]
-
-
-def _spans(runs: list[dict[str, Any]], traces: list[dict[str, int]]) -> dict[str, Any]:
+def _spans(runs: list[dict[str, Any]], traces: list[TracedRequest]) -> dict[str, Any]:
     """Per protocol and concurrency, over the runs tracing timestamps only (formatting tensors would lengthen the
-    spans it happens in): how many requests were traced, and each span's median and 90th percentile in µs."""
+    spans it happens in): how many requests were traced, and each span's median, 90th percentile and mean in µs
+    (`adaserve trace summary`'s figures for those requests)."""
     spans: dict[str, Any] = {}
     for protocol in PROTOCOLS:
-        frontend = protocol.upper()
-        first = f"{frontend}_RECV_START" if protocol == "http" else "GRPC_WAITREAD_START"
-        names = {span: (a.format(F=frontend), b.format(F=frontend)) for span, (a, b) in SPANS.items()}
-        if protocol == "grpc":  # grpc.aio reads the message itself: the read is one point, at the handler's start
-            names["receive"] = ("GRPC_WAITREAD_START", "GRPC_WAITREAD_END")
-            names["decode"] = ("GRPC_WAITREAD_END", "REQUEST_START")
+        first = FRONTENDS[protocol.upper()][0][0]
         for concurrency in CONCURRENCIES:
             windows = [
                 (r["began_ns"], r["ended_ns"])
                 for r in runs
                 if (r["case"], r["protocol"], r["concurrency"]) == ("timestamps", protocol, concurrency)
             ]
-            mine = [t for t in traces if first in t and any(a <= t[first] <= b for a, b in windows)]
-            entry: dict[str, Any] = {"traced_requests": len(mine)}
-            for span, (start, end) in names.items():
-                values = [(t[end] - t[start]) / 1000 for t in mine if start in t and end in t]
-                entry[span] = (
-                    {"p50_us": float(np.percentile(values, 50)), "p90_us": float(np.percentile(values, 90))}
-                    if values
-                    else None
-                )
-            spans[f"{protocol}_c{concurrency}"] = entry
+            mine = [t for t in traces if any(a <= t.timestamps.get(first, -1) <= b for a, b in windows)]
+            (group,) = summarize(mine).values()
+            spans[f"{protocol}_c{concurrency}"] = {"traced_requests": group["traces"], **group["spans"]}
     return spans
 
 

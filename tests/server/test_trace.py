@@ -248,6 +248,11 @@ def test_the_trace_file_is_one_json_array_of_every_trace_once_the_server_stops(t
     entries = json.loads(trace_file.read_text())
     assert [e.get("request_id") for e in entries if "model_name" in e] == ["r1", "r3"]  # every second request
     assert all(len(e["timestamps"]) == 9 for e in entries if "timestamps" in e)
+    summary = subprocess.run(
+        [sys.executable, "-m", "adaserve", "trace", "summary", str(trace_file)], capture_output=True, text=True
+    )
+    assert summary.returncode == 0, summary.stderr
+    assert "| mlp (1) HTTP | 2 |" in summary.stdout  # r1 and r3 went over HTTP
 
 
 def test_a_server_asked_to_trace_without_a_file_does_not_start(tmp_path: Path) -> None:
