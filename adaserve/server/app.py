@@ -29,7 +29,7 @@ from adaserve.server.health import HealthService
 from adaserve.server.http import IDLE_TIMEOUT_S, HttpServer
 from adaserve.server.rest import create_app, error_response
 from adaserve.server.restrictions import GRPC_PREFIX, Restrictions
-from adaserve.server.trace import Tracer, settings_from_config
+from adaserve.server.trace import tracer_from_config
 
 log = logging.getLogger("adaserve.server")
 
@@ -83,7 +83,7 @@ async def serve(options: ServeOptions) -> None:
     # Bad settings fail here, before anything starts.
     http_restrictions = Restrictions.parse(options.http_restricted_api, "--http-restricted-api")
     grpc_restrictions = Restrictions.parse(options.grpc_restricted_protocol, "--grpc-restricted-protocol", GRPC_PREFIX)
-    tracer = Tracer(*settings_from_config(options.trace_config))
+    tracer = tracer_from_config(options.trace_config)
     open_files = raise_open_file_limit()
     kept = keep_freed_memory()
     router = ModelRouter(ModelRepository(options.model_repository), options.cache, spare_hosts=options.spare_hosts)

@@ -20,7 +20,7 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 import numpy as np
 
@@ -115,9 +115,28 @@ class _Scope:
         return True
 
 
+class TraceSink(Protocol):
+    """Where finished traces go: Triton's trace file (`TraceFile`) or an OpenTelemetry collector
+    (`adaserve.server.trace_otel.OpenTelemetryExport`)."""
+
+    mode: str  # Triton's trace_mode: "triton" or "opentelemetry"
+    levels: tuple[str, ...]  # the levels it can record
+
+    def take(self, trace: Trace, scope: _Scope) -> None: ...
+
+    def describe(self, settings: TraceSettings) -> dict[str, str]:
+        """Its own entries of the trace setting response."""
+        ...
+
+    def close(self, scopes: Iterable[_Scope]) -> None: ...
+
+
 class TraceFile:
-    """Where traces are written: `path` as one JSON array (opened at start, appended to as traces finish, closed
-    at stop), and `path.N` for each part of `log_frequency` traces."""
+    """Triton's trace file: `path` as one JSON array (opened at start, appended to as traces finish, closed at stop)
+    when `log_frequency` is 0, and `path.N` for each part of `log_frequency` traces otherwise."""
+
+    mode: str = "triton"
+    levels: tuple[str, ...] = LEVELS
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -139,20 +158,51 @@ class TraceFile:
         entries = [entry for trace in traces for entry in trace.entries()]
         Path(f"{self.path}.{next(self._parts)}").write_text(json.dumps(entries))
 
-    def close(self) -> None:
+    def take(self, trace: Trace, scope: _Scope) -> None:
+        frequency = scope.settings.log_frequency
+        try:
+            if frequency == 0:
+                self.append(trace)
+                return
+            scope.collected.append(trace)
+            if len(scope.collected) >= frequency:
+                self.write_part(scope.collected)
+                scope.collected = []
+        except OSError as exc:  # the disk is full, say: the request was answered, and the server goes on
+            scope.collected = []
+            log.error("cannot write traces", extra={"file": str(self.path), "error": exc.strerror})
+
+    def describe(self, settings: TraceSettings) -> dict[str, str]:
+        return {"log_frequency": str(settings.log_frequency), "trace_file": str(self.path), "trace_mode": self.mode}
+
+    @staticmethod
+    def describe_none(settings: TraceSettings) -> dict[str, str]:
+        """What a server with no trace file says: Triton's mode, no file."""
+        return {"log_frequency": str(settings.log_frequency), "trace_file": "", "trace_mode": "triton"}
+
+    def close(self, scopes: Iterable[_Scope]) -> None:
+        """Every trace kept for a part is written, and the array is closed."""
+        for scope in scopes:
+            if scope.collected:
+                self.write_part(scope.collected)
+                scope.collected = []
         if not self._stream.closed:
             self._stream.write("]")
             self._stream.close()
 
 
 class Tracer:
-    """The server's trace settings, the models' own, and the trace file; decides which requests are traced."""
+    """The server's trace settings, the models' own, and where traces go; decides which requests are traced."""
 
-    def __init__(self, settings: TraceSettings, path: Path | None) -> None:
-        if settings.level and path is None:
+    def __init__(self, settings: TraceSettings, sink: TraceSink | None) -> None:
+        if settings.level and sink is None:
             raise ConfigError(f"tracing at level {list(settings.level)} needs a trace file: {FILE_HINT}")
         self.initial = settings  # what the server's settings return to when the API clears one
-        self.file = TraceFile(path) if path is not None else None
+        self.sink = sink
+        try:
+            self._check_sink(settings)
+        except InvalidInputError as exc:
+            raise ConfigError(f"--trace-config: {exc}") from None
         self._server = _Scope(settings)
         self._models: dict[str, _Scope] = {}
         self._given: dict[str, dict[str, Any]] = {}  # per model: the settings given for it, by field
@@ -171,23 +221,11 @@ class Tracer:
         return Trace(next(self._ids), model_name, parent.request_id, parent.level, parent.scope, parent_id=parent.id)
 
     def finish(self, trace: Trace | None) -> None:
-        """The request has been answered (or failed): write its trace, or keep it until its part is whole."""
-        if trace is None or self.file is None:  # the API cannot enable tracing without a file
+        """The request has been answered (or failed): hand its trace to the sink."""
+        if trace is None or self.sink is None:  # the API cannot enable tracing without a sink
             return
         live = trace.scope is self._server or any(trace.scope is scope for scope in self._models.values())
-        scope = trace.scope if live else self._server  # its model's own settings were dropped meanwhile
-        frequency = scope.settings.log_frequency
-        try:
-            if frequency == 0:
-                self.file.append(trace)
-                return
-            scope.collected.append(trace)
-            if len(scope.collected) >= frequency:
-                self.file.write_part(scope.collected)
-                scope.collected = []
-        except OSError as exc:  # the disk is full, say: the request was answered, and the server goes on
-            scope.collected = []
-            log.error("cannot write traces", extra={"file": str(self.file.path), "error": exc.strerror})
+        self.sink.take(trace, trace.scope if live else self._server)  # else its model's own settings were dropped
 
     def sent(self, trace: Trace, frontend: str) -> Callable[[int, int], None]:
         """What the frontend calls once the response is written (from, to): stamps the send, finishes the trace."""
@@ -200,26 +238,20 @@ class Tracer:
         return stamp
 
     def close(self) -> None:
-        """At stop: every trace kept for a part is written, and the trace file's array is closed."""
-        if self.file is None:
-            return
-        for scope in (self._server, *self._models.values()):
-            if scope.collected:
-                self.file.write_part(scope.collected)
-                scope.collected = []
-        self.file.close()
+        """At stop: whatever the sink holds is written or exported."""
+        if self.sink is not None:
+            self.sink.close((self._server, *self._models.values()))
 
     # -- the trace API ---------------------------------------------------------------------------------------
     def settings(self, model_name: str = "") -> dict[str, Any]:
         """Triton's trace setting response: every value a string, the level a list."""
         settings = self._models.get(model_name, self._server).settings
+        own = self.sink.describe(settings) if self.sink is not None else TraceFile.describe_none(settings)
         return {
             "trace_level": list(settings.level) or ["OFF"],
             "trace_rate": str(settings.rate),
             "trace_count": str(settings.count),
-            "log_frequency": str(settings.log_frequency),
-            "trace_file": str(self.file.path) if self.file is not None else "",
-            "trace_mode": "triton",
+            **own,
         }
 
     def update(self, model_name: str, changes: Mapping[str, list[str] | None]) -> dict[str, Any]:
@@ -236,7 +268,7 @@ class Tracer:
     def _update_server(self, parsed: dict[str, Any]) -> None:
         fields = {key: getattr(self.initial, key) if value is None else value for key, value in parsed.items()}
         settings = replace(self._server.settings, **fields)
-        self._check_file(settings)
+        self._check_sink(settings)
         self._server.reset(settings)
         for model_name, scope in self._models.items():  # what a model was not given follows the server's
             followed = {key: value for key, value in fields.items() if key not in self._given[model_name]}
@@ -247,7 +279,7 @@ class Tracer:
         given = {} if clear_all else {**self._given.get(model_name, {}), **parsed}
         given = {key: value for key, value in given.items() if value is not None}
         settings = replace(self._server.settings, **given)
-        self._check_file(settings)
+        self._check_sink(settings)
         if not given:  # the model follows the server's settings again; what it collected goes with theirs
             self._given.pop(model_name, None)
             dropped = self._models.pop(model_name, None)
@@ -258,9 +290,13 @@ class Tracer:
         scope = self._models.setdefault(model_name, _Scope(settings))
         scope.reset(settings)
 
-    def _check_file(self, settings: TraceSettings) -> None:
-        if settings.level and self.file is None:
+    def _check_sink(self, settings: TraceSettings) -> None:
+        if settings.level and self.sink is None:
             raise InvalidInputError(f"tracing needs a trace file, and this server has none: {FILE_HINT}")
+        unsupported = [level for level in settings.level if self.sink is not None and level not in self.sink.levels]
+        if unsupported:
+            mode = self.sink.mode if self.sink is not None else ""
+            raise InvalidInputError(f"trace mode {mode} does not record trace_level {unsupported}")
 
 
 FILE_HINT = "start the server with --trace-config triton,file=PATH"
@@ -308,32 +344,64 @@ def parse_number(name: str, text: str, least: int) -> int:
     return value
 
 
-def settings_from_config(options: Iterable[str]) -> tuple[TraceSettings, Path | None]:
-    """`--trace-config` values, in Triton's form: `level=TIMESTAMPS`, `rate=N`, `count=N`, `mode=triton`,
-    `triton,file=PATH`, `triton,log-frequency=N` (a level may be given more than once)."""
+def tracer_from_config(options: Iterable[str]) -> Tracer:
+    """The tracer `--trace-config` asks for, in Triton's form: `level=TIMESTAMPS` (repeatable), `rate=N`, `count=N`,
+    `mode=triton|opentelemetry`; `triton,file=PATH`, `triton,log-frequency=N`; `opentelemetry,url=URL`,
+    `opentelemetry,resource=KEY=VALUE` (repeatable), `opentelemetry,bsp_max_queue_size=N`, `...,bsp_schedule_delay=MS`,
+    `...,bsp_max_export_batch_size=N`. ConfigError names a bad one."""
     changes: dict[str, list[str]] = {}
-    path: Path | None = None
+    mode, path = "triton", None
+    telemetry: dict[str, Any] = {"url": None, "resource": {}, "bsp": {}}
     for option in options:
-        scope, _, setting = option.rpartition(",")
+        scope, _, setting = (
+            option.partition(",") if option.startswith(("triton,", "opentelemetry,")) else ("", "", option)
+        )
         name, equals, value = setting.partition("=")
-        if not equals or scope not in ("", "triton"):
-            raise ConfigError(
-                f"--trace-config '{option}': expected [triton,]SETTING=VALUE (this server traces in Triton's mode)"
-            )
-        if name == "mode":
-            if value != "triton":
-                raise ConfigError(f"--trace-config '{option}': the only trace mode here is triton")
-        elif name == "file":
+        if not equals:
+            raise ConfigError(f"--trace-config '{option}': expected [triton,|opentelemetry,]SETTING=VALUE")
+        if (scope, name) == ("", "mode"):
+            if value not in ("triton", "opentelemetry"):
+                raise ConfigError(f"--trace-config '{option}': the trace modes are triton and opentelemetry")
+            mode = value
+        elif (scope, name) == ("triton", "file"):
             path = Path(value)
-        elif name in ("level", "rate", "count", "log-frequency"):
+        elif (scope, name) in (("", "level"), ("", "rate"), ("", "count"), ("triton", "log-frequency")):
             key = "trace_" + name if name != "log-frequency" else "log_frequency"
             changes[key] = [*changes.get(key, []), value] if key == "trace_level" else [value]
+        elif (scope, name) == ("opentelemetry", "url"):
+            telemetry["url"] = value if "://" in value else f"http://{value}"
+        elif (scope, name) == ("opentelemetry", "resource"):
+            key, equals, attribute = value.partition("=")
+            if not equals or not key:
+                raise ConfigError(f"--trace-config '{option}': a resource is KEY=VALUE")
+            telemetry["resource"][key] = attribute
+        elif scope == "opentelemetry" and name in (
+            "bsp_max_queue_size",
+            "bsp_schedule_delay",
+            "bsp_max_export_batch_size",
+        ):
+            telemetry["bsp"][name] = _config_number(option, value)
         else:
             raise ConfigError(
-                f"--trace-config '{option}': unknown setting '{name}' (level, rate, count, mode, file, log-frequency)"
+                f"--trace-config '{option}': unknown setting; the settings are level, rate, count, mode, triton,file, "
+                "triton,log-frequency, opentelemetry,url, opentelemetry,resource and opentelemetry,bsp_*"
             )
     try:
-        parsed = parse_changes(changes)
+        settings = replace(TraceSettings(), **parse_changes(changes))
     except InvalidInputError as exc:
         raise ConfigError(f"--trace-config: {exc}") from None
-    return replace(TraceSettings(), **parsed), path
+    sink: TraceSink | None = TraceFile(path) if path is not None else None
+    if mode == "opentelemetry":
+        from adaserve.server.trace_otel import DEFAULT_URL, OpenTelemetryExport
+
+        sink = OpenTelemetryExport(telemetry["url"] or DEFAULT_URL, telemetry["resource"], telemetry["bsp"])
+    return Tracer(settings, sink)
+
+
+MODE_SCOPES = ("triton,", "opentelemetry,")
+
+
+def _config_number(option: str, text: str) -> int:
+    if not text.isdigit() or int(text) == 0:
+        raise ConfigError(f"--trace-config '{option}': expected a whole number above 0")
+    return int(text)

@@ -13,7 +13,7 @@ import pytest
 
 from adaserve.engine.engine import RequestTimes
 from adaserve.errors import ConfigError, InvalidInputError
-from adaserve.server.trace import Tracer, TraceSettings, settings_from_config
+from adaserve.server.trace import TraceFile, Tracer, TraceSettings, tracer_from_config
 
 
 @pytest.fixture
@@ -22,7 +22,7 @@ def tracer(tmp_path: Path) -> Iterator[Callable[..., Tracer]]:
     made: list[Tracer] = []
 
     def make(**settings: Any) -> Tracer:
-        made.append(Tracer(TraceSettings(**settings), tmp_path / "trace.json"))
+        made.append(Tracer(TraceSettings(**settings), TraceFile(tmp_path / "trace.json")))
         return made[-1]
 
     yield make
@@ -142,7 +142,7 @@ def test_without_a_trace_file_tracing_cannot_be_turned_on() -> None:
 
 
 def test_trace_config_takes_tritons_command_line_form(tmp_path: Path) -> None:
-    settings, path = settings_from_config(
+    tracer = tracer_from_config(
         [
             f"triton,file={tmp_path / 't.json'}",
             "triton,log-frequency=50",
@@ -153,25 +153,57 @@ def test_trace_config_takes_tritons_command_line_form(tmp_path: Path) -> None:
             "mode=triton",
         ]
     )
-    assert settings == TraceSettings(level=("TIMESTAMPS", "TENSORS"), rate=100, count=10, log_frequency=50)
-    assert path == tmp_path / "t.json"
+    try:
+        assert tracer.initial == TraceSettings(level=("TIMESTAMPS", "TENSORS"), rate=100, count=10, log_frequency=50)
+        assert isinstance(tracer.sink, TraceFile) and tracer.sink.path == tmp_path / "t.json"
+    finally:
+        tracer.close()
+
+
+def test_trace_config_takes_tritons_opentelemetry_settings() -> None:
+    tracer = tracer_from_config(
+        [
+            "mode=opentelemetry",
+            "opentelemetry,url=127.0.0.1:1/v1/traces",
+            "opentelemetry,resource=service.name=ours",
+            "opentelemetry,resource=deployment=test",
+            "opentelemetry,bsp_schedule_delay=100",
+            "level=TIMESTAMPS",
+        ]
+    )
+    try:
+        settings = tracer.settings()
+        assert settings["trace_mode"] == "opentelemetry" and settings["url"] == "http://127.0.0.1:1/v1/traces"
+        assert settings["resource"] == "service.name=ours,deployment=test"
+        assert settings["bsp_schedule_delay"] == "100" and settings["bsp_max_queue_size"] == "2048"
+        assert "trace_file" not in settings  # as Triton answers in this mode
+        with pytest.raises(
+            InvalidInputError, match=r"trace mode opentelemetry does not record trace_level \['TENSORS'\]"
+        ):
+            tracer.update("", {"trace_level": ["TIMESTAMPS", "TENSORS"]})
+    finally:
+        tracer.close()
 
 
 @pytest.mark.parametrize(
-    ("option", "message"),
+    ("options", "message"),
     [
-        ("mode=opentelemetry", "the only trace mode here is triton"),
-        ("opentelemetry,url=localhost:4318", r"expected \[triton,\]SETTING=VALUE"),
-        ("rate", r"expected \[triton,\]SETTING=VALUE"),
-        ("speed=3", "unknown setting 'speed'"),
-        ("rate=fast", "--trace-config: trace setting 'trace_rate' must be an integer, got 'fast'"),
+        (["mode=zipkin"], "the trace modes are triton and opentelemetry"),
+        (["rate"], r"expected \[triton,\|opentelemetry,\]SETTING=VALUE"),
+        (["speed=3"], "'speed=3': unknown setting"),
+        (["triton,url=x"], "'triton,url=x': unknown setting"),
+        (["rate=fast"], "--trace-config: trace setting 'trace_rate' must be an integer, got 'fast'"),
+        (["opentelemetry,resource=novalue"], "a resource is KEY=VALUE"),
+        (["opentelemetry,bsp_schedule_delay=0"], "expected a whole number above 0"),
+        (["mode=opentelemetry", "opentelemetry,bsp_other=3"], "'opentelemetry,bsp_other=3': unknown setting"),
+        (["mode=opentelemetry", "level=TENSORS"], "trace mode opentelemetry does not record trace_level"),
     ],
 )
-def test_a_bad_trace_config_is_refused_by_name(option: str, message: str) -> None:
+def test_a_bad_trace_config_is_refused_by_name(options: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
-        settings_from_config([option])
+        tracer_from_config(options)
 
 
 def test_an_unwritable_trace_file_is_refused_at_start(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"cannot write the trace file .*/missing/trace\.json: No such file"):
-        Tracer(TraceSettings(), tmp_path / "missing" / "trace.json")
+        TraceFile(tmp_path / "missing" / "trace.json")

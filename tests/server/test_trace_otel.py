@@ -1,0 +1,175 @@
+"""Triton's OpenTelemetry trace mode on a real server: traced requests reach an OTLP/HTTP receiver (here, one in the
+test process decoding OpenTelemetry's own protobuf messages) as Triton's three spans, nested in time and by parent,
+on the wall clock, with the request's attributes; a DAG query's models as spans under the query's."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+
+from tests.server.test_dag import ONE_WORKER, write_dag
+from tests.server_utils import (
+    ServerHandle,
+    free_port,
+    link_example,
+    logged_errors,
+    running_server,
+    write_fussy_model,
+    write_slow_model,
+)
+
+
+class Receiver(ThreadingHTTPServer):
+    """An OTLP/HTTP trace receiver on loopback: keeps every span it is sent, with its resource's attributes."""
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.spans: list[tuple[dict[str, Any], Any]] = []
+        self.lock = threading.Lock()
+
+    def wait_for(self, request_id: str, count: int, timeout_s: float = 30.0) -> list[Any]:
+        """The spans of a request, once `count` have come."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with self.lock:
+                mine = [span for _, span in self.spans if attributes(span).get("request_id") == request_id]
+            if len(mine) >= count:
+                return mine
+            time.sleep(0.1)
+        raise AssertionError(f"{len(mine)} spans of {request_id} after {timeout_s} s, expected {count}")
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: Receiver
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        request = ExportTraceServiceRequest.FromString(body)
+        with self.server.lock:
+            for resource_spans in request.resource_spans:
+                resource = attributes(resource_spans.resource)
+                for scope_spans in resource_spans.scope_spans:
+                    self.server.spans += [(resource, span) for span in scope_spans.spans]
+        answer = ExportTraceServiceResponse().SerializeToString()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.send_header("Content-Length", str(len(answer)))
+        self.end_headers()
+        self.wfile.write(answer)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def attributes(item: Any) -> dict[str, Any]:
+    values = {}
+    for attribute in item.attributes:
+        kind = attribute.value.WhichOneof("value")
+        values[attribute.key] = getattr(attribute.value, kind) if kind else None
+    return values
+
+
+@pytest.fixture(scope="module")
+def receiver() -> Iterator[Receiver]:
+    server = Receiver()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture(scope="module")
+def otel_server(tmp_path_factory: pytest.TempPathFactory, receiver: Receiver) -> Iterator[ServerHandle]:
+    root = tmp_path_factory.mktemp("otel") / "models"
+    link_example(root, "mlp")
+    write_fussy_model(root, "double", workers=ONE_WORKER)
+    write_slow_model(root, "slow", rounds=30, max_batch_size=4, workers=ONE_WORKER)
+    write_dag(root, "pipe")
+    url = f"http://127.0.0.1:{receiver.server_address[1]}/v1/traces"
+    options = ["mode=opentelemetry", f"opentelemetry,url={url}", "opentelemetry,bsp_schedule_delay=100"]
+    options += ["opentelemetry,resource=service.name=adaserve-test", "level=TIMESTAMPS", "rate=1"]
+    with running_server(root, *(f"--trace-config={option}" for option in options)) as handle:
+        yield handle
+
+
+def by_name(spans: list[Any]) -> dict[str, list[Any]]:
+    named: dict[str, list[Any]] = {}
+    for span in spans:
+        named.setdefault(span.name, []).append(span)
+    return named
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_traced_request_is_three_nested_spans(
+    otel_server: ServerHandle, receiver: Receiver, protocol: str, tmp_path: Path
+) -> None:
+    module: Any = httpclient if protocol == "http" else grpcclient
+    client = module.InferenceServerClient(otel_server.http_url if protocol == "http" else otel_server.grpc_url)
+    assert client.get_trace_settings(as_json=True) if protocol == "grpc" else client.get_trace_settings()
+    tensor = module.InferInput("image", [1, 784], "FP32")
+    tensor.set_data_from_numpy(np.ones((1, 784), dtype=np.float32))
+    before = time.time_ns()
+    client.infer("mlp", [tensor], request_id=f"otel-{protocol}")
+    after = time.time_ns()
+    spans = by_name(receiver.wait_for(f"otel-{protocol}", 3))
+    (top,), (model,), (compute,) = spans["InferRequest"], spans["mlp"], spans["compute"]
+    assert not top.parent_span_id and model.parent_span_id == top.span_id and compute.parent_span_id == model.span_id
+    assert len({top.trace_id, model.trace_id, compute.trace_id}) == 1
+    assert before <= top.start_time_unix_nano <= model.start_time_unix_nano <= compute.start_time_unix_nano
+    assert compute.end_time_unix_nano <= model.end_time_unix_nano <= top.end_time_unix_nano <= after + 10**9
+    request = {"model_name": "mlp", "model_version": 1, "request_id": f"otel-{protocol}", "parent_id": 0}
+    assert attributes(model) == request
+    frontend = ["HTTP_RECV_START", "HTTP_RECV_END", "HTTP_SEND_START", "HTTP_SEND_END"]
+    if protocol == "grpc":
+        frontend = ["GRPC_WAITREAD_START", "GRPC_WAITREAD_END", "GRPC_SEND_START", "GRPC_SEND_END"]
+    assert [e.name for e in top.events] == frontend
+    assert [e.name for e in model.events] == ["REQUEST_START", "QUEUE_START", "REQUEST_END"]
+    resources = [resource for resource, span in receiver.spans if span.span_id == top.span_id]
+    assert resources[0]["service.name"] == "adaserve-test"
+
+
+def test_a_dag_querys_models_are_spans_under_the_querys(otel_server: ServerHandle, receiver: Receiver) -> None:
+    client = httpclient.InferenceServerClient(otel_server.http_url)
+    assert client.get_trace_settings()["trace_mode"] == "opentelemetry"
+    tensor = httpclient.InferInput("x", [1, 4], "FP32")
+    tensor.set_data_from_numpy(np.array([[1, 0, 0, 0]], dtype=np.float32))  # class 0: both nodes run
+    client.infer("pipe", [tensor], request_id="otel-dag")
+    spans = by_name(receiver.wait_for("otel-dag", 6))  # the top span, pipe's, and two models with a compute each
+    (query,) = spans["pipe"]
+    models = [span for name in ("double", "slow") for span in spans.get(name, [])]
+    assert len(models) == 2 and all(span.parent_span_id == query.span_id for span in models)
+    assert {span.parent_span_id for span in spans["compute"]} == {span.span_id for span in models}
+
+
+def test_a_collector_that_cannot_be_reached_costs_a_warning_not_the_service(tmp_path: Path) -> None:
+    root = tmp_path / "models"
+    link_example(root, "mlp")
+    url = f"127.0.0.1:{free_port()}/v1/traces"  # nothing listens there
+    options = ["mode=opentelemetry", f"opentelemetry,url={url}", "opentelemetry,bsp_schedule_delay=100"]
+    options += ["level=TIMESTAMPS", "rate=1"]
+    with running_server(root, *(f"--trace-config={option}" for option in options)) as server:
+        client = httpclient.InferenceServerClient(server.http_url)
+        tensor = httpclient.InferInput("image", [1, 784], "FP32")
+        tensor.set_data_from_numpy(np.zeros((1, 784), dtype=np.float32))
+        for _ in range(5):
+            assert client.infer("mlp", [tensor]).as_numpy("logits").shape == (1, 10)
+        deadline = time.monotonic() + 30
+        while "cannot export traces" not in server.log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        lines = server.log.read_text().splitlines()
+        assert sum("cannot export traces" in line for line in lines) == 1  # once a minute, naming the url
+        assert logged_errors(server) == 0 and client.is_server_ready()
