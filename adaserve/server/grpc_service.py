@@ -206,7 +206,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @_rpc("inference")
     async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await self._infer(request)
+        return await self._infer(request, context)
 
     async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
         """Triton's streaming inference (tritonclient's `start_stream` / `async_stream_infer`), for models that
@@ -222,7 +222,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
         async def answer(request: Any) -> None:
             try:
-                response = service_pb2.ModelStreamInferResponse(infer_response=await self._infer(request))
+                response = service_pb2.ModelStreamInferResponse(infer_response=await self._infer(request, context))
             except Exception as exc:
                 _, message = _status(exc, "ModelStreamInfer")
                 named = service_pb2.ModelInferResponse(
@@ -252,13 +252,15 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             for task in running:
                 task.cancel()
 
-    async def _infer(self, request: Any) -> Any:
+    async def _infer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         """One request; a traced one is stamped as read on arrival here and as sent when its answer is handed back
         (grpc.aio reads and writes the messages itself: those spans are points)."""
         arrived_ns = time.perf_counter_ns()
         self.plane.check_model(request.model_name, request.model_version)
         inference = decode_request(request, self.plane.shared_memory)
-        trace = self.plane.tracer.begin(request.model_name, inference.id)
+        trace = self.plane.tracer.begin(
+            request.model_name, inference.id, lambda: dict(context.invocation_metadata() or ())
+        )
         if trace is None:
             return encode_response(await self.plane.infer(inference))
         trace.stamp("GRPC_WAITREAD_START", arrived_ns)

@@ -42,7 +42,7 @@ def create_app(plane: DataPlane, restrictions: Restrictions | None = None) -> Ap
         name, version = _model(request)
         plane.check_model(name, version)
         inference = decode_request(name, version, request.body, request.headers.get(HEADER_LENGTH), plane.shared_memory)
-        trace = plane.tracer.begin(name, inference.id)
+        trace = plane.tracer.begin(name, inference.id, lambda: request.headers)
         if trace is None:
             content, headers = encode_response(await plane.infer(inference))
             return Response(200, content, headers.pop("content-type"), headers)

@@ -30,6 +30,8 @@ from adaserve.errors import ConfigError, InvalidInputError
 log = logging.getLogger("adaserve.trace")
 
 LEVELS = ("TIMESTAMPS", "TENSORS")
+#: W3C trace-context headers a client's OpenTelemetry context comes in.
+TRACE_CONTEXT = ("traceparent", "tracestate")
 #: Setting names as the trace API spells them → `TraceSettings` fields.
 SETTINGS = {"trace_level": "level", "trace_rate": "rate", "trace_count": "count", "log_frequency": "log_frequency"}
 
@@ -53,6 +55,7 @@ class Trace:
     scope: _Scope
     model_version: str = ""
     parent_id: int = 0  # a DAG query's trace, for the traces of the models it ran
+    context: dict[str, str] = field(default_factory=dict)  # the client's W3C trace context (OpenTelemetry mode)
     timestamps: list[tuple[str, int]] = field(default_factory=list)
     tensors: list[dict[str, Any]] = field(default_factory=list)
 
@@ -209,12 +212,25 @@ class Tracer:
         self._ids = itertools.count(1)
 
     # -- sampling --------------------------------------------------------------------------------------------
-    def begin(self, model_name: str, request_id: str) -> Trace | None:
-        """A trace for this request if its model's settings sample it, else None."""
+    def begin(
+        self, model_name: str, request_id: str, headers: Callable[[], Mapping[str, str]] | None = None
+    ) -> Trace | None:
+        """A trace for this request if its model's settings sample it, else None. In OpenTelemetry mode, while its
+        model's tracing is on, a request whose `headers()` carry a W3C `traceparent` is traced whatever the rate and
+        count say, under the client's trace (as Triton does)."""
         scope = self._models.get(model_name, self._server)
+        context = self._client_context(headers) if headers is not None and scope.settings.level else {}
+        if context:
+            return Trace(next(self._ids), model_name, request_id, ("TIMESTAMPS",), scope, context=context)
         if not scope.sample():
             return None
         return Trace(next(self._ids), model_name, request_id, scope.settings.level, scope)
+
+    def _client_context(self, headers: Callable[[], Mapping[str, str]]) -> dict[str, str]:
+        if self.sink is None or self.sink.mode != "opentelemetry":
+            return {}
+        given = headers()
+        return {key: given[key] for key in TRACE_CONTEXT if key in given} if "traceparent" in given else {}
 
     def child(self, parent: Trace, model_name: str) -> Trace:
         """The trace of a model a traced DAG query runs: traced because its query is, under the query's settings."""

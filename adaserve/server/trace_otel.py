@@ -26,10 +26,12 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.trace import Span, set_span_in_context
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from adaserve.server.trace import Trace, TraceSettings, _Scope
 
 log = logging.getLogger("adaserve.trace")
+PROPAGATOR = TraceContextTextMapPropagator()
 
 DEFAULT_URL = "http://localhost:4318/v1/traces"
 #: Triton's batch span processor settings and its defaults (the OpenTelemetry SDK's too).
@@ -95,7 +97,10 @@ class OpenTelemetryExport:
             return
         frontend = {name: ns for name, ns in stamps.items() if name.split("_", 1)[-1] in FRONTEND_STAMPS}
         top = self.tracer.start_span(
-            "InferRequest", start_time=self._wall(min(stamps.values())), attributes=self._attributes(trace)
+            "InferRequest",
+            context=PROPAGATOR.extract(trace.context) if trace.context else None,  # under the client's span
+            start_time=self._wall(min(stamps.values())),
+            attributes=self._attributes(trace),
         )
         for name, ns in sorted(frontend.items(), key=lambda item: item[1]):
             top.add_event(name, timestamp=self._wall(ns))

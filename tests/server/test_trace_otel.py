@@ -173,3 +173,29 @@ def test_a_collector_that_cannot_be_reached_costs_a_warning_not_the_service(tmp_
         lines = server.log.read_text().splitlines()
         assert sum("cannot export traces" in line for line in lines) == 1  # once a minute, naming the url
         assert logged_errors(server) == 0 and client.is_server_ready()
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_clients_trace_context_is_traced_and_parents_the_spans(
+    otel_server: ServerHandle, receiver: Receiver, protocol: str
+) -> None:
+    """A W3C `traceparent` is traced whatever the sampling says (here one request in a million), under the client's
+    trace and span."""
+    http = httpclient.InferenceServerClient(otel_server.http_url)
+    http.update_trace_settings("mlp", {"trace_rate": "1000000"})
+    trace_id, span_id = "4bf92f3577b34da6a3ce929d0e0e47" + ("36" if protocol == "http" else "37"), "00f067aa0ba902b7"
+    try:
+        module: Any = httpclient if protocol == "http" else grpcclient
+        client = module.InferenceServerClient(otel_server.http_url if protocol == "http" else otel_server.grpc_url)
+        tensor = module.InferInput("image", [1, 784], "FP32")
+        tensor.set_data_from_numpy(np.ones((1, 784), dtype=np.float32))
+        headers = {"traceparent": f"00-{trace_id}-{span_id}-01"}
+        client.infer("mlp", [tensor], request_id=f"propagated-{protocol}", headers=headers)
+        client.infer("mlp", [tensor], request_id=f"sampled-out-{protocol}")
+    finally:
+        http.update_trace_settings("mlp", {})
+    spans = by_name(receiver.wait_for(f"propagated-{protocol}", 3))
+    (top,) = spans["InferRequest"]
+    assert top.trace_id.hex() == trace_id and top.parent_span_id.hex() == span_id
+    time.sleep(1.0)  # ten export periods: the request after it would have come by now, had it been traced
+    assert not [span for _, span in receiver.spans if attributes(span).get("request_id") == f"sampled-out-{protocol}"]
