@@ -30,7 +30,12 @@ WHEELS=(
     tritonclient==2.48.0 msgspec==0.22.0 httptools==0.9.0 pydantic==2.14.4 pydantic_core==2.50.5
     annotated-types==0.8.0 typing-inspection==0.4.5 typing_extensions==4.16.0 python-rapidjson==1.25
     geventhttpclient==2.0.12 gevent==26.9.0 greenlet==3.5.6 zope.event==6.2 zope.interface==8.7 brotli==1.2.1
-    protobuf==4.25.9
+    protobuf==4.25.9 grpcio-health-checking==1.62.3
+    opentelemetry-api==1.26.0 opentelemetry-sdk==1.26.0 opentelemetry-semantic-conventions==0.47b0
+    opentelemetry-exporter-otlp-proto-http==1.26.0 opentelemetry-exporter-otlp-proto-common==1.26.0
+    opentelemetry-proto==1.26.0 googleapis-common-protos==1.75.0 Deprecated==1.3.1 wrapt==2.5.2
+    importlib_metadata==8.0.0 zipp==4.1.2 requests==2.34.2 urllib3==2.8.0 idna==3.20 charset-normalizer==3.5.3
+    certifi==2026.10.19.post1
 )
 
 pack() {
