@@ -6,6 +6,9 @@ timestamps traced (TIMESTAMPS, rate 1) and with its tensors too (TIMESTAMPS and 
 trace API before each run; `log_frequency` 1000, so traces go to disk a thousand at a time. Every case runs
 `--repeats` times, interleaved; the median is reported beside each repeat.
 
+A second server in OpenTelemetry mode (`--trace-config mode=opentelemetry`) exports to a collector in this process
+that only counts what it receives, with tracing off and with every request's timestamps (rate 1), the same way.
+
 The traces themselves then say where the time of a request went inside the server: each traced request is matched
 to its run by its first timestamp (perf_analyzer's runs and the server share this machine's CLOCK_MONOTONIC), and
 for each protocol at each concurrency (timestamps only) the median of each span is reported: receive, decode (to
@@ -36,7 +39,7 @@ from adaserve.server.trace_summary import FRONTENDS, SPANS, TracedRequest, read_
 from benchmarks.common import RESULTS, SCRATCH, command_line, figure, load_average, machine, process_command, write_json
 from benchmarks.perf_load import PerfAnalyzer
 from benchmarks.serving_overhead import MODEL, perf_parser, perf_run
-from tests.server_utils import ServerHandle, link_example, running_server
+from tests.server_utils import ServerHandle, link_example, otlp_receiver, running_server
 
 PROTOCOLS = ("http", "grpc")
 CONCURRENCIES = (1, 8)
@@ -45,6 +48,11 @@ CASES = {
     "off": {"trace_level": ["OFF"]},
     "timestamps": {"trace_level": ["TIMESTAMPS"], "trace_rate": "1"},
     "timestamps_tensors": {"trace_level": ["TIMESTAMPS", "TENSORS"], "trace_rate": "1"},
+}
+#: The same on a second server in OpenTelemetry mode, exporting to a collector in this process that counts spans.
+OTEL_CASES = {
+    "off (OpenTelemetry server)": {"trace_level": ["OFF"]},
+    "opentelemetry": {"trace_level": ["TIMESTAMPS"], "trace_rate": "1"},
 }
 LOG_FREQUENCY = 1000
 
@@ -70,15 +78,17 @@ def main() -> int:
     config = [f"--trace-config=triton,file={trace_file}", f"--trace-config=triton,log-frequency={LOG_FREQUENCY}"]
     with running_server(work / "repo", *config) as server:
         report["server_command"] = process_command(server.pid)
-        report["runs"] = [
-            _run(perf, server, case, protocol, concurrency, repeat, args.request_count)
-            for repeat in range(args.repeats)
-            for case in CASES
-            for protocol in PROTOCOLS
-            for concurrency in CONCURRENCIES
-        ]
+        report["runs"] = _runs(perf, server, CASES, args)
+    with otlp_receiver(keep=False) as collector:
+        otel = [f"--trace-config={c}" for c in ("mode=opentelemetry", f"opentelemetry,url={collector.url}")]
+        with running_server(work / "repo", *otel) as server:
+            report["otel_server_command"] = process_command(server.pid)
+            report["otel_runs"] = _runs(perf, server, OTEL_CASES, args)
+        report["otel_exports"] = collector.exports
     report["load_end"] = load_average()
-    report["cases"] = _cases(report["runs"])
+    report["cases"] = _cases(report["runs"], CASES)
+    for name, entry in _cases(report["otel_runs"], OTEL_CASES).items():
+        report["cases"][name].update(entry)
     report["spans"] = _spans(report["runs"], read_traces([trace_file, *work.glob("trace.json.*")]))
     write_json(report, output)
     _plot(report, output.with_suffix(".png"))
@@ -93,26 +103,47 @@ def _parse_args() -> argparse.Namespace:
     return args
 
 
+def _runs(
+    perf: PerfAnalyzer, server: ServerHandle, cases: dict[str, dict[str, Any]], args: argparse.Namespace
+) -> list[dict[str, Any]]:
+    """Every case (trace settings set through the API) at every protocol and concurrency, the repeats interleaved."""
+    return [
+        _run(perf, server, case, settings, protocol, concurrency, repeat, args.request_count)
+        for repeat in range(args.repeats)
+        for case, settings in cases.items()
+        for protocol in PROTOCOLS
+        for concurrency in CONCURRENCIES
+    ]
+
+
 def _run(
-    perf: PerfAnalyzer, server: ServerHandle, case: str, protocol: str, concurrency: int, repeat: int, count: int
+    perf: PerfAnalyzer,
+    server: ServerHandle,
+    case: str,
+    settings: dict[str, Any],
+    protocol: str,
+    concurrency: int,
+    repeat: int,
+    count: int,
 ) -> dict[str, Any]:
     request = urllib.request.Request(
-        f"http://{server.http_url}/v2/trace/setting", data=json.dumps(CASES[case]).encode(), method="POST"
+        f"http://{server.http_url}/v2/trace/setting", data=json.dumps(settings).encode(), method="POST"
     )
     with urllib.request.urlopen(request, timeout=10) as answer:
-        settings = json.loads(answer.read())
+        in_force = json.loads(answer.read())
     began_ns = time.perf_counter_ns()
     run = perf_run(perf, server, protocol, concurrency, repeat, count)
-    return {**run, "case": case, "trace_settings": settings, "began_ns": began_ns, "ended_ns": time.perf_counter_ns()}
+    return {**run, "case": case, "trace_settings": in_force, "began_ns": began_ns, "ended_ns": time.perf_counter_ns()}
 
 
-def _cases(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per protocol and concurrency: each case's median over the repeats, and its ratio to tracing off."""
+def _cases(runs: list[dict[str, Any]], names: dict[str, Any]) -> dict[str, Any]:
+    """Per protocol and concurrency: each case's median over the repeats, and its ratio to tracing off on the same
+    server (the first case)."""
     cases: dict[str, Any] = {}
     for protocol in PROTOCOLS:
         for concurrency in CONCURRENCIES:
             entry: dict[str, Any] = {}
-            for case in CASES:
+            for case in names:
                 wanted = (case, protocol, concurrency)
                 done = [r for r in runs if (r["case"], r["protocol"], r["concurrency"]) == wanted]
                 done = [r for r in done if "throughput_rps" in r]
@@ -122,8 +153,8 @@ def _cases(runs: list[dict[str, Any]]) -> dict[str, Any]:
                 }
                 entry[case]["p50_ms_all"] = [r["p50_ms"] for r in done]
                 entry[case]["throughput_rps_all"] = [r["throughput_rps"] for r in done]
-            off = entry["off"]
-            for case in CASES:
+            off = entry[next(iter(names))]
+            for case in names:
                 if off["p50_ms"] and entry[case]["p50_ms"]:
                     entry[case]["p50_added_us"] = (entry[case]["p50_ms"] - off["p50_ms"]) * 1000
                     entry[case]["throughput_ratio"] = entry[case]["throughput_rps"] / off["throughput_rps"]
@@ -155,9 +186,10 @@ def _plot(report: dict[str, Any], path: Path) -> None:
     left, right = fig.subplots(1, 2)
     names = list(report["cases"])
     x = np.arange(len(names))
-    width = 0.8 / len(CASES)
-    for index, case in enumerate(CASES):
-        offset = (index - (len(CASES) - 1) / 2) * width
+    every = [*CASES, *OTEL_CASES]
+    width = 0.8 / len(every)
+    for index, case in enumerate(every):
+        offset = (index - (len(every) - 1) / 2) * width
         medians = [report["cases"][n][case]["p50_ms"] or 0.0 for n in names]
         left.bar(x + offset, medians, width=width, label=case.replace("_", " + "))
         for i, name in enumerate(names):
@@ -181,12 +213,13 @@ def _plot(report: dict[str, Any], path: Path) -> None:
 
 
 def _print(report: dict[str, Any], output: Path) -> None:
-    print("\n| case | " + " | ".join(f"{c}: p50 ms / req/s" for c in CASES) + " |")
-    print("|---|" + "---|" * len(CASES))
+    every = [*CASES, *OTEL_CASES]
+    print("\n| case | " + " | ".join(f"{c}: p50 ms / req/s" for c in every) + " |")
+    print("|---|" + "---|" * len(every))
     for name, entry in report["cases"].items():
         cells = [
             f"{entry[c]['p50_ms']:.3f} / {entry[c]['throughput_rps']:,.0f}" if entry[c]["p50_ms"] else "failed"
-            for c in CASES
+            for c in every
         ]
         print(f"| {name} | " + " | ".join(cells) + " |")
     print("\n| spans (p50 µs) | traced | " + " | ".join(SPANS) + " |")

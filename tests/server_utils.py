@@ -12,17 +12,24 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 import tritonclient.http as httpclient
 import yaml
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples" / "models"
@@ -237,3 +244,79 @@ def renice_tree(pid: int, niceness: int) -> None:
             os.setpriority(os.PRIO_PROCESS, int(task.name), niceness)
             for child in (task / "children").read_text().split():
                 renice_tree(int(child), niceness)
+
+
+class OtlpReceiver(ThreadingHTTPServer):
+    """An OTLP/HTTP trace receiver on loopback (what a server in OpenTelemetry trace mode exports to): keeps every
+    span it is sent with its resource's attributes, or with `keep=False` only counts the spans (a benchmark's
+    collector, which should cost the machine little)."""
+
+    def __init__(self, keep: bool = True) -> None:
+        super().__init__(("127.0.0.1", 0), _OtlpHandler)
+        self.keep = keep
+        self.spans: list[tuple[dict[str, Any], Any]] = []
+        self.exports = 0
+        self.lock = threading.Lock()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/v1/traces"
+
+    def wait_for(self, request_id: str, count: int, timeout_s: float = 30.0) -> list[Any]:
+        """The spans of a request, once `count` have come."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self.lock:
+                mine = [span for _, span in self.spans if span_attributes(span).get("request_id") == request_id]
+            if len(mine) >= count:
+                return mine
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{len(mine)} spans of {request_id} after {timeout_s} s, expected {count}")
+            time.sleep(0.1)
+
+
+class _OtlpHandler(BaseHTTPRequestHandler):
+    server: OtlpReceiver
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        with self.server.lock:
+            self.server.exports += 1
+        if self.server.keep:
+            request = ExportTraceServiceRequest.FromString(body)
+            with self.server.lock:
+                for resource_spans in request.resource_spans:
+                    resource = span_attributes(resource_spans.resource)
+                    for scope_spans in resource_spans.scope_spans:
+                        self.server.spans += [(resource, span) for span in scope_spans.spans]
+        answer = ExportTraceServiceResponse().SerializeToString()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.send_header("Content-Length", str(len(answer)))
+        self.end_headers()
+        self.wfile.write(answer)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def span_attributes(item: Any) -> dict[str, Any]:
+    """An OTLP span's (or resource's) attributes as a dict."""
+    values = {}
+    for attribute in item.attributes:
+        kind = attribute.value.WhichOneof("value")
+        values[attribute.key] = getattr(attribute.value, kind) if kind else None
+    return values
+
+
+@contextlib.contextmanager
+def otlp_receiver(keep: bool = True) -> Iterator[OtlpReceiver]:
+    """An OtlpReceiver serving on a thread of this process while the block runs."""
+    server = OtlpReceiver(keep)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -4,10 +4,8 @@ on the wall clock, with the request's attributes; a DAG query's models as spans 
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -15,92 +13,36 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
-    ExportTraceServiceResponse,
-)
 
 from tests.server.test_dag import ONE_WORKER, write_dag
 from tests.server_utils import (
+    OtlpReceiver,
     ServerHandle,
     free_port,
     link_example,
     logged_errors,
+    otlp_receiver,
     running_server,
+    span_attributes,
     write_fussy_model,
     write_slow_model,
 )
 
 
-class Receiver(ThreadingHTTPServer):
-    """An OTLP/HTTP trace receiver on loopback: keeps every span it is sent, with its resource's attributes."""
-
-    def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
-        self.spans: list[tuple[dict[str, Any], Any]] = []
-        self.lock = threading.Lock()
-
-    def wait_for(self, request_id: str, count: int, timeout_s: float = 30.0) -> list[Any]:
-        """The spans of a request, once `count` have come."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            with self.lock:
-                mine = [span for _, span in self.spans if attributes(span).get("request_id") == request_id]
-            if len(mine) >= count:
-                return mine
-            time.sleep(0.1)
-        raise AssertionError(f"{len(mine)} spans of {request_id} after {timeout_s} s, expected {count}")
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: Receiver
-
-    def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        request = ExportTraceServiceRequest.FromString(body)
-        with self.server.lock:
-            for resource_spans in request.resource_spans:
-                resource = attributes(resource_spans.resource)
-                for scope_spans in resource_spans.scope_spans:
-                    self.server.spans += [(resource, span) for span in scope_spans.spans]
-        answer = ExportTraceServiceResponse().SerializeToString()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/x-protobuf")
-        self.send_header("Content-Length", str(len(answer)))
-        self.end_headers()
-        self.wfile.write(answer)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
-def attributes(item: Any) -> dict[str, Any]:
-    values = {}
-    for attribute in item.attributes:
-        kind = attribute.value.WhichOneof("value")
-        values[attribute.key] = getattr(attribute.value, kind) if kind else None
-    return values
+@pytest.fixture(scope="module")
+def receiver() -> Iterator[OtlpReceiver]:
+    with otlp_receiver() as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
-def receiver() -> Iterator[Receiver]:
-    server = Receiver()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
-
-
-@pytest.fixture(scope="module")
-def otel_server(tmp_path_factory: pytest.TempPathFactory, receiver: Receiver) -> Iterator[ServerHandle]:
+def otel_server(tmp_path_factory: pytest.TempPathFactory, receiver: OtlpReceiver) -> Iterator[ServerHandle]:
     root = tmp_path_factory.mktemp("otel") / "models"
     link_example(root, "mlp")
     write_fussy_model(root, "double", workers=ONE_WORKER)
     write_slow_model(root, "slow", rounds=30, max_batch_size=4, workers=ONE_WORKER)
     write_dag(root, "pipe")
-    url = f"http://127.0.0.1:{receiver.server_address[1]}/v1/traces"
-    options = ["mode=opentelemetry", f"opentelemetry,url={url}", "opentelemetry,bsp_schedule_delay=100"]
+    options = ["mode=opentelemetry", f"opentelemetry,url={receiver.url}", "opentelemetry,bsp_schedule_delay=100"]
     options += ["opentelemetry,resource=service.name=adaserve-test", "level=TIMESTAMPS", "rate=1"]
     with running_server(root, *(f"--trace-config={option}" for option in options)) as handle:
         yield handle
@@ -115,7 +57,7 @@ def by_name(spans: list[Any]) -> dict[str, list[Any]]:
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_a_traced_request_is_three_nested_spans(
-    otel_server: ServerHandle, receiver: Receiver, protocol: str, tmp_path: Path
+    otel_server: ServerHandle, receiver: OtlpReceiver, protocol: str, tmp_path: Path
 ) -> None:
     module: Any = httpclient if protocol == "http" else grpcclient
     client = module.InferenceServerClient(otel_server.http_url if protocol == "http" else otel_server.grpc_url)
@@ -132,7 +74,7 @@ def test_a_traced_request_is_three_nested_spans(
     assert before <= top.start_time_unix_nano <= model.start_time_unix_nano <= compute.start_time_unix_nano
     assert compute.end_time_unix_nano <= model.end_time_unix_nano <= top.end_time_unix_nano <= after + 10**9
     request = {"model_name": "mlp", "model_version": 1, "request_id": f"otel-{protocol}", "parent_id": 0}
-    assert attributes(model) == request
+    assert span_attributes(model) == request
     frontend = ["HTTP_RECV_START", "HTTP_RECV_END", "HTTP_SEND_START", "HTTP_SEND_END"]
     if protocol == "grpc":
         frontend = ["GRPC_WAITREAD_START", "GRPC_WAITREAD_END", "GRPC_SEND_START", "GRPC_SEND_END"]
@@ -142,7 +84,7 @@ def test_a_traced_request_is_three_nested_spans(
     assert resources[0]["service.name"] == "adaserve-test"
 
 
-def test_a_dag_querys_models_are_spans_under_the_querys(otel_server: ServerHandle, receiver: Receiver) -> None:
+def test_a_dag_querys_models_are_spans_under_the_querys(otel_server: ServerHandle, receiver: OtlpReceiver) -> None:
     client = httpclient.InferenceServerClient(otel_server.http_url)
     assert client.get_trace_settings()["trace_mode"] == "opentelemetry"
     tensor = httpclient.InferInput("x", [1, 4], "FP32")
@@ -177,7 +119,7 @@ def test_a_collector_that_cannot_be_reached_costs_a_warning_not_the_service(tmp_
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_a_clients_trace_context_is_traced_and_parents_the_spans(
-    otel_server: ServerHandle, receiver: Receiver, protocol: str
+    otel_server: ServerHandle, receiver: OtlpReceiver, protocol: str
 ) -> None:
     """A W3C `traceparent` is traced whatever the sampling says (here one request in a million), under the client's
     trace and span."""
@@ -198,4 +140,6 @@ def test_a_clients_trace_context_is_traced_and_parents_the_spans(
     (top,) = spans["InferRequest"]
     assert top.trace_id.hex() == trace_id and top.parent_span_id.hex() == span_id
     time.sleep(1.0)  # ten export periods: the request after it would have come by now, had it been traced
-    assert not [span for _, span in receiver.spans if attributes(span).get("request_id") == f"sampled-out-{protocol}"]
+    assert not [
+        span for _, span in receiver.spans if span_attributes(span).get("request_id") == f"sampled-out-{protocol}"
+    ]
