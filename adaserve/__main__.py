@@ -2,4 +2,5 @@
 
 from adaserve.cli import main
 
-main()
+if __name__ == "__main__":  # not when a spawned process (the trace exporter) imports it as its parent's main
+    main()

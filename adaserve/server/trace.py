@@ -411,7 +411,12 @@ def tracer_from_config(options: Iterable[str]) -> Tracer:
         from adaserve.server.trace_otel import DEFAULT_URL, OpenTelemetryExport
 
         sink = OpenTelemetryExport(telemetry["url"] or DEFAULT_URL, telemetry["resource"], telemetry["bsp"])
-    return Tracer(settings, sink)
+    try:
+        return Tracer(settings, sink)
+    except ConfigError:
+        if sink is not None:  # its file is open, or its exporter process started
+            sink.close(())
+        raise
 
 
 MODE_SCOPES = ("triton,", "opentelemetry,")

@@ -4,6 +4,8 @@ on the wall clock, with the request's attributes; a DAG query's models as spans 
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -115,6 +117,58 @@ def test_a_collector_that_cannot_be_reached_costs_a_warning_not_the_service(tmp_
         lines = server.log.read_text().splitlines()
         assert sum("cannot export traces" in line for line in lines) == 1  # once a minute, naming the url
         assert logged_errors(server) == 0 and client.is_server_ready()
+
+
+def exporter_pid(server: ServerHandle) -> int:
+    """The server's trace exporter process: its child started by multiprocessing's spawn."""
+    children = Path(f"/proc/{server.pid}/task/{server.pid}/children").read_text().split()
+    spawned = [int(pid) for pid in children if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    assert len(spawned) == 1, spawned
+    return spawned[0]
+
+
+def test_an_exporter_that_dies_is_started_again_and_the_server_serves_on(
+    tmp_path: Path, receiver: OtlpReceiver
+) -> None:
+    """Spans are made in a process of their own; killed, it is noticed when its queue (here four records: twelve
+    spans) is full, those traces are dropped, and the next go through a new one."""
+    root = tmp_path / "models"
+    link_example(root, "mlp")
+    options = ["mode=opentelemetry", f"opentelemetry,url={receiver.url}", "opentelemetry,bsp_schedule_delay=100"]
+    options += ["opentelemetry,bsp_max_queue_size=12", "opentelemetry,bsp_max_export_batch_size=12"]
+    options += ["level=TIMESTAMPS", "rate=1"]
+    with running_server(root, *(f"--trace-config={option}" for option in options)) as server:
+        client = httpclient.InferenceServerClient(server.http_url)
+        tensor = httpclient.InferInput("image", [1, 784], "FP32")
+        tensor.set_data_from_numpy(np.zeros((1, 784), dtype=np.float32))
+        client.infer("mlp", [tensor], request_id="before")
+        receiver.wait_for("before", 3)
+        first = exporter_pid(server)
+        os.kill(first, signal.SIGKILL)
+        while Path(f"/proc/{first}/stat").read_text().split()[2] != "Z":  # dead (a zombie until the server looks)
+            time.sleep(0.01)
+        for index in range(6):  # four fill the dead one's queue, the fifth finds it full and its process gone
+            client.infer("mlp", [tensor], request_id=f"while-dead-{index}")
+        client.infer("mlp", [tensor], request_id="after")
+        receiver.wait_for("after", 3)
+        assert exporter_pid(server) != first
+        lines = server.log.read_text().splitlines()
+        assert sum("the trace exporter process exited" in line for line in lines) == 1
+        assert client.is_server_ready()
+
+
+def test_spans_held_at_stop_are_exported_before_the_server_exits(tmp_path: Path, receiver: OtlpReceiver) -> None:
+    root = tmp_path / "models"
+    link_example(root, "mlp")
+    options = ["mode=opentelemetry", f"opentelemetry,url={receiver.url}", "level=TIMESTAMPS", "rate=1"]
+    with running_server(root, *(f"--trace-config={option}" for option in options)) as server:  # 5 s export period
+        client = httpclient.InferenceServerClient(server.http_url)
+        tensor = httpclient.InferInput("image", [1, 784], "FP32")
+        tensor.set_data_from_numpy(np.zeros((1, 784), dtype=np.float32))
+        client.infer("mlp", [tensor], request_id="at-stop")
+        exporter = exporter_pid(server)
+    assert len(receiver.wait_for("at-stop", 3, timeout_s=0.1)) == 3  # sent while the server stopped
+    assert not Path(f"/proc/{exporter}").exists()
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])

@@ -197,6 +197,10 @@ def test_trace_config_takes_tritons_opentelemetry_settings() -> None:
         (["opentelemetry,bsp_schedule_delay=0"], "expected a whole number above 0"),
         (["mode=opentelemetry", "opentelemetry,bsp_other=3"], "'opentelemetry,bsp_other=3': unknown setting"),
         (["mode=opentelemetry", "level=TENSORS"], "trace mode opentelemetry does not record trace_level"),
+        (
+            ["mode=opentelemetry", "opentelemetry,bsp_max_queue_size=8", "opentelemetry,bsp_max_export_batch_size=16"],
+            "bsp_max_export_batch_size=16 is above bsp_max_queue_size=8",
+        ),
     ],
 )
 def test_a_bad_trace_config_is_refused_by_name(options: list[str], message: str) -> None:
