@@ -9,6 +9,7 @@ install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	@test -d $(DATASET) || { apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist; }
+	@command -v openssl >/dev/null || { apt-get update -qq && apt-get install -y -qq openssl; }  # the TLS tests' certificates
 	python3 -m venv $(VENV)
 	$(BIN)/pip install -q -e '.[test]'
 	touch $@

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from adaserve.planner.spec import DagConfig
     from adaserve.repository import ModelSpec
     from adaserve.server.dataplane import ModelControlMode
+    from adaserve.server.tls import TlsSettings
 
 Read = TypeVar("Read")
 
@@ -69,13 +70,27 @@ def _serve(args: argparse.Namespace) -> int:
         trace_config=tuple(args.trace_config),
         http_restricted_api=tuple(args.http_restricted_api),
         grpc_restricted_protocol=tuple(args.grpc_restricted_protocol),
+        http_tls=_tls("http", args),
+        grpc_tls=_tls("grpc", args),
     )
     uvloop.run(serve(options))
     return 0
 
 
+def _tls(protocol: str, args: argparse.Namespace) -> TlsSettings | None:
+    from adaserve.server.tls import TlsSettings
+
+    flags = [f"{protocol}_{name}" for name in ("use_ssl", "use_ssl_mutual", "server_cert", "server_key", "root_cert")]
+    return TlsSettings.from_flags(protocol, *(getattr(args, flag) for flag in flags))
+
+
+def _add_switch(parser: argparse.ArgumentParser, flag: str, help: str) -> None:
+    """A switch in Triton's spelling: `--flag`, `--flag=true` or `--flag=false` (default off)."""
+    parser.add_argument(flag, type=_switch, nargs="?", const=True, default=False, metavar="true|false", help=help)
+
+
 def _switch(text: str) -> bool:
-    """`--allow-client-shm`, `--allow-client-shm=true` (Triton's spelling) or `=false`."""
+    """A switch's value: true or false (also 1/0, yes/no)."""
     value = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}.get(text.lower())
     if value is None:
         raise argparse.ArgumentTypeError(f"expected true or false; got {text!r}")
@@ -269,14 +284,10 @@ def build_parser() -> argparse.ArgumentParser:
         "load and unload; poll follows the repository on disk and refuses the API; none serves what loaded at start "
         "and refuses the API",
     )
-    serve.add_argument(
+    _add_switch(
+        serve,
         "--allow-client-shm",
-        type=_switch,
-        nargs="?",
-        const=True,
-        default=False,
-        metavar="true|false",
-        help="Triton's: let clients register POSIX shared memory (/dev/shm) and send and receive tensors through "
+        "Triton's: let clients register POSIX shared memory (/dev/shm) and send and receive tensors through "
         "it (the system shared-memory extension); off by default, since the server then reads and writes any "
         "shared-memory object a client names that the server may open",
     )
@@ -302,6 +313,23 @@ def build_parser() -> argparse.ArgumentParser:
             "metadata, inference, shared-memory, model-config, model-repository, statistics, trace, logging); "
             "repeat for groups with other keys",
         )
+    for protocol, whose in (("grpc", "Triton's"), ("http", "as Triton's gRPC flags")):
+        _add_switch(
+            serve,
+            f"--{protocol}-use-ssl",
+            f"{whose}: serve {protocol.upper()} over TLS (--{protocol}-server-cert, --{protocol}-server-key)",
+        )
+        _add_switch(
+            serve,
+            f"--{protocol}-use-ssl-mutual",
+            f"{whose}: TLS, and every client must show a certificate signed by --{protocol}-root-cert",
+        )
+        for name, what in (
+            ("server-cert", "the server's certificate (chain)"),
+            ("server-key", "its private key"),
+            ("root-cert", "the CA that signs clients' certificates"),
+        ):
+            serve.add_argument(f"--{protocol}-{name}", type=Path, metavar="PEM", help=f"{whose}: {what}, a PEM file")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.set_defaults(func=_serve)
 

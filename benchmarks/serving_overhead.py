@@ -224,7 +224,8 @@ def perf_run(
 ) -> dict[str, Any]:
     """One perf_analyzer run of batch-1 requests (`extra`: more of its arguments); its CSV row, its own and the
     server's CPU over the run, the load average around it."""
-    label = "-".join([name, model, protocol, f"c{concurrency}", *(a.lstrip("-") for a in extra), f"r{repeat}"])
+    flags = (Path(a).name if "/" in a else a.lstrip("-") for a in extra)  # a file's name, not its path
+    label = "-".join([name, model, protocol, f"c{concurrency}", *flags, f"r{repeat}"])
     csv_path = SCRATCH / "serving_overhead" / f"{label}.csv"
     csv_path.parent.mkdir(parents=True, exist_ok=True)
     csv_path.unlink(missing_ok=True)
@@ -271,6 +272,18 @@ def perf_run(
         flush=True,
     )
     return run
+
+
+def perf_medians(
+    runs: list[dict[str, Any]], keys: tuple[str, ...] = ("throughput_rps", "p50_ms", "p99_ms", "server_cores")
+) -> dict[str, Any]:
+    """One case's figures over its repeats: the median of each of `keys` (None when every run failed), and every
+    repeat's p50 and req/s beside them."""
+    done = [r for r in runs if "throughput_rps" in r]
+    medians: dict[str, Any] = {key: statistics.median([r[key] for r in done]) if done else None for key in keys}
+    medians["p50_ms_all"] = [r["p50_ms"] for r in done]
+    medians["throughput_rps_all"] = [r["throughput_rps"] for r in done]
+    return medians
 
 
 def _csv_row(path: Path) -> dict[str, float] | None:

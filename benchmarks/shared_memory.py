@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -42,7 +41,7 @@ from benchmarks.common import (
     write_json,
 )
 from benchmarks.perf_load import PerfAnalyzer
-from benchmarks.serving_overhead import perf_parser, perf_run
+from benchmarks.serving_overhead import perf_medians, perf_parser, perf_run
 from tests.server_utils import running_server
 
 SIZES = (64, 224, 512)
@@ -135,12 +134,8 @@ def _cases(runs: list[dict[str, Any]]) -> dict[str, Any]:
             case: dict[str, Any] = {"input_bytes": 3 * size * size * 4}
             for mode in MODES:
                 done = [r for r in runs if (r["size"], r["protocol"], r["mode"]) == (size, protocol, mode)]
-                done = [r for r in done if "throughput_rps" in r]
-                case[mode] = {
-                    key: statistics.median([r[key] for r in done]) if done else None
-                    for key in ("throughput_rps", "p50_ms", "p99_ms", "server_cores", "perf_analyzer_cores")
-                }
-                case[mode]["p50_ms_all"] = [r["p50_ms"] for r in done]
+                keys = ("throughput_rps", "p50_ms", "p99_ms", "server_cores", "perf_analyzer_cores")
+                case[mode] = perf_medians(done, keys)
             plain, shared = case["request"], case["shared_memory"]
             if plain["p50_ms"] and shared["p50_ms"]:
                 case["p50_speedup"] = plain["p50_ms"] / shared["p50_ms"]

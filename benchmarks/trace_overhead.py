@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import statistics
 import time
 import urllib.request
 from pathlib import Path
@@ -38,7 +37,7 @@ import numpy as np
 from adaserve.server.trace_summary import FRONTENDS, SPANS, TracedRequest, read_traces, summarize
 from benchmarks.common import RESULTS, SCRATCH, command_line, figure, load_average, machine, process_command, write_json
 from benchmarks.perf_load import PerfAnalyzer
-from benchmarks.serving_overhead import MODEL, perf_parser, perf_run
+from benchmarks.serving_overhead import MODEL, perf_medians, perf_parser, perf_run
 from tests.server_utils import ServerHandle, link_example, otlp_receiver, running_server
 
 PROTOCOLS = ("http", "grpc")
@@ -145,14 +144,7 @@ def _cases(runs: list[dict[str, Any]], names: dict[str, Any]) -> dict[str, Any]:
             entry: dict[str, Any] = {}
             for case in names:
                 wanted = (case, protocol, concurrency)
-                done = [r for r in runs if (r["case"], r["protocol"], r["concurrency"]) == wanted]
-                done = [r for r in done if "throughput_rps" in r]
-                entry[case] = {
-                    key: statistics.median([r[key] for r in done]) if done else None
-                    for key in ("throughput_rps", "p50_ms", "p99_ms", "server_cores")
-                }
-                entry[case]["p50_ms_all"] = [r["p50_ms"] for r in done]
-                entry[case]["throughput_rps_all"] = [r["throughput_rps"] for r in done]
+                entry[case] = perf_medians([r for r in runs if (r["case"], r["protocol"], r["concurrency"]) == wanted])
             off = entry[next(iter(names))]
             for case in names:
                 if off["p50_ms"] and entry[case]["p50_ms"]:

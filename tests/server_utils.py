@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -81,8 +82,11 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def running_server(repository: Path, *extra_args: str, ready_timeout_s: float = 180.0) -> Iterator[ServerHandle]:
-    """Start `adaserve serve` on `repository`, wait until it is ready, stop it (SIGTERM, then SIGKILL) after."""
+def running_server(
+    repository: Path, *extra_args: str, ready_timeout_s: float = 180.0, https: ssl.SSLContext | None = None
+) -> Iterator[ServerHandle]:
+    """Start `adaserve serve` on `repository`, wait until it is ready, stop it (SIGTERM, then SIGKILL) after.
+    `https`: the server's HTTP is TLS, and readiness is asked with this client context."""
     http_port, grpc_port = free_ports(2)
     log = repository.parent / f"server-{http_port}.log"
     command = [
@@ -104,7 +108,7 @@ def running_server(repository: Path, *extra_args: str, ready_timeout_s: float = 
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     handle = ServerHandle(f"127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}", process.pid, log)
     try:
-        _wait_ready(handle, process, ready_timeout_s)
+        _wait_ready(handle, process, ready_timeout_s, https)
         yield handle
     finally:
         stop_server(process)
@@ -120,10 +124,14 @@ def stop_server(process: subprocess.Popen[bytes]) -> None:
             process.wait()
 
 
-def _wait_ready(handle: ServerHandle, process: subprocess.Popen[bytes], timeout_s: float) -> None:
+def _wait_ready(
+    handle: ServerHandle, process: subprocess.Popen[bytes], timeout_s: float, https: ssl.SSLContext | None = None
+) -> None:
+    url = f"{'https' if https else 'http'}://{handle.http_url}/v2/health/ready"
+
     def ready() -> bool:
         try:
-            with urllib.request.urlopen(f"http://{handle.http_url}/v2/health/ready", timeout=2) as response:
+            with urllib.request.urlopen(url, timeout=2, context=https) as response:
                 return bool(response.status == 200)
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             return False
@@ -320,3 +328,36 @@ def otlp_receiver(keep: bool = True) -> Iterator[OtlpReceiver]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def openssl(*args: str | Path) -> None:
+    subprocess.run(["openssl", *map(str, args)], check=True, capture_output=True)
+
+
+def make_certificates(directory: Path) -> Path:
+    """Certificates for TLS tests, made by openssl into `directory` (returned): a CA `ca`, the server's `server`
+    for 127.0.0.1 and localhost and a client's `client` signed by it, and `stranger`, a client's signed by another
+    CA (`other-ca`). Each NAME as NAME.pem and NAME.key."""
+    _make_ca(directory, "ca")
+    _make_ca(directory, "other-ca")
+    _make_certificate(directory, "server", "ca", "IP:127.0.0.1,DNS:localhost")
+    _make_certificate(directory, "client", "ca")
+    _make_certificate(directory, "stranger", "other-ca")
+    return directory
+
+
+def _make_ca(directory: Path, name: str) -> None:
+    key, certificate = directory / f"{name}.key", directory / f"{name}.pem"
+    openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "2",
+            "-subj", f"/CN={name}", "-keyout", key, "-out", certificate)  # fmt: skip
+
+
+def _make_certificate(directory: Path, name: str, ca: str, names: str = "") -> None:
+    """`name`.pem and .key, signed by the CA `ca`; `names`: its subjectAltName."""
+    key, request, certificate = (directory / f"{name}.{kind}" for kind in ("key", "csr", "pem"))
+    openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-subj", f"/CN={name}",
+            "-keyout", key, "-out", request)  # fmt: skip
+    extensions = directory / f"{name}.ext"
+    extensions.write_text(f"subjectAltName={names}\n" if names else "")
+    openssl("x509", "-req", "-in", request, "-CA", directory / f"{ca}.pem", "-CAkey", directory / f"{ca}.key",
+            "-CAcreateserial", "-days", "2", "-out", certificate, "-extfile", extensions)  # fmt: skip

@@ -29,6 +29,7 @@ from adaserve.server.health import HealthService
 from adaserve.server.http import IDLE_TIMEOUT_S, HttpServer
 from adaserve.server.rest import create_app, error_response
 from adaserve.server.restrictions import GRPC_PREFIX, Restrictions
+from adaserve.server.tls import TlsSettings
 from adaserve.server.trace import tracer_from_config
 
 log = logging.getLogger("adaserve.server")
@@ -51,6 +52,8 @@ class ServeOptions:
     trace_config: tuple[str, ...] = ()  # Triton's --trace-config settings (server/trace.py)
     http_restricted_api: tuple[str, ...] = ()  # Triton's: API categories that need a header (server/restrictions.py)
     grpc_restricted_protocol: tuple[str, ...] = ()
+    http_tls: TlsSettings | None = None  # TLS on a frontend (server/tls.py); None: plain
+    grpc_tls: TlsSettings | None = None
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -105,8 +108,12 @@ async def serve(options: ServeOptions) -> None:
     servicer = InferenceServicer(plane, grpc_restrictions)
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, grpc_server)
     health_pb2_grpc.add_HealthServicer_to_server(HealthService(plane, grpc_restrictions), grpc_server)
+    grpc_address = f"{options.host}:{options.grpc_port}"
     try:  # grpcio raises when the port is taken, with no reason: only its C core logs one
-        grpc_server.add_insecure_port(f"{options.host}:{options.grpc_port}")
+        if options.grpc_tls is None:
+            grpc_server.add_insecure_port(grpc_address)
+        else:
+            grpc_server.add_secure_port(grpc_address, options.grpc_tls.grpc_credentials())
     except RuntimeError:
         http_socket.close()
         raise ConfigError(f"cannot listen for gRPC on {options.host}:{options.grpc_port}") from None
@@ -117,12 +124,13 @@ async def serve(options: ServeOptions) -> None:
         loop.add_signal_handler(signum, stopping.set)
 
     await grpc_server.start()
-    await http.start(http_socket)
+    await http.start(http_socket, options.http_tls.ssl_context() if options.http_tls is not None else None)
     log.info(
         "listening",
         extra={
             "http": f"{options.host}:{options.http_port}",
             "grpc": f"{options.host}:{options.grpc_port}",
+            "tls": [name for name, tls in (("http", options.http_tls), ("grpc", options.grpc_tls)) if tls is not None],
             "open_files": open_files,
             "malloc_keeps_freed_memory": kept,
         },

@@ -14,6 +14,7 @@ import asyncio
 import logging
 import re
 import socket
+import ssl
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -327,11 +328,13 @@ class HttpServer:
         self.connections: set[HttpProtocol] = set()
         self._server: asyncio.Server | None = None
 
-    async def start(self, sock: socket.socket) -> None:
+    async def start(self, sock: socket.socket, tls: ssl.SSLContext | None = None) -> None:
+        """Serve on `sock`, over TLS when given a context (server/tls.py)."""
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             lambda: HttpProtocol(self.app, self.max_body_bytes, self.on_error, self.connections, self.idle_timeout_s),
             sock=sock,
+            ssl=tls,
         )
 
     async def stop(self, grace_s: float = 10.0) -> None:
