@@ -19,6 +19,7 @@ from adaserve.errors import AdaserveError, ConfigError
 
 if TYPE_CHECKING:
     import numpy as np
+    from tritonclient.http import InferenceServerClient
 
     from adaserve.cache.budget import Budget
     from adaserve.planner.spec import DagConfig
@@ -196,11 +197,36 @@ def _dag_line(dag: DagConfig) -> str:
     return f"dag\tmax_batch={dag.max_batch_size}\tbudget_policy={dag.budget_policy}\tnodes={nodes}"
 
 
+def _http_client(args: argparse.Namespace) -> InferenceServerClient:
+    """tritonclient's HTTP client for `--url`: over TLS for an https:// URL or a TLS file (checked first)."""
+    import gevent.ssl
+    import tritonclient.http as httpclient
+    from pydantic import ValidationError
+
+    from adaserve.bench.client import client_tls
+
+    url = args.url.removeprefix("http://")
+    try:
+        tls = client_tls(url.startswith("https://"), args.ca_cert, args.client_cert, args.client_key)
+    except ValidationError as exc:
+        raise ConfigError(f"TLS: {exc.errors()[0]['msg']}") from None
+    if tls is None:
+        return httpclient.InferenceServerClient(url)
+
+    def context() -> gevent.ssl.SSLContext:  # gevent's: tritonclient's HTTP client runs on gevent
+        made = gevent.ssl.create_default_context(cafile=tls.ca_cert)
+        if tls.client_cert is not None:
+            made.load_cert_chain(tls.client_cert, tls.client_key)
+        return made
+
+    return httpclient.InferenceServerClient(url.removeprefix("https://"), ssl=True, ssl_context_factory=context)
+
+
 def _infer(args: argparse.Namespace) -> int:
     import tritonclient.http as httpclient
 
     array = args.input
-    client = httpclient.InferenceServerClient(args.url)
+    client = _http_client(args)
     metadata = client.get_model_metadata(args.model)
     spec = metadata["inputs"][0]
     if len(metadata["inputs"]) != 1:
@@ -344,7 +370,10 @@ def build_parser() -> argparse.ArgumentParser:
     infer = commands.add_parser("infer", help="send one .npy tensor to a running server and print the outputs")
     infer.add_argument("model")
     infer.add_argument("--input", type=npy_array, required=True, help=".npy file (with or without the batch dimension)")
-    infer.add_argument("--url", default="127.0.0.1:8000")
+    infer.add_argument("--url", default="127.0.0.1:8000", help="host:port, or https://host:port for TLS")
+    infer.add_argument("--ca-cert", type=Path, metavar="PEM", help="TLS: the CA the server's certificate is from")
+    infer.add_argument("--client-cert", type=Path, metavar="PEM", help="TLS: the client's certificate (mutual TLS)")
+    infer.add_argument("--client-key", type=Path, metavar="PEM", help="TLS: the client's private key")
     infer.add_argument("--parameters", type=json_object, help="request parameters as JSON, e.g. '{\"latency_ms\": 5}'")
     infer.set_defaults(func=_infer)
 

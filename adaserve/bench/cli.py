@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from adaserve.bench.client import client_tls
 from adaserve.bench.compare import compare, format_comparison, workload_differences
 from adaserve.bench.plots import plot_all
 from adaserve.bench.report import format_summary, write_report
@@ -64,6 +65,12 @@ def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
     target = parser.add_argument_group("target")
     target.add_argument("--url", help="server endpoint host:port (the HTTP or the gRPC port)")
     target.add_argument("--protocol", choices=["http", "grpc"], default="http")
+    target.add_argument(
+        "--tls", action="store_true", help="connect over TLS, trusting the system's CAs (an https:// URL implies it)"
+    )
+    target.add_argument("--ca-cert", type=Path, metavar="PEM", help="TLS: the CA the server's certificate is from")
+    target.add_argument("--client-cert", type=Path, metavar="PEM", help="TLS: the client's certificate (mutual TLS)")
+    target.add_argument("--client-key", type=Path, metavar="PEM", help="TLS: the client's private key")
     what = parser.add_argument_group("requests (or --workload FILE)")
     what.add_argument("--workload", type=Path, help="YAML/JSON workload file (flags below override its load/bound)")
     what.add_argument("--model", action="append", default=[], help="model to send to (repeatable: an even mix)")
@@ -179,6 +186,7 @@ def build_config(args: argparse.Namespace) -> BenchConfig:
         drain_s=args.drain,
         max_outstanding=args.max_outstanding,
         max_lateness_ms=args.max_lateness_ms,
+        tls=client_tls(args.tls, args.ca_cert, args.client_cert, args.client_key),
     )
 
 

@@ -9,14 +9,17 @@ generator's own cost").
 from __future__ import annotations
 
 import asyncio
+import ssl
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import quote, urlsplit
 
 import grpc
 import msgspec
+from pydantic import BaseModel, ConfigDict, model_validator
 from tritonclient.grpc import service_pb2
 
 from adaserve.bench.codec import (
@@ -61,6 +64,52 @@ class Outcome:
     error: str | None = None
 
 
+class ClientTls(BaseModel):
+    """TLS to the server: the CA its certificate must come from (default: the system's), and the client's own
+    certificate and key, for a server that asks for one (mutual TLS)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    ca_cert: Path | None = None
+    client_cert: Path | None = None
+    client_key: Path | None = None
+
+    @model_validator(mode="after")
+    def _usable(self) -> ClientTls:
+        if (self.client_cert is None) != (self.client_key is None):
+            raise ValueError("a client certificate needs its key, and a key its certificate")
+        for path in (self.ca_cert, self.client_cert, self.client_key):
+            if path is not None and not path.is_file():
+                raise ValueError(f"{path}: no such file")
+        try:
+            self.ssl_context()
+        except ssl.SSLError as exc:
+            raise ValueError(f"the TLS files cannot be used: {exc.reason or exc}") from None
+        return self
+
+    def ssl_context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=self.ca_cert)
+        if self.client_cert is not None:
+            context.load_cert_chain(self.client_cert, self.client_key)
+        context.set_alpn_protocols(["http/1.1"])
+        return context
+
+    def grpc_credentials(self) -> grpc.ChannelCredentials:
+        def read(path: Path | None) -> bytes | None:
+            return path.read_bytes() if path is not None else None
+
+        return grpc.ssl_channel_credentials(read(self.ca_cert), read(self.client_key), read(self.client_cert))
+
+
+def client_tls(
+    wanted: bool, ca_cert: Path | None, client_cert: Path | None, client_key: Path | None
+) -> ClientTls | None:
+    """A command's TLS flags: None unless TLS is `wanted` or a file is given; ValidationError naming what is wrong."""
+    if not wanted and ca_cert is None and client_cert is None and client_key is None:
+        return None
+    return ClientTls(ca_cert=ca_cert, client_cert=client_cert, client_key=client_key)
+
+
 class Sender(ABC):
     """Sends pre-encoded requests to one server; create it inside the event loop that will use it."""
 
@@ -86,11 +135,11 @@ class Sender(ABC):
 class HttpSender(Sender):
     """KServe V2 REST with binary tensors; each payload is a complete HTTP/1.1 request, built before the run."""
 
-    def __init__(self, url: str, timeout_s: float) -> None:
+    def __init__(self, url: str, timeout_s: float, tls: ClientTls | None = None) -> None:
         parts = urlsplit(url if "://" in url else f"http://{url}")
-        host, port = parts.hostname or "127.0.0.1", parts.port or 80
+        host, port = parts.hostname or "127.0.0.1", parts.port or (443 if tls else 80)
         self._base = f"{host}:{port}"
-        self._pool = ConnectionPool(host, port, timeout_s)
+        self._pool = ConnectionPool(host, port, timeout_s, tls.ssl_context() if tls is not None else None)
 
     def encode(
         self, model: str, version: str, tensors: Sequence[Tensor], outputs: Sequence[str], params: Mapping[str, Any]
@@ -153,13 +202,14 @@ class HttpSender(Sender):
 class GrpcSender(Sender):
     """KServe V2 gRPC (`inference.GRPCInferenceService`) over one HTTP/2 channel; bodies pass through as bytes."""
 
-    def __init__(self, url: str, timeout_s: float) -> None:
+    def __init__(self, url: str, timeout_s: float, tls: ClientTls | None = None) -> None:
         self._target = url.split("://", 1)[-1]
         self._timeout_s = timeout_s
-        self._channel = grpc.aio.insecure_channel(
-            self._target,
-            options=[("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)],
-        )
+        options = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
+        if tls is None:
+            self._channel = grpc.aio.insecure_channel(self._target, options=options)
+        else:
+            self._channel = grpc.aio.secure_channel(self._target, tls.grpc_credentials(), options=options)
         self._infer = self._channel.unary_unary(_GRPC_SERVICE + "ModelInfer")
         self._ready = self._channel.unary_unary(
             _GRPC_SERVICE + "ModelReady",
@@ -203,12 +253,12 @@ class GrpcSender(Sender):
         await self._channel.close()
 
 
-def create_sender(protocol: Protocol, url: str, timeout_s: float) -> Sender:
-    """The sender for `protocol`; call it inside the running event loop."""
+def create_sender(protocol: Protocol, url: str, timeout_s: float, tls: ClientTls | None = None) -> Sender:
+    """The sender for `protocol` (over TLS when `tls` is given); call it inside the running event loop."""
     if protocol == "http":
-        return HttpSender(url, timeout_s)
+        return HttpSender(url, timeout_s, tls)
     if protocol == "grpc":
-        return GrpcSender(url, timeout_s)
+        return GrpcSender(url, timeout_s, tls)
     raise ValueError(f"unknown protocol {protocol!r}; expected http or grpc")
 
 

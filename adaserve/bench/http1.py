@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 import time
 from dataclasses import dataclass
 from typing import cast
@@ -105,8 +106,9 @@ class _Connection(asyncio.Protocol):
 class ConnectionPool:
     """Connections to one host: idle ones are reused, a new one opens whenever all are busy (no client queue)."""
 
-    def __init__(self, host: str, port: int, timeout_s: float) -> None:
+    def __init__(self, host: str, port: int, timeout_s: float, tls: ssl.SSLContext | None = None) -> None:
         self.host, self.port = host, port
+        self._tls = tls
         self._timeout_s = timeout_s
         self._idle: list[_Connection] = []
         self._busy: set[_Connection] = set()
@@ -149,7 +151,7 @@ class ConnectionPool:
     async def _connect(self) -> _Connection:
         loop = asyncio.get_running_loop()
         try:
-            _, connection = await loop.create_connection(lambda: _Connection(self), self.host, self.port)
+            _, connection = await loop.create_connection(lambda: _Connection(self), self.host, self.port, ssl=self._tls)
         except OSError as exc:
             reason = "connection refused" if isinstance(exc, ConnectionRefusedError) else exc.strerror or str(exc)
             raise ConnectFailed(f"cannot connect to {self.host}:{self.port}: {reason}") from exc

@@ -18,10 +18,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from tqdm import tqdm
 
-from adaserve.bench.client import ModelUnavailable, Protocol, Sender, ServerUnreachable, create_sender
+from adaserve.bench.client import ClientTls, ModelUnavailable, Protocol, Sender, ServerUnreachable, create_sender
 from adaserve.bench.codec import Payload
 from adaserve.bench.results import BenchResult, RequestRecord, Status, describe_machine
 from adaserve.bench.schedules import ClosedSpec, Schedule, create_schedule
@@ -49,6 +49,7 @@ class BenchConfig(BaseModel):
     max_lateness_ms: float = Field(
         default=10.0, gt=0, description="open loop: p99 send lateness beyond which the run is not valid"
     )
+    tls: ClientTls | None = Field(default=None, description="TLS to the server; an https:// URL implies it")
 
     @field_validator("url")
     @classmethod
@@ -58,9 +59,19 @@ class BenchConfig(BaseModel):
             port = parts.port
         except ValueError:
             port = None
-        if parts.scheme != "http" or not parts.hostname or port is None or parts.path not in ("", "/"):
-            raise ValueError(f"expected host:port or http://host:port, got {value!r}")
+        if parts.scheme not in ("http", "https") or not parts.hostname or port is None or parts.path not in ("", "/"):
+            raise ValueError(f"expected host:port, http://host:port or https://host:port, got {value!r}")
         return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _https_is_tls(cls, data: Any) -> Any:
+        if isinstance(data, dict) and str(data.get("url", "")).startswith("https://"):
+            if data.get("protocol", "http") != "http":
+                raise ValueError("an https:// URL is HTTP's; for gRPC over TLS give host:port and TLS settings")
+            if data.get("tls") is None:
+                data = {**data, "tls": ClientTls()}
+        return data
 
 
 SenderFactory = Callable[[BenchConfig], Sender]
@@ -82,7 +93,7 @@ def run_bench(
     workload = config.workload
     sequence = None if workload.sequence is None else load_sequence(workload.sequence)
     schedule = None if isinstance(workload.load, ClosedSpec) else create_schedule(workload.load, sequence)
-    factory = make_sender or (lambda c: create_sender(c.protocol, c.url, c.timeout_s))
+    factory = make_sender or (lambda c: create_sender(c.protocol, c.url, c.timeout_s, c.tls))
     # The default event loop, not uvloop: uvloop's millisecond timers fire up to ~1 ms early, which would send
     # requests before their scheduled time; asyncio's never do (measured: ~20% more CPU per request).
     return asyncio.run(_Run(config, schedule, sequence, progress).execute(factory, list(command)))

@@ -42,7 +42,8 @@ def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]
         ),
         (["--url", "h:1", "--model", "m", "--steps", "0:1,x:2", "--duration", "1"], "expected numbers"),
         (["--url", "h:1", "--model", "m", "--rate", "-5", "--duration", "1"], "load.poisson.rate"),
-        (["--url", "https://h:1", "--model", "m", "--rate", "5", "--duration", "1"], "expected host:port"),
+        (["--url", "ftp://h:1", "--model", "m", "--rate", "5", "--duration", "1"], "expected host:port"),
+        (["--url", "https://h:1", "--protocol", "grpc", "--model", "m", "--rate", "5", "--duration", "1"], "HTTP's"),
         (["--url", "h", "--model", "m", "--rate", "5", "--duration", "1"], "expected host:port"),
         (
             ["--url", "h:1", "--model", "m", "--concurrency", "1", "--requests", "1", "--rows", "2"],

@@ -20,8 +20,11 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from adaserve.bench import Status, read_result
+from adaserve.bench.cli import ExitCode
 from adaserve.errors import ConfigError
 from adaserve.server.tls import TlsSettings
+from tests.bench.factories import parse_cli
 from tests.server_utils import ServerHandle, link_example, make_certificates, running_server
 
 
@@ -178,3 +181,73 @@ def test_serve_with_bad_tls_flags_stops_before_listening(certs: Path) -> None:
     ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "--http-use-ssl needs --http-server-key" in done.stderr
+
+
+def bench(capsys: pytest.CaptureFixture[str], tmp_path: Path, url: str, protocol: str, *tls: str) -> tuple[int, str]:
+    """`adaserve bench` (20 requests, closed loop) with TLS flags; its exit code and what it printed."""
+    output = tmp_path / f"bench-{protocol}.json"
+    argv = ["--url", url, "--protocol", protocol, "--model", "mlp", "--concurrency", "2", "--requests", "20"]
+    args = parse_cli("bench", *argv, *tls, "--output", str(output), "--quiet")
+    code = args.func(args)
+    out, err = capsys.readouterr()
+    if code == ExitCode.OK:
+        result = read_result(output)
+        assert len(result.records) == 20 and all(r.status is Status.OK for r in result.records)
+    return code, out + err
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_adaserve_bench_sends_over_tls(
+    tls_server: ServerHandle, certs: Path, protocol: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    url = f"https://{tls_server.http_url}" if protocol == "http" else tls_server.grpc_url
+    ca = f"--ca-cert={certs / 'ca.pem'}"
+    code, printed = bench(capsys, tmp_path, url, protocol, ca)
+    assert code == ExitCode.OK, printed
+    code, printed = bench(capsys, tmp_path, url, protocol, "--tls")  # the system's CAs do not know this one
+    assert code == ExitCode.UNREACHABLE and "cannot reach" in printed, printed
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_adaserve_bench_shows_its_certificate_for_mutual_tls(
+    mutual_server: ServerHandle, certs: Path, protocol: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    url = mutual_server.http_url if protocol == "http" else mutual_server.grpc_url
+    mine = [f"--ca-cert={certs / 'ca.pem'}", f"--client-cert={certs / 'client.pem'}"]
+    code, printed = bench(capsys, tmp_path, url, protocol, *mine, f"--client-key={certs / 'client.key'}")
+    assert code == ExitCode.OK, printed
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--client-cert", "client.pem"], "a client certificate needs its key"),
+        (["--ca-cert", "absent.pem"], "absent.pem: no such file"),
+        (["--ca-cert", "server.ext"], "the TLS files cannot be used"),
+    ],
+)
+def test_adaserve_bench_refuses_unusable_tls_files(
+    certs: Path, flags: list[str], message: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    flags = [flags[0], str(certs / flags[1])]
+    code, printed = bench(capsys, tmp_path, "127.0.0.1:1", "http", *flags)
+    assert code == ExitCode.BAD_INPUT and message in printed, printed
+
+
+def adaserve_infer(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    np.save(tmp_path / "x.npy", np.zeros((784,), dtype=np.float32))
+    command = [sys.executable, "-m", "adaserve", "infer", "mlp", "--input", str(tmp_path / "x.npy"), *argv]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60)
+
+
+def test_adaserve_infer_over_tls(
+    tls_server: ServerHandle, mutual_server: ServerHandle, certs: Path, tmp_path: Path
+) -> None:
+    ca = f"--ca-cert={certs / 'ca.pem'}"
+    run = adaserve_infer(tmp_path, "--url", f"https://{tls_server.http_url}", ca)
+    assert run.returncode == 0 and '"name": "logits", "shape": [1, 10]' in run.stdout, run.stderr
+    mine = [f"--client-cert={certs / 'client.pem'}", f"--client-key={certs / 'client.key'}"]
+    run = adaserve_infer(tmp_path, "--url", mutual_server.http_url, ca, *mine)
+    assert run.returncode == 0 and '"name": "logits", "shape": [1, 10]' in run.stdout, run.stderr
+    run = adaserve_infer(tmp_path, "--url", mutual_server.http_url, ca, mine[0])
+    assert run.returncode == 2 and "TLS: Value error, a client certificate needs its key" in run.stderr, run.stderr
