@@ -61,11 +61,16 @@ def worker_pids(client: httpclient.InferenceServerClient, model: str) -> list[in
 
 def restarts(server: ServerHandle, model: str) -> float:
     """`adaserve_worker_restarts_total` of a model, from /metrics."""
+    return metric(server, f'adaserve_worker_restarts_total{{model="{model}"')
+
+
+def metric(server: ServerHandle, series: str) -> float:
+    """The value of the first /metrics line that starts with `series` (a name, and labels or their start)."""
     with urllib.request.urlopen(f"http://{server.http_url}/metrics", timeout=10) as response:
         for line in response.read().decode().splitlines():
-            if line.startswith(f'adaserve_worker_restarts_total{{model="{model}"'):
+            if line.startswith(series):
                 return float(line.rsplit(" ", 1)[1])
-    raise AssertionError("no restart counter")
+    raise AssertionError(f"no {series} in /metrics")
 
 
 def free_ports(count: int) -> list[int]:

@@ -19,6 +19,7 @@ from adaserve.engine.processes import HostLauncher
 from adaserve.engine.router import ModelRouter
 from adaserve.engine.stats import Histogram
 from adaserve.planner.catalog import DagCatalog
+from adaserve.server.trace import Tracer
 
 LABELS = ["model", "version"]
 
@@ -258,6 +259,29 @@ class DagCollector:
         yield from (success, failure, missed, upgraded, choices, duration)
 
 
+class TraceCollector:
+    """Request tracing (`--trace-config`): traces finished, and those lost on the way to the file or collector."""
+
+    def __init__(self, tracer: Tracer) -> None:
+        self.tracer = tracer
+
+    def collect(self) -> Iterator[Metric]:
+        if self.tracer.sink is None:
+            return
+        mode = [self.tracer.sink.mode]
+        finished = CounterMetricFamily(
+            "adaserve_traces", "Traced requests handed to the trace file or exporter", labels=["mode"]
+        )
+        finished.add_metric(mode, self.tracer.finished)
+        dropped = CounterMetricFamily(
+            "adaserve_traces_dropped",
+            "Traces lost: a trace file that could not be written, an OpenTelemetry exporter behind or gone",
+            labels=["mode"],
+        )
+        dropped.add_metric(mode, self.tracer.sink.dropped)
+        yield from (finished, dropped)
+
+
 def _buckets(histogram: Histogram) -> list[tuple[str, float]]:
     cumulative = 0
     buckets: list[tuple[str, float]] = []
@@ -267,11 +291,12 @@ def _buckets(histogram: Histogram) -> list[tuple[str, float]]:
     return buckets
 
 
-def render_metrics(router: ModelRouter, dags: DagCatalog) -> tuple[bytes, str]:
+def render_metrics(router: ModelRouter, dags: DagCatalog, tracer: Tracer) -> tuple[bytes, str]:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(EngineCollector(router))
     registry.register(DagCollector(dags))
     registry.register(HostCollector(router.hosts))
+    registry.register(TraceCollector(tracer))
     if router.cache is not None:
         registry.register(CacheCollector(router.cache))
     return generate_latest(registry), CONTENT_TYPE_LATEST

@@ -124,6 +124,7 @@ class TraceSink(Protocol):
 
     mode: str  # Triton's trace_mode: "triton" or "opentelemetry"
     levels: tuple[str, ...]  # the levels it can record
+    dropped: int  # traces taken but lost (a full disk, an exporter behind): /metrics counts them
 
     def take(self, trace: Trace, scope: _Scope) -> None: ...
 
@@ -150,6 +151,7 @@ class TraceFile:
         self._stream.write("[")
         self._empty = True
         self._parts = itertools.count()
+        self.dropped = 0
 
     def append(self, trace: Trace) -> None:
         if not self._empty:
@@ -172,6 +174,7 @@ class TraceFile:
                 self.write_part(scope.collected)
                 scope.collected = []
         except OSError as exc:  # the disk is full, say: the request was answered, and the server goes on
+            self.dropped += 1 if frequency == 0 else len(scope.collected)
             scope.collected = []
             log.error("cannot write traces", extra={"file": str(self.path), "error": exc.strerror})
 
@@ -210,6 +213,7 @@ class Tracer:
         self._models: dict[str, _Scope] = {}
         self._given: dict[str, dict[str, Any]] = {}  # per model: the settings given for it, by field
         self._ids = itertools.count(1)
+        self.finished = 0  # traces handed to the sink
 
     # -- sampling --------------------------------------------------------------------------------------------
     def begin(
@@ -240,6 +244,7 @@ class Tracer:
         """The request has been answered (or failed): hand its trace to the sink."""
         if trace is None or self.sink is None:  # the API cannot enable tracing without a sink
             return
+        self.finished += 1
         live = trace.scope is self._server or any(trace.scope is scope for scope in self._models.values())
         self.sink.take(trace, trace.scope if live else self._server)  # else its model's own settings were dropped
 

@@ -155,6 +155,7 @@ class OpenTelemetryExport:
         exited = self._process.exitcode
         if exited is not None:
             log.error("the trace exporter process exited; starting another", extra={"exitcode": exited})
+            self.dropped += self._records.qsize()  # what it had not read is lost with it
             self._records.cancel_join_thread()
             self._process, self._records = self._start()
         elif time.monotonic() - self._warned_at >= WARN_EVERY_S:

@@ -25,6 +25,7 @@ from tests.server_utils import (
     ServerHandle,
     link_example,
     logged_errors,
+    metric,
     running_server,
     write_fussy_model,
     write_slow_model,
@@ -245,6 +246,8 @@ def test_the_trace_file_is_one_json_array_of_every_trace_once_the_server_stops(t
     with running_server(root, *config) as server:
         for number in range(5):
             infer(server, "http" if number % 2 else "grpc", "mlp", np.zeros((1, 784), dtype=np.float32), f"r{number}")
+        assert metric(server, 'adaserve_traces_total{mode="triton"}') == 2
+        assert metric(server, 'adaserve_traces_dropped_total{mode="triton"}') == 0
     entries = json.loads(trace_file.read_text())
     assert [e.get("request_id") for e in entries if "model_name" in e] == ["r1", "r3"]  # every second request
     assert all(len(e["timestamps"]) == 9 for e in entries if "timestamps" in e)

@@ -23,6 +23,7 @@ from tests.server_utils import (
     free_port,
     link_example,
     logged_errors,
+    metric,
     otlp_receiver,
     running_server,
     span_attributes,
@@ -154,6 +155,9 @@ def test_an_exporter_that_dies_is_started_again_and_the_server_serves_on(
         assert exporter_pid(server) != first
         lines = server.log.read_text().splitlines()
         assert sum("the trace exporter process exited" in line for line in lines) == 1
+        assert metric(server, 'adaserve_traces_total{mode="opentelemetry"}') == 8
+        # the five the dead exporter's queue held or refused, and those refused before its death was seen
+        assert metric(server, 'adaserve_traces_dropped_total{mode="opentelemetry"}') >= 5
         assert client.is_server_ready()
 
 
