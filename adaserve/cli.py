@@ -212,14 +212,11 @@ def _http_client(args: argparse.Namespace) -> InferenceServerClient:
         raise ConfigError(f"TLS: {exc.errors()[0]['msg']}") from None
     if tls is None:
         return httpclient.InferenceServerClient(url)
-
-    def context() -> gevent.ssl.SSLContext:  # gevent's: tritonclient's HTTP client runs on gevent
-        made = gevent.ssl.create_default_context(cafile=tls.ca_cert)
-        if tls.client_cert is not None:
-            made.load_cert_chain(tls.client_cert, tls.client_key)
-        return made
-
-    return httpclient.InferenceServerClient(url.removeprefix("https://"), ssl=True, ssl_context_factory=context)
+    return httpclient.InferenceServerClient(
+        url.removeprefix("https://"),
+        ssl=True,
+        ssl_context_factory=lambda: tls.ssl_context(gevent.ssl.create_default_context),  # its client runs on gevent
+    )
 
 
 def _infer(args: argparse.Namespace) -> int:
@@ -250,6 +247,7 @@ def _infer(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from adaserve.adaptive.activator.cli import register as register_activator
     from adaserve.adaptive.gati.cli import register as register_caches
+    from adaserve.bench.cli import add_client_tls_arguments
     from adaserve.bench.cli import register as register_bench
     from adaserve.cache.cli import register as register_cache
     from adaserve.cache.policies import POLICIES
@@ -371,9 +369,7 @@ def build_parser() -> argparse.ArgumentParser:
     infer.add_argument("model")
     infer.add_argument("--input", type=npy_array, required=True, help=".npy file (with or without the batch dimension)")
     infer.add_argument("--url", default="127.0.0.1:8000", help="host:port, or https://host:port for TLS")
-    infer.add_argument("--ca-cert", type=Path, metavar="PEM", help="TLS: the CA the server's certificate is from")
-    infer.add_argument("--client-cert", type=Path, metavar="PEM", help="TLS: the client's certificate (mutual TLS)")
-    infer.add_argument("--client-key", type=Path, metavar="PEM", help="TLS: the client's private key")
+    add_client_tls_arguments(infer)
     infer.add_argument("--parameters", type=json_object, help="request parameters as JSON, e.g. '{\"latency_ms\": 5}'")
     infer.set_defaults(func=_infer)
 

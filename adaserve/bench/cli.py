@@ -61,6 +61,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     comparer.set_defaults(func=compare_command)
 
 
+def add_client_tls_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """A client's TLS files (`adaserve bench`, `adaserve infer`); `client_tls` reads them."""
+    parser.add_argument("--ca-cert", type=Path, metavar="PEM", help="TLS: the CA the server's certificate is from")
+    parser.add_argument("--client-cert", type=Path, metavar="PEM", help="TLS: the client's certificate (mutual TLS)")
+    parser.add_argument("--client-key", type=Path, metavar="PEM", help="TLS: the client's private key")
+
+
 def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
     target = parser.add_argument_group("target")
     target.add_argument("--url", help="server endpoint host:port (the HTTP or the gRPC port)")
@@ -68,9 +75,7 @@ def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
     target.add_argument(
         "--tls", action="store_true", help="connect over TLS, trusting the system's CAs (an https:// URL implies it)"
     )
-    target.add_argument("--ca-cert", type=Path, metavar="PEM", help="TLS: the CA the server's certificate is from")
-    target.add_argument("--client-cert", type=Path, metavar="PEM", help="TLS: the client's certificate (mutual TLS)")
-    target.add_argument("--client-key", type=Path, metavar="PEM", help="TLS: the client's private key")
+    add_client_tls_arguments(target)
     what = parser.add_argument_group("requests (or --workload FILE)")
     what.add_argument("--workload", type=Path, help="YAML/JSON workload file (flags below override its load/bound)")
     what.add_argument("--model", action="append", default=[], help="model to send to (repeatable: an even mix)")

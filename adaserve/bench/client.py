@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -87,8 +87,9 @@ class ClientTls(BaseModel):
             raise ValueError(f"the TLS files cannot be used: {exc.reason or exc}") from None
         return self
 
-    def ssl_context(self) -> ssl.SSLContext:
-        context = ssl.create_default_context(cafile=self.ca_cert)
+    def ssl_context(self, create: Callable[..., ssl.SSLContext] = ssl.create_default_context) -> ssl.SSLContext:
+        """The client's context, made by `create` (another library's own, such as gevent's, where it needs one)."""
+        context = create(cafile=self.ca_cert)
         if self.client_cert is not None:
             context.load_cert_chain(self.client_cert, self.client_key)
         context.set_alpn_protocols(["http/1.1"])

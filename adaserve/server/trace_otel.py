@@ -91,6 +91,21 @@ class SpanRecord(NamedTuple):
         )
 
 
+class Every:
+    """Says when something said once per `period_s` is due again (a warning a minute, not one per event)."""
+
+    def __init__(self, period_s: float) -> None:
+        self.period_s = period_s
+        self._last = -math.inf
+
+    def due(self) -> bool:
+        now = time.monotonic()
+        if now - self._last < self.period_s:
+            return False
+        self._last = now
+        return True
+
+
 class QuietExporter(SpanExporter):
     """The OTLP exporter, with a collector that cannot be reached logged as one warning a minute naming it, rather
     than a traceback for every batch (the SDK's): the spans of those batches are dropped, and serving goes on."""
@@ -98,14 +113,13 @@ class QuietExporter(SpanExporter):
     def __init__(self, exporter: SpanExporter, url: str) -> None:
         self.exporter = exporter
         self.url = url
-        self._warned_at = -math.inf
+        self._warning = Every(WARN_EVERY_S)
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         try:
             return self.exporter.export(spans)
         except OSError as exc:  # requests' ConnectionError and timeouts are OSErrors
-            if time.monotonic() - self._warned_at >= WARN_EVERY_S:
-                self._warned_at = time.monotonic()
+            if self._warning.due():
                 log.warning("cannot export traces", extra={"url": self.url, "error": str(exc)[:300]})
             return SpanExportResult.FAILURE
 
@@ -131,7 +145,7 @@ class OpenTelemetryExport:
             )
         self.offset_ns = time.time_ns() - time.perf_counter_ns()  # CLOCK_MONOTONIC → wall clock
         self.dropped = 0
-        self._warned_at = -math.inf
+        self._warning = Every(WARN_EVERY_S)
         self._process, self._records = self._start()
 
     def _start(self) -> tuple[BaseProcess, Queue[SpanRecord | None]]:
@@ -157,9 +171,9 @@ class OpenTelemetryExport:
             log.error("the trace exporter process exited; starting another", extra={"exitcode": exited})
             self.dropped += self._records.qsize()  # what it had not read is lost with it
             self._records.cancel_join_thread()
+            self._records.close()  # its feeder thread and pipe go too
             self._process, self._records = self._start()
-        elif time.monotonic() - self._warned_at >= WARN_EVERY_S:
-            self._warned_at = time.monotonic()
+        elif self._warning.due():
             log.warning("traces dropped: the exporter is behind", extra={"url": self.url, "dropped": self.dropped})
 
     def describe(self, settings: TraceSettings) -> dict[str, str]:
