@@ -14,7 +14,7 @@ import platform
 import shlex
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -189,6 +189,33 @@ def add_noise_arguments(parser: argparse.ArgumentParser, *, run: str) -> None:
         default=15.0,
         help=f"before each {run}, wait at most this long for a quiet second (default 15)",
     )
+
+
+def report_head(benchmark: str, settings: dict[str, Any]) -> dict[str, Any]:
+    """What a result file begins with: the benchmark, the command that repeats it, the machine, when it started and
+    the load average then, and its settings."""
+    return {
+        "benchmark": benchmark,
+        "command": command_line(),
+        "machine": machine(),
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "load_start": load_average(),
+        "settings": settings,
+    }
+
+
+def finish_report(
+    report: dict[str, Any],
+    output: Path,
+    plot: Callable[[dict[str, Any], Path], None],
+    show: Callable[[dict[str, Any], Path], None],
+) -> int:
+    """Write a finished result: the JSON at `output`, the PNG `plot` draws beside it, the table `show` prints (given
+    the JSON's path); 0, the benchmark's exit status."""
+    write_json(report, output)
+    plot(report, output.with_suffix(".png"))
+    show(report, output)
+    return 0
 
 
 def write_json(data: dict[str, Any], path: Path) -> None:

@@ -40,15 +40,14 @@ from benchmarks.common import (
     RESULTS,
     ROOT,
     SCRATCH,
-    command_line,
     figure,
+    finish_report,
     load_average,
     load_window,
-    machine,
     process_command,
+    report_head,
     tree_cpu_s,
     wait_for_quiet,
-    write_json,
 )
 from benchmarks.perf_load import PerfAnalyzer
 from tests.server_utils import (
@@ -77,20 +76,14 @@ def main() -> int:
         SCRATCH / "serving_overhead-quick.json" if args.quick else RESULTS / "serving_overhead.json"
     )
     perf = PerfAnalyzer.find(args.perf_venv)
-    report: dict[str, Any] = {
-        "benchmark": "serving_overhead",
-        "command": command_line(),
-        "machine": machine(),
-        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "load_start": load_average(),
-        "settings": {
-            "model": MODEL,
-            "artifact": str((EXAMPLES / MODEL / "1" / "model.pt2").relative_to(ROOT)),
-            "repeats": args.repeats,
-            "measurement_request_count": args.request_count,
-            "in_process_iterations": args.iterations,
-        },
+    settings = {
+        "model": MODEL,
+        "artifact": str((EXAMPLES / MODEL / "1" / "model.pt2").relative_to(ROOT)),
+        "repeats": args.repeats,
+        "measurement_request_count": args.request_count,
+        "in_process_iterations": args.iterations,
     }
+    report = report_head("serving_overhead", settings)
     report["in_process"] = [_in_process(args.iterations)]
     report["in_process_idle_gaps"] = _in_process(args.iterations // 5, idle_s=IDLE_GAP_S)
     repository = SCRATCH / "serving_overhead" / "repo"
@@ -113,10 +106,7 @@ def main() -> int:
     report["in_process"].append(_in_process(args.iterations))
     report["load_end"] = load_average()
     _summarize(report)
-    write_json(report, output)
-    _plot(report, output.with_suffix(".png"))
-    _print(report, output)
-    return 0
+    return finish_report(report, output, _plot, _print)
 
 
 def perf_parser(description: str | None, request_count: int) -> argparse.ArgumentParser:

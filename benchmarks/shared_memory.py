@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import time
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +32,11 @@ from adaserve.zoo import mlp
 from benchmarks.common import (
     RESULTS,
     SCRATCH,
-    command_line,
     figure,
+    finish_report,
     load_average,
-    machine,
     process_command,
-    write_json,
+    report_head,
 )
 from benchmarks.perf_load import PerfAnalyzer
 from benchmarks.serving_overhead import perf_medians, perf_parser, perf_run
@@ -60,14 +58,8 @@ def main() -> int:
     shutil.rmtree(repository, ignore_errors=True)
     for size in SIZES:
         _export(repository, size)
-    report: dict[str, Any] = {
-        "benchmark": "shared_memory",
-        "command": command_line(),
-        "machine": machine(),
-        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "load_start": load_average(),
-        "settings": {"sizes": list(SIZES), "repeats": args.repeats, "concurrency": args.concurrency},
-    }
+    settings = {"sizes": list(SIZES), "repeats": args.repeats, "concurrency": args.concurrency}
+    report = report_head("shared_memory", settings)
     with running_server(repository, "--allow-client-shm") as server:
         report["server_command"] = process_command(server.pid)
         report["runs"] = [
@@ -79,10 +71,7 @@ def main() -> int:
         ]
     report["load_end"] = load_average()
     report["cases"] = _cases(report["runs"])
-    write_json(report, output)
-    _plot(report, output.with_suffix(".png"))
-    _print(report, output)
-    return 0
+    return finish_report(report, output, _plot, _print)
 
 
 def _parse_args() -> argparse.Namespace:

@@ -19,13 +19,20 @@ import argparse
 import dataclasses
 import shutil
 import ssl
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from benchmarks.common import RESULTS, SCRATCH, command_line, figure, load_average, machine, process_command, write_json
+from benchmarks.common import (
+    RESULTS,
+    SCRATCH,
+    figure,
+    finish_report,
+    load_average,
+    process_command,
+    report_head,
+)
 from benchmarks.perf_load import PerfAnalyzer
 from benchmarks.serving_overhead import MODEL, perf_medians, perf_parser, perf_run
 from tests.server_utils import ServerHandle, link_example, make_certificates, running_server
@@ -46,14 +53,8 @@ def main() -> int:
     (work / "certs").mkdir(parents=True)
     certs = make_certificates(work / "certs")
     link_example(work / "repo", MODEL)
-    report: dict[str, Any] = {
-        "benchmark": "tls_overhead",
-        "command": command_line(),
-        "machine": machine(),
-        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "load_start": load_average(),
-        "settings": {"model": MODEL, "repeats": args.repeats, "measurement_request_count": args.request_count},
-    }
+    settings = {"model": MODEL, "repeats": args.repeats, "measurement_request_count": args.request_count}
+    report = report_head("tls_overhead", settings)
     tls = [
         f"--{protocol}-{flag}"
         for protocol in PROTOCOLS
@@ -73,10 +74,7 @@ def main() -> int:
         ]
     report["load_end"] = load_average()
     report["cases"] = _cases(report["runs"])
-    write_json(report, output)
-    _plot(report, output.with_suffix(".png"))
-    _print(report, output)
-    return 0
+    return finish_report(report, output, _plot, _print)
 
 
 def _run(

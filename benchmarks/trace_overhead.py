@@ -35,7 +35,15 @@ from typing import Any
 import numpy as np
 
 from adaserve.server.trace_summary import FRONTENDS, SPANS, TracedRequest, read_traces, summarize
-from benchmarks.common import RESULTS, SCRATCH, command_line, figure, load_average, machine, process_command, write_json
+from benchmarks.common import (
+    RESULTS,
+    SCRATCH,
+    figure,
+    finish_report,
+    load_average,
+    process_command,
+    report_head,
+)
 from benchmarks.perf_load import PerfAnalyzer
 from benchmarks.serving_overhead import MODEL, perf_medians, perf_parser, perf_run
 from tests.server_utils import ServerHandle, link_example, otlp_receiver, running_server
@@ -66,14 +74,8 @@ def main() -> int:
     shutil.rmtree(work, ignore_errors=True)
     link_example(work / "repo", MODEL)
     trace_file = work / "trace.json"
-    report: dict[str, Any] = {
-        "benchmark": "trace_overhead",
-        "command": command_line(),
-        "machine": machine(),
-        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "load_start": load_average(),
-        "settings": {"model": MODEL, "repeats": args.repeats, "measurement_request_count": args.request_count},
-    }
+    settings = {"model": MODEL, "repeats": args.repeats, "measurement_request_count": args.request_count}
+    report = report_head("trace_overhead", settings)
     config = [f"--trace-config=triton,file={trace_file}", f"--trace-config=triton,log-frequency={LOG_FREQUENCY}"]
     with running_server(work / "repo", *config) as server:
         report["server_command"] = process_command(server.pid)
@@ -89,10 +91,7 @@ def main() -> int:
     for name, entry in _cases(report["otel_runs"], OTEL_CASES).items():
         report["cases"][name].update(entry)
     report["spans"] = _spans(report["runs"], read_traces([trace_file, *work.glob("trace.json.*")]))
-    write_json(report, output)
-    _plot(report, output.with_suffix(".png"))
-    _print(report, output)
-    return 0
+    return finish_report(report, output, _plot, _print)
 
 
 def _parse_args() -> argparse.Namespace:
