@@ -69,6 +69,7 @@ def _serve(args: argparse.Namespace) -> int:
         model_control_mode=mode,
         allow_client_shm=args.allow_client_shm,
         trace_config=tuple(args.trace_config),
+        cache_config=tuple(args.cache_config),
         http_restricted_api=tuple(args.http_restricted_api),
         grpc_restricted_protocol=tuple(args.grpc_restricted_protocol),
         http_tls=_tls("http", args),
@@ -323,6 +324,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="Triton's: trace sampled requests' timestamps (and tensors) into a file, e.g. --trace-config "
         "triton,file=/tmp/trace.json --trace-config level=TIMESTAMPS --trace-config rate=100 (settings level, rate, "
         "count, mode, and triton,file and triton,log-frequency); the trace API changes all but the file at run time",
+    )
+    serve.add_argument(
+        "--cache-config",
+        action="append",
+        default=[],
+        metavar="local,size=BYTES",
+        help="Triton's: a response cache of this size (bytes, or 100MB, 1GiB), least recently used answers evicted "
+        "first; models whose config says response_cache: {enable: true} answer repeated requests (the same "
+        "inputs and parameters) from it without running",
     )
     for flag, header in (
         ("--http-restricted-api", "the header KEY"),

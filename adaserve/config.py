@@ -181,6 +181,13 @@ class BatchingSpec(Strict):
         return value
 
 
+class ResponseCacheSpec(Strict):
+    """Triton's `response_cache`: this model's answers are kept in the server's response cache (`--cache-config`),
+    and a repeated request is answered from it without running the model."""
+
+    enable: bool = False
+
+
 class VersionPolicySpec(Strict):
     """Triton's version_policy: which of the model's version folders are served at once. At most one of the three;
     none: the newest version alone (Triton's default, `latest: 1`)."""
@@ -399,6 +406,11 @@ class ModelConfig(Interface):
     activator: ActivatorSpec | None = Field(default=None, description="SLO-NNs node activator; none by default")
     caches: LearnedCachesSpec | None = Field(
         default=None, description="GATI learned caches (early exit); absent: the model always runs whole"
+    )
+    response_cache: ResponseCacheSpec = Field(
+        default=ResponseCacheSpec(),
+        description="Triton's: {enable: true} answers repeated requests (the same inputs and parameters) from the "
+        "server's response cache, which --cache-config local,size=BYTES sizes",
     )
     version_policy: VersionPolicySpec = Field(
         default=VersionPolicySpec(),

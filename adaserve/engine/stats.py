@@ -100,6 +100,8 @@ class ModelStats:
     delayed: int = 0  # requests whose queue timeout passed, moved behind their level (timeout_action: delay)
     last_inference_ms: int = 0
     early_exit: ExitStats = field(default_factory=ExitStats)
+    cache_hit: DurationCount = field(default_factory=DurationCount)  # answered from the response cache: lookup time
+    cache_miss: DurationCount = field(default_factory=DurationCount)  # not found, then run: lookup and insertion time
 
     def record_batch(self, rows: int, compute_ns: int) -> None:
         self.execution_count += 1
@@ -108,6 +110,12 @@ class ModelStats:
         self.batch_ns[rows] += compute_ns
         self.compute.add(compute_ns)
         self.compute_s.observe(compute_ns / 1e9)
+
+    def record_cache_hit(self, lookup_ns: int) -> None:
+        """A request the response cache answered: as in Triton's statistics, a success that spent no time queued."""
+        self.cache_hit.add(lookup_ns)
+        self.success.add(lookup_ns)
+        self.queue.add(0)
 
     def record_request(self, *, ok: bool, total_ns: int, queue_ns: int, reason: str = "") -> None:
         (self.success if ok else self.fail).add(total_ns)

@@ -27,6 +27,7 @@ from adaserve.server.dataplane import DataPlane, ModelControlMode
 from adaserve.server.grpc_service import InferenceServicer
 from adaserve.server.health import HealthService
 from adaserve.server.http import IDLE_TIMEOUT_S, HttpServer
+from adaserve.server.response_cache import ResponseCache, cache_size_from_config
 from adaserve.server.rest import create_app, error_response
 from adaserve.server.restrictions import GRPC_PREFIX, Restrictions
 from adaserve.server.tls import TlsSettings
@@ -50,6 +51,7 @@ class ServeOptions:
     model_control_mode: ModelControlMode = "explicit"  # Triton's: may the repository API load and unload models
     allow_client_shm: bool = False  # Triton's: may clients register system shared memory for their tensors
     trace_config: tuple[str, ...] = ()  # Triton's --trace-config settings (server/trace.py)
+    cache_config: tuple[str, ...] = ()  # Triton's --cache-config: the response cache (server/response_cache.py)
     http_restricted_api: tuple[str, ...] = ()  # Triton's: API categories that need a header (server/restrictions.py)
     grpc_restricted_protocol: tuple[str, ...] = ()
     http_tls: TlsSettings | None = None  # TLS on a frontend (server/tls.py); None: plain
@@ -87,10 +89,12 @@ async def serve(options: ServeOptions) -> None:
     http_restrictions = Restrictions.parse(options.http_restricted_api, "--http-restricted-api")
     grpc_restrictions = Restrictions.parse(options.grpc_restricted_protocol, "--grpc-restricted-protocol", GRPC_PREFIX)
     tracer = tracer_from_config(options.trace_config)
+    cache_bytes = cache_size_from_config(options.cache_config)
     open_files = raise_open_file_limit()
     kept = keep_freed_memory()
     router = ModelRouter(ModelRepository(options.model_repository), options.cache, spare_hosts=options.spare_hosts)
-    plane = DataPlane(router, options.model_control_mode, options.allow_client_shm, tracer)
+    response_cache = ResponseCache(cache_bytes) if cache_bytes is not None else None
+    plane = DataPlane(router, options.model_control_mode, options.allow_client_shm, tracer, response_cache)
     http_socket = _listen(options.host, options.http_port)
     http = HttpServer(
         create_app(plane, http_restrictions),

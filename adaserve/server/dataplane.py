@@ -7,6 +7,7 @@ them as JSON, the gRPC adapter parses them into the protobuf messages of the sam
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Collection
 from contextvars import ContextVar
@@ -16,14 +17,17 @@ import numpy as np
 
 from adaserve import __version__
 from adaserve.config import Interface, ModelConfig, QueuePolicySpec
-from adaserve.engine.engine import EngineResult, EngineState, ModelEngine
+from adaserve.engine.engine import EngineResult, EngineState, ModelEngine, RequestTimes
 from adaserve.engine.router import ModelRouter
+from adaserve.engine.schedule_policy import priority_level, queue_policy, queue_timeout_s
 from adaserve.errors import InvalidInputError, ModelControlError, ModelNotReadyError
 from adaserve.logs import SWITCHES
 from adaserve.planner.catalog import DagCatalog
 from adaserve.planner.planner import ModelAnswer, PlannerStats
 from adaserve.planner.spec import DagConfig
+from adaserve.repository import ModelSpec
 from adaserve.server.protocol import InferenceRequest, InferenceResponse, RequestedOutput, Tensor
+from adaserve.server.response_cache import ResponseCache
 from adaserve.server.shared_memory import SharedMemoryRegions
 from adaserve.server.trace import Trace, Tracer, TraceSettings
 
@@ -38,6 +42,7 @@ EXTENSIONS = [
     "trace",
 ]
 
+log = logging.getLogger("adaserve.dataplane")
 
 #: The trace of the DAG query being run, if it is traced: its nodes' traces are its children.
 _dag_trace: ContextVar[Trace | None] = ContextVar("dag_trace", default=None)
@@ -53,12 +58,16 @@ class DataPlane:
         model_control: ModelControlMode = "explicit",
         allow_client_shm: bool = False,
         tracer: Tracer | None = None,
+        response_cache: ResponseCache | None = None,
     ) -> None:
         """`model_control`: explicit lets the repository API load and unload; none and poll refuse it (in poll
         mode the poller follows the repository instead). `allow_client_shm`: clients may register system
         shared-memory regions and name them in requests. `tracer`: which requests are traced, and where to (by
-        default none, and tracing cannot be turned on: there is no trace file)."""
+        default none, and tracing cannot be turned on: there is no trace file). `response_cache`: where models
+        with `response_cache: {enable: true}` keep their answers (none: they run every request)."""
         self.router = router
+        self.response_cache = response_cache
+        self._uncached: set[str] = set()  # models that enable the response cache on a server without one (warned)
         self.tracer = tracer or Tracer(TraceSettings(), None)
         self.model_control = model_control
         self.dags = DagCatalog(router, self._run_node)  # DAG queries: names answered by several models in turn
@@ -198,22 +207,65 @@ class DataPlane:
             finally:
                 _dag_trace.reset(token)
         else:
-            config = self.router.spec(request.model_name, request.model_version).config
-            arrays, rows = validate_inputs(config, request)
-            wanted = requested_outputs(config, request)
-            engine, result = await self._compute(
-                request.model_name, request.model_version, config, arrays, rows, request.parameters
-            )
-            version = str(engine.model.version)
-            response = self._response(request, config, wanted, version, result.outputs, result.parameters)
-            if trace is not None:
-                trace.stamp_times(result.times)
+            spec = self.router.spec(request.model_name, request.model_version)
+            arrays, rows = validate_inputs(spec.config, request)
+            wanted = requested_outputs(spec.config, request)
+            version, outputs, parameters, times = await self._answer(request, spec, arrays, rows)
+            response = self._response(request, spec.config, wanted, version, outputs, parameters)
+            if trace is not None and times is not None:  # None: answered from the response cache
+                trace.stamp_times(times)
         if trace is not None:
             trace.model_version = response.model_version
             for tensor in response.outputs:
                 trace.tensor("TENSOR_BACKEND_OUTPUT", tensor.name, tensor.datatype, tensor.data)
             trace.stamp("REQUEST_END", time.perf_counter_ns())
         return response
+
+    async def _answer(
+        self, request: InferenceRequest, spec: ModelSpec, arrays: list[np.ndarray], rows: int
+    ) -> tuple[str, list[np.ndarray], dict[str, Any], RequestTimes | None]:
+        """The request's outputs and response parameters, and the version that gave them: from the response cache
+        when the model keeps its answers there and an equal request's answer is in it (no times: nothing ran),
+        else computed by the model (and kept, when it keeps them)."""
+        name, config = request.model_name, spec.config
+        cache, source = self._cache_for(spec)
+        if cache is None:
+            engine, result = await self._compute(name, request.model_version, config, arrays, rows, request.parameters)
+            return str(engine.model.version), result.outputs, result.parameters, result.times
+        started = time.perf_counter_ns()
+        parameters = {**config.parameters, **request.parameters}
+        # The key leaves out the parameters that only schedule a request, so a hit checks them as the engine would.
+        queue_timeout_s(parameters, queue_policy(config.batching, priority_level(parameters, config.batching)))
+        names, datatypes = [t.name for t in config.inputs], [t.datatype for t in config.inputs]
+        key = cache.key(name, spec.version, source, names, datatypes, arrays, parameters)
+        cached = cache.get(key)
+        if cached is not None:
+            self.router.ready_engine(name, str(spec.version)).stats.record_cache_hit(time.perf_counter_ns() - started)
+            return str(spec.version), list(cached.outputs), dict(cached.parameters), None
+        lookup_ns = time.perf_counter_ns() - started
+        engine, result = await self._compute(name, str(spec.version), config, arrays, rows, request.parameters)
+        started = time.perf_counter_ns()
+        cache.put(key, result.outputs, result.parameters)
+        engine.stats.cache_miss.add(lookup_ns + time.perf_counter_ns() - started)
+        return str(engine.model.version), result.outputs, result.parameters, result.times
+
+    def _cache_for(self, spec: ModelSpec) -> tuple[ResponseCache | None, object]:
+        """The response cache this model version's answers go to, and what its engine was started from (part of
+        every key); no cache when the model does not keep answers, or its engine is not running (mCache evicted
+        it, or it was not started from files the router fingerprints)."""
+        if not spec.config.response_cache.enable:
+            return None, None
+        if self.response_cache is None:
+            if spec.name not in self._uncached:
+                self._uncached.add(spec.name)
+                log.warning(
+                    "model enables response_cache, but this server has no response cache (--cache-config "
+                    "local,size=BYTES): every request runs the model",
+                    extra={"model": spec.name},
+                )
+            return None, None
+        source = self.router.source(spec.name, spec.version)
+        return (self.response_cache, source) if source is not None else (None, None)
 
     async def _infer_dag(self, request: InferenceRequest) -> InferenceResponse:
         planner = self.dags.planner(request.model_name)
@@ -370,6 +422,7 @@ def triton_config(engine: ModelEngine) -> dict[str, Any]:
         },
     }
     document["dynamic_batching"] = dynamic_batching_document(config)
+    document["response_cache"] = {"enable": config.response_cache.enable}
     return document
 
 
@@ -425,8 +478,9 @@ def worker_set_document(engine: ModelEngine) -> dict[str, Any]:
 
 
 def model_statistics(engine: ModelEngine) -> dict[str, Any]:
+    """Triton's statistics of one model version; as in Triton, `success` and `queue` count the requests the
+    response cache answered too (`cache_hit`), which no other entry does."""
     stats = engine.stats
-    nothing = {"count": 0, "ns": 0}
     # Workers read inputs in place and write outputs straight into the pool, so input and output handling is
     # part of compute_infer; the input/output entries count the same batches with no separate time.
     in_place = {"count": stats.compute.count, "ns": 0}
@@ -443,8 +497,8 @@ def model_statistics(engine: ModelEngine) -> dict[str, Any]:
             "compute_input": in_place,
             "compute_infer": stats.compute.__dict__,
             "compute_output": in_place,
-            "cache_hit": nothing,
-            "cache_miss": nothing,
+            "cache_hit": stats.cache_hit.__dict__,
+            "cache_miss": stats.cache_miss.__dict__,
         },
         "batch_stats": [
             {

@@ -19,6 +19,7 @@ from adaserve.engine.processes import HostLauncher
 from adaserve.engine.router import ModelRouter
 from adaserve.engine.stats import Histogram
 from adaserve.planner.catalog import DagCatalog
+from adaserve.server.response_cache import ResponseCache
 from adaserve.server.trace import Tracer
 
 LABELS = ["model", "version"]
@@ -282,6 +283,46 @@ class TraceCollector:
         yield from (finished, dropped)
 
 
+class ResponseCacheCollector:
+    """The response cache (`--cache-config`): hits and misses of each model version that keeps its answers there,
+    as Triton's `nv_cache_num_hits_per_model` and `nv_cache_num_misses_per_model`, and the cache's fill."""
+
+    def __init__(self, cache: ResponseCache, router: ModelRouter) -> None:
+        self.cache = cache
+        self.router = router
+
+    def collect(self) -> Iterator[Metric]:
+        hits = CounterMetricFamily(
+            "adaserve_response_cache_hits", "Requests answered from the response cache", labels=LABELS
+        )
+        misses = CounterMetricFamily(
+            "adaserve_response_cache_misses", "Requests of a caching model that found no answer and ran", labels=LABELS
+        )
+        for engine in self.router.all_engines():
+            if engine.model.config.response_cache.enable:
+                labels = [engine.model.name, str(engine.model.version)]
+                hits.add_metric(labels, engine.stats.cache_hit.count)
+                misses.add_metric(labels, engine.stats.cache_miss.count)
+        yield from (hits, misses)
+        gauges = {
+            "entries": ("Answers held", len(self.cache)),
+            "used_bytes": ("Bytes the held answers take", self.cache.used_bytes),
+            "capacity_bytes": ("The cache's size (--cache-config local,size=)", self.cache.size_bytes),
+        }
+        for name, (text, value) in gauges.items():
+            gauge = GaugeMetricFamily(f"adaserve_response_cache_{name}", text, labels=[])
+            gauge.add_metric([], value)
+            yield gauge
+        counters = {
+            "evictions": ("Answers evicted, least recently used first, to make room", self.cache.evictions),
+            "too_large": ("Answers not kept: larger than the whole cache", self.cache.too_large),
+        }
+        for name, (text, value) in counters.items():
+            counter = CounterMetricFamily(f"adaserve_response_cache_{name}", text, labels=[])
+            counter.add_metric([], value)
+            yield counter
+
+
 def _buckets(histogram: Histogram) -> list[tuple[str, float]]:
     cumulative = 0
     buckets: list[tuple[str, float]] = []
@@ -291,7 +332,9 @@ def _buckets(histogram: Histogram) -> list[tuple[str, float]]:
     return buckets
 
 
-def render_metrics(router: ModelRouter, dags: DagCatalog, tracer: Tracer) -> tuple[bytes, str]:
+def render_metrics(
+    router: ModelRouter, dags: DagCatalog, tracer: Tracer, response_cache: ResponseCache | None
+) -> tuple[bytes, str]:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(EngineCollector(router))
     registry.register(DagCollector(dags))
@@ -299,4 +342,6 @@ def render_metrics(router: ModelRouter, dags: DagCatalog, tracer: Tracer) -> tup
     registry.register(TraceCollector(tracer))
     if router.cache is not None:
         registry.register(CacheCollector(router.cache))
+    if response_cache is not None:
+        registry.register(ResponseCacheCollector(response_cache, router))
     return generate_latest(registry), CONTENT_TYPE_LATEST

@@ -113,7 +113,7 @@ def create_app(plane: DataPlane, restrictions: Restrictions | None = None) -> Ap
         return Response(200)
 
     async def metrics(request: Request) -> Response:
-        content, media_type = render_metrics(plane.router, plane.dags, plane.tracer)
+        content, media_type = render_metrics(plane.router, plane.dags, plane.tracer, plane.response_cache)
         return Response(200, content, media_type)
 
     routes = Routes()
