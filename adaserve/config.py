@@ -53,6 +53,18 @@ class TensorSpec(Strict):
     name: str = Field(min_length=1)
     datatype: str
     shape: tuple[int, ...]
+    label_filename: str | None = Field(
+        default=None,
+        description="outputs only (Triton's): a file in the model's folder, one class name a line, which the "
+        "classification extension adds to each class it answers",
+    )
+
+    @field_validator("label_filename")
+    @classmethod
+    def _a_file_of_the_model(cls, value: str | None) -> str | None:
+        if value is not None and (not value or "/" in value or value in (".", "..")):
+            raise ValueError(f"label_filename must name a file in the model's folder, got {value!r}")
+        return value
 
     @field_validator("datatype")
     @classmethod
@@ -371,6 +383,14 @@ class Interface(Strict):
     inputs: tuple[TensorSpec, ...] = Field(min_length=1)
     outputs: tuple[TensorSpec, ...] = Field(min_length=1)
     parameters: dict[str, Any] = Field(default_factory=dict, description="defaults for per-request parameters")
+
+    @field_validator("inputs")
+    @classmethod
+    def _no_labels(cls, inputs: tuple[TensorSpec, ...]) -> tuple[TensorSpec, ...]:
+        for tensor in inputs:
+            if tensor.label_filename is not None:
+                raise ValueError(f"input '{tensor.name}': label_filename belongs on an output")
+        return inputs
 
     @field_validator("outputs")
     @classmethod

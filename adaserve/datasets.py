@@ -19,6 +19,21 @@ _UBYTE = 0x08
 _PREFIX = {"train": "train", "test": "t10k"}
 
 
+#: Fashion-MNIST's class names, by label (its README's order).
+FASHION_MNIST_CLASSES = (
+    "T-shirt/top",
+    "Trouser",
+    "Pullover",
+    "Dress",
+    "Coat",
+    "Sandal",
+    "Shirt",
+    "Sneaker",
+    "Bag",
+    "Ankle boot",
+)
+
+
 class DatasetError(ValueError):
     """A dataset file that is missing or not what its name promises; the message names the file."""
 

@@ -8,8 +8,8 @@ even torch.export's pickle fallback is held to tensors, and TorchScript archives
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ class ModelSpec:
     artifact: Path
     versions: tuple[int, ...]  # every version on disk
     served: tuple[int, ...] = ()  # the versions the config's version_policy serves, ascending
+    labels: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # output → class names (label_filename)
 
     @property
     def name(self) -> str:
@@ -115,7 +116,8 @@ class ModelRepository:
         directory: Path, config: ModelConfig, version: int, versions: tuple[int, ...], served: tuple[int, ...]
     ) -> ModelSpec:
         artifact = _find_artifact(directory / str(version), config)
-        return ModelSpec(config=config, version=version, artifact=artifact, versions=versions, served=served)
+        labels = _read_labels(directory, config)
+        return ModelSpec(config, version, artifact, versions, served, labels)
 
     def fingerprint(self, name: str) -> Fingerprint | None:
         """What on disk decides how `name` is served: its config file and the files of its version folders (name,
@@ -141,6 +143,22 @@ def version_source(fingerprint: Fingerprint, version: int) -> tuple[object, ...]
     version's folder. Equal before and after a change: the change did not touch that version."""
     config, folders = fingerprint
     return config, dict(folders).get(str(version), ())
+
+
+def _read_labels(directory: Path, config: ModelConfig) -> dict[str, tuple[str, ...]]:
+    """Each output's class names from its `label_filename` (one a line, as Triton reads them); ConfigError naming
+    a file that cannot be read."""
+    labels = {}
+    for output in config.outputs:
+        if output.label_filename is None:
+            continue
+        path = directory / output.label_filename
+        try:
+            labels[output.name] = tuple(path.read_text().splitlines())
+        except (OSError, UnicodeDecodeError) as exc:
+            where = f"{directory / CONFIG_FILE}: output '{output.name}'"
+            raise ConfigError(f"{where}: label_filename {output.label_filename}: {exc}") from None
+    return labels
 
 
 def _files(folder: Path) -> tuple[tuple[str, int, int], ...]:

@@ -22,11 +22,12 @@ import torch
 from torch import nn
 
 from adaserve.config import ModelConfig, TensorSpec
-from adaserve.datasets import load_fashion_mnist
+from adaserve.datasets import FASHION_MNIST_CLASSES, load_fashion_mnist
 from adaserve.export import ArtifactFormat, write_model
 from adaserve.zoo import FashionCNN, mlp
 
 MAX_BATCH_SIZE = 16
+LABELS = "labels.txt"
 BATCH_SIZE = 128
 
 
@@ -61,6 +62,7 @@ def main(argv: list[str] | None = None) -> None:
         path = write_model(
             args.out, classifier_config(name, rows.shape[1:]), model, (torch.from_numpy(rows[:2]),), fmt=fmt
         )
+        (path.parent.parent / LABELS).write_text("\n".join(FASHION_MNIST_CLASSES) + "\n")
         accuracy = evaluate(load_artifact(path), rows, test_y)
         metrics = {"test_accuracy": accuracy, "trained_with": trained_with, "seed": args.seed}
         (path.parent / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
@@ -68,12 +70,13 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def classifier_config(name: str, row_shape: tuple[int, ...]) -> ModelConfig:
-    """`image` FP32 rows in, 10 `logits` out; batching and workers are left to the server's defaults."""
+    """`image` FP32 rows in, 10 `logits` out, named by the class names in `labels.txt` (the classification
+    extension answers with them); batching and workers are left to the server's defaults."""
     return ModelConfig(
         name=name,
         max_batch_size=MAX_BATCH_SIZE,
         inputs=(TensorSpec(name="image", datatype="FP32", shape=(-1, *row_shape)),),
-        outputs=(TensorSpec(name="logits", datatype="FP32", shape=(-1, 10)),),
+        outputs=(TensorSpec(name="logits", datatype="FP32", shape=(-1, 10), label_filename=LABELS),),
     )
 
 

@@ -164,15 +164,19 @@ def write_config(directory: Path, config: dict[str, object]) -> None:
 
 
 def link_example(repository: Path, name: str, as_name: str | None = None, **overrides: object) -> Path:
-    """A model of the example repository in `repository`, its artifacts linked and its config overridden."""
+    """A model of the example repository in `repository`, its artifacts and other files (labels) linked and its
+    config overridden."""
     source, target = EXAMPLES / name, repository / (as_name or name)
     config = yaml.safe_load((source / "config.yaml").read_text())
     config.update(overrides, name=as_name or name)
     write_config(target, config)
-    for version in (p for p in source.iterdir() if p.is_dir()):
-        (target / version.name).mkdir(exist_ok=True)
-        for artifact in version.iterdir():
-            (target / version.name / artifact.name).symlink_to(artifact)
+    for entry in source.iterdir():
+        if entry.is_file() and entry.name != "config.yaml":
+            (target / entry.name).symlink_to(entry)
+        elif entry.is_dir():
+            (target / entry.name).mkdir(exist_ok=True)
+            for artifact in entry.iterdir():
+                (target / entry.name / artifact.name).symlink_to(artifact)
     return target
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Mapping, Sequence
 from contextvars import ContextVar
 from typing import Any, Literal
 
@@ -26,12 +26,14 @@ from adaserve.planner.catalog import DagCatalog
 from adaserve.planner.planner import ModelAnswer, PlannerStats
 from adaserve.planner.spec import DagConfig
 from adaserve.repository import ModelSpec
+from adaserve.server.classification import check_classifiable, top_classes
 from adaserve.server.protocol import InferenceRequest, InferenceResponse, RequestedOutput, Tensor
 from adaserve.server.response_cache import ResponseCache
 from adaserve.server.shared_memory import SharedMemoryRegions
 from adaserve.server.trace import Trace, Tracer, TraceSettings
 
 EXTENSIONS = [
+    "classification",
     "binary_tensor_data",
     "model_configuration",
     "model_repository",
@@ -211,7 +213,7 @@ class DataPlane:
             arrays, rows = validate_inputs(spec.config, request)
             wanted = requested_outputs(spec.config, request)
             version, outputs, parameters, times = await self._answer(request, spec, arrays, rows)
-            response = self._response(request, spec.config, wanted, version, outputs, parameters)
+            response = self._response(request, spec.config, wanted, version, outputs, parameters, spec.labels)
             if trace is not None and times is not None:  # None: answered from the response cache
                 trace.stamp_times(times)
         if trace is not None:
@@ -325,17 +327,23 @@ class DataPlane:
         version: str,
         arrays: list[np.ndarray],
         parameters: dict[str, Any],
+        labels: Mapping[str, Sequence[str]] | None = None,
     ) -> InferenceResponse:
-        """The outputs the request asked for, each in the form it asked for; those asked into shared memory are
-        written there now."""
+        """The outputs the request asked for, each in the form it asked for (`labels`: the class names the
+        classification extension adds, by output); those asked into shared memory are written there now."""
         outputs, forms = [], []
         for spec, array in zip(config.outputs, arrays, strict=True):
             form = wanted.get(spec.name)
-            if form is not None:
+            if form is None:
+                continue
+            if form.class_count:
+                classes = top_classes(array, form.class_count, (labels or {}).get(spec.name, ()))
+                outputs.append(Tensor(spec.name, "BYTES", classes.shape, classes))
+            else:
                 if form.shared_memory is not None:
                     self.shared_memory.write(form.shared_memory, array, f"output '{spec.name}'")
                 outputs.append(Tensor(spec.name, spec.datatype, tuple(array.shape), array))
-                forms.append(form)
+            forms.append(form)
         return InferenceResponse(
             model_name=request.model_name,
             model_version=version,
@@ -391,15 +399,22 @@ def requested_outputs(config: Interface, request: InferenceRequest) -> dict[str,
     names = [spec.name for spec in config.outputs]
     if request.outputs is None:
         return {name: RequestedOutput(name, request.binary_outputs) for name in names}
+    specs = {spec.name: spec for spec in config.outputs}
     wanted = {}
     for output in request.outputs:
         if output.name not in names:
             raise InvalidInputError(
                 f"unknown output '{output.name}' for model '{config.name}'; it has: {', '.join(names)}"
             )
-        wanted[output.name] = RequestedOutput(
-            output.name, output.binary or request.binary_outputs, output.shared_memory
-        )
+        if output.class_count:
+            check_classifiable(specs[output.name], f"output '{output.name}'")
+            if output.shared_memory is not None:
+                raise InvalidInputError(
+                    f"output '{output.name}': classification results are strings; ask for them in the response, "
+                    "not in shared memory"
+                )
+        binary = output.binary or request.binary_outputs
+        wanted[output.name] = RequestedOutput(output.name, binary, output.shared_memory, output.class_count)
     return wanted
 
 
@@ -532,7 +547,13 @@ def interface_document(config: Interface, platform: str) -> dict[str, Any]:
             {"name": t.name, "data_type": f"TYPE_{t.datatype}", "dims": list(t.row_shape)} for t in config.inputs
         ],
         "output": [
-            {"name": t.name, "data_type": f"TYPE_{t.datatype}", "dims": list(t.row_shape)} for t in config.outputs
+            {
+                "name": t.name,
+                "data_type": f"TYPE_{t.datatype}",
+                "dims": list(t.row_shape),
+                "label_filename": t.label_filename or "",
+            }
+            for t in config.outputs
         ],
     }
 

@@ -16,7 +16,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
-import numpy as np
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
@@ -30,9 +29,11 @@ from adaserve.server.protocol import (
     array_from_buffer,
     array_from_values,
     check_shape,
+    class_count,
     refuse_shared_memory,
     refuse_unsupported,
     shared_memory_ref,
+    tensor_bytes,
 )
 from adaserve.server.restrictions import Restrictions
 from adaserve.server.shared_memory import SharedMemoryRegions
@@ -307,9 +308,9 @@ def decode_request(message: Any, regions: SharedMemoryRegions) -> InferenceReque
     for output in message.outputs:
         where = f"output '{output.name}'"
         refuse_unsupported(where, output.parameters)
-        outputs.append(
-            RequestedOutput(output.name, shared_memory=shared_memory_ref(where, _parameters(output.parameters)))
-        )
+        parameters = _parameters(output.parameters)
+        into = shared_memory_ref(where, parameters)
+        outputs.append(RequestedOutput(output.name, shared_memory=into, class_count=class_count(where, parameters)))
     return InferenceRequest(
         model_name=message.model_name,
         model_version=message.model_version,
@@ -331,8 +332,7 @@ def encode_response(response: InferenceResponse) -> Any:
         if form.shared_memory is not None:  # in the client's region already; an empty entry keeps the places
             message.raw_output_contents.append(b"")
             continue
-        data: np.ndarray = tensor.data
-        message.raw_output_contents.append(data.astype(data.dtype.newbyteorder("<"), copy=False).tobytes())
+        message.raw_output_contents.append(tensor_bytes(tensor))
     return message
 
 

@@ -18,7 +18,6 @@ from adaserve.errors import InvalidInputError
 #: Parameters that ask for a protocol extension this server does not implement, and what it is called: refused
 #: with a 400 that names it, never ignored (a request asking for top classes must not get the whole logits back).
 UNSUPPORTED = {
-    "classification": "the classification extension",
     "sequence_id": "the sequence extension (every model here is stateless)",
     "sequence_start": "the sequence extension (every model here is stateless)",
     "sequence_end": "the sequence extension (every model here is stateless)",
@@ -90,11 +89,24 @@ class Tensor:
 
 @dataclass(frozen=True)
 class RequestedOutput:
-    """`{"name": "logits", "parameters": {"binary_data": true}}`, or an output to be written into shared memory."""
+    """`{"name": "logits", "parameters": {"binary_data": true}}`, or an output to be written into shared memory, or
+    (`{"classification": 3}`) answered as each row's top classes."""
 
     name: str
     binary: bool = False
     shared_memory: SharedMemoryRef | None = None
+    class_count: int = 0  # the classification extension: this many top classes a row; 0: the tensor itself
+
+
+def class_count(where: str, parameters: dict[str, Any]) -> int:
+    """The classification extension's `classification` parameter of an output: a whole number above 0, or 0 when
+    absent."""
+    count = parameters.get("classification")
+    if count is None:
+        return 0
+    if type(count) is not int or count < 1:
+        raise InvalidInputError(f"{where}: parameter 'classification' must be a whole number above 0, got {count!r}")
+    return count
 
 
 @dataclass(frozen=True)
@@ -180,6 +192,14 @@ def array_from_values(name: str, datatype: str, shape: tuple[int, ...], values: 
 
 #: The protocol's datatypes as they are on the wire: little-endian. Made once; numpy builds a dtype per call.
 WIRE_DTYPES = {datatype: dtype.newbyteorder("<") for datatype, dtype in DATATYPES.items()}
+
+
+def tensor_bytes(tensor: Tensor) -> bytes:
+    """An output's contents as binary data and gRPC's raw contents carry them: little-endian values, or for BYTES
+    (the classification extension's strings) each element's length in 4 little-endian bytes, then the element."""
+    if tensor.datatype == "BYTES":
+        return b"".join(len(item).to_bytes(4, "little") + item for item in tensor.data.ravel())
+    return bytes(tensor.data.astype(tensor.data.dtype.newbyteorder("<"), copy=False).tobytes())
 
 
 def wire_dtype(name: str, datatype: str) -> np.dtype:

@@ -20,9 +20,11 @@ from adaserve.server.protocol import (
     array_from_buffer,
     array_from_values,
     check_shape,
+    class_count,
     refuse_shared_memory,
     refuse_unsupported,
     shared_memory_ref,
+    tensor_bytes,
 )
 from adaserve.server.shared_memory import SharedMemoryRegions
 
@@ -116,7 +118,8 @@ def _requested_output(raw: Any) -> RequestedOutput:
     where = f"output '{raw['name']}'"
     parameters = _parameters(raw.get("parameters"), where)
     placed = shared_memory_ref(where, parameters)
-    return RequestedOutput(raw["name"], parameters.get("binary_data", False), placed)  # a boolean: `_parameters`
+    binary = parameters.get("binary_data", False)  # a boolean: `_parameters` checked it
+    return RequestedOutput(raw["name"], binary, placed, class_count(where, parameters))
 
 
 def _parameters(raw: Any, where: str) -> dict[str, Any]:
@@ -147,9 +150,11 @@ def encode_response(response: InferenceResponse) -> tuple[bytes, dict[str, str]]
         if form.shared_memory is not None:  # in the client's region already: named without data, as Triton does
             continue
         if form.binary:
-            blob = tensor.data.astype(tensor.data.dtype.newbyteorder("<"), copy=False).tobytes()
+            blob = tensor_bytes(tensor)
             entry["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
+        elif tensor.datatype == "BYTES":  # JSON has strings, not bytes
+            entry["data"] = [item.decode(errors="replace") for item in tensor.data.ravel()]
         else:
             entry["data"] = tensor.data.ravel().tolist()
     document: dict[str, Any] = {"model_name": response.model_name, "model_version": response.model_version}

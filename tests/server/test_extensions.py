@@ -1,5 +1,5 @@
 """Protocol extensions this server does not implement are refused by name over REST and gRPC, never ignored: a
-client asking for the top classes or a sequence must not get an answer that looks right."""
+client asking for a sequence must not get an answer that looks right."""
 
 from __future__ import annotations
 
@@ -17,10 +17,6 @@ from tests.server_utils import ServerHandle, logged_errors
 PROTOCOLS = {"http": (httpclient, "400"), "grpc": (grpcclient, "StatusCode.INVALID_ARGUMENT")}
 
 
-def top_classes(client: Any, module: Any, tensor: Any) -> Any:
-    return client.infer("mlp", [tensor], outputs=[module.InferRequestedOutput("logits", class_count=3)])
-
-
 def sequence(client: Any, module: Any, tensor: Any) -> Any:
     return client.infer("mlp", [tensor], sequence_id=7, sequence_start=True)
 
@@ -29,7 +25,6 @@ def sequence(client: Any, module: Any, tensor: Any) -> Any:
 @pytest.mark.parametrize(
     ("ask", "message"),
     [
-        (top_classes, "output 'logits': parameter 'classification' asks for the classification extension"),
         (sequence, "asks for the sequence extension (every model here is stateless), which this server does not"),
     ],
 )

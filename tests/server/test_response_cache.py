@@ -173,6 +173,21 @@ def test_a_repeated_request_is_answered_from_the_cache_on_both_protocols(server:
     assert metric(server, "adaserve_response_cache_capacity_bytes") == 10**6
 
 
+def test_a_hit_answers_in_the_form_each_request_asks_for(server: ServerHandle) -> None:
+    """The cache keeps outputs whole: a request for the top classes (the classification extension) hits the answer
+    a request for the logits left."""
+    image = images(8)
+    first = infer(server, image)
+    hits, misses, executed = counts(server)
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    tensor = grpcclient.InferInput("image", [1, 784], "FP32")
+    tensor.set_data_from_numpy(image)
+    result = client.infer("mlp", [tensor], outputs=[grpcclient.InferRequestedOutput("logits", class_count=1)])
+    (top,) = result.as_numpy("logits")[:, 0]
+    assert int(top.decode().split(":")[1]) == int(np.argmax(first))
+    assert counts(server) == (hits + 1, misses, executed)
+
+
 def test_other_inputs_or_parameters_run_the_model_and_scheduling_ones_do_not(server: ServerHandle) -> None:
     image = images(2)
     infer(server, image)
