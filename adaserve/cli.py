@@ -312,9 +312,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_switch(
         serve,
         "--allow-client-shm",
-        "Triton's: let clients register POSIX shared memory (/dev/shm) and send and receive tensors through "
-        "it (the system shared-memory extension); off by default, since the server then reads and writes any "
-        "shared-memory object a client names that the server may open",
+        "Triton's: let clients register POSIX shared memory (/dev/shm) or GPU memory (by its CUDA IPC handle) and "
+        "send and receive tensors through it (the system and CUDA shared-memory extensions); off by default, since "
+        "the server then reads and writes any shared-memory object a client names that the server may open",
     )
     serve.add_argument(
         "--trace-config",

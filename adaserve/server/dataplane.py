@@ -27,6 +27,7 @@ from adaserve.planner.planner import ModelAnswer, PlannerStats
 from adaserve.planner.spec import DagConfig
 from adaserve.repository import ModelSpec
 from adaserve.server.classification import check_classifiable, top_classes
+from adaserve.server.cuda_ipc import cuda_driver_present
 from adaserve.server.protocol import InferenceRequest, InferenceResponse, RequestedOutput, Tensor
 from adaserve.server.response_cache import ResponseCache
 from adaserve.server.shared_memory import SharedMemoryRegions
@@ -87,7 +88,9 @@ class DataPlane:
 
     def metadata(self) -> dict[str, Any]:
         """`{"name": ..., "version": ..., "extensions": [...]}`."""
-        shared_memory = ["system_shared_memory"] if self.shared_memory.allowed else []
+        shared_memory = []
+        if self.shared_memory.allowed:
+            shared_memory = ["system_shared_memory", *(["cuda_shared_memory"] if cuda_driver_present() else [])]
         return {"name": "adaserve", "version": __version__, "extensions": EXTENSIONS + shared_memory}
 
     def model_ready(self, name: str, version: str = "") -> bool:

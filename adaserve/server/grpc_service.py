@@ -89,25 +89,11 @@ def _status(exc: Exception, rpc: str) -> tuple[grpc.StatusCode, str]:
     return grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}"
 
 
-def _not_implemented(extension: str) -> Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[Any]]:
-    """An RPC of an extension this server does not implement: UNIMPLEMENTED, naming it. grpcio's generated base
-    class answers the same code but logs every call as an unexpected error, with a traceback."""
-
-    async def refuse(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{extension} is not implemented by this server")
-
-    return refuse
-
-
 #: The `SettingValue` field that carries a log setting of each type (Triton's logging extension).
 _SETTING_KINDS = {bool: "bool_param", int: "uint32_param", str: "string_param"}
 
 
 class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
-    CudaSharedMemoryStatus = _not_implemented("the CUDA shared-memory extension")
-    CudaSharedMemoryRegister = _not_implemented("the CUDA shared-memory extension")
-    CudaSharedMemoryUnregister = _not_implemented("the CUDA shared-memory extension")
-
     def __init__(self, plane: DataPlane, restrictions: Restrictions | None = None) -> None:
         """`restrictions`: the RPC categories that answer only calls with a given metadata key
         (`--grpc-restricted-protocol`)."""
@@ -189,6 +175,23 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def SystemSharedMemoryUnregister(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         self.plane.shared_memory.unregister(request.name)
         return service_pb2.SystemSharedMemoryUnregisterResponse()
+
+    @_rpc("shared-memory")
+    async def CudaSharedMemoryStatus(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        response = service_pb2.CudaSharedMemoryStatusResponse()
+        for region in self.plane.shared_memory.status(request.name, "cuda"):
+            response.regions[region["name"]].CopyFrom(service_pb2.CudaSharedMemoryStatusResponse.RegionStatus(**region))
+        return response
+
+    @_rpc("shared-memory")
+    async def CudaSharedMemoryRegister(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        self.plane.shared_memory.register_cuda(request.name, request.raw_handle, request.device_id, request.byte_size)
+        return service_pb2.CudaSharedMemoryRegisterResponse()
+
+    @_rpc("shared-memory")
+    async def CudaSharedMemoryUnregister(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        self.plane.shared_memory.unregister(request.name, "cuda")
+        return service_pb2.CudaSharedMemoryUnregisterResponse()
 
     @_rpc("model-repository")
     async def RepositoryIndex(self, request: Any, context: grpc.aio.ServicerContext) -> Any:

@@ -8,6 +8,8 @@ keeps serving.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import logging
 from typing import Any
 
@@ -98,8 +100,11 @@ def create_app(plane: DataPlane, restrictions: Restrictions | None = None) -> Ap
     async def log_settings(request: Request) -> Response:
         return json_response(plane.log_settings(_json_body(request) if request.method == "POST" else None))
 
+    def shared_memory_kind(request: Request) -> str:
+        return "cuda" if request.path.startswith("/v2/cudasharedmemory") else "system"
+
     async def shared_memory_status(request: Request) -> Response:
-        return json_response(plane.shared_memory.status(request.params.get("region", "")))
+        return json_response(plane.shared_memory.status(request.params.get("region", ""), shared_memory_kind(request)))
 
     async def shared_memory_register(request: Request) -> Response:
         body = _json_body(request)
@@ -108,8 +113,23 @@ def create_app(plane: DataPlane, restrictions: Restrictions | None = None) -> Ap
         plane.shared_memory.register(request.params["region"], body["key"], body.get("offset", 0), body["byte_size"])
         return Response(200)
 
+    async def cuda_shared_memory_register(request: Request) -> Response:
+        body = _json_body(request)
+        handle = body.get("raw_handle")
+        if not isinstance(handle, dict) or not isinstance(handle.get("b64"), str) or "byte_size" not in body:
+            raise InvalidInputError(
+                "registering a CUDA shared memory region needs 'raw_handle' ({\"b64\": the IPC handle in base64}), "
+                "'device_id' and 'byte_size'"
+            )
+        try:
+            raw = base64.b64decode(handle["b64"], validate=True)
+        except binascii.Error:
+            raise InvalidInputError("raw_handle: 'b64' is not base64") from None
+        plane.shared_memory.register_cuda(request.params["region"], raw, body.get("device_id", 0), body["byte_size"])
+        return Response(200)
+
     async def shared_memory_unregister(request: Request) -> Response:
-        plane.shared_memory.unregister(request.params.get("region", ""))
+        plane.shared_memory.unregister(request.params.get("region", ""), shared_memory_kind(request))
         return Response(200)
 
     async def metrics(request: Request) -> Response:
@@ -143,10 +163,12 @@ def create_app(plane: DataPlane, restrictions: Restrictions | None = None) -> Ap
         add("POST", f"{prefix}/trace/setting", "trace", trace_settings)
     add("GET", "/v2/logging", "logging", log_settings)
     add("POST", "/v2/logging", "logging", log_settings)
-    for prefix in ("/v2/systemsharedmemory", "/v2/systemsharedmemory/region/{region}"):
-        add("GET", f"{prefix}/status", "shared-memory", shared_memory_status)
-        add("POST", f"{prefix}/unregister", "shared-memory", shared_memory_unregister)
+    for kind in ("system", "cuda"):
+        for prefix in (f"/v2/{kind}sharedmemory", f"/v2/{kind}sharedmemory/region/{{region}}"):
+            add("GET", f"{prefix}/status", "shared-memory", shared_memory_status)
+            add("POST", f"{prefix}/unregister", "shared-memory", shared_memory_unregister)
     add("POST", "/v2/systemsharedmemory/region/{region}/register", "shared-memory", shared_memory_register)
+    add("POST", "/v2/cudasharedmemory/region/{region}/register", "shared-memory", cuda_shared_memory_register)
     routes.add("GET", "/metrics", metrics)  # Prometheus scrapes: in no category, as Triton's metrics port
 
     async def app(request: Request) -> Response:

@@ -13,6 +13,12 @@ unregistered while a request still reads it stays mapped until that request lets
 the server starts with `--allow-client-shm` (as in Triton since 24.10): a client could otherwise have the server
 read and write any shared-memory object the server may open, which the client itself may not. The server's own
 input pools are anonymous (`memfd`), so no key reaches them.
+
+Triton's CUDA shared-memory extension shares the names and the requests' parameters: a client registers GPU memory
+by its CUDA IPC handle (`cudaIpcGetMemHandle`'s 64 bytes), the device and the byte size; the server opens the handle
+(`cuda_ipc.py`), copies an input from the GPU into the input pool's host memory on arrival and an output back into
+the client's GPU memory. The client must have finished writing an input (synchronized its stream) before it sends
+the request, as with Triton. System and CUDA regions are one namespace, as in Triton.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from adaserve.errors import InvalidInputError, NotAllowedError
+from adaserve.server.cuda_ipc import HANDLE_BYTES, CudaDriver
 from adaserve.server.protocol import SharedMemoryRef
 
 #: Where Linux keeps POSIX shared-memory objects: `shm_open("/name")` is the file `/dev/shm/name`.
@@ -46,12 +53,45 @@ class _Region:
     memory: mmap.mmap
     start: int  # where the region begins in `memory`, which starts at the page boundary at or below `offset`
 
+    kind = "system"
+
     def status(self) -> dict[str, Any]:
         return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
+
+    def read(self, offset: int, size: int) -> memoryview:
+        """In place: a view of the mapping."""
+        return memoryview(self.memory)[self.start + offset : self.start + offset + size]
+
+    def write(self, offset: int, data: np.ndarray) -> None:
+        target = np.frombuffer(self.memory, np.uint8, count=data.nbytes, offset=self.start + offset)
+        target[:] = data.reshape(-1).view(np.uint8)
 
     def close(self) -> None:
         with contextlib.suppress(BufferError):  # a request still reads a view of it: unmapped when that view goes
             self.memory.close()
+
+
+@dataclass
+class _CudaRegion:
+    name: str
+    device_id: int
+    byte_size: int
+    address: int  # where the client's memory is mapped in this process (its device address)
+    driver: CudaDriver
+    kind = "cuda"
+
+    def status(self) -> dict[str, Any]:
+        return {"name": self.name, "device_id": self.device_id, "byte_size": self.byte_size}
+
+    def read(self, offset: int, size: int) -> memoryview:
+        """A copy from the GPU (the engine copies it on into the input pool)."""
+        return self.driver.read(self.device_id, self.address + offset, size)
+
+    def write(self, offset: int, data: np.ndarray) -> None:
+        self.driver.write(self.device_id, self.address + offset, data)
+
+    def close(self) -> None:
+        self.driver.close(self.device_id, self.address)
 
 
 class SharedMemoryRegions:
@@ -60,18 +100,12 @@ class SharedMemoryRegions:
     def __init__(self, allowed: bool, root: Path = SHM_ROOT) -> None:
         self.allowed = allowed
         self.root = root
-        self._regions: dict[str, _Region] = {}
+        self._regions: dict[str, _Region | _CudaRegion] = {}
+        self._driver: CudaDriver | None = None  # loaded at the first CUDA registration
 
     def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
         where = f"system shared memory region '{name}'"
-        if not self.allowed:
-            raise NotAllowedError(
-                f"cannot register {where}: client shared memory is off; start the server with --allow-client-shm"
-            )
-        if not name:
-            raise InvalidInputError("a system shared memory region needs a name")
-        if name in self._regions:
-            raise InvalidInputError(f"{where} is already registered; unregister it first")
+        self._check_new(name, where)
         if not isinstance(key, str) or not _KEY.fullmatch(key) or key.strip("/") in (".", ".."):
             raise InvalidInputError(f"{where}: key {key!r} is not a POSIX shared-memory name such as '/input0'")
         for field, value, least in (("offset", offset, 0), ("byte_size", byte_size, 1)):
@@ -99,52 +133,85 @@ class SharedMemoryRegions:
             os.close(descriptor)
         self._regions[name] = _Region(name, key, offset, byte_size, memory, offset - page_start)
 
-    def unregister(self, name: str = "") -> None:
-        """One region, or every region when `name` is empty; a name not registered is not an error (Triton's)."""
+    def register_cuda(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
+        """A client's GPU memory, by its CUDA IPC handle, on device `device_id`, `byte_size` bytes long."""
+        where = f"CUDA shared memory region '{name}'"
+        self._check_new(name, where)
+        for field, value, least in (("device_id", device_id, 0), ("byte_size", byte_size, 1)):
+            if type(value) is not int or value < least:
+                raise InvalidInputError(f"{where}: {field} must be a whole number >= {least}, got {value!r}")
+        if len(raw_handle) != HANDLE_BYTES:
+            raise InvalidInputError(f"{where}: a CUDA IPC handle is {HANDLE_BYTES} bytes, got {len(raw_handle)}")
+        if self._driver is None:
+            self._driver = CudaDriver()
+        try:
+            address = self._driver.open(raw_handle, device_id)
+        except InvalidInputError as exc:
+            raise InvalidInputError(f"{where}: cannot open its IPC handle on device {device_id}: {exc}") from None
+        self._regions[name] = _CudaRegion(name, device_id, byte_size, address, self._driver)
+
+    def unregister(self, name: str = "", kind: str = "system") -> None:
+        """One region of `kind` (system or cuda), or every one of that kind when `name` is empty; a name not
+        registered as that kind is not an error (Triton's)."""
         for each in [name] if name else list(self._regions):
-            region = self._regions.pop(each, None)
-            if region is not None:
+            region = self._regions.get(each)
+            if region is not None and region.kind == kind:
+                del self._regions[each]
                 region.close()
 
-    def status(self, name: str = "") -> list[dict[str, Any]]:
-        """`[{"name", "key", "offset", "byte_size"}]` of one region, or of every region when `name` is empty."""
+    def status(self, name: str = "", kind: str = "system") -> list[dict[str, Any]]:
+        """The status of one region of `kind`, or of every one when `name` is empty: system `{"name", "key",
+        "offset", "byte_size"}`, cuda `{"name", "device_id", "byte_size"}`."""
         if not name:
-            return [region.status() for region in self._regions.values()]
-        return [self._region(name, "status").status()]
+            return [region.status() for region in self._regions.values() if region.kind == kind]
+        region = self._region(name, "status")
+        if region.kind != kind:
+            raise InvalidInputError(f"status: shared memory region '{name}' is a {region.kind} region, not {kind}")
+        return [region.status()]
 
     def read(self, ref: SharedMemoryRef, where: str) -> memoryview:
-        """The bytes an input's parameters name, in place."""
-        region, start = self._slice(ref, where)
-        return memoryview(region.memory)[start : start + ref.byte_size]
+        """The bytes an input's parameters name: in place from system shared memory, copied from a GPU's."""
+        return self._slice(ref, where).read(ref.offset, ref.byte_size)
 
     def write(self, ref: SharedMemoryRef, array: np.ndarray, where: str) -> int:
         """Write an output into the slice its parameters name, little-endian; the number of bytes written."""
-        region, start = self._slice(ref, where)
+        region = self._slice(ref, where)
         data = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
         if data.nbytes > ref.byte_size:
             raise InvalidInputError(
                 f"{where}: shared_memory_byte_size {ref.byte_size} is too small for the {data.nbytes} bytes of the "
                 f"output (shape {list(array.shape)})"
             )
-        target = np.frombuffer(region.memory, np.uint8, count=data.nbytes, offset=start)
-        target[:] = data.reshape(-1).view(np.uint8)
+        region.write(ref.offset, data)
         return data.nbytes
 
     def close(self) -> None:
-        self.unregister()
+        for region in self._regions.values():
+            region.close()
+        self._regions.clear()
 
-    def _region(self, name: str, where: str) -> _Region:
+    def _check_new(self, name: str, where: str) -> None:
+        if not self.allowed:
+            raise NotAllowedError(
+                f"cannot register {where}: client shared memory is off; start the server with --allow-client-shm"
+            )
+        if not name:
+            raise InvalidInputError(f"{where}: a region needs a name")
+        if name in self._regions:
+            raise InvalidInputError(f"{where} is already registered; unregister it first")
+
+    def _region(self, name: str, where: str) -> _Region | _CudaRegion:
         region = self._regions.get(name)
         if region is None:
             off = "" if self.allowed else " (client shared memory is off: start the server with --allow-client-shm)"
-            raise InvalidInputError(f"{where}: system shared memory region '{name}' is not registered{off}")
+            raise InvalidInputError(f"{where}: shared memory region '{name}' is not registered{off}")
         return region
 
-    def _slice(self, ref: SharedMemoryRef, where: str) -> tuple[_Region, int]:
+    def _slice(self, ref: SharedMemoryRef, where: str) -> _Region | _CudaRegion:
         region = self._region(ref.region, where)
         if ref.offset + ref.byte_size > region.byte_size:
             raise InvalidInputError(
                 f"{where}: shared_memory_offset {ref.offset} + shared_memory_byte_size {ref.byte_size} runs past "
                 f"the end of region '{ref.region}' ({region.byte_size} bytes)"
             )
-        return region, region.start + ref.offset
+        return region

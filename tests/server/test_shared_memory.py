@@ -156,7 +156,7 @@ def test_bad_shared_memory_use_is_refused_by_name_and_the_server_keeps_serving(
             outputs[0].set_shared_memory("small", output)
         return lambda: client.infer("mlp", [tensor], outputs=outputs)
 
-    refused(infer("nowhere", ROW_BYTES), "input 'image': system shared memory region 'nowhere' is not registered")
+    refused(infer("nowhere", ROW_BYTES), "input 'image': shared memory region 'nowhere' is not registered")
     refused(infer("small", ROW_BYTES, offset=4), "runs past the end of region 'small' (3136 bytes)")
     refused(infer("small", ROW_BYTES - 4), "input 'image': 3132 bytes of data for shape [1, 784] FP32; expected 3136")
     refused(infer("small", ROW_BYTES, output=8), "output 'logits': shared_memory_byte_size 8 is too small for the 40")
@@ -166,7 +166,7 @@ def test_bad_shared_memory_use_is_refused_by_name_and_the_server_keeps_serving(
     refused(lambda: client.register_system_shared_memory("x", key, 1 << 20), "fewer than offset 0 + byte_size 1048576")
     refused(
         lambda: client.get_system_shared_memory_status("absent"),
-        "system shared memory region 'absent' is not registered",
+        "shared memory region 'absent' is not registered",
     )
     twice = [module.InferInput("image", [1, 784], "FP32") for _ in range(2)]  # one in shared memory, one sent
     twice[0].set_shared_memory("small", ROW_BYTES)
