@@ -7,7 +7,8 @@
 #
 # then, there, e.g. (the trace and perf_analyzer come from the bundle; on 2026-11-26 these tests took over 200 s, the
 # quick elastic run 301 s):
-#   python3 -m pytest -q tests/engine/test_streams.py tests/adaptive/gati/test_server.py
+#   python3 -m pytest -q tests/engine/test_streams.py tests/adaptive/gati/test_server.py \
+#       tests/server/test_cuda_shared_memory.py
 #   python3 -m benchmarks.elastic_batching --quick --device cuda --model resnet50 --trace "$GPU_BUNDLE/conv.csv" \
 #       --perf-venv "$GPU_BUNDLE/perf" --noise-cores 2 --quiet-s 0
 #   python3 -m benchmarks.packrat.speedup --quick --models resnet50 --skip-end-to-end --profile-max-batch 16 \
@@ -62,5 +63,5 @@ pack() {
 
 case "${1:-}" in
     pack) pack "${2:-}" ;;
-    *) sed -n '2,23p' "$0" >&2; exit 2 ;;
+    *) sed -n '2,24p' "$0" >&2; exit 2 ;;
 esac

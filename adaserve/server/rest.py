@@ -19,6 +19,7 @@ from adaserve.server.http import Application, Handler, Request, Response, Routes
 from adaserve.server.metrics import render_metrics
 from adaserve.server.rest_codec import HEADER_LENGTH, decode_json, decode_request, encode_json, encode_response
 from adaserve.server.restrictions import Restrictions
+from adaserve.server.shared_memory import RegionKind
 
 log = logging.getLogger("adaserve.rest")
 
@@ -100,7 +101,7 @@ def create_app(plane: DataPlane, restrictions: Restrictions | None = None) -> Ap
     async def log_settings(request: Request) -> Response:
         return json_response(plane.log_settings(_json_body(request) if request.method == "POST" else None))
 
-    def shared_memory_kind(request: Request) -> str:
+    def shared_memory_kind(request: Request) -> RegionKind:
         return "cuda" if request.path.startswith("/v2/cudasharedmemory") else "system"
 
     async def shared_memory_status(request: Request) -> Response:

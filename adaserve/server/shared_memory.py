@@ -30,7 +30,7 @@ import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -38,6 +38,8 @@ from adaserve.errors import InvalidInputError, NotAllowedError
 from adaserve.server.cuda_ipc import HANDLE_BYTES, CudaDriver
 from adaserve.server.protocol import SharedMemoryRef
 
+#: The two kinds of region: Triton's system and CUDA shared memory.
+RegionKind = Literal["system", "cuda"]
 #: Where Linux keeps POSIX shared-memory objects: `shm_open("/name")` is the file `/dev/shm/name`.
 SHM_ROOT = Path("/dev/shm")
 #: A POSIX shared-memory name: an optional leading slash, then one path component.
@@ -150,7 +152,7 @@ class SharedMemoryRegions:
             raise InvalidInputError(f"{where}: cannot open its IPC handle on device {device_id}: {exc}") from None
         self._regions[name] = _CudaRegion(name, device_id, byte_size, address, self._driver)
 
-    def unregister(self, name: str = "", kind: str = "system") -> None:
+    def unregister(self, name: str = "", kind: RegionKind = "system") -> None:
         """One region of `kind` (system or cuda), or every one of that kind when `name` is empty; a name not
         registered as that kind is not an error (Triton's)."""
         for each in [name] if name else list(self._regions):
@@ -159,7 +161,7 @@ class SharedMemoryRegions:
                 del self._regions[each]
                 region.close()
 
-    def status(self, name: str = "", kind: str = "system") -> list[dict[str, Any]]:
+    def status(self, name: str = "", kind: RegionKind = "system") -> list[dict[str, Any]]:
         """The status of one region of `kind`, or of every one when `name` is empty: system `{"name", "key",
         "offset", "byte_size"}`, cuda `{"name", "device_id", "byte_size"}`."""
         if not name:
