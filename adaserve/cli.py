@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from tritonclient.utils import InferenceServerException
 
-from adaserve.arguments import positive_number
+from adaserve.arguments import positive_integer, positive_number
 from adaserve.errors import AdaserveError, ConfigError
 
 if TYPE_CHECKING:
@@ -233,12 +233,16 @@ def _infer(args: argparse.Namespace) -> int:
         array = array[None]
     tensor = httpclient.InferInput(spec["name"], list(array.shape), spec["datatype"])
     tensor.set_data_from_numpy(array.astype(httpclient.triton_to_np_dtype(spec["datatype"])))
-    result = client.infer(args.model, [tensor], parameters=args.parameters)
+    outputs = None
+    if args.classes:
+        names = [output["name"] for output in metadata["outputs"]]
+        outputs = [httpclient.InferRequestedOutput(name, binary_data=False, class_count=args.classes) for name in names]
+    result = client.infer(args.model, [tensor], parameters=args.parameters, outputs=outputs)
     response = result.get_response()
     for output in response["outputs"]:
         values = result.as_numpy(output["name"])
         print(json.dumps({"name": output["name"], "shape": list(values.shape), "data": values.tolist()}))
-        if values.ndim == 2 and values.shape[1] > 1:
+        if values.ndim == 2 and values.shape[1] > 1 and values.dtype != object:
             print(json.dumps({"argmax": values.argmax(axis=1).tolist()}))
     if response.get("parameters"):
         print(json.dumps({"parameters": response["parameters"]}))
@@ -381,6 +385,12 @@ def build_parser() -> argparse.ArgumentParser:
     infer.add_argument("--url", default="127.0.0.1:8000", help="host:port, or https://host:port for TLS")
     add_client_tls_arguments(infer)
     infer.add_argument("--parameters", type=json_object, help="request parameters as JSON, e.g. '{\"latency_ms\": 5}'")
+    infer.add_argument(
+        "--classes",
+        type=positive_integer,
+        metavar="K",
+        help="ask for each output's top K classes (the classification extension: value:index:label) instead of it",
+    )
     infer.set_defaults(func=_infer)
 
     trace = commands.add_parser("trace", help="read trace files the server wrote (--trace-config)")

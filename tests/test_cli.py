@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import subprocess
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from adaserve.datasets import FASHION_MNIST_CLASSES, load_fashion_mnist
 from tests.server.test_dag import write_dag
 from tests.server_utils import EXAMPLES, ServerHandle
 
@@ -48,6 +50,17 @@ def test_infer_prints_the_outputs(server: ServerHandle, tmp_path: Path) -> None:
     )
     assert run.returncode == 0, run.stderr
     assert '"name": "logits", "shape": [1, 10]' in run.stdout and '"argmax"' in run.stdout
+
+
+def test_infer_prints_the_top_classes_with_their_labels(server: ServerHandle, tmp_path: Path) -> None:
+    images, labels = load_fashion_mnist("test")
+    np.save(tmp_path / "x.npy", images[0])
+    run = adaserve("infer", "cnn", "--input", str(tmp_path / "x.npy"), "--url", server.http_url, "--classes", "2")
+    assert run.returncode == 0, run.stderr
+    answer = json.loads(run.stdout.splitlines()[0])
+    assert answer["name"] == "logits" and answer["shape"] == [1, 2] and "argmax" not in run.stdout
+    value, index, label = answer["data"][0][0].split(":")
+    assert (int(index), label) == (int(labels[0]), FASHION_MNIST_CLASSES[labels[0]]) and float(value) > 0
 
 
 def test_errors_are_plain_and_exit_non_zero(tmp_path: Path) -> None:
