@@ -34,7 +34,9 @@ work took during the run, and makes a run once more when other work took more th
 
 Writes `benchmarks/results/elastic_batching.json` (with `--device`/`--model`: `elastic_batching-<device>-<model>`)
 and the PNGs beside it; every run's requests go to
-`benchmarks/results/tmp/<output stem>/` (git-ignored; replaced by the next run).
+`benchmarks/results/tmp/<output stem>/` (git-ignored; replaced by the next run). The JSON is also written after each
+stage with what it holds so far and `finished_stage` naming the last one done, so a run stopped by a time limit (a
+lent machine's) leaves its figures.
 """
 
 from __future__ import annotations
@@ -250,21 +252,30 @@ def main() -> int:
     perf = PerfAnalyzer.find(args.perf_venv) if args.generator == "perf_analyzer" else None
     report["generator"] = "adaserve.bench" if perf is None else perf.shell_text(["…"])
     began = time.monotonic()
+
+    def stage_done(name: str) -> None:
+        """Write what is measured so far: a run stopped by a time limit (a lent GPU machine's) still leaves it."""
+        write_json({**report, "finished_stage": name, "runs": bench.runs}, output)
+
     with running_server(repository) as server:
         bench = Bench(server, repository, args, perf)
         report["server_command"] = process_command(server.pid)
         rates = _capacity(bench, initial)
+        report["rates"] = rates
+        stage_done("capacity")
         delay, report["delay_sweep"] = _sweep_delay(bench, rates["high_rps"])
         final = policies(delay, args.delays_us[0], args.model, args.device)
         report["configs"] = {p.label: _configure(bench, p) for p in final}
-        report["rates"] = rates
+        stage_done("delay sweep")
         step = {p.label: _step(bench, p, rates) for p in final}
+        report["step"] = {label: run for label, (_, run) in step.items()}
+        stage_done("step")
         trace = {p.label: _trace(bench, p, rates) for p in final}
+        report["trace"] = {label: run for label, (_, run) in trace.items()}
+        stage_done("trace")
         report["qos"] = {p.label: _max_rate(bench, p, rates) for p in final}
     report["wall_s"] = round(time.monotonic() - began, 1)
     report["load_end"] = load_average()
-    report["step"] = {label: run for label, (_, run) in step.items()}
-    report["trace"] = {label: run for label, (_, run) in trace.items()}
     report["comparisons"] = _comparisons(step, trace, report["qos"])
     report["bars"] = _bars(report)
     report["runs"] = bench.runs
