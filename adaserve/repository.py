@@ -86,19 +86,22 @@ class ModelRepository:
     def read(self, name: str, version: int | None = None) -> ModelSpec:
         """Validate one model's config and find `version` (default: the newest its version_policy serves);
         ConfigError names what is wrong."""
-        directory, config, versions, served = self._describe(name)
+        directory, config, versions, served, labels = self._describe(name)
         version = served[-1] if version is None else version
         if version not in served:
             raise ConfigError(f"{directory}: version {version} is not one its version_policy serves ({list(served)})")
-        return self._spec(directory, config, version, versions, served)
+        return self._spec(directory, config, version, versions, served, labels)
 
     def read_served(self, name: str) -> list[ModelSpec]:
-        """Every version the model's version_policy serves, oldest first, its config read once."""
-        directory, config, versions, served = self._describe(name)
-        return [self._spec(directory, config, version, versions, served) for version in served]
+        """Every version the model's version_policy serves, oldest first, its config and labels read once."""
+        directory, config, versions, served, labels = self._describe(name)
+        return [self._spec(directory, config, version, versions, served, labels) for version in served]
 
-    def _describe(self, name: str) -> tuple[Path, ModelConfig, tuple[int, ...], tuple[int, ...]]:
-        """The model's folder, validated config, version folders and the versions its policy serves."""
+    def _describe(
+        self, name: str
+    ) -> tuple[Path, ModelConfig, tuple[int, ...], tuple[int, ...], dict[str, tuple[str, ...]]]:
+        """The model's folder, validated config, version folders, the versions its policy serves, and its outputs'
+        class names (`label_filename`)."""
         directory = self._folder(name, CONFIG_FILE, "model")
         config = load_config(directory / CONFIG_FILE, name=name)
         _check_cpus(config, directory / CONFIG_FILE)
@@ -109,14 +112,18 @@ class ModelRepository:
             served = config.version_policy.pick(versions)
         except ValueError as exc:
             raise ConfigError(f"{directory / CONFIG_FILE}: field 'version_policy': {exc}") from None
-        return directory, config, versions, served
+        return directory, config, versions, served, _read_labels(directory, config)
 
     @staticmethod
     def _spec(
-        directory: Path, config: ModelConfig, version: int, versions: tuple[int, ...], served: tuple[int, ...]
+        directory: Path,
+        config: ModelConfig,
+        version: int,
+        versions: tuple[int, ...],
+        served: tuple[int, ...],
+        labels: dict[str, tuple[str, ...]],
     ) -> ModelSpec:
         artifact = _find_artifact(directory / str(version), config)
-        labels = _read_labels(directory, config)
         return ModelSpec(config, version, artifact, versions, served, labels)
 
     def fingerprint(self, name: str) -> Fingerprint | None:

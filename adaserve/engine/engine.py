@@ -42,7 +42,7 @@ from adaserve.engine.messages import (
 )
 from adaserve.engine.pool import PoolLayout, SharedRings, SlotRing
 from adaserve.engine.processes import HostLauncher, ModelHost, WorkerProcess
-from adaserve.engine.schedule_policy import priority_level, queue_policy, queue_rank, queue_timeout_s, rank_level
+from adaserve.engine.schedule_policy import queue_rank, rank_level, schedule
 from adaserve.engine.scheduler import Batch, Scheduler
 from adaserve.engine.stats import ModelStats
 from adaserve.engine.worker_sets import WorkerSetChoice, create_worker_set_planner
@@ -402,9 +402,7 @@ class ModelEngine:
             parameters = prepare_parameters(parameters)  # a bad target is a 400 before anything is queued
         if self.model.config.caches is not None:
             exit_target(parameters, 1.0)  # the same: a bad `early_exit` or `accuracy` is refused here
-        level = priority_level(parameters, self.model.config.batching)
-        policy = queue_policy(self.model.config.batching, level)
-        timeout_s = queue_timeout_s(parameters, policy)
+        level, policy, timeout_s = schedule(parameters, self.model.config.batching)
         self._admit(rows, level, policy.max_queue_size)
         arrived_ns = time.perf_counter_ns()
         self._arrived_rows += rows

@@ -47,6 +47,14 @@ def queue_timeout_s(parameters: dict[str, Any], policy: QueuePolicySpec) -> floa
     return timeout_us / 1e6 if timeout_us else None
 
 
+def schedule(parameters: dict[str, Any], batching: BatchingSpec) -> tuple[int, QueuePolicySpec, float | None]:
+    """What a request's parameters ask of the queue: its priority level, that level's queue policy, and its timeout
+    (seconds, None: no limit). InvalidInputError naming a bad `priority` or `timeout`."""
+    level = priority_level(parameters, batching)
+    policy = queue_policy(batching, level)
+    return level, policy, queue_timeout_s(parameters, policy)
+
+
 def queue_rank(level: int, *, delayed: bool = False) -> int:
     """The scheduler's order of a request (lower runs first): by level, and within a level those still in time
     before those delayed (Triton's order: a delayed request waits for its level's, ahead of the lower levels')."""

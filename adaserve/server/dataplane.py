@@ -19,7 +19,7 @@ from adaserve import __version__
 from adaserve.config import Interface, ModelConfig, QueuePolicySpec
 from adaserve.engine.engine import EngineResult, EngineState, ModelEngine, RequestTimes
 from adaserve.engine.router import ModelRouter
-from adaserve.engine.schedule_policy import priority_level, queue_policy, queue_timeout_s
+from adaserve.engine.schedule_policy import schedule
 from adaserve.errors import InvalidInputError, ModelControlError, ModelNotReadyError
 from adaserve.logs import SWITCHES
 from adaserve.planner.catalog import DagCatalog
@@ -240,7 +240,7 @@ class DataPlane:
         started = time.perf_counter_ns()
         parameters = {**config.parameters, **request.parameters}
         # The key leaves out the parameters that only schedule a request, so a hit checks them as the engine would.
-        queue_timeout_s(parameters, queue_policy(config.batching, priority_level(parameters, config.batching)))
+        schedule(parameters, config.batching)
         names, datatypes = [t.name for t in config.inputs], [t.datatype for t in config.inputs]
         key = cache.key(name, spec.version, source, names, datatypes, arrays, parameters)
         cached = cache.get(key)

@@ -36,7 +36,7 @@ from adaserve.server.protocol import (
     tensor_bytes,
 )
 from adaserve.server.restrictions import Restrictions
-from adaserve.server.shared_memory import SharedMemoryRegions
+from adaserve.server.shared_memory import RegionKind, SharedMemoryRegions
 
 log = logging.getLogger("adaserve.grpc")
 
@@ -159,12 +159,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @_rpc("shared-memory")
     async def SystemSharedMemoryStatus(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        response = service_pb2.SystemSharedMemoryStatusResponse()
-        for region in self.plane.shared_memory.status(request.name):
-            response.regions[region["name"]].CopyFrom(
-                service_pb2.SystemSharedMemoryStatusResponse.RegionStatus(**region)
-            )
-        return response
+        return self._region_status(service_pb2.SystemSharedMemoryStatusResponse, request.name, "system")
 
     @_rpc("shared-memory")
     async def SystemSharedMemoryRegister(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -178,9 +173,13 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @_rpc("shared-memory")
     async def CudaSharedMemoryStatus(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        response = service_pb2.CudaSharedMemoryStatusResponse()
-        for region in self.plane.shared_memory.status(request.name, "cuda"):
-            response.regions[region["name"]].CopyFrom(service_pb2.CudaSharedMemoryStatusResponse.RegionStatus(**region))
+        return self._region_status(service_pb2.CudaSharedMemoryStatusResponse, request.name, "cuda")
+
+    def _region_status(self, response_type: Any, name: str, kind: RegionKind) -> Any:
+        """A shared-memory status response: the regions of `kind` (one, when `name` is given) by name."""
+        response = response_type()
+        for region in self.plane.shared_memory.status(name, kind):
+            response.regions[region["name"]].CopyFrom(response_type.RegionStatus(**region))
         return response
 
     @_rpc("shared-memory")

@@ -199,7 +199,7 @@ def tensor_bytes(tensor: Tensor) -> bytes:
     (the classification extension's strings) each element's length in 4 little-endian bytes, then the element."""
     if tensor.datatype == "BYTES":
         return b"".join(len(item).to_bytes(4, "little") + item for item in tensor.data.ravel())
-    return bytes(tensor.data.astype(tensor.data.dtype.newbyteorder("<"), copy=False).tobytes())
+    return tensor.data.astype(tensor.data.dtype.newbyteorder("<"), copy=False).tobytes()
 
 
 def wire_dtype(name: str, datatype: str) -> np.dtype:
