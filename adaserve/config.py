@@ -155,6 +155,15 @@ class BatchingSpec(Strict):
         "one for the frontend, at least one (with workers: auto, Packrat's T); on CUDA a stream worker counts one and "
         "the default is no limit, Ebird's GPU form; 0: no limit",
     )
+    idle_spin_us: int = Field(
+        default=5000,
+        ge=0,
+        le=1_000_000,
+        description="CPU workers: a worker that ran a batch while no other was busy (and within max_busy_threads) "
+        "polls for its next one this long before it sleeps, until another worker starts, so a request at low load "
+        "finds it awake; it costs up to a core while requests come faster than this. 0: sleep at once. Not on "
+        "CUDA, nor with one CPU",
+    )
     priority_levels: int = Field(
         default=0,
         ge=0,

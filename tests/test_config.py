@@ -52,6 +52,7 @@ def test_defaults(tmp_path: Path) -> None:
     assert config.name == "mlp"  # from the directory
     assert (config.platform, config.max_batch_size, config.max_queue_size) == (None, 16, 1024)
     assert (config.batching.policy, config.batching.max_queue_delay_us) == ("elastic", 1000)
+    assert config.batching.idle_spin_us == 5000
     assert config.workers is None and config.parameters == {}
     assert batches(config) == [1, 1, 2, 4, 8, 16]
     assert all(w.threads == 1 and w.cpus is None for w in config.worker_set)
@@ -148,6 +149,7 @@ def test_without_a_directory_name_the_file_must_name_the_model(tmp_path: Path) -
             "batching.priority_queue_policy",
             "level 1 is not one of the 0 priority_levels",
         ),
+        (minimal(batching={"idle_spin_us": -1}), "batching.idle_spin_us", "greater than or equal to 0"),
         (
             minimal(batching={"default_queue_policy": {"timeout_action": "drop"}}),
             "batching.default_queue_policy.timeout_action",
@@ -185,6 +187,7 @@ def test_without_a_directory_name_the_file_must_name_the_model(tmp_path: Path) -
         "default-priority-above-levels",
         "queue-policy-of-an-unknown-level",
         "queue-policy-without-levels",
+        "negative-idle-spin",
         "queue-policy-action",
         "version-policy-two-forms",
         "version-policy-latest-zero",

@@ -27,7 +27,7 @@ import numpy as np
 from adaserve.adaptive.activator.select import prepare_parameters
 from adaserve.adaptive.gati.requests import exit_target
 from adaserve.adaptive.responses import Part, combine
-from adaserve.config import AdaptationSpec, WorkerSpec
+from adaserve.config import AdaptationSpec, ModelConfig, WorkerSpec
 from adaserve.engine.batching import WorkerSlot, create_batching_policy
 from adaserve.engine.messages import (
     BatchDone,
@@ -153,10 +153,12 @@ class ModelEngine:
         busy_threads = config.batching.max_busy_threads
         if busy_threads is None:  # CPU workers share the cores; CUDA streams share the GPU, which takes them all
             busy_threads = self.planner.default_busy_threads() if config.device == "cpu" else 0
+        self.idle_spin_us = idle_spin_in_force(config)
         self.scheduler = Scheduler(
             create_batching_policy(config.batching, config.max_batch_size),
             config.inflight_limit_for(self.worker_set.workers),
             max_busy_threads=busy_threads or None,
+            idle_spin=self.idle_spin_us > 0,
         )
         # A CUDA model's host copies each request into its device ring as it arrives: this pipe names the rows
         # (a new pipe for each host; `_launch_host` makes it).
@@ -529,7 +531,13 @@ class ModelEngine:
             requests.append(rows)
             if pending.parameters:
                 parameters.append(RowParameters(slot - batch.start, rows, pending.parameters))
-        if not self._processes[batch.worker_id].run(RunBatch(batch.id, batch.start, batch.rows, requests, parameters)):
+        for worker_id in batch.rests:
+            if worker_id in self._processes:
+                self._processes[worker_id].rest()
+        command = RunBatch(
+            batch.id, batch.start, batch.rows, requests, parameters, self.idle_spin_us if batch.spin else 0
+        )
+        if not self._processes[batch.worker_id].run(command):
             # The worker is gone and its exit not yet seen (on CUDA, its host died and took every worker with it):
             # its exit handler re-runs the batch, which never reached it, so no death counts against these rows.
             self._undelivered.add(batch.id)
@@ -603,7 +611,7 @@ class ModelEngine:
         self._pump()
 
     def _on_batch_done(self, message: BatchDone) -> None:
-        batch = self.scheduler.finish(message.batch_id)
+        batch = self.scheduler.finish(message.batch_id, now=time.monotonic())
         if batch.worker_id in self._retiring:
             self._processes[batch.worker_id].stop()  # its set was replaced while it ran this batch
         self.stats.record_batch(batch.rows, message.compute_ns)
@@ -764,3 +772,12 @@ def _adaptation_service(model: ModelSpec, settings: AdaptationSpec, reload: Call
     from adaserve.adaptive.gati.service import CacheAdaptation
 
     return CacheAdaptation(model, settings, reload)
+
+
+def idle_spin_in_force(config: ModelConfig) -> int:
+    """How long a worker polls for its next batch (`batching.idle_spin_us`). Not on CUDA, where a worker is a thread
+    of the host and polling would hold the interpreter the others need; not with one CPU, where the poller would
+    hold the core the frontend needs to hand it the request."""
+    if config.device != "cpu" or len(os.sched_getaffinity(0)) < 2:
+        return 0
+    return config.batching.idle_spin_us

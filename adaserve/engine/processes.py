@@ -19,6 +19,7 @@ from adaserve.engine.messages import (
     HostFailed,
     HostLaunch,
     HostReady,
+    Rest,
     RunBatch,
     SpawnWorker,
     Stop,
@@ -49,6 +50,11 @@ class WorkerProcess:
         except OSError:
             return False
         return True
+
+    def rest(self) -> None:
+        """Ask the worker to stop polling for its next batch (another worker took the core)."""
+        with contextlib.suppress(OSError):
+            write_message(self._command_fd, Rest())
 
     def stop(self) -> None:
         """Ask the worker to exit after the batch it is running."""

@@ -25,6 +25,7 @@ from adaserve.config import ModelConfig
 from adaserve.engine.messages import (
     BatchDone,
     ExitCounts,
+    Rest,
     RowParameters,
     RowsDone,
     RunBatch,
@@ -32,6 +33,7 @@ from adaserve.engine.messages import (
     Stop,
     WorkerFailed,
     WorkerReady,
+    poll_readable,
     read_to_worker,
     write_message,
 )
@@ -253,11 +255,18 @@ def _serve(spawn: SpawnWorker, runner: BatchRunner, command_fd: int, result_fd: 
         write_message(result_fd, WorkerFailed(spawn.worker_id, f"{type(exc).__name__}: {exc}"))
         return 1
     write_message(result_fd, WorkerReady(spawn.worker_id, os.getpid(), threads, allowed, workspace))
+    spin_ns = 0  # how long the last batch's command let this worker poll for the next one
     while True:
+        if spin_ns:
+            poll_readable(command_fd, spin_ns)
         command = read_to_worker(command_fd)
         if command is None or isinstance(command, Stop):
             return 0
+        if isinstance(command, Rest):
+            spin_ns = 0
+            continue
         write_message(result_fd, _run(runner, command, result_fd, lane))
+        spin_ns = command.spin_us * 1000
 
 
 def _run(runner: BatchRunner, command: RunBatch, result_fd: int, lane: Lane) -> BatchDone:

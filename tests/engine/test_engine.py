@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from adaserve.config import WorkerSpec
-from adaserve.engine.engine import ModelEngine, PendingRequest
+from adaserve.engine.engine import ModelEngine, PendingRequest, idle_spin_in_force
 from adaserve.engine.worker_sets import WorkerSetChoice
 from adaserve.errors import InvalidInputError, OverloadedError
 from adaserve.repository import ModelRepository
@@ -35,6 +35,42 @@ def test_the_engine_measures_the_weights_and_each_workers_workspace(tmp_path: Pa
         assert engine.memory_bytes == weights + sum(w.workspace_bytes for w in engine.workers.values())
 
     run_engine(tmp_path, body)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time of process `pid` so far (/proc/PID/stat's utime and stime)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_a_worker_polls_for_its_next_batch_until_another_worker_starts(tmp_path: Path) -> None:
+    """`idle_spin_us`: after a batch it ran alone a worker polls its pipe (it uses CPU while idle); a batch for
+    another worker tells it to rest (it sleeps again)."""
+    batching = {"policy": "elastic", "idle_spin_us": 1_000_000, "max_busy_threads": 1}
+    link_example(tmp_path, "mlp", workers=[{"batch": 1, "threads": 1}, {"batch": 2, "threads": 1}], batching=batching)
+
+    async def body(engine: ModelEngine) -> None:
+        pid = next(w.pid for w in engine.workers.values() if w.batch == 1)
+        await engine.infer([np.zeros((1, 784), np.float32)], 1, {})  # the batch-1 worker runs it, then polls
+        before = cpu_seconds(pid)
+        await asyncio.sleep(0.4)
+        assert cpu_seconds(pid) - before > 0.1
+        await engine.infer([np.zeros((2, 784), np.float32)], 2, {})  # the batch-2 worker takes the core
+        await asyncio.sleep(0.05)
+        before = cpu_seconds(pid)
+        await asyncio.sleep(0.4)
+        assert cpu_seconds(pid) - before < 0.05
+
+    run_engine(tmp_path, body)
+
+
+@pytest.mark.parametrize(("device", "cpus", "expected"), [("cpu", {0, 1}, 5000), ("cpu", {0}, 0), ("cuda", {0, 1}, 0)])
+def test_workers_poll_only_on_cpu_and_with_a_core_beside_the_frontend(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, device: str, cpus: set[int], expected: int
+) -> None:
+    config = ModelRepository(link_example(tmp_path, "mlp", device=device).parent).read("mlp").config
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: cpus)
+    assert idle_spin_in_force(config) == expected
 
 
 def test_a_new_worker_that_dies_before_the_switch_is_started_again(tmp_path: Path) -> None:

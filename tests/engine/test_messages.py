@@ -16,6 +16,7 @@ from adaserve.engine.messages import (
     FrameReader,
     HostFailed,
     HostReady,
+    Rest,
     RowParameters,
     RowsDone,
     RunBatch,
@@ -28,6 +29,7 @@ from adaserve.engine.messages import (
     decode_spawn,
     encode,
     frame,
+    poll_readable,
     read_to_worker,
     write_message,
 )
@@ -108,6 +110,8 @@ def test_commands_round_trip_over_a_pipe(pipe: tuple[int, int]) -> None:
         RunBatch(
             batch_id=2, start=0, rows=2, requests=[2], parameters=[RowParameters(offset=1, rows=1, values={"k": 3.5})]
         ),
+        RunBatch(batch_id=3, start=4, rows=1, requests=[1], spin_us=5000),
+        Rest(),
         Stop(),
     ]
     for command in commands:
@@ -154,3 +158,11 @@ def test_host_datagrams_round_trip(message: msgspec.Struct) -> None:
 def test_spawn_request_round_trips() -> None:
     for message in (SpawnWorker(1, batch=8, threads=2, cpus=[2, 3]), SpawnWorker(2, batch=1, threads=1, cpus=None)):
         assert decode_spawn(encode(message)) == message
+
+
+def test_polling_sees_a_command_at_once_and_gives_up_after_its_time(pipe: tuple[int, int]) -> None:
+    read_fd, write_fd = pipe
+    assert poll_readable(read_fd, 2_000_000) is False  # nothing came within 2 ms
+    write_message(write_fd, Rest())
+    assert poll_readable(read_fd, 10**12) is True  # returns as soon as the pipe holds a command
+    assert read_to_worker(read_fd) == Rest()

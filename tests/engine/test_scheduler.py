@@ -211,6 +211,8 @@ class Simulation:
         self.max_inflight = rng.randint(lowest, sum(self.batches) + 4)
         self.scheduler = make_scheduler(*self.batches, policy=policy, max_inflight=self.max_inflight)
         self.scheduler.max_busy_threads = rng.choice((None, 1, 2, 3))  # the CPU form's limit, or Ebird's GPU form
+        self.scheduler.idle_spin = rng.random() < 0.5
+        self.polling: set[int] = set()  # workers whose last batch let them poll, not told to rest since
         self.next_worker = len(self.batches)
         self.next_slot = 0
         self.now = 0.0
@@ -248,13 +250,14 @@ class Simulation:
 
     def finish_one(self) -> None:
         batch = self.running.pop(self.rng.choice(sorted(self.running)))
-        self.scheduler.finish(batch.id)
+        self.scheduler.finish(batch.id, now=self.now)
         self.done.extend(range(batch.start, batch.start + batch.rows))
 
     def kill_one(self) -> None:
         batch = self.running.pop(self.rng.choice(sorted(self.running)))
         worker = next(w for w in self.scheduler.workers if w.id == batch.worker_id)
         assert self.scheduler.remove_worker(worker.id) == batch
+        self.polling.discard(worker.id)
         self.killed.extend(range(batch.start, batch.start + batch.rows))
         for slot in reversed(range(batch.start, batch.start + batch.rows)):  # each row at its own request's level
             self.scheduler.requeue_front(slot, 1, self.now, self.level[slot])
@@ -271,6 +274,11 @@ class Simulation:
             assert all(s in self.waiting for s in slots), "a batch took a slot that was not waiting"
             self.dispatched.extend(slots)
             self.waiting.difference_update(slots)
+            assert set(batch.rests) <= self.polling - {batch.worker_id}, "told a worker to rest that was not polling"
+            self.polling -= {*batch.rests, batch.worker_id}
+            if batch.spin:
+                self.polling.add(batch.worker_id)
+            assert len(self.polling) <= 1, "more than one worker may poll"
             self.running[batch.id] = batch
         self.check()
 
@@ -534,3 +542,96 @@ def test_a_request_that_has_started_cannot_be_moved() -> None:
     assert spans(scheduler.schedule(0.0)) == [(0, 0, 2)]
     assert not scheduler.move(0, 3, 1)
     assert (scheduler.rows_at(0), scheduler.rows_at(1)) == (1, 0)
+
+
+def spinning_scheduler(*workers: tuple[int, int], limit: int | None = 1) -> Scheduler:
+    """Workers (batch, threads) with ids 0, 1, …, under `limit` busy threads, with idle polling on."""
+    scheduler = Scheduler(ElasticPolicy(), 32, max_busy_threads=limit, idle_spin=True)
+    for worker_id, (batch, threads) in enumerate(workers):
+        scheduler.add_worker(WorkerSlot(worker_id, batch, threads))
+    return scheduler
+
+
+def test_a_worker_that_starts_alone_may_poll_and_keeps_that_leave_while_it_takes_every_batch() -> None:
+    scheduler = spinning_scheduler((1, 1), (1, 1), (2, 1))
+    for slot in range(3):  # low load: one request at a time, all to the same batch-1 worker
+        scheduler.enqueue(slot, 1, float(slot))
+        (batch,) = scheduler.schedule(float(slot))
+        assert (batch.worker_id, batch.spin, batch.rests) == (1, True, ())
+        scheduler.finish(batch.id)
+
+
+def test_another_worker_starting_tells_the_polling_one_to_rest() -> None:
+    scheduler = spinning_scheduler((1, 1), (2, 1))
+    scheduler.enqueue(0, 1, 0.0)
+    (first,) = scheduler.schedule(0.0)
+    scheduler.finish(first.id)
+    scheduler.enqueue(1, 2, 1.0)  # two rows: the batch-2 worker takes them, and needs the core worker 0 polls on
+    (second,) = scheduler.schedule(1.0)
+    assert (second.worker_id, second.spin, second.rests) == (1, True, (0,))
+    scheduler.finish(second.id)
+    scheduler.enqueue(3, 1, 2.0)
+    (third,) = scheduler.schedule(2.0)
+    assert (third.worker_id, third.rests) == (0, (1,))  # worker 0 was told already; worker 1 polls now
+
+
+def test_a_worker_that_starts_beside_a_busy_one_may_not_poll_and_ends_the_others_leave() -> None:
+    scheduler = spinning_scheduler((1, 1), (1, 1), limit=2)
+    scheduler.enqueue(0, 1, 0.0)
+    (first,) = scheduler.schedule(0.0)
+    scheduler.enqueue(1, 1, 0.0)
+    (second,) = scheduler.schedule(0.0)
+    assert (first.spin, second.spin, second.rests) == (True, False, (first.worker_id,))
+    # The rest reaches the busy worker's pipe behind its batch: it reads it when done, and sleeps.
+    scheduler.finish(first.id)
+    scheduler.finish(second.id)
+    scheduler.enqueue(2, 1, 1.0)
+    (third,) = scheduler.schedule(1.0)
+    assert third.rests == ()  # nobody was left polling
+
+
+def test_a_worker_wider_than_the_limit_never_polls() -> None:
+    """Fixed-timeout's one worker of two threads on a 2-core machine: polling would hold the frontend's core."""
+    scheduler = spinning_scheduler((16, 2), limit=1)
+    scheduler.enqueue(0, 1, 0.0)
+    (batch,) = scheduler.schedule(0.0)
+    assert batch.spin is False
+
+
+def test_without_idle_spin_no_worker_polls_or_is_told_to_rest() -> None:
+    scheduler = Scheduler(ElasticPolicy(), 32, max_busy_threads=1)
+    for worker_id, batch in enumerate((1, 2)):
+        scheduler.add_worker(WorkerSlot(worker_id, batch))
+    started = []
+    for slot, rows in ((0, 1), (1, 2), (3, 1)):
+        scheduler.enqueue(slot, rows, 0.0)
+        (batch,) = scheduler.schedule(0.0)
+        started.append((batch.spin, batch.rests))
+        scheduler.finish(batch.id)
+    assert started == [(False, ())] * 3
+
+
+@pytest.mark.parametrize("leave", ["remove", "retire"])
+def test_a_worker_that_leaves_the_set_is_not_told_to_rest(leave: str) -> None:
+    scheduler = spinning_scheduler((1, 1), (2, 1))
+    scheduler.enqueue(0, 1, 0.0)
+    (first,) = scheduler.schedule(0.0)
+    scheduler.finish(first.id)
+    scheduler.remove_worker(0) if leave == "remove" else scheduler.retire_worker(0)
+    scheduler.enqueue(1, 1, 1.0)
+    (second,) = scheduler.schedule(1.0)
+    assert (second.worker_id, second.rests) == (1, ())
+
+
+def test_workers_stop_polling_once_some_worker_was_busy_half_of_the_last_second() -> None:
+    scheduler = spinning_scheduler((1, 1))
+    grants = []
+    for i in range(10):  # a batch runs 80 ms of every 100 ms
+        scheduler.enqueue(i, 1, i / 10)
+        (batch,) = scheduler.schedule(i / 10)
+        grants.append(batch.spin)
+        scheduler.finish(batch.id, now=i / 10 + 0.08)
+    assert grants == [True] * 7 + [False] * 3  # busy 0.48 s of the last second at the 7th start, 0.56 at the 8th
+    scheduler.enqueue(10, 1, 5.0)
+    (quiet,) = scheduler.schedule(5.0)  # seconds later: the last second was idle
+    assert quiet.spin is True
