@@ -11,6 +11,8 @@ sends through adaserve.bench instead, as this benchmark did before:
   a time); its `max_queue_delay_us` is chosen like the paper's OPT Wait: the best mean latency at the high rate over
   a short sweep (the entry is rewritten and reloaded through the repository API for each value);
 * `cnn_fixed_1t` — the same with 1 thread and the chosen delay: a sensitivity check beside the bars, not one of them;
+* `cnn_elastic_nopoll` — elastic with `idle_spin_us: 0` (workers sleep between batches): a sensitivity check showing
+  what polling for the next batch adds;
 * `cnn_none`     — `batching: {policy: none}`, two workers of batch 1, 1 thread each.
 
 `--device cuda` serves the entries with `device: cuda` (Ebird's GPU form: each worker a CUDA stream of one host
@@ -28,7 +30,7 @@ rate that misses is run once more (either run meeting QoS counts).
 The machine is shared: before each run the script waits (bounded) for a quiet second, records the CPU that other
 work took during the run, and makes a run once more when other work took more than a quarter of a core.
 
-    .venv/bin/python -m benchmarks.elastic_batching --low-rate 480   # ~11-15 minutes (see benchmarks/README.md)
+    .venv/bin/python -m benchmarks.elastic_batching --low-rate 480   # ~22 minutes (see benchmarks/README.md)
     .venv/bin/python -m benchmarks.elastic_batching --quick          # ~4 minutes, results under benchmarks/results/tmp/
     python -m benchmarks.elastic_batching --quick --device cuda --model resnet50   # on a GPU machine
 
@@ -80,6 +82,8 @@ TRACE = ROOT.parent / "shared" / "data" / "traces" / "azure-llm-2023" / "AzureLL
 #: The issue's bars: elastic's mean latency below fixed-timeout's by these fractions; max throughput at least equal.
 BAR_LOW_REDUCTION = 0.45
 BAR_HIGH_REDUCTION = 0.20
+#: Elastic with workers that sleep between batches, against the bars' baseline (a figure beside the bars).
+NOPOLL_VERSUS = ("elastic no polling", "fixed-timeout")
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,9 @@ class Policy:
     config: dict[str, Any]
     primary: bool = True  # part of the issue's comparison (False: a sensitivity check)
 
+
+#: Elastic with its workers sleeping between batches: what `batching.idle_spin_us` (on by default) adds.
+NO_POLLING = {"policy": "elastic", "idle_spin_us": 0}
 
 #: The served model's largest batch: fixed-timeout's one worker takes this many rows, elastic's largest too.
 MAX_BATCH = 16
@@ -110,6 +117,8 @@ def policies(delay_us: int, shortest_us: int, model: str = "cnn", device: str = 
     return [
         Policy("elastic", f"{model}_elastic", {"batching": {"policy": "elastic"}}),
         Policy("fixed-timeout", f"{model}_fixed", {"batching": fixed, "workers": [{"batch": MAX_BATCH, "threads": 2}]}),
+        # What polling for the next batch between batches (batching.idle_spin_us, on by default) adds to elastic.
+        Policy("elastic no polling", f"{model}_elastic_nopoll", {"batching": NO_POLLING}, False),
         Policy(
             "fixed-timeout 1t",
             f"{model}_fixed_1t",
@@ -537,6 +546,7 @@ def _bars(report: dict[str, Any]) -> dict[str, Any]:
     low, high = versus["step_low"]["mean_reduction"], versus["step_high"]["mean_reduction"]
     best = versus["max_throughput_in_qos"]
     fixed = report["configs"]["fixed-timeout"]
+    nopoll = {label: report["step"].get(label, {}).get("low", {}).get("mean_ms") for label in NOPOLL_VERSUS}
     delay_us = fixed["config_yaml"]["batching"]["max_queue_delay_us"]
     return {
         "low_load_mean_reduction": {
@@ -558,6 +568,10 @@ def _bars(report: dict[str, Any]) -> dict[str, Any]:
         # Not a bar: the low-load reduction against the sweep's shortest delay (no such entry on CUDA).
         "low_load_mean_reduction_vs_shortest_delay": shortest["phases"]["step_low"]["mean_reduction"]
         if shortest
+        else None,
+        # Not a bar: the same with elastic's workers sleeping between batches, as before idle_spin_us (CPU only).
+        "low_load_mean_reduction_without_polling": 1 - nopoll["elastic no polling"] / nopoll["fixed-timeout"]
+        if None not in nopoll.values()
         else None,
     }
 
