@@ -154,6 +154,7 @@ class ModelEngine:
         if busy_threads is None:  # CPU workers share the cores; CUDA streams share the GPU, which takes them all
             busy_threads = self.planner.default_busy_threads() if config.device == "cpu" else 0
         self.idle_spin_us = idle_spin_in_force(config)
+        self._frontend_cpu = FrontendCpu()
         self.scheduler = Scheduler(
             create_batching_policy(config.batching, config.max_batch_size),
             config.inflight_limit_for(self.worker_set.workers),
@@ -611,7 +612,10 @@ class ModelEngine:
         self._pump()
 
     def _on_batch_done(self, message: BatchDone) -> None:
-        batch = self.scheduler.finish(message.batch_id, now=time.monotonic())
+        now = time.monotonic()
+        batch = self.scheduler.finish(message.batch_id, now=now)
+        if self.idle_spin_us:
+            self.scheduler.spare_cores = self._frontend_cpu.spare_cores(now)
         if batch.worker_id in self._retiring:
             self._processes[batch.worker_id].stop()  # its set was replaced while it ran this batch
         self.stats.record_batch(batch.rows, message.compute_ns)
@@ -781,3 +785,22 @@ def idle_spin_in_force(config: ModelConfig) -> int:
     if config.device != "cpu" or len(os.sched_getaffinity(0)) < 2:
         return 0
     return config.batching.idle_spin_us
+
+
+class FrontendCpu:
+    """The cores this process (the frontend: event loop, gRPC threads, the copies into the pool) leaves free, over
+    about the last second, sampled at most every 0.1 s: workers poll between batches only where a core is free."""
+
+    def __init__(self) -> None:
+        self._cpus = len(os.sched_getaffinity(0))
+        self._samples: deque[tuple[float, float]] = deque([(time.monotonic(), time.process_time())])
+        self._spare = float(self._cpus)
+
+    def spare_cores(self, now: float) -> float:
+        if now - self._samples[-1][0] >= 0.1:
+            self._samples.append((now, time.process_time()))
+            while len(self._samples) > 2 and now - self._samples[1][0] >= 1.0:
+                self._samples.popleft()
+            (then, used_then), (_, used_now) = self._samples[0], self._samples[-1]
+            self._spare = self._cpus - (used_now - used_then) / (now - then)
+        return self._spare

@@ -67,7 +67,8 @@ class Scheduler:
     than `POLL_BELOW_BUSY_SHARE` of the last second, may poll for its next batch once this one is done instead of
     sleeping (`Batch.spin`), so at low load the next request finds it awake. It holds that leave until it starts
     again or another worker starts, which takes the core it would poll on (`Batch.rests` names it then). The busy
-    share needs `finish` to be told the time.
+    share needs `finish` to be told the time. Nor may it poll unless `spare_cores` (the CPUs less what the frontend
+    used lately) leave a whole core for the poller beside the busy share.
     """
 
     def __init__(
@@ -77,6 +78,9 @@ class Scheduler:
         self.max_inflight = max_inflight
         self.max_busy_threads = max_busy_threads
         self.idle_spin = idle_spin
+        # Cores free for a poller beyond the frontend's recent use; the engine keeps it current (the frontend shares
+        # the cores: over gRPC at concurrency 8 a poller took 0.76× the throughput from it).
+        self.spare_cores = float("inf")
         self._polling: int | None = None  # the worker whose last batch let it poll, not told to rest since
         self._busy_since: float | None = None  # when some worker last turned busy, while one is
         self._busy_spans: deque[tuple[float, float]] = deque()  # (start, end) of recent spans with a worker busy
@@ -274,7 +278,8 @@ class Scheduler:
         self._idle.remove((-worker.batch, worker.id))
         rests = () if self._polling in (None, worker.id) else (self._polling,)
         alone = self.busy_threads == 0 and worker.threads <= (self.max_busy_threads or worker.threads)
-        spin = self.idle_spin and alone and self._busy_share(now) < POLL_BELOW_BUSY_SHARE
+        busy = self._busy_share(now)
+        spin = self.idle_spin and alone and busy < POLL_BELOW_BUSY_SHARE and busy < self.spare_cores - 1
         self._polling = worker.id if spin else None
         if self.busy_threads == 0:
             self._busy_since = now

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from adaserve.config import WorkerSpec
-from adaserve.engine.engine import ModelEngine, PendingRequest, idle_spin_in_force
+from adaserve.engine.engine import FrontendCpu, ModelEngine, PendingRequest, idle_spin_in_force
 from adaserve.engine.worker_sets import WorkerSetChoice
 from adaserve.errors import InvalidInputError, OverloadedError
 from adaserve.repository import ModelRepository
@@ -62,6 +62,14 @@ def test_a_worker_polls_for_its_next_batch_until_another_worker_starts(tmp_path:
         assert cpu_seconds(pid) - before < 0.05
 
     run_engine(tmp_path, body)
+
+
+def test_the_frontend_cpu_counts_what_this_process_used() -> None:
+    cpu = FrontendCpu()
+    start = time.monotonic()
+    while time.monotonic() - start < 0.3:  # a frontend busy on one core
+        pass
+    assert cpu.spare_cores(time.monotonic()) < len(os.sched_getaffinity(0)) - 0.5
 
 
 @pytest.mark.parametrize(("device", "cpus", "expected"), [("cpu", {0, 1}, 5000), ("cpu", {0}, 0), ("cuda", {0, 1}, 0)])

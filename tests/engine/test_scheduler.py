@@ -635,3 +635,16 @@ def test_workers_stop_polling_once_some_worker_was_busy_half_of_the_last_second(
     scheduler.enqueue(10, 1, 5.0)
     (quiet,) = scheduler.schedule(5.0)  # seconds later: the last second was idle
     assert quiet.spin is True
+
+
+def test_no_worker_polls_unless_a_core_is_free_beside_the_frontend() -> None:
+    """gRPC at concurrency 8 kept the frontend busy on most of two cores, and a poller took a quarter of its rate."""
+    scheduler = spinning_scheduler((1, 1))
+    grants = []
+    for i, spare in enumerate((2.0, 1.5, 1.0, 0.4)):  # the CPUs less what the frontend used lately
+        scheduler.spare_cores = spare
+        scheduler.enqueue(i, 1, float(i))
+        (batch,) = scheduler.schedule(float(i))
+        grants.append(batch.spin)
+        scheduler.finish(batch.id)
+    assert grants == [True, True, False, False]
