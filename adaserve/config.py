@@ -161,8 +161,9 @@ class BatchingSpec(Strict):
         le=1_000_000,
         description="CPU workers: a worker that ran a batch while no other was busy (and within max_busy_threads) "
         "polls for its next one this long before it sleeps, until another worker starts, so a request at low load "
-        "finds it awake; it costs up to a core while requests come faster than this. 0: sleep at once. Not on "
-        "CUDA, nor with one CPU",
+        "finds it awake; it costs up to a core while requests come faster than this. Only while workers were busy "
+        "under half of the last second and the frontend process leaves a core free. 0: sleep at once. Not on CUDA, "
+        "nor with one CPU",
     )
     priority_levels: int = Field(
         default=0,
