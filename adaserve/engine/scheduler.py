@@ -51,7 +51,7 @@ class Batch:
     rows: int
     dispatched_at: float
     threads: int = 1  # the worker's threads, counted busy until the batch finishes
-    spin: bool = False  # the worker may poll for its next batch after this one (it started alone)
+    spin: bool = False  # the worker may poll for its next batch after this one (`Scheduler`'s idle_spin rules)
     rests: tuple[int, ...] = ()  # workers to tell to stop polling as this batch starts (it takes a core)
 
 

@@ -17,6 +17,7 @@ from adaserve.engine.engine import FrontendCpu, ModelEngine, PendingRequest, idl
 from adaserve.engine.worker_sets import WorkerSetChoice
 from adaserve.errors import InvalidInputError, OverloadedError
 from adaserve.repository import ModelRepository
+from benchmarks.common import tree_cpu_s
 from tests.engine.engines import live_children, run_engine
 from tests.server_utils import link_example, write_slow_model
 
@@ -37,12 +38,6 @@ def test_the_engine_measures_the_weights_and_each_workers_workspace(tmp_path: Pa
     run_engine(tmp_path, body)
 
 
-def cpu_seconds(pid: int) -> float:
-    """User and system CPU time of process `pid` so far (/proc/PID/stat's utime and stime)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def test_a_worker_polls_for_its_next_batch_until_another_worker_starts(tmp_path: Path) -> None:
     """`idle_spin_us`: after a batch it ran alone a worker polls its pipe (it uses CPU while idle); a batch for
     another worker tells it to rest (it sleeps again)."""
@@ -52,14 +47,14 @@ def test_a_worker_polls_for_its_next_batch_until_another_worker_starts(tmp_path:
     async def body(engine: ModelEngine) -> None:
         pid = next(w.pid for w in engine.workers.values() if w.batch == 1)
         await engine.infer([np.zeros((1, 784), np.float32)], 1, {})  # the batch-1 worker runs it, then polls
-        before = cpu_seconds(pid)
+        before = tree_cpu_s(pid)
         await asyncio.sleep(0.4)
-        assert cpu_seconds(pid) - before > 0.1
+        assert tree_cpu_s(pid) - before > 0.1
         await engine.infer([np.zeros((2, 784), np.float32)], 2, {})  # the batch-2 worker takes the core
         await asyncio.sleep(0.05)
-        before = cpu_seconds(pid)
+        before = tree_cpu_s(pid)
         await asyncio.sleep(0.4)
-        assert cpu_seconds(pid) - before < 0.05
+        assert tree_cpu_s(pid) - before < 0.05
 
     run_engine(tmp_path, body)
 
