@@ -19,8 +19,9 @@ sends through adaserve.bench instead, as this benchmark did before:
 process, sharing one copy of the weights), and `--model resnet50` (any model of `benchmarks.packrat.models`,
 exported here with seeded random weights and `max_batch_size` 16) replaces the example `cnn`: Ebird's own
 benchmarks were ResNets, VGGs and Inception v4 on a GPU. On CUDA a worker has no threads to set: the sensitivity
-check beside the bars is instead `<model>_elastic_2busy`, elastic with `max_busy_threads: 2` (at most two streams
-busy at once, so the last of them takes every ready row, as the CPU form's last batch does).
+checks beside the bars are instead `<model>_elastic_1busy` and `<model>_elastic_2busy`, elastic with
+`max_busy_threads` 1 and 2 (at most that many streams busy at once, so the last of them takes every ready row, as
+the CPU form's last batch does). `--entries` measures some of the entries only (elastic and fixed-timeout always).
 
 Stages: (1) capacity, a closed loop of 32 clients, picks the rates (low = 27.5% of elastic's capacity, high =
 3 × low); (2) the OPT Wait sweep; (3) a step schedule low → high (Poisson, 20 s each); (4) a replay of the Azure LLM
@@ -105,11 +106,12 @@ def policies(delay_us: int, shortest_us: int, model: str = "cnn", device: str = 
     if device == "cuda":  # a worker is a stream: no threads to set; the sensitivity check is two busy streams
         on = {"device": "cuda"}
         elastic = {**on, "batching": {"policy": "elastic"}}
-        two_busy = {**on, "batching": {"policy": "elastic", "max_busy_threads": 2}}
+        busy = [{**on, "batching": {"policy": "elastic", "max_busy_threads": n}} for n in (1, 2)]
         return [
             Policy("elastic", f"{model}_elastic", elastic),
             Policy("fixed-timeout", f"{model}_fixed", {**on, "batching": fixed, "workers": [{"batch": MAX_BATCH}]}),
-            Policy("elastic 2 busy", f"{model}_elastic_2busy", two_busy, False),
+            Policy("elastic 1 busy", f"{model}_elastic_1busy", busy[0], False),
+            Policy("elastic 2 busy", f"{model}_elastic_2busy", busy[1], False),
             Policy("none", f"{model}_none", {**on, "batching": {"policy": "none"}, "workers": [{"batch": 1}] * 2}),
         ]
     return [
@@ -243,7 +245,7 @@ def main() -> int:
     output: Path = args.output or (SCRATCH / f"{stem}-quick.json" if args.quick else RESULTS / f"{stem}.json")
     repository = SCRATCH / output.stem / "repo"  # the per-run records go beside it
     shutil.rmtree(repository.parent, ignore_errors=True)
-    initial = policies(args.delays_us[0], args.delays_us[0], args.model, args.device)
+    initial = _entries(args, args.delays_us[0])
     _link_entries(repository, initial, args.model)
     report: dict[str, Any] = {
         "benchmark": "elastic_batching",
@@ -271,7 +273,7 @@ def main() -> int:
         report["rates"] = rates
         stage_done("capacity")
         delay, report["delay_sweep"] = _sweep_delay(bench, rates["high_rps"])
-        final = policies(delay, args.delays_us[0], args.model, args.device)
+        final = _entries(args, delay)
         report["configs"] = {p.label: _configure(bench, p) for p in final}
         stage_done("delay sweep")
         step = {p.label: _step(bench, p, rates) for p in final}
@@ -290,6 +292,15 @@ def main() -> int:
     _plots(report, step, trace, output.with_suffix(""))
     _print(report, output)
     return 0
+
+
+def _entries(args: argparse.Namespace, delay_us: int) -> list[Policy]:
+    """The entries this run measures, fixed-timeout's at `delay_us`: all, or elastic, fixed-timeout and those
+    `--entries` names."""
+    chosen = policies(delay_us, args.delays_us[0], args.model, args.device)
+    if args.entries is None:
+        return chosen
+    return [p for p in chosen if p.label in {"elastic", "fixed-timeout", *args.entries}]
 
 
 def _link_entries(repository: Path, entries: list[Policy], model: str) -> None:
@@ -313,6 +324,8 @@ def _parse_args() -> argparse.Namespace:
     add("--generator", choices=["perf_analyzer", "adaserve"], default="perf_analyzer", help="the load generator: "
         "Triton's C++ perf_analyzer (default; from benchmarks/perf_analyzer_env.sh) or adaserve bench")  # fmt: skip
     add("--perf-venv", type=Path, default=ROOT / ".venv-perf", help="venv holding perf_analyzer")
+    add("--entries", type=lambda s: s.split(","), help="measure only these entries besides elastic and "
+        "fixed-timeout (labels, comma-separated, e.g. 'elastic 1 busy,none'; default all)")  # fmt: skip
     add("--qos-p99-ms", type=float, default=100.0, help="QoS target: p99 latency (default 100 ms)")
     add("--low-fraction", type=float, default=0.275, help="low rate as a fraction of elastic's capacity")
     add("--low-rate", type=float, help="low rate (req/s); default: from the capacity stage")
@@ -330,6 +343,9 @@ def _parse_args() -> argparse.Namespace:
         "(default: unset, so the model processes use the server's default, PASSIVE)")  # fmt: skip
     add("--output", type=Path, help="result JSON (PNGs go beside it)")
     args = parser.parse_args()
+    known = {p.label for p in policies(0, 0, args.model, args.device)}
+    if args.entries is not None and set(args.entries) - known:
+        parser.error(f"--entries: no entry {sorted(set(args.entries) - known)} on {args.device}; {sorted(known)}")
     args.quiet_s = args.quiet_s if args.quiet_s is not None else (2.0 if args.quick else 10.0)
     args.quiet_short_s = min(args.quiet_s, 1.0 if args.quick else 4.0)
     # Ascending: the first is the shortest delay, the sensitivity entry's.

@@ -3,11 +3,13 @@ surface only minutes into a run (on a GPU machine, inside a lease)."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import yaml
 
 from adaserve.config import ModelConfig
-from benchmarks.elastic_batching import MAX_BATCH, Policy, policies
+from benchmarks.elastic_batching import MAX_BATCH, Policy, _entries, _parse_args, policies
 from tests.server_utils import EXAMPLES
 
 
@@ -27,7 +29,22 @@ def test_every_entry_is_a_valid_config(device: str) -> None:
         assert all(worker.batch <= MAX_BATCH for worker in config.workers or [])
 
 
-def test_on_cuda_the_sensitivity_entry_lets_two_streams_be_busy() -> None:
-    (two_busy,) = [entry for entry in policies(1000, 500, "cnn", "cuda") if not entry.primary]
-    config = served(two_busy)
-    assert (config.batching.policy, config.batching.max_busy_threads) == ("elastic", 2)
+def test_on_cuda_the_sensitivity_entries_let_one_and_two_streams_be_busy() -> None:
+    checks = [served(entry).batching for entry in policies(1000, 500, "cnn", "cuda") if not entry.primary]
+    assert [(batching.policy, batching.max_busy_threads) for batching in checks] == [("elastic", 1), ("elastic", 2)]
+
+
+def test_entries_picks_some_beside_the_two_compared(monkeypatch: pytest.MonkeyPatch) -> None:
+    argv = ["elastic_batching", "--device", "cuda", "--model", "resnet50", "--entries", "elastic 1 busy"]
+    monkeypatch.setattr(sys, "argv", argv)
+    args = _parse_args()
+    assert [entry.label for entry in _entries(args, 5000)] == ["elastic", "fixed-timeout", "elastic 1 busy"]
+
+
+def test_entries_refuses_a_label_with_no_entry(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(sys, "argv", ["elastic_batching", "--entries", "elastic 1 busy"])  # a CUDA entry, on CPU
+    with pytest.raises(SystemExit):
+        _parse_args()
+    assert "no entry ['elastic 1 busy'] on cpu" in capsys.readouterr().err
