@@ -16,6 +16,8 @@
 #       # Packrat at T = every CPU (16 there): ~5 minutes a CNN (ResNet-50 295 s, profile included)
 #   python3 -m benchmarks.gati.gpu --packed "$GPU_BUNDLE/gati" --device cpu --output benchmarks/results/gati_cpu16.json
 #       # GATI's lookups on a core of their own (p99 bar, issue 6); `--device cuda` for the GPU form
+#   python3 -m benchmarks.stream_concurrency      # Ebird §VI-B on the server's stream workers (~30 s)
+#   python3 -m benchmarks.elastic_batching ... --entries "elastic 1 busy,elastic 2 busy"   # benchmarks/README.md §2
 #
 # The bundle holds what that machine's image lacks, for its Python: this package's dependencies that are not there
 # (tritonclient, whose wheel holds perf_analyzer, msgspec, httptools, pydantic, ...), the CUDA 12 runtime and libb64
@@ -63,5 +65,5 @@ pack() {
 
 case "${1:-}" in
     pack) pack "${2:-}" ;;
-    *) sed -n '2,24p' "$0" >&2; exit 2 ;;
+    *) sed -n '2,26p' "$0" >&2; exit 2 ;;
 esac
