@@ -40,6 +40,7 @@ class QueueView:
     oldest_wait_s: float  # how long the first ready row has waited
     smallest_batch: int  # the smallest granularity in the whole worker set, busy or idle
     thread_room: int | None = None  # threads that may still turn busy (the CPU form's limit); None: no limit
+    warm: int | None = None  # the worker whose batch finished last, if idle still: its caches hold the model
 
 
 class BatchingPolicy(ABC):
@@ -64,8 +65,12 @@ class ElasticPolicy(BatchingPolicy):
     * liveness: every worker in the set is larger than what is ready (a Packrat set such as two workers of batch 8),
       so rows would wait forever; the smallest idle worker takes the R rows.
     * the CPU form's last batch: the busy-thread limit lets no other worker start beside this one, so the rows
-      Algorithm 1 leaves behind would wait for it to finish and run as a second batch after it. Then the smallest
-      idle worker that holds all R rows (else the largest) takes them in one batch.
+      Algorithm 1 leaves behind would wait for it to finish and run as a second batch after it. Then one idle
+      worker takes all R rows in one batch: the warm one (the last to finish) if it holds them, else the smallest
+      that does (else the largest). Granularity does not decide a CPU batch's cost (the program takes any batch up
+      to the worker's), but a worker woken from sleep with its caches cold does: on two cores, handing each size
+      to its own worker made elastic's mean at 1,440 req/s 1.29 ms against 0.87 for `none`'s two batch-1
+      workers; with the warm worker taking them, 0.80 against 0.82 (the CNN, three runs each).
     """
 
     name = "elastic"
@@ -77,8 +82,10 @@ class ElasticPolicy(BatchingPolicy):
         fitting = next((worker for worker in idle if worker.batch <= rows), None)  # Algorithm 1's pick
         if fitting is None:
             return (idle[-1], rows) if queue.smallest_batch > rows else None
-        taker = next((worker for worker in reversed(idle) if worker.batch >= rows), idle[0])
+        holds = [worker for worker in reversed(idle) if worker.batch >= rows]  # smallest first
+        taker = (holds or idle)[0]
         if _last_to_start(queue, idle, taker):
+            taker = next((worker for worker in holds if worker.id == queue.warm), taker)
             return taker, min(rows, taker.batch)
         return fitting, fitting.batch
 

@@ -82,6 +82,7 @@ class Scheduler:
         # the cores: over gRPC at concurrency 8 a poller took 0.76× the throughput from it).
         self.spare_cores = float("inf")
         self._polling: int | None = None  # the worker whose last batch let it poll, not told to rest since
+        self._warm: int | None = None  # the worker whose batch finished last, while it stays idle
         self._busy_since: float | None = None  # when some worker last turned busy, while one is
         self._busy_spans: deque[tuple[float, float]] = deque()  # (start, end) of recent spans with a worker busy
         self._busy_total = 0.0  # their summed length
@@ -105,7 +106,7 @@ class Scheduler:
     def remove_worker(self, worker_id: int) -> Batch | None:
         """Forget a worker (stopped or dead); returns the batch it held, if any, for the caller to re-run or fail."""
         worker = self._workers.pop(worker_id, None)
-        self._forget_polling(worker_id)
+        self._forget(worker_id)
         if worker is not None and (-worker.batch, worker_id) in self._idle:
             self._idle.remove((-worker.batch, worker_id))
         held = next((b for b in self._batches.values() if b.worker_id == worker_id), None)
@@ -119,7 +120,7 @@ class Scheduler:
         This is how a worker set is replaced with no downtime: the new set is added, the old one retired.
         """
         worker = self._workers.pop(worker_id, None)
-        self._forget_polling(worker_id)
+        self._forget(worker_id)
         if worker is None:
             return True  # not added yet (a replacement still starting): it never gets work, stop it now
         if (-worker.batch, worker_id) in self._idle:
@@ -195,6 +196,7 @@ class Scheduler:
         worker = self._workers.get(batch.worker_id)
         if worker_back and worker is not None:
             bisect.insort(self._idle, (-worker.batch, worker.id))
+            self._warm = worker.id
         return batch
 
     def wake_after_s(self, now: float) -> float | None:
@@ -216,6 +218,7 @@ class Scheduler:
             oldest_wait_s=now - self._queue[0].arrived_at,
             smallest_batch=min(w.batch for w in self._workers.values()),
             thread_room=None if self.max_busy_threads is None else self.max_busy_threads - self.busy_threads,
+            warm=self._warm,
         )
 
     def _idle_slots(self) -> list[WorkerSlot]:
@@ -276,6 +279,8 @@ class Scheduler:
     def _start(self, worker: WorkerSlot, rows: int, now: float) -> Batch:
         start = self._take(rows)
         self._idle.remove((-worker.batch, worker.id))
+        if self._warm == worker.id:
+            self._warm = None  # busy now; whichever worker finishes next is the warm one
         rests = () if self._polling in (None, worker.id) else (self._polling,)
         alone = self.busy_threads == 0 and worker.threads <= (self.max_busy_threads or worker.threads)
         busy = self._busy_share(now)
@@ -329,10 +334,12 @@ class Scheduler:
             busy += now - max(self._busy_since, since)
         return busy / BUSY_WINDOW_S
 
-    def _forget_polling(self, worker_id: int) -> None:
-        """A worker that leaves the set needs no rest (its pipe closes or its Stop comes)."""
+    def _forget(self, worker_id: int) -> None:
+        """A worker that leaves the set needs no rest (its pipe closes or its Stop comes) and takes no batch."""
         if self._polling == worker_id:
             self._polling = None
+        if self._warm == worker_id:
+            self._warm = None
 
     def _waiting_run(self, start: int, rows: int) -> ReadyRun | None:
         """The run holding exactly a request's rows [start, start + rows), if they all wait as one still."""

@@ -26,6 +26,8 @@ def view(
     inflight: int = 0,
     oldest_wait_s: float = 0.0,
     smallest_batch: int = 1,
+    thread_room: int | None = None,
+    warm: int | None = None,
 ) -> QueueView:
     return QueueView(
         front_run=front_run,
@@ -34,6 +36,8 @@ def view(
         inflight=inflight,
         oldest_wait_s=oldest_wait_s,
         smallest_batch=smallest_batch,
+        thread_room=thread_room,
+        warm=warm,
     )
 
 
@@ -127,6 +131,27 @@ def test_liveness_partial_batch_respects_headroom() -> None:
 def test_liveness_does_not_fire_when_a_busy_worker_is_small_enough() -> None:
     """Idle: 16 and 8; busy: a batch-2 worker. 3 rows wait for it rather than run as a partial batch."""
     assert ElasticPolicy().pick(view(3, smallest_batch=2), idle(16, 8)) is None
+
+
+@pytest.mark.parametrize(
+    ("rows", "warm", "expected"),
+    [
+        (3, None, (4, 3)),  # no warm worker: the smallest that holds all 3
+        (3, 0, (16, 3)),  # the warm one holds them
+        (3, 4, (4, 3)),  # the warm one (a batch-1) cannot
+        (12, 2, (16, 12)),
+        (20, 1, (16, 16)),  # more than any holds: the largest
+    ],
+)
+def test_last_batch_goes_to_the_warm_worker_when_it_holds_the_rows(
+    rows: int, warm: int | None, expected: tuple[int, int]
+) -> None:
+    """Room for one more 1-thread worker: whoever starts is the last, and takes every ready row it can."""
+    assert picked(ElasticPolicy(), view(rows, thread_room=1, warm=warm), idle(*EBIRD)) == expected
+
+
+def test_with_room_for_others_the_warm_worker_does_not_change_algorithm_1() -> None:
+    assert picked(ElasticPolicy(), view(3, thread_room=4, warm=0), idle(*EBIRD)) == (2, 2)
 
 
 def test_elastic_never_asks_to_be_woken() -> None:

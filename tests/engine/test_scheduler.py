@@ -572,7 +572,33 @@ def test_another_worker_starting_tells_the_polling_one_to_rest() -> None:
     scheduler.finish(second.id)
     scheduler.enqueue(3, 1, 2.0)
     (third,) = scheduler.schedule(2.0)
-    assert (third.worker_id, third.rests) == (0, (1,))  # worker 0 was told already; worker 1 polls now
+    assert (third.worker_id, third.spin, third.rests) == (1, True, ())  # the awake worker takes it: no one to tell
+
+
+def test_under_the_limit_the_worker_that_finished_last_takes_the_next_batch_it_holds() -> None:
+    """One worker at a time (two cores): the rows go to the warm worker rather than each size to its own."""
+    scheduler = Scheduler(ElasticPolicy(), 32, max_busy_threads=1)
+    for worker_id, batch in enumerate((1, 1, 2, 4, 8, 16)):
+        scheduler.add_worker(WorkerSlot(worker_id, batch))
+    taken = []
+    for slot, rows in ((0, 1), (1, 3), (4, 1), (5, 2), (7, 6), (13, 1)):
+        scheduler.enqueue(slot, rows, 0.0)
+        (batch,) = scheduler.schedule(0.0)
+        taken.append((batch.worker_id, batch.rows))
+        scheduler.finish(batch.id)
+    # 1 → a batch-1 worker; 3 → the batch-4 (the warm one cannot hold 3); 1 and 2 → the batch-4, warm;
+    # 6 → the batch-8; 1 → the batch-8, warm
+    assert taken == [(1, 1), (3, 3), (3, 1), (3, 2), (4, 6), (4, 1)]
+
+
+def test_without_a_limit_the_warm_worker_does_not_change_algorithm_1() -> None:
+    scheduler = make_scheduler(*EBIRD)
+    scheduler.enqueue(0, 8, 0.0)
+    (first,) = scheduler.schedule(0.0)
+    scheduler.finish(first.id)
+    scheduler.enqueue(8, 1, 1.0)
+    (second,) = scheduler.schedule(1.0)
+    assert (first.worker_id, second.worker_id, second.rows) == (1, 4, 1)  # the batch-8 took 8; one row: a batch-1
 
 
 def test_a_worker_that_starts_beside_a_busy_one_may_not_poll_and_ends_the_others_leave() -> None:
