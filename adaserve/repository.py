@@ -23,7 +23,10 @@ CONFIG_FILE = "config.yaml"
 DAG_FILE = "dag.yaml"
 #: `ModelRepository.fingerprint`: the config's (size, mtime), then each version folder's name and its files' (name,
 #: size, mtime).
-Fingerprint = tuple[tuple[int, int], tuple[tuple[str, tuple[tuple[str, int, int], ...]], ...]]
+#: (name, size, modification time) of each file of a folder, by name.
+Files = tuple[tuple[str, int, int], ...]
+#: A model's files that decide how it is served: those at the top of its folder, and each version folder's.
+Fingerprint = tuple[Files, tuple[tuple[str, Files], ...]]
 
 
 @dataclass(frozen=True)
@@ -127,27 +130,28 @@ class ModelRepository:
         return ModelSpec(config, version, artifact, versions, served, labels)
 
     def fingerprint(self, name: str) -> Fingerprint | None:
-        """What on disk decides how `name` is served: its config file and the files of its version folders (name,
-        size and modification time of each), or a DAG query's dag.yaml. None when it is neither now. Cheap enough to
-        take for every model every few seconds; the poller compares them (`engine/poller.py`)."""
+        """What on disk decides how `name` is served: the files at the top of its folder (the config, and those it
+        names beside it: label files, Packrat's profile.json) and the files of its version folders (name, size and
+        modification time of each), or a DAG query's. None when it is neither now. Cheap enough to take for every
+        model every few seconds; the poller compares them (`engine/poller.py`)."""
         directory = self.root / name
         try:
-            if not (directory / CONFIG_FILE).exists() and (directory / DAG_FILE).exists():
-                dag = (directory / DAG_FILE).stat()  # a DAG query: its definition is all there is
-                return (dag.st_size, dag.st_mtime_ns), ()
-            config = (directory / CONFIG_FILE).stat()
+            top = _files(directory)
+            if not any(file == CONFIG_FILE for file, _, _ in top):
+                return (top, ()) if any(file == DAG_FILE for file, _, _ in top) else None
             folders = sorted(
                 (p for p in directory.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name)
             )
             versions = tuple((folder.name, _files(folder)) for folder in folders)
         except OSError:  # gone, or going, as it is read
             return None
-        return (config.st_size, config.st_mtime_ns), versions
+        return top, versions
 
 
 def version_source(fingerprint: Fingerprint, version: int) -> tuple[object, ...]:
-    """What one version's engine was started from, out of the model's fingerprint: the config file and that
-    version's folder. Equal before and after a change: the change did not touch that version."""
+    """What one version's engine was started from, out of the model's fingerprint: the files at the top of the
+    model's folder and that version's folder. Equal before and after a change: the change did not touch that
+    version."""
     config, folders = fingerprint
     return config, dict(folders).get(str(version), ())
 
@@ -168,7 +172,7 @@ def _read_labels(directory: Path, config: ModelConfig) -> dict[str, tuple[str, .
     return labels
 
 
-def _files(folder: Path) -> tuple[tuple[str, int, int], ...]:
+def _files(folder: Path) -> Files:
     """(name, size, modification time) of each file in `folder`, by name."""
     stats = ((f.name, f.stat()) for f in folder.iterdir() if f.is_file())
     return tuple(sorted((name, st.st_size, st.st_mtime_ns) for name, st in stats))

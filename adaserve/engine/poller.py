@@ -1,13 +1,13 @@
 """Triton's poll mode: follow the model repository on disk while serving.
 
-Every few seconds the poller takes each model's fingerprint (its config and its version folders' files,
-`ModelRepository.fingerprint`) and compares it with what it saw before. A model added is loaded, one whose config
-or versions changed is reloaded (the router starts the new engines beside the old and swaps when they are ready,
-so requests keep being answered; the config's version_policy says which versions, and a version whose config and
-files did not change keeps its engine), one removed is unloaded. A
-change is acted on only once two polls in a row see it the same, so a model still being copied in is not loaded
-half-written. A load that fails is logged and the old engine, if any, keeps serving; the poller tries again when
-the files change again, not on every poll.
+Every few seconds the poller takes each model's fingerprint (the files at the top of its folder, its config and
+label files among them, and its version folders' files, `ModelRepository.fingerprint`) and compares it with what it
+saw before. A model added is loaded, one whose config, label files or versions changed is reloaded (the router
+starts the new engines beside the old and swaps when they are ready, so requests keep being answered; the config's
+version_policy says which versions, and a version whose config and files did not change keeps its engine), one
+removed is unloaded. A change is acted on only once two polls in a row see it the same, so a model still being
+copied in is not loaded half-written. A load that fails is logged and the old engine, if any, keeps serving; the
+poller tries again when the files change again, not on every poll.
 
 Under a memory budget (mCache) models load on demand: a change reloads a model only if it is resident, and a new
 model waits for its first request.

@@ -183,3 +183,22 @@ def test_the_poller_restarts_only_the_versions_that_changed_and_the_api_restarts
         assert all(router.engine("fussy", v) is not engine for v, engine in zip(("1", "2"), engines, strict=True))
 
     run_router(tmp_path, body)
+
+
+def test_a_label_file_changed_reloads_the_model_with_its_new_class_names(tmp_path: Path) -> None:
+    """The config names the labels beside it: they decide the classification extension's answers."""
+    directory = link_example(tmp_path, "mlp", workers=ONE_WORKER)
+    labels = directory / "labels.txt"
+
+    async def body(router: ModelRouter) -> None:
+        await router.load_all()
+        poller = RepositoryPoller(router, DataPlane(router).dags)
+        before = router.engines["mlp"]
+        names = [f"class {i}" for i in range(10)]
+        labels.unlink()  # the example's, linked: write a file of its own in its place
+        labels.write_text("\n".join(names) + "\n")
+        assert await settle(poller) == ["mlp"]
+        assert router.engines["mlp"] is not before
+        assert list(router.engines["mlp"].model.labels["logits"]) == names
+
+    run_router(tmp_path, body)
