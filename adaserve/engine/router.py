@@ -119,8 +119,9 @@ class ModelRouter:
         return self.repository.read(name, int(version))
 
     def source(self, name: str, version: int) -> tuple[object, ...] | None:
-        """What the served engine of a version was started from (its config file and version folder, as the
-        poller fingerprints them): equal for two engines started from the same files. None when none is served."""
+        """What the served engine of a version was started from (the files at the top of the model's folder and the
+        version folder, as the poller fingerprints them): equal for two engines started from the same files. None
+        when none is served."""
         return self._sources.get(name, {}).get(version)
 
     async def load(self, name: str, *, changed_only: bool = False) -> None:

@@ -5,10 +5,10 @@ config says `response_cache: {enable: true}`. Entries are kept least recently us
 
 An entry's key is a hash (BLAKE2b, 32 bytes) of everything that decides the answer:
 
-* the model's name and version, and what that version's engine was started from (its config file and version
-  folder, as the repository poller fingerprints them), so a model changed on disk and reloaded under the same
-  version number never gets its old answers back, while one that mCache evicted and loaded again from the same
-  files keeps them;
+* the model's name and version, and what that version's engine was started from (the files at the top of its
+  folder, labels included, and its version folder, as the repository poller fingerprints them), so a model changed
+  on disk and reloaded under the same version number never gets its old answers back, while one that mCache
+  evicted and loaded again from the same files keeps them;
 * each input's name, datatype, shape and bytes, in config order;
 * the request's parameters, the config's defaults under them, except those that only schedule the request
   (`priority`, `timeout`). Triton's key leaves parameters out; here they change answers: `accuracy` picks an
