@@ -16,14 +16,13 @@
 #       # Packrat at T = every CPU (16 there): ~5 minutes a CNN (ResNet-50 295 s, profile included)
 #   python3 -m benchmarks.gati.gpu --packed "$GPU_BUNDLE/gati" --device cpu --output benchmarks/results/gati_cpu16.json
 #       # GATI's lookups on a core of their own (p99 bar, issue 6); `--device cuda` for the GPU form
-#   python3 -m benchmarks.stream_concurrency      # Ebird §VI-B on the server's stream workers (~30 s)
-#   python3 -m benchmarks.elastic_batching ... --entries "elastic 1 busy,elastic 2 busy"   # benchmarks/README.md §2
+#   bash benchmarks/gpu_checks.sh .gpu "$OUT"    # what the next lent machine runs: the GPU high-load miss (~8 min)
 #
 # The bundle holds what that machine's image lacks, for its Python: this package's dependencies that are not there
-# (tritonclient, whose wheel holds perf_analyzer, msgspec, httptools, pydantic, ...), the CUDA 12 runtime and libb64
-# that perf_analyzer links, Fashion-MNIST's test split (the tests read it) and the Azure trace (`../shared` does not
-# travel), and GATI's packed inputs (`benchmarks.gati.gpu --pack`) when the early-exit benchmark has built its cache
-# set here. Keep DIR out of git (e.g. `echo /.gpu/ >> .git/info/exclude`).
+# (tritonclient, whose wheel holds perf_analyzer, msgspec, httptools, pydantic, ..., and py-spy), the CUDA 12 runtime
+# and libb64 that perf_analyzer links, Fashion-MNIST's test split (the tests read it) and the Azure trace
+# (`../shared` does not travel), and GATI's packed inputs (`benchmarks.gati.gpu --pack`) when the early-exit
+# benchmark has built its cache set here. Keep DIR out of git (e.g. `echo /.gpu/ >> .git/info/exclude`).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -39,6 +38,7 @@ WHEELS=(
     opentelemetry-proto==1.26.0 googleapis-common-protos==1.75.0 Deprecated==1.3.1 wrapt==2.5.2
     importlib_metadata==8.0.0 zipp==4.1.2 requests==2.34.2 urllib3==2.8.0 idna==3.20 charset-normalizer==3.5.3
     certifi==2026.10.19.post1
+    py-spy==0.4.3
 )
 
 pack() {
@@ -65,5 +65,5 @@ pack() {
 
 case "${1:-}" in
     pack) pack "${2:-}" ;;
-    *) sed -n '2,26p' "$0" >&2; exit 2 ;;
+    *) sed -n '2,25p' "$0" >&2; exit 2 ;;
 esac
