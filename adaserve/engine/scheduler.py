@@ -61,7 +61,8 @@ class Scheduler:
     `max_busy_threads` is the CPU form of Ebird's engine: on a GPU, batches of several workers run side by side on
     the SMs; on a CPU, workers whose threads exceed the cores only time-share them, and a burst of small batches
     slows the large one beside it. So a worker is offered work only while the busy workers' threads leave room for
-    its own (any worker may start when none is busy). None: no limit, Ebird's GPU form.
+    its own (any worker may start when none is busy). None: no limit, Ebird's GPU form. The policy sees which idle
+    worker finished last (`QueueView.warm`): under the limit that one takes the last batch if it holds the rows.
 
     `idle_spin`: a worker that starts alone, with no more threads than the limit, while workers have been busy less
     than `POLL_BELOW_BUSY_SHARE` of the last second, may poll for its next batch once this one is done instead of
