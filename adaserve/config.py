@@ -155,6 +155,13 @@ class BatchingSpec(Strict):
         "one for the frontend, at least one (with workers: auto, Packrat's T); on CUDA a stream worker counts one and "
         "the default is no limit, Ebird's GPU form; 0: no limit",
     )
+    max_busy_threads_saturated: int | None = Field(
+        default=None,
+        ge=1,
+        description="busy workers' threads stay within this instead, while some worker was busy at least 80% of "
+        "the last second: then rows wait for a busy worker and run as one larger batch rather than start beside it "
+        "(for CUDA streams, whose batches side by side ran slower than alone); default: off",
+    )
     idle_spin_us: int = Field(
         default=5000,
         ge=0,

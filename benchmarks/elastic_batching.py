@@ -17,11 +17,13 @@ sends through adaserve.bench instead, as this benchmark did before:
 
 `--device cuda` serves the entries with `device: cuda` (Ebird's GPU form: each worker a CUDA stream of one host
 process, sharing one copy of the weights), and `--model resnet50` (any model of `benchmarks.packrat.models`,
-exported here with seeded random weights and `max_batch_size` 16) replaces the example `cnn`: Ebird's own
-benchmarks were ResNets, VGGs and Inception v4 on a GPU. On CUDA a worker has no threads to set: the sensitivity
-checks beside the bars are instead `<model>_elastic_1busy` and `<model>_elastic_2busy`, elastic with
-`max_busy_threads` 1 and 2 (at most that many streams busy at once, so the last of them takes every ready row, as
-the CPU form's last batch does). `--entries` measures some of the entries only (elastic and fixed-timeout always).
+exported here with seeded random weights and `max_batch_size` 16) replaces the example `cnn`: Ebird's own benchmarks
+were ResNets, VGGs and Inception v4 on a GPU. On CUDA a worker has no threads to set: the sensitivity checks beside
+the bars are instead `<model>_elastic_1busy` and `<model>_elastic_2busy`, elastic with `max_busy_threads` 1 and 2
+(at most that many streams busy at once, so the last of them takes every ready row, as the CPU form's last batch
+does), and `<model>_elastic_sat1`, no limit until the streams were busy 80% of the last second and one busy stream
+from then on (`max_busy_threads_saturated: 1`). `--entries` measures some of the entries only (elastic and
+fixed-timeout always).
 
 Stages: (1) capacity, a closed loop of 32 clients, picks the rates (low = 27.5% of elastic's capacity, high =
 3 × low); (2) the OPT Wait sweep; (3) a step schedule low → high (Poisson, 20 s each); (4) a replay of the Azure LLM
@@ -107,11 +109,13 @@ def policies(delay_us: int, shortest_us: int, model: str = "cnn", device: str = 
         on = {"device": "cuda"}
         elastic = {**on, "batching": {"policy": "elastic"}}
         busy = [{**on, "batching": {"policy": "elastic", "max_busy_threads": n}} for n in (1, 2)]
+        saturated = {**on, "batching": {"policy": "elastic", "max_busy_threads_saturated": 1}}
         return [
             Policy("elastic", f"{model}_elastic", elastic),
             Policy("fixed-timeout", f"{model}_fixed", {**on, "batching": fixed, "workers": [{"batch": MAX_BATCH}]}),
             Policy("elastic 1 busy", f"{model}_elastic_1busy", busy[0], False),
             Policy("elastic 2 busy", f"{model}_elastic_2busy", busy[1], False),
+            Policy("elastic 1 busy saturated", f"{model}_elastic_sat1", saturated, False),
             Policy("none", f"{model}_none", {**on, "batching": {"policy": "none"}, "workers": [{"batch": 1}] * 2}),
         ]
     return [

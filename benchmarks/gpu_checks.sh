@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The checks a lent GPU machine runs next, as one call of the device tool (about 8 minutes of its 15; the open
+# The checks a lent GPU machine runs next, as one call of the device tool (about 9 minutes of its 15; the open
 # question is the GPU high-load miss, benchmarks/README.md §2 "Next on a lent machine"). Here, first:
 #
 #   echo /.gpu/ >> .git/info/exclude; bash benchmarks/gpu_bundle.sh pack .gpu
@@ -7,8 +7,8 @@
 # then on the device (carry .gpu), from the repository root: `bash benchmarks/gpu_checks.sh .gpu "$OUT"`. It writes
 # under OUT (default benchmarks/results/tmp/gpu):
 #   stream_concurrency.json               Ebird's §VI-B premise on the server's stream workers (~30 s)
-#   elastic_batching-cuda-resnet50.json   the elastic run with one and two busy streams beside (~6 minutes), its
-#                                         PNGs and log beside it
+#   elastic_batching-cuda-resnet50.json   the elastic run with the busy-stream entries beside (~7 min), its PNGs
+#                                         and log beside it
 #   server-step.txt                       py-spy's samples (raw, collapsed stacks) of the server and its model
 #                                         host during the step stage, where the time of a host-bound server goes
 # Copy the JSONs and PNGs into benchmarks/results/ (renamed by date or run) and record them in benchmarks/README.md.
@@ -25,8 +25,9 @@ timeout 120 python3 -m benchmarks.stream_concurrency --output "$OUT/stream_concu
 
 log="$OUT/elastic.log"
 python3 -m benchmarks.elastic_batching --quick --device cuda --model resnet50 --noise-cores 2 --quiet-s 0 \
-    --phase-s 8 --trace-s 8 --sweep-s 2 --entries "elastic 1 busy,elastic 2 busy" --trace "$GPU_BUNDLE/conv.csv" \
-    --perf-venv "$GPU_BUNDLE/perf" --output "$OUT/elastic_batching-cuda-resnet50.json" > "$log" 2>&1 &
+    --phase-s 8 --trace-s 8 --sweep-s 2 --entries "elastic 1 busy,elastic 2 busy,elastic 1 busy saturated" \
+    --trace "$GPU_BUNDLE/conv.csv" --perf-venv "$GPU_BUNDLE/perf" \
+    --output "$OUT/elastic_batching-cuda-resnet50.json" > "$log" 2>&1 &
 bench=$!
 
 # The step stage follows the OPT Wait sweep's two runs; sample the server's processes through it (25 Hz, without
@@ -39,7 +40,7 @@ for _ in $(seq 600); do
 done
 server=$(pgrep -f -n "adaserve serve --model-repository .*elastic_batching-cuda-resnet50")
 if [ -x "$spy" ] && [ -n "$server" ]; then
-    "$spy" record --pid "$server" --subprocesses --nonblocking --rate 25 --duration 90 --format raw \
+    "$spy" record --pid "$server" --subprocesses --nonblocking --rate 25 --duration 110 --format raw \
         --output "$OUT/server-step.txt" > "$OUT/py-spy.log" 2>&1 || echo "py-spy failed: $(tail -n 1 "$OUT/py-spy.log")"
 fi
 wait "$bench"

@@ -53,6 +53,7 @@ def test_defaults(tmp_path: Path) -> None:
     assert (config.platform, config.max_batch_size, config.max_queue_size) == (None, 16, 1024)
     assert (config.batching.policy, config.batching.max_queue_delay_us) == ("elastic", 1000)
     assert config.batching.idle_spin_us == 5000
+    assert config.batching.max_busy_threads_saturated is None  # off
     assert config.workers is None and config.parameters == {}
     assert batches(config) == [1, 1, 2, 4, 8, 16]
     assert all(w.threads == 1 and w.cpus is None for w in config.worker_set)
@@ -151,6 +152,11 @@ def test_without_a_directory_name_the_file_must_name_the_model(tmp_path: Path) -
         ),
         (minimal(batching={"idle_spin_us": -1}), "batching.idle_spin_us", "greater than or equal to 0"),
         (
+            minimal(batching={"max_busy_threads_saturated": 0}),
+            "batching.max_busy_threads_saturated",
+            "greater than or equal to 1",
+        ),
+        (
             minimal(batching={"default_queue_policy": {"timeout_action": "drop"}}),
             "batching.default_queue_policy.timeout_action",
             "'reject' or 'delay'",
@@ -188,6 +194,7 @@ def test_without_a_directory_name_the_file_must_name_the_model(tmp_path: Path) -
         "queue-policy-of-an-unknown-level",
         "queue-policy-without-levels",
         "negative-idle-spin",
+        "saturated-busy-threads-zero",
         "queue-policy-action",
         "version-policy-two-forms",
         "version-policy-latest-zero",

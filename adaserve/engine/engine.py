@@ -159,6 +159,7 @@ class ModelEngine:
             create_batching_policy(config.batching, config.max_batch_size),
             config.inflight_limit_for(self.worker_set.workers),
             max_busy_threads=busy_threads or None,
+            saturated_busy_threads=config.batching.max_busy_threads_saturated,
             idle_spin=self.idle_spin_us > 0,
         )
         # A CUDA model's host copies each request into its device ring as it arrives: this pipe names the rows

@@ -29,6 +29,10 @@ from adaserve.engine.batching import BatchingPolicy, QueueView, WorkerSlot
 #: polling after every batch against 3.5 ms without).
 POLL_BELOW_BUSY_SHARE = 0.5
 BUSY_WINDOW_S = 1.0
+#: `saturated_busy_threads` replaces the busy-thread limit while some worker was busy this share of the last
+#: `BUSY_WINDOW_S` or more. Unlimited streams at half a GPU's load leave no stream busy about half the time; one
+#: stream at a time near capacity is busy nearly all of it, so the switch back comes only as the load falls.
+SATURATED_BUSY_SHARE = 0.8
 
 
 @dataclass
@@ -70,14 +74,25 @@ class Scheduler:
     again or another worker starts, which takes the core it would poll on (`Batch.rests` names it then). The busy
     share needs `finish` to be told the time. Nor may it poll unless `spare_cores` (the CPUs less what the frontend
     used lately) leave a whole core for the poller beside the busy share.
+
+    `saturated_busy_threads`: the limit while workers were busy `SATURATED_BUSY_SHARE` of the last second or more
+    (None: `max_busy_threads` always), so under load rows wait for a busy worker and grow into one larger batch.
     """
 
     def __init__(
-        self, policy: BatchingPolicy, max_inflight: int, *, max_busy_threads: int | None = None, idle_spin: bool = False
+        self,
+        policy: BatchingPolicy,
+        max_inflight: int,
+        *,
+        max_busy_threads: int | None = None,
+        saturated_busy_threads: int | None = None,
+        idle_spin: bool = False,
     ) -> None:
         self.policy = policy
         self.max_inflight = max_inflight
         self.max_busy_threads = max_busy_threads
+        self.saturated_busy_threads = saturated_busy_threads
+        self._limit = max_busy_threads  # the limit in force for this scheduling pass (`_busy_limit`)
         self.idle_spin = idle_spin
         # Cores free for a poller beyond the frontend's recent use; the engine keeps it current (the frontend shares
         # the cores: over gRPC at concurrency 8 a poller took 0.76× the throughput from it).
@@ -170,6 +185,7 @@ class Scheduler:
     # -- the algorithm ---------------------------------------------------------------------------------------
     def schedule(self, now: float) -> list[Batch]:
         """Start every batch the policy allows now."""
+        self._limit = self._busy_limit(now)
         started: list[Batch] = []
         while self._idle and self.ready:
             choice = self.policy.pick(self._view(now), self._idle_slots())
@@ -218,16 +234,16 @@ class Scheduler:
             inflight=self.inflight,
             oldest_wait_s=now - self._queue[0].arrived_at,
             smallest_batch=min(w.batch for w in self._workers.values()),
-            thread_room=None if self.max_busy_threads is None else self.max_busy_threads - self.busy_threads,
+            thread_room=None if self._limit is None else self._limit - self.busy_threads,
             warm=self._warm,
         )
 
     def _idle_slots(self) -> list[WorkerSlot]:
         """Idle workers, largest granularity first, whose threads fit beside the busy ones."""
         idle = [self._workers[worker_id] for _, worker_id in self._idle]
-        if self.max_busy_threads is None or self.busy_threads == 0:
+        if self._limit is None or self.busy_threads == 0:
             return idle
-        room = self.max_busy_threads - self.busy_threads
+        room = self._limit - self.busy_threads
         return [worker for worker in idle if worker.threads <= room]
 
     def _window(self, size: int) -> tuple[int, int]:
@@ -283,7 +299,7 @@ class Scheduler:
         if self._warm == worker.id:
             self._warm = None  # busy now; whichever worker finishes next is the warm one
         rests = () if self._polling in (None, worker.id) else (self._polling,)
-        alone = self.busy_threads == 0 and worker.threads <= (self.max_busy_threads or worker.threads)
+        alone = self.busy_threads == 0 and worker.threads <= (self._limit or worker.threads)
         busy = self._busy_share(now)
         spin = self.idle_spin and alone and busy < POLL_BELOW_BUSY_SHARE and busy < self.spare_cores - 1
         self._polling = worker.id if spin else None
@@ -321,6 +337,12 @@ class Scheduler:
                 self._level_rows[run.level] -= left
                 left = 0
         return start
+
+    def _busy_limit(self, now: float) -> int | None:
+        """The busy-thread limit in force now: the saturated one while workers were busy enough of late."""
+        if self.saturated_busy_threads is None or self._busy_share(now) < SATURATED_BUSY_SHARE:
+            return self.max_busy_threads
+        return min(self.saturated_busy_threads, self.max_busy_threads or self.saturated_busy_threads)
 
     def _busy_share(self, now: float) -> float:
         """The share of the last `BUSY_WINDOW_S` during which some worker was busy."""

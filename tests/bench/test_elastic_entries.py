@@ -29,9 +29,10 @@ def test_every_entry_is_a_valid_config(device: str) -> None:
         assert all(worker.batch <= MAX_BATCH for worker in config.workers or [])
 
 
-def test_on_cuda_the_sensitivity_entries_let_one_and_two_streams_be_busy() -> None:
+def test_on_cuda_the_sensitivity_entries_limit_the_busy_streams() -> None:
     checks = [served(entry).batching for entry in policies(1000, 500, "cnn", "cuda") if not entry.primary]
-    assert [(batching.policy, batching.max_busy_threads) for batching in checks] == [("elastic", 1), ("elastic", 2)]
+    limits = [(b.policy, b.max_busy_threads, b.max_busy_threads_saturated) for b in checks]
+    assert limits == [("elastic", 1, None), ("elastic", 2, None), ("elastic", None, 1)]
 
 
 def test_entries_picks_some_beside_the_two_compared(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -59,6 +59,17 @@ def test_a_worker_polls_for_its_next_batch_until_another_worker_starts(tmp_path:
     run_engine(tmp_path, body)
 
 
+def test_the_saturated_limit_reaches_the_scheduler(tmp_path: Path) -> None:
+    batching = {"policy": "elastic", "max_busy_threads": 0, "max_busy_threads_saturated": 1}
+    link_example(tmp_path, "mlp", workers=[{"batch": 1, "threads": 1}], batching=batching)
+
+    async def body(engine: ModelEngine) -> None:
+        scheduler = engine.scheduler
+        assert (scheduler.max_busy_threads, scheduler.saturated_busy_threads) == (None, 1)
+
+    run_engine(tmp_path, body)
+
+
 def test_the_frontend_cpu_counts_what_this_process_used() -> None:
     cpu = FrontendCpu()
     start = time.monotonic()

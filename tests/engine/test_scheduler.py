@@ -211,6 +211,7 @@ class Simulation:
         self.max_inflight = rng.randint(lowest, sum(self.batches) + 4)
         self.scheduler = make_scheduler(*self.batches, policy=policy, max_inflight=self.max_inflight)
         self.scheduler.max_busy_threads = rng.choice((None, 1, 2, 3))  # the CPU form's limit, or Ebird's GPU form
+        self.scheduler.saturated_busy_threads = rng.choice((None, None, 1, 2))  # and a tighter one under load
         self.scheduler.idle_spin = rng.random() < 0.5
         self.polling: set[int] = set()  # workers whose last batch let them poll, not told to rest since
         self.next_worker = len(self.batches)
@@ -389,6 +390,44 @@ def test_no_limit_is_ebirds_gpu_form(limit: int | None, busy: int, inflight: int
         scheduler.enqueue(slot, 1, 0.0)
         scheduler.schedule(0.0)
     assert (scheduler.busy_threads, scheduler.inflight) == (busy, inflight)
+
+
+def saturated_scheduler(busy_s: float) -> Scheduler:
+    """No limit, one busy thread once saturated; Ebird's workers; one row run for `busy_s` of the last second."""
+    scheduler = Scheduler(ElasticPolicy(), 32, saturated_busy_threads=1)
+    for worker_id, batch in enumerate((1, 1, 2, 4, 8, 16)):
+        scheduler.add_worker(WorkerSlot(worker_id, batch))
+    scheduler.enqueue(0, 1, 0.0)
+    (batch,) = scheduler.schedule(1.0 - busy_s)
+    scheduler.finish(batch.id, now=1.0)
+    return scheduler
+
+
+@pytest.mark.parametrize(
+    ("busy_s", "batches"),
+    [(0.5, [(2, 2), (0, 1)]), (0.85, [(3, 3)])],  # (worker id, rows): ids 0-5 are batch 1, 1, 2, 4, 8, 16
+)
+def test_when_saturated_rows_wait_for_one_worker_instead_of_starting_beside_it(
+    busy_s: float, batches: list[tuple[int, int]]
+) -> None:
+    """Three rows: below the saturated share Algorithm 1 runs them as 2 and 1 side by side; once workers were busy
+    80% of the last second, one worker takes all three (the batch-4: the warm batch-1 cannot hold them)."""
+    scheduler = saturated_scheduler(busy_s)
+    scheduler.enqueue(1, 3, 1.0)
+    assert [(b.worker_id, b.rows) for b in scheduler.schedule(1.0)] == batches
+
+
+def test_the_saturated_limit_applies_only_while_workers_stay_busy() -> None:
+    scheduler = saturated_scheduler(0.9)
+    scheduler.enqueue(1, 1, 1.0)
+    (first,) = scheduler.schedule(1.0)
+    scheduler.enqueue(2, 1, 1.0)
+    assert scheduler.schedule(1.0) == []  # one busy: the next row waits
+    scheduler.finish(first.id, now=1.01)
+    scheduler.enqueue(3, 1, 3.0)
+    assert len(scheduler.schedule(3.0)) == 1  # the waiting row and the new one: one batch of two
+    scheduler.enqueue(4, 1, 3.0)
+    assert len(scheduler.schedule(3.0)) == 1  # two seconds idle before: no limit, a second worker starts beside
 
 
 def test_retiring_a_worker_that_was_never_added_is_allowed() -> None:
