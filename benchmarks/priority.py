@@ -5,15 +5,18 @@ workers) three times: `resnet18_fifo` with priority off, arrival order; `resnet1
 `batching.priority_levels: 2`; and `resnet18_bounded`, the same with a queue policy for the low level (Triton's
 `priority_queue_policy`): a default timeout, after which a low request not yet started is refused. Each load sends
 one Poisson schedule through `adaserve bench` (gRPC): a share of the requests carries `priority: 1`, the rest none
-(the lowest level). Every entry gets the same schedule, the same mix and the same inputs, one after the other; per
-load the order rotates. The loads are fractions of the fifo entry's closed-loop capacity, measured first, the last
-above it (a backlog grows, which priority is for).
+(the lowest level). Every entry gets the same schedule, the same mix and the same inputs, one after the other; each
+step the order rotates. The loads are fractions of the fifo entry's closed-loop capacity, measured first, the last
+above it (a backlog grows, which priority is for). The loads are run `--repeats` times in turn (default 3), and the
+comparisons take the median of the repeats: a single run on this VM moved level 1's p99 or the others' mean by
+several times between runs.
 
-    .venv/bin/python -m benchmarks.priority             # ~3 minutes
-    .venv/bin/python -m benchmarks.priority --quick     # ~1 minute, under results/tmp/
+    .venv/bin/python -m benchmarks.priority             # ~9 minutes
+    .venv/bin/python -m benchmarks.priority --quick     # ~1 minute, one repeat, under results/tmp/
 
 Writes `results/priority.json` and `.png`: per load and entry, mean, p50 and p99 latency of each class and the
-requests of each refused, and the ratios of each entry's figures to fifo's.
+requests of each refused, every run's and the median over the repeats, and the ratios of each entry's medians to
+fifo's.
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ def main() -> None:
             "high_share": args.high_share,
             "loads": args.loads,
             "phase_s": args.phase_s,
+            "repeats": args.repeats,
             "seed": args.seed,
             "protocol": "grpc",
         },
@@ -70,11 +74,12 @@ def main() -> None:
     with running_server(repository) as server:
         report["capacity_rps"] = _capacity(server.grpc_url, args.phase_s / 3)
         print(f"capacity of {MODEL}_fifo: {report['capacity_rps']:.1f} req/s", flush=True)
-        for step, load in enumerate(args.loads):
+        steps = [(repeat, load) for repeat in range(args.repeats) for load in args.loads]
+        for step, (repeat, load) in enumerate(steps):
             rate = round(load * report["capacity_rps"], 1)
             order = list(ENTRIES)[step % len(ENTRIES) :] + list(ENTRIES)[: step % len(ENTRIES)]
             for entry in order:
-                run: dict[str, Any] = {"load": load, "rate_rps": rate, "entry": entry}
+                run: dict[str, Any] = {"load": load, "rate_rps": rate, "entry": entry, "repeat": repeat}
                 run["quiet"] = wait_for_quiet(args.quiet_s)
                 with load_window(run):
                     result = run_bench(_config(server.grpc_url, f"{MODEL}_{entry}", rate, args))
@@ -92,6 +97,8 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="5 s phases and two loads (~1 minute)")
     parser.add_argument("--loads", type=lambda s: [float(x) for x in s.split(",")], help="fractions of capacity")
     parser.add_argument("--phase-s", type=float, help="seconds of each run (default 15; --quick 5)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each entry at each load; the comparisons "
+                        "take the median (default 3; --quick 1)")  # fmt: skip
     parser.add_argument("--high-share", type=float, default=0.2, help="share of requests with priority 1")
     parser.add_argument("--seed", type=int, default=1, help="seeds the arrivals, the mix and the inputs")
     parser.add_argument("--quiet-s", type=float, default=5.0, help="wait at most this long for a quiet machine")
@@ -99,6 +106,7 @@ def _parse_args() -> argparse.Namespace:
     args = parser.parse_args()
     args.loads = args.loads or ([0.9, 1.1] if args.quick else [0.7, 0.9, 1.1])
     args.phase_s = args.phase_s or (5.0 if args.quick else 15.0)
+    args.repeats = 1 if args.quick else args.repeats
     return args
 
 
@@ -155,23 +163,32 @@ def _measure(result: BenchResult) -> dict[str, Any]:
 
 
 def _compare(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per load: each class's mean and p99 under every entry, and each entry's over fifo's."""
+    """Per load: each class's mean and p99 under every entry (the median over the repeats, and every repeat's
+    value), and each entry's median over fifo's."""
     comparisons = []
     for load in dict.fromkeys(run["load"] for run in runs):
-        entries = {run["entry"]: run for run in runs if run["load"] == load}
-        row: dict[str, Any] = {"load": load, "rate_rps": entries["fifo"]["rate_rps"]}
+        entries = {entry: [run for run in runs if run["load"] == load and run["entry"] == entry] for entry in ENTRIES}
+        row: dict[str, Any] = {"load": load, "rate_rps": entries["fifo"][0]["rate_rps"]}
         for name in (HIGH, LOW, "all"):
             for figure_name in ("mean_ms", "p99_ms"):
-                fifo = entries["fifo"][name][figure_name]
-                cell: dict[str, Any] = {entry: entries[entry][name][figure_name] for entry in ENTRIES}
+                each = {entry: [run[name][figure_name] for run in entries[entry]] for entry in ENTRIES}
+                cell: dict[str, Any] = {entry: _median(values) for entry, values in each.items()}
+                fifo = cell["fifo"]
                 for entry in list(ENTRIES)[1:]:
                     value = cell[entry]
                     cell[f"{entry}_ratio"] = value / fifo if fifo and value is not None else None
+                cell["repeats"] = each
                 row[f"{name} {figure_name}"] = cell
         for name in (HIGH, LOW):
-            row[f"{name} refused"] = {entry: entries[entry][name]["refused"] for entry in ENTRIES}
+            row[f"{name} refused"] = {entry: [run[name]["refused"] for run in entries[entry]] for entry in ENTRIES}
         comparisons.append(row)
     return comparisons
+
+
+def _median(values: list[float | None]) -> float | None:
+    """The median of the repeats that measured something (None: none did)."""
+    measured = [value for value in values if value is not None]
+    return float(np.median(measured)) if measured else None
 
 
 def _line(run: dict[str, Any]) -> str:
