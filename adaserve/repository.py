@@ -8,7 +8,7 @@ even torch.export's pickle fallback is held to tensors, and TorchScript archives
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,8 +21,6 @@ ARTIFACTS = {"model.pt2": "torch_export", "model.pt": "torchscript"}
 CONFIG_FILE = "config.yaml"
 #: A folder with this file instead of `config.yaml` holds a DAG query (`adaserve.planner`), not a model.
 DAG_FILE = "dag.yaml"
-#: `ModelRepository.fingerprint`: the config's (size, mtime), then each version folder's name and its files' (name,
-#: size, mtime).
 #: (name, size, modification time) of each file of a folder, by name.
 Files = tuple[tuple[str, int, int], ...]
 #: A model's files that decide how it is served: those at the top of its folder, and each version folder's.
@@ -136,13 +134,12 @@ class ModelRepository:
         model every few seconds; the poller compares them (`engine/poller.py`)."""
         directory = self.root / name
         try:
-            top = _files(directory)
+            entries = list(directory.iterdir())  # one listing for the files at the top and the version folders
+            top = _stats(entries)
             if not any(file == CONFIG_FILE for file, _, _ in top):
                 return (top, ()) if any(file == DAG_FILE for file, _, _ in top) else None
-            folders = sorted(
-                (p for p in directory.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name)
-            )
-            versions = tuple((folder.name, _files(folder)) for folder in folders)
+            folders = sorted((p for p in entries if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))
+            versions = tuple((folder.name, _stats(folder.iterdir())) for folder in folders)
         except OSError:  # gone, or going, as it is read
             return None
         return top, versions
@@ -172,9 +169,9 @@ def _read_labels(directory: Path, config: ModelConfig) -> dict[str, tuple[str, .
     return labels
 
 
-def _files(folder: Path) -> Files:
-    """(name, size, modification time) of each file in `folder`, by name."""
-    stats = ((f.name, f.stat()) for f in folder.iterdir() if f.is_file())
+def _stats(entries: Iterable[Path]) -> Files:
+    """(name, size, modification time) of each file among a folder's `entries`, by name."""
+    stats = ((f.name, f.stat()) for f in entries if f.is_file())
     return tuple(sorted((name, st.st_size, st.st_mtime_ns) for name, st in stats))
 
 

@@ -348,8 +348,9 @@ def _parse_args() -> argparse.Namespace:
     add("--output", type=Path, help="result JSON (PNGs go beside it)")
     args = parser.parse_args()
     known = {p.label for p in policies(0, 0, args.model, args.device)}
-    if args.entries is not None and set(args.entries) - known:
-        parser.error(f"--entries: no entry {sorted(set(args.entries) - known)} on {args.device}; {sorted(known)}")
+    unknown = sorted(set(args.entries or ()) - known)
+    if unknown:
+        parser.error(f"--entries: no entry {unknown} on {args.device}; {sorted(known)}")
     args.quiet_s = args.quiet_s if args.quiet_s is not None else (2.0 if args.quick else 10.0)
     args.quiet_short_s = min(args.quiet_s, 1.0 if args.quick else 4.0)
     # Ascending: the first is the shortest delay, the sensitivity entry's.

@@ -30,7 +30,7 @@ import torch
 
 from adaserve.config import TensorSpec
 from adaserve.engine.streams import GraphedForward
-from benchmarks.common import RESULTS, command_line, machine, write_json
+from benchmarks.common import RESULTS, report_head, write_json
 from benchmarks.packrat.models import REFERENCES
 
 
@@ -88,6 +88,8 @@ def main() -> int:
     torch.manual_seed(0)
     model = reference.build().eval().to(device)
     spec = TensorSpec(**reference.inputs[0])
+    settings = {"model": reference.description, "rows": args.rows, "repeats": args.repeats, "device": args.device}
+    report = report_head("stream_concurrency", settings)
     splits = []
     for workers in [n for n in (1, 2, 4, 8, 16) if n <= args.rows]:
         rows = args.rows // workers
@@ -101,19 +103,7 @@ def main() -> int:
     for split in splits:
         split["vs_one_batch"] = split["together_ms"] / whole  # Ebird's premise: about 1
         split["vs_one_at_a_time"] = split["together_ms"] / (split["workers"] * split["one_alone_ms"])
-    write_json(
-        {
-            "benchmark": "stream_concurrency",
-            "command": command_line(),
-            "machine": machine(),
-            "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "model": reference.description,
-            "rows": args.rows,
-            "repeats": args.repeats,
-            "splits": splits,
-        },
-        args.output,
-    )
+    write_json({**report, "splits": splits}, args.output)
     return 0
 
 

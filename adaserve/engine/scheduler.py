@@ -185,14 +185,16 @@ class Scheduler:
     # -- the algorithm ---------------------------------------------------------------------------------------
     def schedule(self, now: float) -> list[Batch]:
         """Start every batch the policy allows now."""
-        self._limit = self._busy_limit(now)
+        # A batch started in this pass adds no busy time before `now`, so the share holds for the whole pass.
+        busy = self._busy_share(now)
+        self._limit = self._busy_limit(busy)
         started: list[Batch] = []
         while self._idle and self.ready:
             choice = self.policy.pick(self._view(now), self._idle_slots())
             if choice is None:
                 break
             worker, rows = choice
-            started.append(self._start(worker, rows, now))
+            started.append(self._start(worker, rows, now, busy))
         return started
 
     def running(self, batch_id: int) -> Batch | None:
@@ -293,14 +295,14 @@ class Scheduler:
             end += item.rows
         return run
 
-    def _start(self, worker: WorkerSlot, rows: int, now: float) -> Batch:
+    def _start(self, worker: WorkerSlot, rows: int, now: float, busy: float) -> Batch:
+        """Give `worker` the next `rows` ready rows at `now`; `busy`: the busy share, which decides its polling."""
         start = self._take(rows)
         self._idle.remove((-worker.batch, worker.id))
         if self._warm == worker.id:
             self._warm = None  # busy now; whichever worker finishes next is the warm one
         rests = () if self._polling in (None, worker.id) else (self._polling,)
         alone = self.busy_threads == 0 and worker.threads <= (self._limit or worker.threads)
-        busy = self._busy_share(now)
         spin = self.idle_spin and alone and busy < POLL_BELOW_BUSY_SHARE and busy < self.spare_cores - 1
         self._polling = worker.id if spin else None
         if self.busy_threads == 0:
@@ -338,9 +340,9 @@ class Scheduler:
                 left = 0
         return start
 
-    def _busy_limit(self, now: float) -> int | None:
-        """The busy-thread limit in force now: the saturated one while workers were busy enough of late."""
-        if self.saturated_busy_threads is None or self._busy_share(now) < SATURATED_BUSY_SHARE:
+    def _busy_limit(self, busy: float) -> int | None:
+        """The busy-thread limit in force at busy share `busy`: the saturated one while workers were busy enough."""
+        if self.saturated_busy_threads is None or busy < SATURATED_BUSY_SHARE:
             return self.max_busy_threads
         return min(self.saturated_busy_threads, self.max_busy_threads or self.saturated_busy_threads)
 
