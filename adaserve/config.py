@@ -172,6 +172,12 @@ class BatchingSpec(Strict):
         "under half of the last second and the frontend process leaves a core free. 0: sleep at once. Not on CUDA, "
         "nor with one CPU",
     )
+    share_cores: bool = Field(
+        default=True,
+        description="CPU workers: max_busy_threads and polling count the busy workers of every other CPU model of "
+        "the server that shares cores, and freed threads go to the model whose oldest row waited longest; false "
+        "for a model whose workers are pinned (cpus) to cores no other model uses: it then counts only its own",
+    )
     priority_levels: int = Field(
         default=0,
         ge=0,

@@ -54,6 +54,7 @@ def test_defaults(tmp_path: Path) -> None:
     assert (config.batching.policy, config.batching.max_queue_delay_us) == ("elastic", 1000)
     assert config.batching.idle_spin_us == 5000
     assert config.batching.max_busy_threads_saturated is None  # off
+    assert config.batching.share_cores is True
     assert config.workers is None and config.parameters == {}
     assert batches(config) == [1, 1, 2, 4, 8, 16]
     assert all(w.threads == 1 and w.cpus is None for w in config.worker_set)

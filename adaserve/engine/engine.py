@@ -29,6 +29,7 @@ from adaserve.adaptive.gati.requests import exit_target
 from adaserve.adaptive.responses import Part, combine
 from adaserve.config import AdaptationSpec, ModelConfig, WorkerSpec
 from adaserve.engine.batching import WorkerSlot, create_batching_policy
+from adaserve.engine.cores import Cores
 from adaserve.engine.messages import (
     BatchDone,
     FrameReader,
@@ -136,10 +137,17 @@ class WorkerInfo:
 
 class ModelEngine:
     def __init__(
-        self, model: ModelSpec, *, reload: Callable[[], None] | None = None, hosts: HostLauncher | None = None
+        self,
+        model: ModelSpec,
+        *,
+        reload: Callable[[], None] | None = None,
+        hosts: HostLauncher | None = None,
+        cores: Cores | None = None,
     ) -> None:
         """`reload`: asks the router to load the model again (GATI's adaptation deployed a new cache set);
-        `hosts`: where the model's host process comes from (default: one started for it, no spares)."""
+        `hosts`: where the model's host process comes from (default: one started for it, no spares); `cores`: the
+        CPU cores shared with the server's other CPU models (default, or with `batching.share_cores: false`: this
+        model's alone; CUDA models never share them)."""
         config = model.config
         self.model = model
         self._reload = reload
@@ -154,6 +162,8 @@ class ModelEngine:
         if busy_threads is None:  # CPU workers share the cores; CUDA streams share the GPU, which takes them all
             busy_threads = self.planner.default_busy_threads() if config.device == "cpu" else 0
         self.idle_spin_us = idle_spin_in_force(config)
+        # Whether the busy-thread limit and polling count the server's other CPU models (`adaserve.engine.cores`).
+        self.shares_cores = cores is not None and config.device == "cpu" and config.batching.share_cores
         self._frontend_cpu = FrontendCpu()
         self.scheduler = Scheduler(
             create_batching_policy(config.batching, config.max_batch_size),
@@ -161,7 +171,9 @@ class ModelEngine:
             max_busy_threads=busy_threads or None,
             saturated_busy_threads=config.batching.max_busy_threads_saturated,
             idle_spin=self.idle_spin_us > 0,
+            cores=cores if self.shares_cores else None,
         )
+        self.scheduler.cores.connect(self.scheduler, pump=self._pump, rest=self._rest)
         # A CUDA model's host copies each request into its device ring as it arrives: this pipe names the rows
         # (a new pipe for each host; `_launch_host` makes it).
         self._stage_pipe: tuple[int, int] | None = None
@@ -394,6 +406,7 @@ class ModelEngine:
         os.close(self._pool_fd)
         if self._stage_pipe is not None:
             os.close(self._stage_pipe[1])
+        self.scheduler.cores.leave(self.scheduler)
 
     # -- requests --------------------------------------------------------------------------------------------
     async def infer(self, inputs: list[np.ndarray], rows: int, parameters: dict[str, Any]) -> EngineResult:
@@ -534,8 +547,7 @@ class ModelEngine:
             if pending.parameters:
                 parameters.append(RowParameters(slot - batch.start, rows, pending.parameters))
         for worker_id in batch.rests:
-            if worker_id in self._processes:
-                self._processes[worker_id].rest()
+            self._rest(worker_id)
         command = RunBatch(
             batch.id, batch.start, batch.rows, requests, parameters, self.idle_spin_us if batch.spin else 0
         )
@@ -543,6 +555,11 @@ class ModelEngine:
             # The worker is gone and its exit not yet seen (on CUDA, its host died and took every worker with it):
             # its exit handler re-runs the batch, which never reached it, so no death counts against these rows.
             self._undelivered.add(batch.id)
+
+    def _rest(self, worker_id: int) -> None:
+        """Tell a polling worker that another worker, of this model or another on the same cores, took its core."""
+        if worker_id in self._processes:
+            self._processes[worker_id].rest()
 
     def _requests_in(self, batch: Batch) -> Iterator[tuple[PendingRequest, int, int]]:
         """(request, first slot, rows) for each request with rows in the batch."""
@@ -637,7 +654,7 @@ class ModelEngine:
                 pending.error, pending.reason = message.errors[index], "model_error"
             if pending.outstanding == 0:
                 self._complete(pending)
-        self._pump()
+        self.scheduler.cores.pump()  # freed threads: this model's rows or another's, the longest-waiting first
 
     def _on_rows_done(self, message: RowsDone) -> None:
         """Requests a learned cache answered while the rest of their batch runs on: answer them now (their slots
@@ -680,7 +697,7 @@ class ModelEngine:
         self._retiring.discard(process.id)
         if self.state is EngineState.READY and active:
             self._replace(process)
-        self._pump()
+        self.scheduler.cores.pump()
 
     def _replace(self, process: WorkerProcess) -> None:
         if self._start_failures >= MAX_START_FAILURES:

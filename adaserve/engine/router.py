@@ -24,6 +24,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from adaserve.cache import Loaded, ModelCache
+from adaserve.engine.cores import Cores
 from adaserve.engine.engine import EngineState, ModelEngine
 from adaserve.engine.processes import HostLauncher
 from adaserve.errors import AdaserveError, ModelNotFoundError, ModelNotReadyError
@@ -57,6 +58,7 @@ class ModelRouter:
         """`spare_hosts`: model host processes kept started ahead of loads (`HostLauncher`)."""
         self.repository = repository
         self.hosts = HostLauncher(spare_hosts)
+        self.cores = Cores()  # every CPU model's workers run on this server's cores
         self._served: dict[str, dict[int, ModelEngine]] = {}  # name → version → engine, each version served
         self._sources: dict[str, dict[int, tuple[object, ...]]] = {}  # name → version → the files it started from
         self._errors: dict[str, str] = {}
@@ -163,7 +165,9 @@ class ModelRouter:
                     ):
                         kept[spec.version] = previous, spec
                         continue
-                    engine = ModelEngine(spec, reload=lambda: self._reload_soon(name), hosts=self.hosts)
+                    engine = ModelEngine(
+                        spec, reload=lambda: self._reload_soon(name), hosts=self.hosts, cores=self.cores
+                    )
                     await engine.start()  # a start that fails stops what it started
                     started[spec.version] = engine
             except BaseException as exc:

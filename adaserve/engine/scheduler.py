@@ -22,6 +22,7 @@ from collections import Counter, deque
 from dataclasses import dataclass
 
 from adaserve.engine.batching import BatchingPolicy, QueueView, WorkerSlot
+from adaserve.engine.cores import Cores
 
 #: Workers poll between batches only while some worker was busy less than this share of the last `BUSY_WINDOW_S`:
 #: polling pays where a worker would sleep between requests, and past that the next batch mostly comes within a
@@ -67,6 +68,9 @@ class Scheduler:
     slows the large one beside it. So a worker is offered work only while the busy workers' threads leave room for
     its own (any worker may start when none is busy). None: no limit, Ebird's GPU form. The policy sees which idle
     worker finished last (`QueueView.warm`): under the limit that one takes the last batch if it holds the rows.
+    `cores`: the schedulers of the other models on the same cores (`adaserve.engine.cores`); the limit counts their
+    busy threads too, and "alone" means no worker of any of them is busy. Without it the model has the cores to
+    itself.
 
     `idle_spin`: a worker that starts alone, with no more threads than the limit, while workers have been busy less
     than `POLL_BELOW_BUSY_SHARE` of the last second, may poll for its next batch once this one is done instead of
@@ -87,6 +91,7 @@ class Scheduler:
         max_busy_threads: int | None = None,
         saturated_busy_threads: int | None = None,
         idle_spin: bool = False,
+        cores: Cores | None = None,
     ) -> None:
         self.policy = policy
         self.max_inflight = max_inflight
@@ -97,7 +102,6 @@ class Scheduler:
         # Cores free for a poller beyond the frontend's recent use; the engine keeps it current (the frontend shares
         # the cores: over gRPC at concurrency 8 a poller took 0.76× the throughput from it).
         self.spare_cores = float("inf")
-        self._polling: int | None = None  # the worker whose last batch let it poll, not told to rest since
         self._warm: int | None = None  # the worker whose batch finished last, while it stays idle
         self._busy_since: float | None = None  # when some worker last turned busy, while one is
         self._busy_spans: deque[tuple[float, float]] = deque()  # (start, end) of recent spans with a worker busy
@@ -112,6 +116,8 @@ class Scheduler:
         self._idle: list[tuple[int, int]] = []  # (-batch, id): largest granularity first, like Ebird's idle queue
         self._batches: dict[int, Batch] = {}
         self._ids = itertools.count()
+        self.cores = cores or Cores()  # also holds which worker polls, of this model or another
+        self.cores.join(self)
 
     # -- workers ---------------------------------------------------------------------------------------------
     def add_worker(self, worker: WorkerSlot) -> None:
@@ -236,17 +242,21 @@ class Scheduler:
             inflight=self.inflight,
             oldest_wait_s=now - self._queue[0].arrived_at,
             smallest_batch=min(w.batch for w in self._workers.values()),
-            thread_room=None if self._limit is None else self._limit - self.busy_threads,
+            thread_room=self._thread_room(),
             warm=self._warm,
         )
 
     def _idle_slots(self) -> list[WorkerSlot]:
         """Idle workers, largest granularity first, whose threads fit beside the busy ones."""
         idle = [self._workers[worker_id] for _, worker_id in self._idle]
-        if self._limit is None or self.busy_threads == 0:
+        room = self._thread_room()
+        if room is None or self.cores.busy_threads == 0:
             return idle
-        room = self._limit - self.busy_threads
         return [worker for worker in idle if worker.threads <= room]
+
+    def _thread_room(self) -> int | None:
+        """Threads that may still turn busy under the limit, counting every model's on these cores; None: no limit."""
+        return None if self._limit is None else self._limit - self.cores.busy_threads
 
     def _window(self, size: int) -> tuple[int, int]:
         """Where a batch of `size` rows starts: (queue index of a run, rows of it to leave before the batch). With
@@ -301,10 +311,10 @@ class Scheduler:
         self._idle.remove((-worker.batch, worker.id))
         if self._warm == worker.id:
             self._warm = None  # busy now; whichever worker finishes next is the warm one
-        rests = () if self._polling in (None, worker.id) else (self._polling,)
-        alone = self.busy_threads == 0 and worker.threads <= (self._limit or worker.threads)
+        alone = self.cores.busy_threads == 0 and worker.threads <= (self._limit or worker.threads)
         spin = self.idle_spin and alone and busy < POLL_BELOW_BUSY_SHARE and busy < self.spare_cores - 1
-        self._polling = worker.id if spin else None
+        rested = self.cores.hand_over_polling(self, worker.id, spin)
+        rests = () if rested is None else (rested,)
         if self.busy_threads == 0:
             self._busy_since = now
         batch = Batch(next(self._ids), worker.id, start, rows, now, worker.threads, spin, rests)
@@ -361,8 +371,7 @@ class Scheduler:
 
     def _forget(self, worker_id: int) -> None:
         """A worker that leaves the set needs no rest (its pipe closes or its Stop comes) and takes no batch."""
-        if self._polling == worker_id:
-            self._polling = None
+        self.cores.forget(self, worker_id)
         if self._warm == worker_id:
             self._warm = None
 

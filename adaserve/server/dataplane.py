@@ -434,6 +434,7 @@ def triton_config(engine: ModelEngine) -> dict[str, Any]:
             "max_busy_threads": {"string_value": str(engine.scheduler.max_busy_threads or 0)},
             "max_busy_threads_saturated": {"string_value": str(engine.scheduler.saturated_busy_threads or 0)},
             "idle_spin_us": {"string_value": str(engine.idle_spin_us)},
+            "share_cores": {"string_value": str(engine.shares_cores).lower()},
             "worker_set": {"string_value": json.dumps(worker_set_document(engine))},
             "max_queue_size": {"string_value": str(config.max_queue_size)},
             "pool_slots": {"string_value": str(engine.slots)},

@@ -344,6 +344,7 @@ def test_config_statistics_and_index(client: httpclient.InferenceServerClient) -
     assert parameters["max_busy_threads"]["string_value"] == str(max(1, len(os.sched_getaffinity(0)) - 1))
     assert parameters["idle_spin_us"]["string_value"] == ("5000" if len(os.sched_getaffinity(0)) > 1 else "0")
     assert parameters["max_busy_threads_saturated"]["string_value"] == "0"  # off
+    assert parameters["share_cores"]["string_value"] == "true"  # a CPU model counts the server's other CPU models
     before = client.get_inference_statistics("mlp")["model_stats"][0]
     client_infer(client, "mlp", np.ones((4, 784), dtype=np.float32))
     after = client.get_inference_statistics("mlp")["model_stats"][0]

@@ -1,0 +1,237 @@
+"""Several models' schedulers on one set of cores (`adaserve.engine.cores`): the busy-thread limit counts every
+model's workers, one worker of them all polls, and freed threads go to the model that waited longest."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from adaserve.engine.batching import ElasticPolicy, FixedTimeoutPolicy, NoBatchingPolicy, WorkerSlot
+from adaserve.engine.cores import Cores
+from adaserve.engine.engine import ModelEngine
+from adaserve.engine.scheduler import Batch, Scheduler
+from adaserve.repository import ModelRepository
+from tests.server_utils import write_slow_model
+
+
+def model(cores: Cores, *workers: tuple[int, int], limit: int | None = 1, spin: bool = False) -> Scheduler:
+    """A model's scheduler on `cores`: workers (batch, threads) with ids 0, 1, …"""
+    scheduler = Scheduler(ElasticPolicy(), 32, max_busy_threads=limit, idle_spin=spin, cores=cores)
+    for worker_id, (batch, threads) in enumerate(workers):
+        scheduler.add_worker(WorkerSlot(worker_id, batch, threads))
+    return scheduler
+
+
+def test_a_model_waits_while_another_models_worker_holds_the_limit() -> None:
+    cores = Cores()
+    a, b = model(cores, (1, 1)), model(cores, (1, 1))
+    a.enqueue(0, 1, 0.0)
+    (running,) = a.schedule(0.0)
+    b.enqueue(0, 1, 0.1)
+    assert b.schedule(0.1) == []  # a's worker holds the one thread both models allow
+    assert cores.busy_threads == 1
+    a.finish(running.id, now=0.2)
+    assert [batch.worker_id for batch in b.schedule(0.2)] == [0]
+
+
+def test_alone_a_model_with_a_shared_set_of_cores_schedules_as_with_its_own() -> None:
+    shared = Cores()
+    a, own = model(shared, (2, 1), (1, 1), limit=2), model(Cores(), (2, 1), (1, 1), limit=2)
+    for scheduler in (a, own):
+        scheduler.enqueue(0, 3, 0.0)
+    assert [(x.worker_id, x.rows) for x in a.schedule(0.0)] == [(x.worker_id, x.rows) for x in own.schedule(0.0)]
+
+
+def test_a_model_without_a_limit_does_not_wait_but_is_counted() -> None:
+    cores = Cores()
+    limited, unlimited = model(cores, (1, 1)), model(cores, (1, 1), limit=None)
+    limited.enqueue(0, 1, 0.0)
+    limited.schedule(0.0)
+    unlimited.enqueue(0, 1, 0.0)
+    assert len(unlimited.schedule(0.0)) == 1  # beside the limited model's busy worker
+    other = model(cores, (1, 1), limit=2)
+    other.enqueue(0, 1, 0.0)
+    assert other.schedule(0.0) == []  # two threads busy, one in each of the other models
+
+
+def test_one_worker_of_all_models_polls_and_another_models_batch_tells_it_to_rest() -> None:
+    cores = Cores()
+    rested: list[tuple[str, int]] = []
+    a, b = model(cores, (1, 1), limit=1, spin=True), model(cores, (1, 1), limit=1, spin=True)
+    cores.connect(a, pump=lambda: None, rest=lambda worker: rested.append(("a", worker)))
+    cores.connect(b, pump=lambda: None, rest=lambda worker: rested.append(("b", worker)))
+    a.enqueue(0, 1, 0.0)
+    (first,) = a.schedule(0.0)
+    assert first.spin  # started alone: a's worker may poll after it
+    a.finish(first.id, now=0.001)
+    b.enqueue(0, 1, 0.002)
+    (second,) = b.schedule(0.002)
+    assert rested == [("a", 0)]  # b's batch takes the core a's worker polls on
+    assert (second.spin, second.rests) == (True, ())
+    b.finish(second.id, now=0.003)
+    b.enqueue(1, 1, 0.004)
+    (third,) = b.schedule(0.004)
+    assert rested == [("a", 0)] and third.rests == ()  # its own poller takes it: nobody to tell
+
+
+def test_a_worker_that_starts_beside_another_models_busy_one_does_not_poll() -> None:
+    cores = Cores()
+    a, b = model(cores, (1, 1), limit=2, spin=True), model(cores, (1, 1), limit=2, spin=True)
+    a.enqueue(0, 1, 0.0)
+    b.enqueue(0, 1, 0.0)
+    (first,) = a.schedule(0.0)
+    (second,) = b.schedule(0.0)
+    assert (first.spin, second.spin) == (True, False)
+    assert second.rests == ()  # a's worker is told through a's engine, not in b's batch
+
+
+def test_freed_threads_go_to_the_model_whose_oldest_row_waited_longest() -> None:
+    cores = Cores()
+    a, b, c = model(cores, (1, 1)), model(cores, (1, 1)), model(cores, (1, 1))
+    pumped: list[str] = []
+    for name, scheduler in (("a", a), ("b", b), ("c", c)):
+
+        def pump(name: str = name, scheduler: Scheduler = scheduler) -> None:
+            pumped.append(name)
+            scheduler.schedule(1.0)
+
+        cores.connect(scheduler, pump=pump, rest=lambda worker: None)
+    a.enqueue(0, 1, 0.0)
+    (running,) = a.schedule(0.0)
+    c.enqueue(0, 1, 0.1)
+    b.enqueue(0, 1, 0.2)
+    a.finish(running.id, now=1.0)
+    cores.pump()
+    assert pumped == ["c", "b"]  # a has nothing ready and is not asked; c's row came first and takes the thread
+    assert (b.ready, c.ready) == (1, 0)
+
+
+def test_a_model_that_leaves_takes_its_busy_threads_and_its_poller_with_it() -> None:
+    cores = Cores()
+    rested: list[int] = []
+    a, b = model(cores, (1, 1), spin=True), model(cores, (1, 1), spin=True)
+    cores.connect(a, pump=lambda: None, rest=rested.append)
+    a.enqueue(0, 1, 0.0)
+    a.schedule(0.0)
+    assert cores.busy_threads == 1
+    cores.leave(a)
+    assert cores.busy_threads == 0
+    b.enqueue(0, 1, 0.1)
+    assert len(b.schedule(0.1)) == 1
+    assert rested == []  # a's poller was forgotten with it
+
+
+def test_a_removed_worker_no_longer_polls() -> None:
+    cores = Cores()
+    rested: list[int] = []
+    a, b = model(cores, (1, 1), spin=True), model(cores, (1, 1), spin=True)
+    cores.connect(a, pump=lambda: None, rest=rested.append)
+    a.enqueue(0, 1, 0.0)
+    (batch,) = a.schedule(0.0)
+    a.finish(batch.id, now=0.001)
+    a.remove_worker(0)
+    b.enqueue(0, 1, 0.002)
+    b.schedule(0.002)
+    assert rested == []
+
+
+def test_random_runs_keep_the_limit_and_one_poller_across_models() -> None:
+    """Three models of random workers, limits and policies on one set of cores; rows arrive and batches finish at
+    random. A batch starts only within its model's limit counting every model's busy threads, or when none is busy;
+    at most one worker of them all may poll, and only a poller is told to rest; every row runs once."""
+    for seed in range(40):
+        rng = random.Random(seed)
+        cores = Cores()
+        rested: list[tuple[int, int]] = []
+        models: list[Scheduler] = []
+        for index in range(3):
+            policy = rng.choice((ElasticPolicy(), NoBatchingPolicy(), FixedTimeoutPolicy(4, 1000)))
+            limit, spin = rng.choice((None, 1, 2)), rng.random() < 0.7
+            scheduler = Scheduler(policy, 64, max_busy_threads=limit, idle_spin=spin, cores=cores)
+            for worker_id in range(rng.randint(1, 3)):
+                scheduler.add_worker(WorkerSlot(worker_id, rng.choice((1, 2, 4)), rng.choice((1, 1, 2))))
+            told = rested.append
+            cores.connect(scheduler, pump=lambda: None, rest=lambda worker, i=index, told=told: told((i, worker)))
+            models.append(scheduler)
+        polling: set[tuple[int, int]] = set()
+        running: dict[tuple[int, int], Batch] = {}
+        slots = [0, 0, 0]
+        enqueued, done = [0, 0, 0], [0, 0, 0]
+        now = 0.0
+        for _ in range(400):
+            now += rng.choice((0.0, 0.0005, 0.01))
+            index = rng.randrange(3)
+            scheduler = models[index]
+            if rng.random() < 0.5 or not running:
+                rows = rng.randint(1, 4)
+                scheduler.enqueue(slots[index], rows, now)
+                slots[index] += rows
+                enqueued[index] += rows
+            else:
+                key = rng.choice(sorted(running))
+                batch = running.pop(key)
+                models[key[0]].finish(batch.id, now=now)
+                done[key[0]] += batch.rows
+            for i in rng.sample(range(3), 3):
+                busy_before = cores.busy_threads
+                for batch in models[i].schedule(now):
+                    limit = models[i].max_busy_threads
+                    assert limit is None or busy_before == 0 or busy_before + batch.threads <= limit
+                    busy_before += batch.threads
+                    told = {(i, worker) for worker in batch.rests} | set(rested)
+                    assert told <= polling, "told a worker to rest that was not polling"
+                    polling -= told | {(i, batch.worker_id)}
+                    rested.clear()
+                    if batch.spin:
+                        polling.add((i, batch.worker_id))
+                    assert len(polling) <= 1, "more than one worker polls"
+                    running[(i, batch.id)] = batch
+            assert cores.busy_threads == sum(b.threads for b in running.values())
+        while running or any(scheduler.ready for scheduler in models):  # everything accepted runs in the end
+            assert now < 10_000, "rows left waiting"
+            for key in sorted(running):
+                batch = running.pop(key)
+                models[key[0]].finish(batch.id, now=now)
+                done[key[0]] += batch.rows
+            now += 1.0
+            for i, scheduler in enumerate(models):
+                for batch in scheduler.schedule(now):
+                    running[(i, batch.id)] = batch
+        assert done == enqueued
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_two_models_on_shared_cores_never_compute_at_once(tmp_path: Path, share: bool) -> None:
+    """Real engines, each with one worker under a limit of one busy thread: sharing the cores, one model's batch
+    never runs while the other's does, and every request is answered; with `share_cores: false` they overlap."""
+    batching = {"policy": "elastic", "max_busy_threads": 1, "share_cores": share}
+    for name in ("left", "right"):
+        write_slow_model(tmp_path, name, rounds=300, batching=batching)
+    repository = ModelRepository(tmp_path)
+
+    async def main() -> list[tuple[str, int, int]]:
+        cores = Cores()
+        engines = {name: ModelEngine(repository.read(name), cores=cores) for name in ("left", "right")}
+        try:
+            for engine in engines.values():
+                await engine.start()
+            x = np.ones((1, 4), np.float32)
+            calls = [(name, engine.infer([x], 1, {})) for name, engine in engines.items() for _ in range(4)]
+            results = await asyncio.gather(*(call for _, call in calls))
+        finally:
+            for engine in engines.values():
+                await engine.stop(drain_timeout_s=5.0)
+        names = [name for name, _ in calls]
+        times = [result.times for result in results]
+        return [(name, t.compute_start_ns, t.compute_end_ns) for name, t in zip(names, times, strict=True)]
+
+    spans = asyncio.run(main())
+    assert len(spans) == 8
+    overlaps = [
+        (a, b) for a in spans for b in spans if a[0] == "left" and b[0] == "right" and a[1] < b[2] and b[1] < a[2]
+    ]
+    assert (overlaps == []) is share
