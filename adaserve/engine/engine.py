@@ -385,6 +385,12 @@ class ModelEngine:
     async def stop(self, drain_timeout_s: float = 30.0) -> None:
         """Finish what was accepted (up to `drain_timeout_s`), then stop the workers and release the pool."""
         self.state = EngineState.UNLOADING
+        try:
+            await self._stop(drain_timeout_s)
+        finally:  # however the stop ended, its busy threads must not hold the other models back
+            self.scheduler.cores.leave(self.scheduler)
+
+    async def _stop(self, drain_timeout_s: float) -> None:
         if self.adaptation is not None:
             self.adaptation.close()
         with contextlib.suppress(TimeoutError):
@@ -406,7 +412,6 @@ class ModelEngine:
         os.close(self._pool_fd)
         if self._stage_pipe is not None:
             os.close(self._stage_pipe[1])
-        self.scheduler.cores.leave(self.scheduler)
 
     # -- requests --------------------------------------------------------------------------------------------
     async def infer(self, inputs: list[np.ndarray], rows: int, parameters: dict[str, Any]) -> EngineResult:

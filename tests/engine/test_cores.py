@@ -4,6 +4,7 @@ model's workers, one worker of them all polls, and freed threads go to the model
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from pathlib import Path
 
@@ -235,3 +236,26 @@ def test_two_models_on_shared_cores_never_compute_at_once(tmp_path: Path, share:
         (a, b) for a in spans for b in spans if a[0] == "left" and b[0] == "right" and a[1] < b[2] and b[1] < a[2]
     ]
     assert (overlaps == []) is share
+
+
+def test_a_stop_that_is_cancelled_still_takes_the_model_off_the_cores(tmp_path: Path) -> None:
+    """A busy model's threads must not hold the others back forever because its stop was cut short."""
+    write_slow_model(tmp_path, "slow", rounds=4000)
+
+    async def main() -> None:
+        cores = Cores()
+        engine = ModelEngine(ModelRepository(tmp_path).read("slow"), cores=cores)
+        await engine.start()
+        request = asyncio.ensure_future(engine.infer([np.ones((1, 4), np.float32)], 1, {}))
+        while cores.busy_threads == 0:
+            await asyncio.sleep(0.001)
+        stop = asyncio.ensure_future(engine.stop(drain_timeout_s=30.0))
+        await asyncio.sleep(0.01)
+        stop.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await stop
+        assert cores.busy_threads == 0
+        await engine.stop(drain_timeout_s=30.0)
+        assert (await request).outputs[0].shape == (1, 4)
+
+    asyncio.run(main())
