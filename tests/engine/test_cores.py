@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import random
+import signal
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +18,7 @@ from adaserve.engine.batching import ElasticPolicy, FixedTimeoutPolicy, NoBatchi
 from adaserve.engine.cores import Cores
 from adaserve.engine.engine import ModelEngine
 from adaserve.engine.scheduler import Batch, Scheduler
+from adaserve.errors import InferenceError
 from adaserve.repository import ModelRepository
 from tests.server_utils import write_slow_model
 
@@ -257,5 +261,50 @@ def test_a_stop_that_is_cancelled_still_takes_the_model_off_the_cores(tmp_path: 
         assert cores.busy_threads == 0
         await engine.stop(drain_timeout_s=30.0)
         assert (await request).outputs[0].shape == (1, 4)
+
+    asyncio.run(main())
+
+
+def test_bursts_to_two_models_on_shared_cores_with_workers_killed_lose_no_request(tmp_path: Path) -> None:
+    """Bursts of requests of 1-4 rows to two models at once, a worker of each killed mid-run: every request gets
+    its own rows back or says why, and the cores' account comes back to nothing busy."""
+    workers = [{"batch": 1, "threads": 1}, {"batch": 4, "threads": 1}]
+    for name in ("left", "right"):
+        write_slow_model(tmp_path, name, rounds=200, max_batch_size=4, workers=workers)
+    repository = ModelRepository(tmp_path)
+    rng = random.Random(3)
+    outcomes: Counter[str] = Counter()
+
+    async def one(engine: ModelEngine, index: int) -> None:
+        rows = rng.randint(1, 4)
+        x = np.full((rows, 4), index, dtype=np.float32)
+        try:
+            result = await engine.infer([x], rows, {})
+        except InferenceError:
+            outcomes["worker_died"] += 1  # a row whose worker died twice
+        else:
+            np.testing.assert_array_equal(result.outputs[0], x)
+            outcomes["ok"] += 1
+
+    async def main() -> None:
+        cores = Cores()
+        engines = [ModelEngine(repository.read(name), cores=cores) for name in ("left", "right")]
+        try:
+            for engine in engines:
+                await engine.start()
+            calls = []
+            for burst in range(6):
+                calls += [asyncio.ensure_future(one(rng.choice(engines), burst * 20 + i)) for i in range(20)]
+                if burst in (2, 4):
+                    victim = engines[burst // 2 - 1]
+                    os.kill(rng.choice([p.pid for p in victim._processes.values()]), signal.SIGKILL)  # our own
+                await asyncio.sleep(0.03)
+            await asyncio.wait_for(asyncio.gather(*calls), 120)
+            assert sum(outcomes.values()) == 120 and outcomes["ok"] > 100, outcomes
+            assert cores.busy_threads == 0
+            assert all(engine.stats.worker_restarts == 1 for engine in engines)
+        finally:
+            for engine in engines:
+                await engine.stop(drain_timeout_s=5.0)
 
     asyncio.run(main())
