@@ -7,15 +7,23 @@ cores. Measured on the 2-core VM (two perf_analyzers at half the rate each, Pois
 two models answered in 4.1–5.3 ms on average against 1.0–1.2 ms when both clients sent to one model; at 3,000 req/s,
 4.3 ms against 2.2 ms.
 
-So the models' schedulers share one `Cores`: a model's limit counts the threads busy in every model sharing it, a
-worker may poll only while no worker of any model is busy, at most one worker of them all polls (a batch started by
-another model tells it to rest), and threads freed by one model's batch go to the model whose oldest ready row is
-oldest (`pump`), so one busy model does not starve another. A model without a limit (CUDA streams, or
-`max_busy_threads: 0`) is still counted, but does not wait for the others.
+So the models' schedulers share one `Cores`:
+
+* a model's limit counts the threads busy in every model sharing it (any worker may still start when none is busy);
+* the cores the frontend leaves (`spare_cores`, the CPUs less its recent use) are one account for every model's
+  pollers: a worker may poll only while its model's busy share, the other models' busy threads and their pollers
+  leave a whole core for it, and a batch that starts where they do not tells other models' pollers to rest (a
+  model's own poller always rests when another of its workers starts). On two cores that is one poller for the
+  whole server; on sixteen, one per model while cores are free;
+* threads freed by one model's batch go to the model whose oldest ready row is oldest (`pump`), so one busy model
+  does not starve another.
+
+A model without a limit (`max_busy_threads: 0`) is still counted, but does not wait for the others.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -31,11 +39,14 @@ class _Member:
 
 
 class Cores:
-    """The schedulers sharing a set of cores: their busy threads, the one polling worker, and whom to pump."""
+    """The schedulers sharing a set of cores: their busy threads, their polling workers, and whom to pump."""
 
     def __init__(self) -> None:
+        # The CPUs less what the frontend used lately; the engines keep it current (the frontend shares the cores:
+        # over gRPC at concurrency 8 a poller took 0.76x the throughput from it).
+        self.spare_cores = math.inf
         self._members: dict[Scheduler, _Member] = {}
-        self._poller: tuple[Scheduler, int] | None = None
+        self._pollers: dict[Scheduler, int] = {}  # each model's polling worker, the longest-polling first
 
     def join(self, scheduler: Scheduler) -> None:
         self._members.setdefault(scheduler, _Member())
@@ -47,8 +58,7 @@ class Cores:
     def leave(self, scheduler: Scheduler) -> None:
         """A model stopped: its threads no longer count, and its poller is forgotten."""
         self._members.pop(scheduler, None)
-        if self._poller is not None and self._poller[0] is scheduler:
-            self._poller = None
+        self._pollers.pop(scheduler, None)
 
     @property
     def busy_threads(self) -> int:
@@ -56,25 +66,35 @@ class Cores:
         own with it)."""
         return sum(scheduler.busy_threads for scheduler in self._members)
 
-    def hand_over_polling(self, scheduler: Scheduler, worker_id: int, polls: bool) -> int | None:
-        """`scheduler`'s worker `worker_id` starts a batch and, if `polls`, may poll after it. The worker polling
-        until now must stop: returned if it is another of `scheduler`'s own (its rest goes with the batch), told
-        through its engine's `rest` if it belongs to another model."""
-        previous, self._poller = self._poller, (scheduler, worker_id) if polls else None
-        if previous is None or previous == (scheduler, worker_id):
-            return None
-        owner, polling = previous
-        if owner is scheduler:
-            return polling
-        member = self._members.get(owner)
-        if member is not None and member.rest is not None:
-            member.rest(polling)
-        return None
+    def held_by_others(self, scheduler: Scheduler) -> int:
+        """Cores the other models hold now: their busy threads and their polling workers."""
+        busy = sum(other.busy_threads for other in self._members if other is not scheduler)
+        return busy + sum(other is not scheduler for other in self._pollers)
+
+    def starting(self, scheduler: Scheduler, worker_id: int, threads: int) -> int | None:
+        """`scheduler`'s worker `worker_id` starts a batch of `threads` threads. The model's own poller stops: it is
+        returned if it is another worker (its rest goes with the batch). Other models' pollers keep their cores
+        while a whole core is still free beside every busy thread and poller, and are told to rest through their
+        engines, the longest-polling first, until one is."""
+        own = self._pollers.pop(scheduler, None)
+        busy = self.busy_threads + threads
+        for other in list(self._pollers):
+            if busy + len(self._pollers) < self.spare_cores:
+                break
+            polling = self._pollers.pop(other)
+            member = self._members.get(other)
+            if member is not None and member.rest is not None:
+                member.rest(polling)
+        return None if own == worker_id else own
+
+    def polls(self, scheduler: Scheduler, worker_id: int) -> None:
+        """`scheduler`'s worker `worker_id` may poll after the batch it starts."""
+        self._pollers[scheduler] = worker_id
 
     def forget(self, scheduler: Scheduler, worker_id: int) -> None:
         """A worker left its set: it no longer polls."""
-        if self._poller == (scheduler, worker_id):
-            self._poller = None
+        if self._pollers.get(scheduler) == worker_id:
+            del self._pollers[scheduler]
 
     def pump(self) -> None:
         """Threads were freed: let every model with ready rows schedule them, the one waiting longest first."""

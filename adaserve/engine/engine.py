@@ -638,7 +638,7 @@ class ModelEngine:
         now = time.monotonic()
         batch = self.scheduler.finish(message.batch_id, now=now)
         if self.idle_spin_us:
-            self.scheduler.spare_cores = self._frontend_cpu.spare_cores(now)
+            self.scheduler.cores.spare_cores = self._frontend_cpu.spare_cores(now)
         if batch.worker_id in self._retiring:
             self._processes[batch.worker_id].stop()  # its set was replaced while it ran this batch
         self.stats.record_batch(batch.rows, message.compute_ns)

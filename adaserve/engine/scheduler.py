@@ -69,15 +69,15 @@ class Scheduler:
     its own (any worker may start when none is busy). None: no limit, Ebird's GPU form. The policy sees which idle
     worker finished last (`QueueView.warm`): under the limit that one takes the last batch if it holds the rows.
     `cores`: the schedulers of the other models on the same cores (`adaserve.engine.cores`); the limit counts their
-    busy threads too, and "alone" means no worker of any of them is busy. Without it the model has the cores to
-    itself.
+    busy threads too, and their busy threads and pollers hold cores a poller here cannot have. Without it the model
+    has the cores to itself.
 
     `idle_spin`: a worker that starts alone, with no more threads than the limit, while workers have been busy less
     than `POLL_BELOW_BUSY_SHARE` of the last second, may poll for its next batch once this one is done instead of
     sleeping (`Batch.spin`), so at low load the next request finds it awake. It holds that leave until it starts
     again or another worker starts, which takes the core it would poll on (`Batch.rests` names it then). The busy
-    share needs `finish` to be told the time. Nor may it poll unless `spare_cores` (the CPUs less what the frontend
-    used lately) leave a whole core for the poller beside the busy share.
+    share needs `finish` to be told the time. Nor may it poll unless `cores.spare_cores` (the CPUs less what the
+    frontend used lately) leave a whole core for the poller beside the busy share and what other models hold.
 
     `saturated_busy_threads`: the limit while workers were busy `SATURATED_BUSY_SHARE` of the last second or more
     (None: `max_busy_threads` always), so under load rows wait for a busy worker and grow into one larger batch.
@@ -99,9 +99,6 @@ class Scheduler:
         self.saturated_busy_threads = saturated_busy_threads
         self._limit = max_busy_threads  # the limit in force for this scheduling pass (`_busy_limit`)
         self.idle_spin = idle_spin
-        # Cores free for a poller beyond the frontend's recent use; the engine keeps it current (the frontend shares
-        # the cores: over gRPC at concurrency 8 a poller took 0.76× the throughput from it).
-        self.spare_cores = float("inf")
         self._warm: int | None = None  # the worker whose batch finished last, while it stays idle
         self._busy_since: float | None = None  # when some worker last turned busy, while one is
         self._busy_spans: deque[tuple[float, float]] = deque()  # (start, end) of recent spans with a worker busy
@@ -116,7 +113,7 @@ class Scheduler:
         self._idle: list[tuple[int, int]] = []  # (-batch, id): largest granularity first, like Ebird's idle queue
         self._batches: dict[int, Batch] = {}
         self._ids = itertools.count()
-        self.cores = cores or Cores()  # also holds which worker polls, of this model or another
+        self.cores = cores or Cores()  # also holds which workers poll, of this model and the others
         self.cores.join(self)
 
     # -- workers ---------------------------------------------------------------------------------------------
@@ -311,10 +308,13 @@ class Scheduler:
         self._idle.remove((-worker.batch, worker.id))
         if self._warm == worker.id:
             self._warm = None  # busy now; whichever worker finishes next is the warm one
-        alone = self.cores.busy_threads == 0 and worker.threads <= (self._limit or worker.threads)
-        spin = self.idle_spin and alone and busy < POLL_BELOW_BUSY_SHARE and busy < self.spare_cores - 1
-        rested = self.cores.hand_over_polling(self, worker.id, spin)
+        rested = self.cores.starting(self, worker.id, worker.threads)
         rests = () if rested is None else (rested,)
+        alone = self.busy_threads == 0 and worker.threads <= (self._limit or worker.threads)
+        room = self.cores.spare_cores - 1 - self.cores.held_by_others(self)
+        spin = self.idle_spin and alone and busy < POLL_BELOW_BUSY_SHARE and busy < room
+        if spin:
+            self.cores.polls(self, worker.id)
         if self.busy_threads == 0:
             self._busy_since = now
         batch = Batch(next(self._ids), worker.id, start, rows, now, worker.threads, spin, rests)

@@ -707,7 +707,7 @@ def test_no_worker_polls_unless_a_core_is_free_beside_the_frontend() -> None:
     scheduler = spinning_scheduler((1, 1))
     grants = []
     for i, spare in enumerate((2.0, 1.5, 1.0, 0.4)):  # the CPUs less what the frontend used lately
-        scheduler.spare_cores = spare
+        scheduler.cores.spare_cores = spare
         scheduler.enqueue(i, 1, float(i))
         (batch,) = scheduler.schedule(float(i))
         grants.append(batch.spin)
