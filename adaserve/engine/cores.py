@@ -9,7 +9,9 @@ two models answered in 4.1–5.3 ms on average against 1.0–1.2 ms when both cl
 
 So the models' schedulers share one `Cores`:
 
-* a model's limit counts the threads busy in every model sharing it (any worker may still start when none is busy);
+* a model's limit counts the threads busy in every model sharing it (any worker may still start when none is busy),
+  unless each batch the others run is expected to go on for more than two of its own batches: then waiting would
+  cost it more than sharing a core, and it counts only its own (a light model beside a heavy one);
 * the cores the frontend leaves (`spare_cores`, the CPUs less its recent use) are one account for every model's
   pollers: a worker may poll only while its model's busy share, the other models' busy threads and their pollers
   leave a whole core for it, and a batch that starts where they do not tells other models' pollers to rest (a
@@ -65,6 +67,12 @@ class Cores:
         """Worker threads busy now in every model sharing these cores (summed, so a model that leaves takes its
         own with it)."""
         return sum(scheduler.busy_threads for scheduler in self._members)
+
+    def others_end_within(self, scheduler: Scheduler, seconds: float, now: float) -> bool:
+        """Whether a batch another model runs is expected to end within `seconds` of `now`."""
+        return any(
+            end - now <= seconds for other in self._members if other is not scheduler for end in other.running_ends()
+        )
 
     def held_by_others(self, scheduler: Scheduler) -> int:
         """Cores the other models hold now: their busy threads and their polling workers."""

@@ -34,6 +34,12 @@ BUSY_WINDOW_S = 1.0
 #: `BUSY_WINDOW_S` or more. Unlimited streams at half a GPU's load leave no stream busy about half the time; one
 #: stream at a time near capacity is busy nearly all of it, so the switch back comes only as the load falls.
 SATURATED_BUSY_SHARE = 0.8
+#: Weight of the newest batch in a model's smoothed batch time (`Scheduler.batch_s`).
+BATCH_TIME_SMOOTHING = 0.2
+#: A model waits for another model's running batch (on shared cores) expected to end within this many of its own
+#: batch times, and starts beside it otherwise. More than one, so that two models of about the same batch time, whose
+#: estimates differ by noise, always wait for each other (the shared-cores benchmark's case).
+WAIT_FOR_OTHERS_BATCHES = 2.0
 
 
 @dataclass
@@ -69,8 +75,12 @@ class Scheduler:
     its own (any worker may start when none is busy). None: no limit, Ebird's GPU form. The policy sees which idle
     worker finished last (`QueueView.warm`): under the limit that one takes the last batch if it holds the rows.
     `cores`: the schedulers of the other models on the same cores (`adaserve.engine.cores`); the limit counts their
-    busy threads too, and their busy threads and pollers hold cores a poller here cannot have. Without it the model
-    has the cores to itself.
+    busy threads too, unless every batch they run is expected to go on for more than `WAIT_FOR_OTHERS_BATCHES` of
+    this model's own batch times (`batch_s`, smoothed from the batches `finish` was told the time of): waiting would
+    then cost more than sharing a core (an MLP behind a 28 ms batch of another model averaged 6.4 ms against 0.95
+    beside it).
+    Their busy threads and pollers also hold cores a poller here cannot have. Without it the model has the cores to
+    itself.
 
     `idle_spin`: a worker that starts alone, with no more threads than the limit, while workers have been busy less
     than `POLL_BELOW_BUSY_SHARE` of the last second, may poll for its next batch once this one is done instead of
@@ -104,6 +114,7 @@ class Scheduler:
         self._busy_spans: deque[tuple[float, float]] = deque()  # (start, end) of recent spans with a worker busy
         self._busy_total = 0.0  # their summed length
         self.busy_threads = 0
+        self.batch_s: float | None = None  # smoothed dispatch-to-finish time of this model's batches
         self.inflight = 0
         self.ready = 0
         self._queue: deque[ReadyRun] = deque()
@@ -193,7 +204,8 @@ class Scheduler:
         self._limit = self._busy_limit(busy)
         started: list[Batch] = []
         while self._idle and self.ready:
-            choice = self.policy.pick(self._view(now), self._idle_slots())
+            busy_threads = self._busy_counted(now)
+            choice = self.policy.pick(self._view(now, busy_threads), self._idle_slots(busy_threads))
             if choice is None:
                 break
             worker, rows = choice
@@ -208,6 +220,9 @@ class Scheduler:
         """A batch is done (or abandoned); its rows leave the in-flight count and its worker is idle again. `now`:
         when, for the busy share that decides polling (without it the span is not counted)."""
         batch = self._batches.pop(batch_id)
+        if now is not None and worker_back:
+            took, smoothed = now - batch.dispatched_at, self.batch_s
+            self.batch_s = took if smoothed is None else smoothed + BATCH_TIME_SMOOTHING * (took - smoothed)
         self.inflight -= batch.rows
         self.busy_threads -= batch.threads
         if self.busy_threads == 0 and self._busy_since is not None:
@@ -225,13 +240,13 @@ class Scheduler:
         """When the policy declined rows that are waiting, the delay after which it should be asked again."""
         if not self.ready or not self._workers:
             return None  # nothing waits, or rows wait for a worker to (re)start, which will schedule them
-        return self.policy.wake_after_s(self._view(now))
+        return self.policy.wake_after_s(self._view(now, self._busy_counted(now)))
 
     def oldest_arrival(self) -> float | None:
         return self._queue[0].arrived_at if self._queue else None
 
     # -- helpers ---------------------------------------------------------------------------------------------
-    def _view(self, now: float) -> QueueView:
+    def _view(self, now: float, busy_threads: int) -> QueueView:
         return QueueView(
             front_run=self._front_run(*self._window(self._largest_batch())),
             ready=self.ready,
@@ -239,21 +254,30 @@ class Scheduler:
             inflight=self.inflight,
             oldest_wait_s=now - self._queue[0].arrived_at,
             smallest_batch=min(w.batch for w in self._workers.values()),
-            thread_room=self._thread_room(),
+            thread_room=None if self._limit is None else self._limit - busy_threads,
             warm=self._warm,
         )
 
-    def _idle_slots(self) -> list[WorkerSlot]:
-        """Idle workers, largest granularity first, whose threads fit beside the busy ones."""
+    def _idle_slots(self, busy_threads: int) -> list[WorkerSlot]:
+        """Idle workers, largest granularity first, whose threads fit beside the `busy_threads` the limit counts."""
         idle = [self._workers[worker_id] for _, worker_id in self._idle]
-        room = self._thread_room()
-        if room is None or self.cores.busy_threads == 0:
+        if self._limit is None or busy_threads == 0:
             return idle
+        room = self._limit - busy_threads
         return [worker for worker in idle if worker.threads <= room]
 
-    def _thread_room(self) -> int | None:
-        """Threads that may still turn busy under the limit, counting every model's on these cores; None: no limit."""
-        return None if self._limit is None else self._limit - self.cores.busy_threads
+    def _busy_counted(self, now: float) -> int:
+        """The busy threads the limit counts at `now`: every model's on these cores, or only this model's own where
+        each of the others' running batches is expected to run on for more than `WAIT_FOR_OTHERS_BATCHES` of this
+        model's batches (while this model has no batch time yet, every model's)."""
+        if self.batch_s is None or self.cores.others_end_within(self, WAIT_FOR_OTHERS_BATCHES * self.batch_s, now):
+            return self.cores.busy_threads
+        return self.busy_threads
+
+    def running_ends(self) -> list[float]:
+        """When this model's running batches are expected to end (a batch time after each was dispatched; at once
+        while it has no batch time yet)."""
+        return [batch.dispatched_at + (self.batch_s or 0.0) for batch in self._batches.values()]
 
     def _window(self, size: int) -> tuple[int, int]:
         """Where a batch of `size` rows starts: (queue index of a run, rows of it to leave before the batch). With

@@ -17,7 +17,7 @@ import pytest
 from adaserve.engine.batching import ElasticPolicy, FixedTimeoutPolicy, NoBatchingPolicy, WorkerSlot
 from adaserve.engine.cores import Cores
 from adaserve.engine.engine import ModelEngine
-from adaserve.engine.scheduler import Batch, Scheduler
+from adaserve.engine.scheduler import WAIT_FOR_OTHERS_BATCHES, Batch, Scheduler
 from adaserve.errors import InferenceError
 from adaserve.repository import ModelRepository
 from tests.server_utils import write_slow_model
@@ -44,6 +44,41 @@ def test_a_model_waits_while_another_models_worker_holds_the_limit() -> None:
     assert cores.busy_threads == 1
     a.finish(running.id, now=0.2)
     assert [batch.worker_id for batch in b.schedule(0.2)] == [0]
+
+
+def learned(scheduler: Scheduler, batch_s: float, at: float) -> None:
+    """Run one batch of `scheduler` that takes `batch_s`, ending at `at`, so it knows its batch time."""
+    scheduler.enqueue(0, 1, at - batch_s)
+    (batch,) = scheduler.schedule(at - batch_s)
+    scheduler.finish(batch.id, now=at)
+
+
+def test_a_light_model_starts_beside_a_heavy_models_long_batch_and_the_heavy_one_waits_for_a_short_one() -> None:
+    """Waiting for another model's batch costs the wait and gains nothing (rows of two models never share a
+    batch): a model waits only for batches expected to end within two of its own batch times."""
+    cores = Cores()
+    heavy, light = model(cores, (1, 1)), model(cores, (1, 1))
+    learned(heavy, 0.030, at=1.0)
+    learned(light, 0.0001, at=1.0)
+    heavy.enqueue(1, 1, 2.0)
+    (long_batch,) = heavy.schedule(2.0)
+    light.enqueue(1, 1, 2.001)
+    assert len(light.schedule(2.001)) == 1  # the heavy batch runs 29 ms more: start beside it
+    heavy.finish(long_batch.id, now=2.03)
+    heavy.enqueue(2, 1, 2.03)
+    assert heavy.schedule(2.03) == []  # the light batch ends within a heavy batch's time: wait for it
+    assert cores.busy_threads == 1
+
+
+def test_models_of_about_the_same_batch_time_wait_for_each_other() -> None:
+    cores = Cores()
+    a, b = model(cores, (1, 1)), model(cores, (1, 1))
+    learned(a, 0.0005, at=1.0)
+    learned(b, 0.0004, at=1.0)
+    a.enqueue(1, 1, 2.0)
+    a.schedule(2.0)
+    b.enqueue(1, 1, 2.0)
+    assert b.schedule(2.0) == []  # a's batch, just started, runs 0.5 ms: within two of b's 0.4 ms
 
 
 def test_alone_a_model_with_a_shared_set_of_cores_schedules_as_with_its_own() -> None:
@@ -176,7 +211,8 @@ def test_a_removed_worker_no_longer_polls() -> None:
 
 def test_random_runs_keep_the_limit_and_the_pollers_within_the_cores() -> None:
     """Three models of random workers, limits and policies on two or many cores; rows arrive and batches finish at
-    random. A batch starts only within its model's limit counting every model's busy threads, or when none is busy;
+    random. A batch starts only within its model's limit counting every model's busy threads (or only its own while
+    the others' batches are all expected to run on past one of its own), or when none is busy;
     a model has at most one poller, and on two cores the server has one; only a poller is told to rest; every row
     runs once."""
     for seed in range(60):
@@ -214,11 +250,18 @@ def test_random_runs_keep_the_limit_and_the_pollers_within_the_cores() -> None:
                 models[key[0]].finish(batch.id, now=now)
                 done[key[0]] += batch.rows
             for i in rng.sample(range(3), 3):
-                busy_before = cores.busy_threads
-                for batch in models[i].schedule(now):
-                    limit = models[i].max_busy_threads
-                    assert limit is None or busy_before == 0 or busy_before + batch.threads <= limit
+                scheduler = models[i]
+                busy_before, own_before = cores.busy_threads, scheduler.busy_threads
+                # the others' batches all run on past a batch of this model's: it may count only its own threads
+                alone_counts = scheduler.batch_s is not None and not cores.others_end_within(
+                    scheduler, WAIT_FOR_OTHERS_BATCHES * scheduler.batch_s, now
+                )
+                for batch in scheduler.schedule(now):
+                    limit = scheduler.max_busy_threads
+                    counted = own_before if alone_counts else busy_before
+                    assert limit is None or counted == 0 or counted + batch.threads <= limit
                     busy_before += batch.threads
+                    own_before += batch.threads
                     told = {(i, worker) for worker in batch.rests} | set(rested)
                     assert told <= polling, "told a worker to rest that was not polling"
                     polling -= told | {(i, batch.worker_id)}
