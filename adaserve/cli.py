@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -206,6 +207,7 @@ def _http_client(args: argparse.Namespace) -> InferenceServerClient:
 
     from adaserve.bench.client import client_tls
 
+    _ctrl_c_reaches_gevent()
     url = args.url.removeprefix("http://")
     try:
         tls = client_tls(url.startswith("https://"), args.ca_cert, args.client_cert, args.client_key)
@@ -218,6 +220,17 @@ def _http_client(args: argparse.Namespace) -> InferenceServerClient:
         ssl=True,
         ssl_context_factory=lambda: tls.ssl_context(gevent.ssl.create_default_context),  # its client runs on gevent
     )
+
+
+def _ctrl_c_reaches_gevent() -> None:
+    """Let Ctrl-C interrupt a command waiting in tritonclient's HTTP client, which runs on gevent. The kernel may hand
+    the process's SIGINT to one of gevent's resolver threads; CPython then only flags it for the main thread, asleep
+    in gevent's hub on a socket that may never answer (a test of `infer` against a silent server hung for its 60 s).
+    libev's signal watcher wakes the hub whichever thread took the signal, and the hub raises KeyboardInterrupt in
+    the main greenlet."""
+    import gevent
+
+    gevent.signal_handler(signal.SIGINT, gevent.kill, gevent.getcurrent(), KeyboardInterrupt)
 
 
 def _infer(args: argparse.Namespace) -> int:

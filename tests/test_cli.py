@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
+import os
+import platform
 import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from adaserve.datasets import FASHION_MNIST_CLASSES, load_fashion_mnist
 from tests.server.test_dag import write_dag
@@ -95,7 +100,16 @@ def test_errors_are_plain_and_exit_non_zero(tmp_path: Path) -> None:
             assert refused.returncode == 2 and f"{option}: expected a number above 0; got '{bad}'" in refused.stderr
 
 
-def test_ctrl_c_ends_a_command_with_a_line_not_a_traceback(tmp_path: Path) -> None:
+#: tgkill(2), which sends a signal to one thread of another process; Python has no call for it.
+SYS_TGKILL = {"x86_64": 234, "aarch64": 131}.get(platform.machine())
+
+
+@pytest.mark.parametrize("thread", ["main", "another"])
+def test_ctrl_c_ends_a_command_with_a_line_not_a_traceback(tmp_path: Path, thread: str) -> None:
+    """Whichever thread of `infer` the kernel hands the SIGINT to (its HTTP client's gevent keeps resolver threads
+    beside the main one), the command ends with a line."""
+    if thread == "another" and SYS_TGKILL is None:
+        pytest.skip(f"no tgkill number for {platform.machine()}")
     np.save(tmp_path / "x.npy", np.zeros((784,), dtype=np.float32))
     with socket.socket() as silent:  # accepts the connection, never answers: `infer` waits
         silent.bind(("127.0.0.1", 0))
@@ -104,12 +118,29 @@ def test_ctrl_c_ends_a_command_with_a_line_not_a_traceback(tmp_path: Path) -> No
         url = f"127.0.0.1:{silent.getsockname()[1]}"
         command = [sys.executable, "-m", "adaserve", "infer", "mlp", "--input", str(tmp_path / "x.npy"), "--url", url]
         with subprocess.Popen(command, stderr=subprocess.PIPE, text=True) as process:
-            connection, _ = silent.accept()  # the command is inside its request now
+            connection, _ = silent.accept()
             with connection:
-                process.send_signal(signal.SIGINT)
+                connection.settimeout(60)
+                assert connection.recv(65536)  # the command sent its request; now it waits for the answer
+                _wait_until_sleeping(process.pid)
+                if thread == "main":
+                    process.send_signal(signal.SIGINT)
+                else:
+                    others = sorted(int(t) for t in os.listdir(f"/proc/{process.pid}/task") if int(t) != process.pid)
+                    assert others, "infer runs no thread beside the main one"
+                    libc = ctypes.CDLL(None, use_errno=True)
+                    assert libc.syscall(SYS_TGKILL, process.pid, others[0], signal.SIGINT) == 0
                 _, stderr = process.communicate(timeout=60)
     assert process.returncode == 130
     assert "adaserve: interrupted" in stderr and "Traceback" not in stderr, stderr
+
+
+def _wait_until_sleeping(pid: int, timeout_s: float = 30.0) -> None:
+    """Until the main thread of process `pid` sleeps in the kernel (state S), as it does waiting for an answer."""
+    deadline = time.monotonic() + timeout_s
+    while Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "S":
+        assert time.monotonic() < deadline, f"process {pid} never waited"
+        time.sleep(0.01)
 
 
 def test_models_list_shows_dag_queries_and_names_an_invalid_one(tmp_path: Path) -> None:
