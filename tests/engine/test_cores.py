@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import random
 import signal
@@ -14,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from adaserve.engine import scheduler as scheduler_module
 from adaserve.engine.batching import ElasticPolicy, FixedTimeoutPolicy, NoBatchingPolicy, WorkerSlot
 from adaserve.engine.cores import Cores
 from adaserve.engine.engine import ModelEngine
@@ -286,12 +288,17 @@ def test_random_runs_keep_the_limit_and_the_pollers_within_the_cores() -> None:
 
 
 @pytest.mark.parametrize("share", [True, False])
-def test_two_models_on_shared_cores_never_compute_at_once(tmp_path: Path, share: bool) -> None:
+def test_two_models_on_shared_cores_never_compute_at_once(
+    tmp_path: Path, share: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Real engines, each with one worker under a limit of one busy thread: sharing the cores, one model's batch
-    never runs while the other's does, and every request is answered; with `share_cores: false` they overlap."""
+    never runs while the other's does, and every request is answered; with `share_cores: false` they overlap. (Two
+    models of one batch time always wait for each other, but under a loaded CI machine their smoothed times can
+    drift apart by more than the wait rule's factor, which its own tests cover: here it is set out of reach.)"""
+    monkeypatch.setattr(scheduler_module, "WAIT_FOR_OTHERS_BATCHES", math.inf)
     batching = {"policy": "elastic", "max_busy_threads": 1, "share_cores": share}
     for name in ("left", "right"):
-        write_slow_model(tmp_path, name, rounds=300, batching=batching)
+        write_slow_model(tmp_path, name, rounds=3000, batching=batching)  # ~14 ms a batch: long enough to overlap
     repository = ModelRepository(tmp_path)
 
     async def main() -> list[tuple[str, int, int]]:
