@@ -213,7 +213,7 @@ def test_a_start_that_is_cancelled_stops_the_processes_it_had_started(
 def test_a_request_whose_timeout_passes_before_it_starts_is_refused_and_its_slots_freed(tmp_path: Path) -> None:
     """Triton's `timeout` request parameter (microseconds): a request still queued when it passes is answered with
     a 503 naming it; one that started runs to the end; a bad value is refused before anything is queued."""
-    write_slow_model(tmp_path, "slow", rounds=400)  # one worker of batch 1; tens of ms per row
+    write_slow_model(tmp_path, "slow", rounds=4000)  # one worker of batch 1; ~20 ms a row, far past the timeout
 
     async def body(engine: ModelEngine) -> None:
         x = np.ones((1, 4), dtype=np.float32)
@@ -306,7 +306,7 @@ def test_a_queued_request_whose_caller_stops_waiting_leaves_the_queue_and_never_
     """A client that hangs up or whose gRPC deadline passes cancels the call awaiting `infer`: rows not started are
     taken back out of the queue, so no worker computes answers no one will read; rows started run to the end.
     Before, every abandoned row still ran, and a flood of abandoned requests filled the queue for the others."""
-    write_slow_model(tmp_path, "slow", rounds=400)  # one worker of batch 1; tens of ms per row
+    write_slow_model(tmp_path, "slow", rounds=4000)  # one worker of batch 1; ~20 ms a row: the next one queues
 
     async def body(engine: ModelEngine) -> None:
         x = np.ones((1, 4), dtype=np.float32)
