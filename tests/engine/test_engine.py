@@ -258,7 +258,7 @@ def test_a_request_of_higher_priority_queued_last_runs_next(tmp_path: Path, leve
     """Triton's `priority` parameter (1 the highest): with two levels, a request sent with priority 1 behind two
     sent without (the default, the lowest level) runs as soon as the worker is free; with priority off
     (`priority_levels: 0`, the default) the queue keeps arrival order."""
-    write_slow_model(tmp_path, "slow", rounds=400, batching={"priority_levels": levels})  # one worker of batch 1
+    write_slow_model(tmp_path, "slow", rounds=4000, batching={"priority_levels": levels})  # one worker, ~20 ms a row
 
     async def body(engine: ModelEngine) -> None:
         assert await finish_order(engine, [("low", {}), ("low too", {}), ("high", {"priority": 1})]) == order
@@ -270,7 +270,7 @@ def test_a_request_whose_timeout_passes_under_a_delay_policy_waits_on_behind_its
     """Triton's `timeout_action: DELAY`: a request still queued when its timeout passes is not refused; it runs
     after the requests of its level that are still in time, the two sent after it here."""
     policy = {"timeout_action": "delay", "default_timeout_us": 0}
-    write_slow_model(tmp_path, "slow", rounds=400, batching={"default_queue_policy": policy})  # one worker, batch 1
+    write_slow_model(tmp_path, "slow", rounds=4000, batching={"default_queue_policy": policy})  # one worker, ~20 ms
 
     async def body(engine: ModelEngine) -> None:
         sent = [("late", {"timeout": 1000}), ("b", {}), ("c", {})]
@@ -283,7 +283,7 @@ def test_a_request_whose_timeout_passes_under_a_delay_policy_waits_on_behind_its
 def test_a_level_whose_queue_is_full_refuses_while_the_others_still_queue(tmp_path: Path) -> None:
     """A queue policy's `max_queue_size` bounds the rows waiting at its level alone (503 naming the level)."""
     batching = {"priority_levels": 2, "priority_queue_policy": {1: {"max_queue_size": 1}}}
-    write_slow_model(tmp_path, "slow", rounds=400, batching=batching)  # one worker of batch 1
+    write_slow_model(tmp_path, "slow", rounds=4000, batching=batching)  # one worker of batch 1, ~20 ms a row
 
     async def body(engine: ModelEngine) -> None:
         x = np.ones((1, 4), dtype=np.float32)
