@@ -78,9 +78,8 @@ class Scheduler:
     busy threads too, unless every batch they run is expected to go on for more than `WAIT_FOR_OTHERS_BATCHES` of
     this model's own batch times (`batch_s`, smoothed from the batches `finish` was told the time of): waiting would
     then cost more than sharing a core (an MLP behind a 28 ms batch of another model averaged 6.4 ms against 0.95
-    beside it).
-    Their busy threads and pollers also hold cores a poller here cannot have. Without it the model has the cores to
-    itself.
+    beside it). Their busy threads and pollers also hold cores a poller here cannot have. Without it the model has
+    the cores to itself.
 
     `idle_spin`: a worker that starts alone, with no more threads than the limit, while workers have been busy less
     than `POLL_BELOW_BUSY_SHARE` of the last second, may poll for its next batch once this one is done instead of
