@@ -254,6 +254,14 @@ def write_broken_model(repository: Path, name: str = "broken") -> Path:
     return broken
 
 
+def process_stat(pid: int) -> list[str] | None:
+    """Fields of /proc/PID/stat after the command's name (state first); None once the process is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        return None
+
+
 def renice_tree(pid: int, niceness: int) -> None:
     """Set the niceness of every thread of `pid` and of its descendants (Linux nice values are per thread)."""
     for task in Path(f"/proc/{pid}/task").glob("*"):

@@ -18,7 +18,7 @@ import pytest
 
 from adaserve.datasets import FASHION_MNIST_CLASSES, load_fashion_mnist
 from tests.server.test_dag import write_dag
-from tests.server_utils import EXAMPLES, ServerHandle
+from tests.server_utils import EXAMPLES, ServerHandle, process_stat
 
 
 def adaserve(*args: str) -> subprocess.CompletedProcess[str]:
@@ -138,7 +138,8 @@ def test_ctrl_c_ends_a_command_with_a_line_not_a_traceback(tmp_path: Path, threa
 def _wait_until_sleeping(pid: int, timeout_s: float = 30.0) -> None:
     """Until the main thread of process `pid` sleeps in the kernel (state S), as it does waiting for an answer."""
     deadline = time.monotonic() + timeout_s
-    while Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "S":
+    while (fields := process_stat(pid)) is None or fields[0] != "S":
+        assert fields is not None, f"process {pid} is gone"
         assert time.monotonic() < deadline, f"process {pid} never waited"
         time.sleep(0.01)
 

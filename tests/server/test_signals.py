@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import tritonclient.http as httpclient
 
-from tests.server_utils import link_example, restarts, running_server, worker_pids
+from tests.server_utils import link_example, process_stat, restarts, running_server, worker_pids
 
 
 def test_hosts_and_workers_leave_stop_signals_to_the_server(tmp_path: Path) -> None:
@@ -42,21 +42,13 @@ def test_hosts_and_workers_leave_stop_signals_to_the_server(tmp_path: Path) -> N
         assert '"msg": "stopped"' in server.log.read_text()
 
 
-def _stat(pid: int) -> list[str] | None:
-    """Fields of /proc/PID/stat after the command's name (state first); None once the process is gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except FileNotFoundError:
-        return None
-
-
 def _parent(pid: int) -> int:
-    fields = _stat(pid)
+    fields = process_stat(pid)
     assert fields is not None, f"process {pid} is gone"
     return int(fields[1])
 
 
 def _running(pid: int) -> bool:
     """Alive and not a zombie waiting for its parent to reap it."""
-    fields = _stat(pid)
+    fields = process_stat(pid)
     return fields is not None and fields[0] != "Z"
