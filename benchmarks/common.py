@@ -218,6 +218,11 @@ def finish_report(
     return 0
 
 
+def ms_text(value: float | None) -> str:
+    """A latency in milliseconds to three decimals for a printed table, or "-" where there is none."""
+    return "-" if value is None else f"{value:.3f}"
+
+
 def write_json(data: dict[str, Any], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(_finite(data), indent=2) + "\n")

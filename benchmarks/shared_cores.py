@@ -36,7 +36,16 @@ import numpy as np
 import tritonclient.http as httpclient
 
 from adaserve.bench import BenchResult, parse_workload
-from benchmarks.common import RESULTS, SCRATCH, figure, finish_report, load_average, process_command, report_head
+from benchmarks.common import (
+    RESULTS,
+    SCRATCH,
+    figure,
+    finish_report,
+    load_average,
+    ms_text,
+    process_command,
+    report_head,
+)
 from benchmarks.perf_load import PerfAnalyzer, run_perf_analyzer
 from tests.server_utils import ServerHandle, link_example, running_server, write_slow_model
 
@@ -282,13 +291,9 @@ def _print(report: dict[str, Any], output: Path) -> None:
     for entry in MIXED:
         case = mixed[entry]
         print(
-            f"mixed {entry:<9} light {_ms(case['light_mean_ms'])} / {_ms(case['light_p99_ms'])} ms, "
-            f"heavy {_ms(case['heavy_mean_ms'])} / {_ms(case['heavy_p99_ms'])} ms"
+            f"mixed {entry:<9} light {ms_text(case['light_mean_ms'])} / {ms_text(case['light_p99_ms'])} ms, "
+            f"heavy {ms_text(case['heavy_mean_ms'])} / {ms_text(case['heavy_p99_ms'])} ms"
         )
-
-
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3f}"
 
 
 def _cell(entry: dict[str, Any]) -> str:

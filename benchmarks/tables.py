@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import RESULTS
+from benchmarks.common import RESULTS, ms_text
 
 
 def main(argv: list[str]) -> int:
@@ -38,7 +38,7 @@ def serving_overhead(report: dict[str, Any]) -> str:
         lines.append(
             f"| {_case(name)} | {case['throughput_rps']:.0f} ({_span(case['throughput_rps_all'], '.0f')}) "
             f"| {case['p50_ms']:.3f} ({_span(case['p50_ms_all'], '.3f')}) "
-            f"| {case['p90_ms']:.3f} | {case['p99_ms']:.3f} | {_ms(case.get('server_compute_ms'))} "
+            f"| {case['p90_ms']:.3f} | {case['p99_ms']:.3f} | {ms_text(case.get('server_compute_ms'))} "
             f"| {case['throughput_vs_in_process']:.3f}× | {case['server_cpu_us_per_request']:.0f} µs "
             f"| {case['perf_analyzer_cores']:.2f} | {case['other_cores']:.2f} |"
         )
@@ -109,10 +109,6 @@ def _bars(bars: dict[str, Any]) -> str:
 
 def _case(name: str) -> str:
     return name.replace("http_c", "REST c=").replace("grpc_c", "gRPC c=")
-
-
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3f}"
 
 
 def _span(values: list[float], fmt: str) -> str:
