@@ -75,6 +75,7 @@ def _serve(args: argparse.Namespace) -> int:
         grpc_restricted_protocol=tuple(args.grpc_restricted_protocol),
         http_tls=_tls("http", args),
         grpc_tls=_tls("grpc", args),
+        grpc_compression_level=args.grpc_infer_response_compression_level,
     )
     uvloop.run(serve(options))
     return 0
@@ -270,6 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
     from adaserve.cache.cli import register as register_cache
     from adaserve.cache.policies import POLICIES
     from adaserve.cpu.cli import register as register_cpu
+    from adaserve.server.content_coding import GRPC_COMPRESSION_LEVELS
     from adaserve.server.http import IDLE_TIMEOUT_S
 
     parser = argparse.ArgumentParser(prog="adaserve", description=__doc__)
@@ -350,6 +352,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="Triton's: a response cache of this size (bytes, or 100MB, 1GiB), least recently used answers evicted "
         "first; models whose config says response_cache: {enable: true} answer repeated requests (the same "
         "inputs and parameters) from it without running",
+    )
+    serve.add_argument(
+        "--grpc-infer-response-compression-level",
+        choices=GRPC_COMPRESSION_LEVELS,
+        default="none",
+        help="Triton's: compress gRPC responses at this level for clients that accept it (gRPC picks the "
+        "algorithm; a message that compression would not shrink is sent as is); HTTP answers are compressed for "
+        "clients that ask with Accept-Encoding, whatever this says",
     )
     for flag, header in (
         ("--http-restricted-api", "the header KEY"),

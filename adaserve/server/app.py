@@ -23,6 +23,7 @@ from adaserve.engine.router import CacheSettings, ModelRouter
 from adaserve.errors import ConfigError
 from adaserve.malloc import keep_freed_memory
 from adaserve.repository import ModelRepository
+from adaserve.server.content_coding import GRPC_COMPRESSION_LEVELS
 from adaserve.server.dataplane import DataPlane, ModelControlMode
 from adaserve.server.grpc_service import InferenceServicer
 from adaserve.server.health import HealthService
@@ -56,6 +57,7 @@ class ServeOptions:
     grpc_restricted_protocol: tuple[str, ...] = ()
     http_tls: TlsSettings | None = None  # TLS on a frontend (server/tls.py); None: plain
     grpc_tls: TlsSettings | None = None
+    grpc_compression_level: str = "none"  # Triton's --grpc-infer-response-compression-level
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -107,6 +109,8 @@ async def serve(options: ServeOptions) -> None:
             ("grpc.max_receive_message_length", options.max_request_bytes),
             ("grpc.max_send_message_length", -1),
             ("grpc.so_reuseport", 0),
+            # gRPC picks an algorithm the client accepts for the level, per call
+            ("grpc.default_compression_level", GRPC_COMPRESSION_LEVELS.index(options.grpc_compression_level)),
         ]
     )
     servicer = InferenceServicer(plane, grpc_restrictions)

@@ -25,6 +25,8 @@ from urllib.parse import unquote
 
 import httptools
 
+from adaserve.server.content_coding import CodingError, accepted_coding, decode_body, encode_body
+
 log = logging.getLogger("adaserve.http")
 
 #: Pipelined requests buffered per connection before the server stops reading from it (it also stops once their
@@ -255,7 +257,7 @@ class HttpProtocol(asyncio.Protocol):
         while self.pending and self.transport is not None:
             await self._can_write.wait()
             item, keep_alive = self.pending.popleft()
-            response = item if isinstance(item, Response) else await self.app(item)
+            response = item if isinstance(item, Response) else await self._respond(item)
             if self.transport is None:
                 break
             with_body = not (isinstance(item, Request) and item.method == "HEAD")
@@ -270,6 +272,26 @@ class HttpProtocol(asyncio.Protocol):
             if not self._backlog_full():
                 self.transport.resume_reading()
         self.task = None
+
+    async def _respond(self, request: Request) -> Response:
+        """The app's answer to `request`, with its body decoded first and the answer encoded as the client asks
+        (server/content_coding.py)."""
+        try:
+            request.body = await decode_body(request.headers.get("content-encoding"), request.body, self.max_body_bytes)
+        except CodingError as exc:
+            response = self.on_error(exc.status, str(exc))
+            response.headers.update(exc.headers)
+        else:
+            response = await self.app(request)
+        accept = request.headers.get("accept-encoding")
+        if accept is None:
+            return response
+        response.headers["vary"] = "accept-encoding"
+        coding = accepted_coding(accept)
+        if coding is not None and response.body:
+            response.body = await encode_body(coding, response.body)
+            response.headers["content-encoding"] = coding
+        return response
 
     def _backlog_full(self) -> bool:
         """Whether to stop reading: so many requests wait, or their bodies are so large together, that a client

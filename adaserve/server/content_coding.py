@@ -1,0 +1,135 @@
+"""HTTP content codings (RFC 9110 §8.4): request bodies that arrive compressed, and answers compressed for clients
+that ask.
+
+`tritonclient.http` compresses a request with `request_compression_algorithm="gzip"` or `"deflate"` (it sends
+`Content-Encoding`) and asks for a compressed answer with `response_compression_algorithm` (`Accept-Encoding`);
+Triton's HTTP server does both, and so does this one, on every route. `deflate` is the zlib format (RFC 9110
+§8.4.1.2), which is what tritonclient and curl send.
+
+gRPC compresses in grpcio's core: it reads compressed requests by itself (and holds them to the size limit once
+decompressed), and compresses answers at `--grpc-infer-response-compression-level`, one of
+`GRPC_COMPRESSION_LEVELS`.
+
+A compressed body is held to the same limit as a plain one after it is decompressed, and decompression stops at
+that limit, so a small body that would inflate to gigabytes (a "zip bomb") costs the server the limit at most. Bodies
+over `OFFLOAD_BYTES` are (de)compressed on a worker thread (zlib releases the GIL), so a large one does not stall
+the other connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import zlib
+from collections.abc import Callable
+from typing import ParamSpec, TypeVar
+
+__all__ = ["CODINGS", "GRPC_COMPRESSION_LEVELS", "CodingError", "accepted_coding", "decode_body", "encode_body"]
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+#: The codings this server reads and writes, and zlib's window bits for each (16 + : gzip's header and trailer).
+_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+CODINGS = tuple(_WBITS)
+#: zlib's level for answers. Level 1 keeps most of the gain on inference outputs (JSON numbers, float tensors) at a
+#: fraction of the default level's CPU (`benchmarks/http_compression.py` measures both).
+COMPRESSION_LEVEL = 1
+#: Triton's names for gRPC's compression levels, in gRPC's order (`grpc_compression_level`: NONE is 0, HIGH 3).
+GRPC_COMPRESSION_LEVELS = ("none", "low", "medium", "high")
+#: Bodies larger than this are (de)compressed off the event loop.
+OFFLOAD_BYTES = 1 << 20
+
+
+class CodingError(Exception):
+    """A request body that cannot be decoded: the HTTP status to answer with, and headers for that answer."""
+
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.headers = headers or {}
+
+
+async def decode_body(content_encoding: str | None, body: bytes, limit: int) -> bytes:
+    """`body` with the codings that `Content-Encoding` lists undone (the last applied is undone first); CodingError
+    for a coding this server does not read (415), data that is not what its coding says (400), or a result over
+    `limit` bytes (413)."""
+    codings = [coding.strip().lower() for coding in (content_encoding or "").split(",") if coding.strip()]
+    for coding in reversed(codings):
+        if coding == "identity":
+            continue
+        if coding not in _WBITS:
+            raise CodingError(
+                415,
+                f"request body's Content-Encoding {coding!r} is not supported; this server reads {', '.join(CODINGS)}",
+                {"accept-encoding": ", ".join(CODINGS)},
+            )
+        if body:
+            body = await _offloaded(len(body), _inflate, coding, body, limit)
+    return body
+
+
+def accepted_coding(accept_encoding: str | None) -> str | None:
+    """The coding to answer in: the client's most preferred of `CODINGS` by its q-values (RFC 9110 §12.5.3); None
+    to answer as is (no header, nothing this server writes, or `identity` preferred). Malformed entries are
+    skipped, as Triton does."""
+    if not accept_encoding:
+        return None
+    weights: dict[str, float] = {}
+    for entry in accept_encoding.split(","):
+        name, *parameters = entry.split(";")
+        name = name.strip().lower()
+        weight = 1.0
+        for parameter in parameters:
+            key, _, value = parameter.partition("=")
+            if key.strip().lower() == "q":
+                try:
+                    weight = float(value)
+                except ValueError:
+                    weight = -1.0
+        if name and 0.0 <= weight <= 1.0:
+            weights[name] = weight
+    anything = weights.get("*", 0.0)
+    best = max(CODINGS, key=lambda coding: weights.get(coding, anything))  # ties: the order of CODINGS
+    best_weight = weights.get(best, anything)
+    if best_weight <= 0.0 or weights.get("identity", 0.0) > best_weight:
+        return None
+    return best
+
+
+async def encode_body(coding: str, body: bytes) -> bytes:
+    """`body` compressed in `coding` (one of `CODINGS`)."""
+    return await _offloaded(len(body), _deflate, coding, body)
+
+
+def _inflate(coding: str, data: bytes, limit: int) -> bytes:
+    """Decompress every member of `data` (gzip allows several in a row), producing at most `limit` bytes."""
+    pieces: list[bytes] = []
+    size = 0
+    while data:
+        inflater = zlib.decompressobj(_WBITS[coding])
+        try:
+            piece = inflater.decompress(data, limit - size + 1)
+        except zlib.error as exc:
+            raise CodingError(400, f"request body is not valid {coding} data: {exc}") from None
+        size += len(piece)
+        if size > limit:
+            raise CodingError(413, f"request body exceeds the limit of {limit} bytes once decompressed ({coding})")
+        if not inflater.eof:
+            raise CodingError(400, f"request body's {coding} data ends before its end marker (truncated)")
+        pieces.append(piece)
+        data = inflater.unused_data
+        if data and coding != "gzip":
+            raise CodingError(400, f"request body has {len(data)} bytes after the end of its {coding} data")
+    return b"".join(pieces)
+
+
+def _deflate(coding: str, body: bytes) -> bytes:
+    compressor = zlib.compressobj(COMPRESSION_LEVEL, zlib.DEFLATED, _WBITS[coding])
+    return compressor.compress(body) + compressor.flush()
+
+
+async def _offloaded(size: int, function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """`function`'s result, computed on a worker thread when its input is `size` bytes over `OFFLOAD_BYTES`."""
+    if size > OFFLOAD_BYTES:
+        return await asyncio.to_thread(function, *args, **kwargs)
+    return function(*args, **kwargs)
