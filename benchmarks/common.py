@@ -130,6 +130,17 @@ class TreeCPU:
         return sum(self._last.values())
 
 
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) used so far by process `pid` alone (a server's frontend, without its workers)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return _cpu_s(stat[stat.rindex(")") + 2 :].split())
+
+
+def _cpu_s(fields: list[str]) -> float:
+    """User + system seconds from the fields of /proc/PID/stat after the command's name."""
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+
+
 def _tree_times(pid: int) -> dict[int, float]:
     """CPU seconds of `pid` and each of its live descendants."""
     parents: dict[int, int] = {}
@@ -143,7 +154,7 @@ def _tree_times(pid: int) -> dict[int, float]:
             continue
         fields = stat[stat.rindex(")") + 2 :].split()  # the command name may hold spaces
         parents[int(entry.name)] = int(fields[1])
-        times[int(entry.name)] = (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+        times[int(entry.name)] = _cpu_s(fields)
     tree, frontier = {pid}, [pid]
     while frontier:
         parent = frontier.pop()
