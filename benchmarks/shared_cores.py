@@ -227,8 +227,8 @@ def _mixed_cases(runs: list[dict[str, Any]]) -> dict[str, Any]:
 def _line(run: dict[str, Any]) -> str:
     valid = "" if run["valid"] else f"  NOT VALID: {'; '.join(run['problems']) or 'failed'}"
     return (
-        f"{run['rate']:>5} req/s  {run['entry']:<9}  mean {run['mean_ms']:.3f} ms  p99 {run['p99_ms']:.2f} ms  "
-        f"rows/batch {run['rows_per_batch']:.2f}{valid}"
+        f"{run['rate']:>5} req/s  {run['entry']:<9}  mean {ms_text(run['mean_ms'])} ms  "
+        f"p99 {ms_text(run['p99_ms'])} ms  rows/batch {run['rows_per_batch'] or float('nan'):.2f}{valid}"
     )
 
 
@@ -236,8 +236,8 @@ def _mixed_line(run: dict[str, Any]) -> str:
     heavy, light = run["clients"]
     valid = "" if run["valid"] else f"  NOT VALID: {'; '.join(run['problems']) or 'failed'}"
     return (
-        f"mixed  {run['entry']:<9}  heavy mean {heavy['mean_ms']:.2f} ms p99 {heavy['p99_ms']:.1f}  "
-        f"light mean {light['mean_ms']:.3f} ms p99 {light['p99_ms']:.2f}{valid}"
+        f"mixed  {run['entry']:<9}  heavy mean {ms_text(heavy['mean_ms'])} ms p99 {ms_text(heavy['p99_ms'])}  "
+        f"light mean {ms_text(light['mean_ms'])} ms p99 {ms_text(light['p99_ms'])}{valid}"
     )
 
 
