@@ -1,7 +1,8 @@
-"""The REST adapter: the whole `/v2` route table in one place, a thin layer over the data plane.
+"""The REST adapter: the whole route table in one place, a thin layer over the data plane.
 
 Routes follow the Open Inference Protocol (KServe V2) and Triton's HTTP extensions that `tritonclient.http`
-calls (model configuration, repository, statistics, logging, system shared memory). Errors are answered as
+calls (model configuration, repository, statistics, logging, system shared memory), and KServe's V1 protocol
+(TensorFlow Serving's REST predict API) under `/v1`. Errors are answered as
 `{"error": "<message>"}` with the status their exception class names; anything unexpected is a 500 and the server
 keeps serving.
 """
@@ -11,17 +12,23 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
+from collections.abc import Callable
 from typing import Any
 
-from adaserve.errors import AdaserveError, InvalidInputError
+from adaserve.errors import AdaserveError, InvalidInputError, ModelNotReadyError
 from adaserve.server.dataplane import DataPlane
 from adaserve.server.http import Application, Handler, Request, Response, Routes
+from adaserve.server.kserve_v1 import decode_predict, encode_predict
 from adaserve.server.metrics import render_metrics
+from adaserve.server.protocol import InferenceRequest, InferenceResponse
 from adaserve.server.rest_codec import HEADER_LENGTH, decode_json, decode_request, encode_json, encode_response
 from adaserve.server.restrictions import Restrictions
 from adaserve.server.shared_memory import RegionKind
 
 log = logging.getLogger("adaserve.rest")
+
+#: An answer's body and headers from an inference response (the V2 codec's, or the V1 protocol's).
+Encoder = Callable[[InferenceResponse], tuple[bytes, dict[str, str]]]
 
 
 def json_response(document: Any, status: int = 200) -> Response:
@@ -45,18 +52,41 @@ def create_app(plane: DataPlane, restrictions: Restrictions | None = None) -> Ap
         name, version = _model(request)
         plane.check_model(name, version)
         inference = decode_request(name, version, request.body, request.headers.get(HEADER_LENGTH), plane.shared_memory)
-        trace = plane.tracer.begin(name, inference.id, lambda: request.headers)
+        return await answer(request, inference, encode_response)
+
+    async def predict(request: Request) -> Response:
+        """KServe's V1 protocol (server/kserve_v1.py)."""
+        name, version = _model(request)
+        plane.check_model(name, version)
+        metadata = plane.model_metadata(name, version)
+        inference, columnar = decode_predict(name, version, decode_json(request.body), metadata)
+        return await answer(request, inference, lambda response: (encode_json(encode_predict(response, columnar)), {}))
+
+    async def answer(request: Request, inference: InferenceRequest, encode: Encoder) -> Response:
+        """Run `inference` (traced when the tracer samples it) and encode its answer: `encode` gives the body and
+        its headers (a `content-type` among them where it is not JSON)."""
+        trace = plane.tracer.begin(inference.model_name, inference.id, lambda: request.headers)
         if trace is None:
-            content, headers = encode_response(await plane.infer(inference))
-            return Response(200, content, headers.pop("content-type"), headers)
+            content, headers = encode(await plane.infer(inference))
+            return Response(200, content, headers.pop("content-type", "application/json"), headers)
         trace.stamp("HTTP_RECV_START", request.received_ns)
         trace.stamp("HTTP_RECV_END", request.complete_ns)
         try:
-            content, headers = encode_response(await plane.infer(inference, trace))
+            content, headers = encode(await plane.infer(inference, trace))
         except BaseException:
             plane.tracer.finish(trace)  # what it stamped before it failed
             raise
-        return Response(200, content, headers.pop("content-type"), headers, plane.tracer.sent(trace, "HTTP"))
+        content_type = headers.pop("content-type", "application/json")
+        return Response(200, content, content_type, headers, plane.tracer.sent(trace, "HTTP"))
+
+    async def v1_models(request: Request) -> Response:
+        return json_response({"models": [row["name"] for row in plane.repository_index()]})
+
+    async def v1_model_ready(request: Request) -> Response:
+        name = request.params["model"]
+        if not plane.model_ready(name):  # an unknown name raises: a 404
+            raise ModelNotReadyError(f"model '{name}' is not ready")
+        return json_response({"name": name, "ready": True})
 
     async def live(request: Request) -> Response:
         return status_only(plane.live())
@@ -156,6 +186,10 @@ def create_app(plane: DataPlane, restrictions: Restrictions | None = None) -> Ap
         add("GET", f"{prefix}/ready", "health", model_ready)
         add("GET", f"{prefix}/config", "model-config", model_config)
         add("GET", f"{prefix}/stats", "statistics", model_stats)
+    add("GET", "/v1/models", "metadata", v1_models)
+    for prefix in ("/v1/models/{model}", "/v1/models/{model}/versions/{version}"):
+        add("POST", f"{prefix}:predict", "inference", predict)
+    add("GET", "/v1/models/{model}", "health", v1_model_ready)
     add("POST", "/v2/repository/index", "model-repository", repository_index)
     add("POST", "/v2/repository/models/{model}/load", "model-repository", load)
     add("POST", "/v2/repository/models/{model}/unload", "model-repository", unload)

@@ -67,7 +67,7 @@ def _request(
         offset += used
     if offset != len(binary):
         raise InvalidInputError(f"{len(binary) - offset} bytes of binary data are not claimed by any input")
-    parameters = _parameters(document.get("parameters"), "request")
+    parameters = checked_parameters(document.get("parameters"), "request")
     refuse_shared_memory("request", parameters)
     outputs = None
     if "outputs" in document:
@@ -95,7 +95,7 @@ def _input(raw: Any, binary: memoryview, regions: SharedMemoryRegions) -> tuple[
     if not isinstance(datatype, str):
         raise InvalidInputError(f"input '{name}': missing 'datatype'")
     shape = check_shape(name, raw.get("shape"))
-    parameters = _parameters(raw.get("parameters"), f"input '{name}'")
+    parameters = checked_parameters(raw.get("parameters"), f"input '{name}'")
     size = parameters.get("binary_data_size")
     placed = shared_memory_ref(f"input '{name}'", parameters)
     if placed is not None:
@@ -116,13 +116,13 @@ def _requested_output(raw: Any) -> RequestedOutput:
     if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
         raise InvalidInputError("each requested output must be an object with a 'name'")
     where = f"output '{raw['name']}'"
-    parameters = _parameters(raw.get("parameters"), where)
+    parameters = checked_parameters(raw.get("parameters"), where)
     placed = shared_memory_ref(where, parameters)
     binary = parameters.get("binary_data", False)  # a boolean: `_parameters` checked it
     return RequestedOutput(raw["name"], binary, placed, class_count(where, parameters))
 
 
-def _parameters(raw: Any, where: str) -> dict[str, Any]:
+def checked_parameters(raw: Any, where: str) -> dict[str, Any]:
     """The protocol's parameters: a JSON object whose values are booleans, numbers or strings, asking for no
     extension this server lacks (`refuse_unsupported`)."""
     if raw is None:
