@@ -1,5 +1,6 @@
-"""Seeded fuzzing of both frontends on the session server: mutated requests get an answer that names a client error
-(never a 500 / INTERNAL / UNKNOWN), nothing is logged as an error, and the server still answers correctly after.
+"""Seeded fuzzing of both frontends (and KServe's V1 bodies) on the session server: mutated requests get an answer
+that names a client error (never a 500 / INTERNAL / UNKNOWN), nothing is logged as an error, and the server still
+answers correctly after.
 
 The mutations are those of the ad hoc fuzzers that found the faults these tests now guard (a 500 on deeply nested
 JSON, a HEAD answered with a body, an INTERNAL on an over-long model name): values of the wrong type or range for
@@ -8,6 +9,7 @@ every field of a request, shapes that overflow, contents that do not match, para
 from __future__ import annotations
 
 import copy
+import gzip
 import json
 import random
 import socket
@@ -90,6 +92,41 @@ def test_mutated_rest_requests_get_client_errors_and_the_server_keeps_serving(se
             if status != 200 and method == "POST":
                 assert json.loads(answer)["error"], answer
     assert {200, 400} <= statuses  # the mutations reach both outcomes
+    _still_serves(server, unexpected)
+
+
+def _v1_request(rng: random.Random) -> tuple[str, bytes, str]:
+    """A KServe V1 predict body, mutated, sometimes gzipped (and then sometimes cut short or mislabelled)."""
+    model = rng.choice([*MODELS, rng.choice(ODD_NAMES)])
+    rows = [np.full(MODELS.get(model, [784]), 0.5).tolist()] * rng.choice([1, 2, 17])
+    document: dict[str, Any] = rng.choice(
+        [{"instances": rows}, {"instances": [{"image": row} for row in rows]}, {"inputs": {"image": rows}}]
+    )
+    document[rng.choice(["parameters", "signature_name"])] = copy.deepcopy(rng.choice(ODD_VALUES))
+    for _ in range(rng.randint(0, 3)):
+        _mutate(document, rng)
+    body, coding = json.dumps(document).encode(), ""
+    if rng.random() < 0.3:
+        body, coding = gzip.compress(body), rng.choice(["gzip", "gzip", "deflate", "br"])
+        body = body[: rng.randrange(len(body))] if rng.random() < 0.3 else body
+    return f"/v1/models/{model}:predict", body, coding
+
+
+def test_mutated_kserve_v1_requests_get_client_errors_and_the_server_keeps_serving(server: ServerHandle) -> None:
+    rng = random.Random(0)
+    statuses: set[int] = set()
+    unexpected = _unexpected_errors(server)
+    with connect(server) as sock:
+        buffer = bytearray()
+        for _ in range(CASES // 2):
+            path, body, coding = _v1_request(rng)
+            sock.sendall(post(path, body, f"Content-Encoding: {coding}\r\n" if coding else ""))
+            status, _, answer = read_response(sock, buffer)
+            statuses.add(status)
+            assert status in CLIENT_ERRORS_HTTP | {415}, (path, body[:300], answer[:300])
+            if status != 200:
+                assert json.loads(answer)["error"], answer
+    assert {200, 400} <= statuses
     _still_serves(server, unexpected)
 
 
