@@ -12,6 +12,7 @@ import math
 import os
 import platform
 import shlex
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -200,6 +201,22 @@ def add_noise_arguments(parser: argparse.ArgumentParser, *, run: str) -> None:
         default=15.0,
         help=f"before each {run}, wait at most this long for a quiet second (default 15)",
     )
+
+
+#: Set in the network namespace a benchmark re-runs itself in.
+_IN_OWN_NETWORK = "ADASERVE_BENCH_OWN_NETWORK"
+
+
+def rerun_in_own_network_namespace(module: str) -> int | None:
+    """Run `python -m module` with this process's arguments again in a network namespace of its own (`unshare -rn`:
+    no privileges, a loopback of its own, nothing outside reachable) and return its exit status; None when this is
+    that run, whose loopback is then up. For a benchmark that shapes loopback, or runs servers that bind every
+    interface whatever they are asked (Ray)."""
+    if os.environ.get(_IN_OWN_NETWORK) == "1":
+        subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+        return None
+    command = ["unshare", "-rn", sys.executable, "-m", module, *sys.argv[1:]]
+    return subprocess.run(command, env={**os.environ, _IN_OWN_NETWORK: "1"}, check=False).returncode
 
 
 def report_head(benchmark: str, settings: dict[str, Any]) -> dict[str, Any]:

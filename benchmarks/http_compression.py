@@ -26,11 +26,9 @@ Writes `benchmarks/results/http_compression.json` and `.png` (with --quick: unde
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import statistics
 import subprocess
-import sys
 import time
 import zlib
 from collections.abc import Callable
@@ -54,6 +52,7 @@ from benchmarks.common import (
     load_average,
     process_cpu_s,
     report_head,
+    rerun_in_own_network_namespace,
 )
 from tests.server_utils import ServerHandle, link_example, running_server
 
@@ -70,8 +69,6 @@ RUN_FIGURES = (
     "server_cpu_us_per_request",
     "wire_bytes_per_request",
 )
-#: Set in the namespace the benchmark re-runs itself in.
-INSIDE = "ADASERVE_BENCH_NETNS"
 
 
 @dataclass(frozen=True)
@@ -95,11 +92,10 @@ SHAPES = {"mlp": (784,), "cnn": (1, 28, 28)}
 
 def main() -> int:
     args = _parse_args()
-    if os.environ.get(INSIDE) != "1":
-        # A network namespace of our own, with its own loopback to shape.
-        command = ["unshare", "-rn", sys.executable, "-m", "benchmarks.http_compression", *sys.argv[1:]]
-        return subprocess.run(command, env={**os.environ, INSIDE: "1"}, check=False).returncode
-    subprocess.run(["ip", "link", "set", "lo", "up", "mtu", "1500"], check=True)
+    outer = rerun_in_own_network_namespace("benchmarks.http_compression")  # a loopback of our own to shape
+    if outer is not None:
+        return outer
+    subprocess.run(["ip", "link", "set", "lo", "mtu", "1500"], check=True)
     output: Path = args.output or (
         SCRATCH / "http_compression-quick.json" if args.quick else RESULTS / "http_compression.json"
     )

@@ -29,7 +29,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -274,6 +274,49 @@ def perf_medians(
     medians["p50_ms_all"] = [r["p50_ms"] for r in done]
     medians["throughput_rps_all"] = [r["throughput_rps"] for r in done]
     return medians
+
+
+def paired_case(runs: list[dict[str, Any]], servers: tuple[str, str]) -> dict[str, Any]:
+    """One case's runs of two servers side by side: each one's medians, and the second's req/s and p50 over the
+    first's."""
+    case: dict[str, Any] = {name: perf_medians([r for r in runs if r["server"] == name]) for name in servers}
+    first, second = case[servers[0]], case[servers[1]]
+    if first["p50_ms"] and second["p50_ms"]:
+        case["throughput_ratio"] = second["throughput_rps"] / first["throughput_rps"]
+        case["p50_ratio"] = second["p50_ms"] / first["p50_ms"]
+    return case
+
+
+def paired_plot(
+    report: dict[str, Any],
+    path: Path,
+    servers: tuple[str, str],
+    title: str,
+    *,
+    tick: Callable[[str], str] = str,
+    log_p50: bool = False,
+) -> None:
+    """Two servers' p50 and req/s bars per case of `report["cases"]` (from `paired_case`), each repeat a dot."""
+    fig = figure(11, 4.5)
+    left, right = fig.subplots(1, 2)
+    names = list(report["cases"])
+    x = np.arange(len(names))
+    for offset, server in zip((-0.2, 0.2), servers, strict=True):
+        for ax, key, label in ((left, "p50_ms", "p50 latency (ms)"), (right, "throughput_rps", "req/s")):
+            values = [report["cases"][n][server][key] or 0.0 for n in names]
+            ax.bar(x + offset, values, width=0.4, label=server)
+            for i, name in enumerate(names):
+                points = report["cases"][name][server][f"{key}_all"]
+                ax.plot([x[i] + offset] * len(points), points, "k.", markersize=3)
+            ax.set_xticks(x, [tick(name) for name in names])
+            ax.set_ylabel(f"{label}; dots: each repeat")
+    if log_p50:
+        left.set_yscale("log")
+    left.set_title("perf_analyzer p50")
+    right.set_title("throughput")
+    left.legend()
+    fig.suptitle(f"{title} — {report['machine']['cpu_model']}")
+    fig.savefig(path, dpi=110)
 
 
 def _csv_row(path: Path) -> dict[str, float] | None:

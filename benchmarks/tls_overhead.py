@@ -22,19 +22,16 @@ import ssl
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from benchmarks.common import (
     RESULTS,
     SCRATCH,
-    figure,
     finish_report,
     load_average,
     process_command,
     report_head,
 )
 from benchmarks.perf_load import PerfAnalyzer
-from benchmarks.serving_overhead import MODEL, perf_medians, perf_parser, perf_run
+from benchmarks.serving_overhead import MODEL, paired_case, paired_plot, perf_parser, perf_run
 from tests.server_utils import ServerHandle, link_example, make_certificates, running_server
 
 PROTOCOLS = ("http", "grpc")
@@ -102,34 +99,15 @@ def _cases(runs: list[dict[str, Any]]) -> dict[str, Any]:
     for protocol in PROTOCOLS:
         for concurrency in CONCURRENCIES:
             mine = [r for r in runs if (r["protocol"], r["concurrency"]) == (protocol, concurrency)]
-            case = {server: perf_medians([r for r in mine if r["server"] == server]) for server in SERVERS}
-            plain, tls = case["plain"], case["tls"]
-            if plain["p50_ms"] and tls["p50_ms"]:
-                case["throughput_ratio"] = tls["throughput_rps"] / plain["throughput_rps"]
-                case["p50_added_us"] = (tls["p50_ms"] - plain["p50_ms"]) * 1000
+            case = paired_case(mine, SERVERS)
+            if "p50_ratio" in case:
+                case["p50_added_us"] = (case["tls"]["p50_ms"] - case["plain"]["p50_ms"]) * 1000
             cases[f"{protocol}_c{concurrency}"] = case
     return cases
 
 
 def _plot(report: dict[str, Any], path: Path) -> None:
-    fig = figure(11, 4.5)
-    left, right = fig.subplots(1, 2)
-    names = list(report["cases"])
-    x = np.arange(len(names))
-    for offset, server in ((-0.2, "plain"), (0.2, "tls")):
-        for ax, key, label in ((left, "p50_ms", "p50 latency (ms)"), (right, "throughput_rps", "req/s")):
-            values = [report["cases"][n][server][key] or 0.0 for n in names]
-            ax.bar(x + offset, values, width=0.4, label=server)
-            for i, name in enumerate(names):
-                points = report["cases"][name][server][f"{key}_all"]
-                ax.plot([x[i] + offset] * len(points), points, "k.", markersize=3)
-            ax.set_xticks(x, names)
-            ax.set_ylabel(f"{label}; dots: each repeat")
-    left.set_title("perf_analyzer p50")
-    right.set_title("throughput")
-    left.legend()
-    fig.suptitle(f"TLS on the frontends, the MLP at batch 1 — {report['machine']['cpu_model']}")
-    fig.savefig(path, dpi=110)
+    paired_plot(report, path, SERVERS, "TLS on the frontends, the MLP at batch 1")
 
 
 def _print(report: dict[str, Any], output: Path) -> None:
