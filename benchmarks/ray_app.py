@@ -1,14 +1,14 @@
 """Ray Serve serving a model the way Ray Serve's guides batch a PyTorch model (`@serve.batch` in a FastAPI ingress),
 with enough of the Open Inference Protocol's REST routes for perf_analyzer to drive it: the baseline that
 `benchmarks/versus_ray.py` starts (in its own network namespace: Ray binds every interface) with `.venv-ray`'s
-Python, which `benchmarks/ray_env.sh` makes.
+Python, which `benchmarks/foreign_env.sh ray` makes.
 
     .venv-ray/bin/python -m benchmarks.ray_app --artifact models/mlp/1/model.pt2 --metadata M.json --config C.json \\
         --port 8500 --replicas 1 --max-batch 16 --wait-ms 0
 
 The model's metadata and config are adaserve's answers for the same model (perf_analyzer reads both), so the two
 servers describe the model alike; inputs come as JSON or as the binary tensor data extension (perf_analyzer's
-default), answers as JSON. Prints "ready" once Serve answers, and stops on SIGTERM.
+default), answers as JSON. Stops on SIGTERM.
 """
 
 from __future__ import annotations
@@ -118,7 +118,6 @@ def main() -> None:
     )
     deployment = Model.options(num_replicas=args.replicas)
     serve.run(deployment.bind(args.artifact, metadata, config, args.max_batch, args.wait_ms / 1000), route_prefix="/")
-    print("ready", flush=True)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())

@@ -319,6 +319,25 @@ def paired_plot(
     fig.savefig(path, dpi=110)
 
 
+def paired_table(report: dict[str, Any], servers: tuple[str, str], labels: tuple[str, str]) -> None:
+    """Print two servers' p50, p99, req/s and cores per case of `report["cases"]` (from `paired_case`), and the
+    second's ratios over the first's."""
+    print(f"\n| case | {labels[0]}: p50 / p99 ms, req/s, server cores | {labels[1]}: same | req/s × | p50 × |")
+    print("|---|---|---|---|---|")
+    for name, case in report["cases"].items():
+        cells = [
+            f"{case[s]['p50_ms']:.3f} / {case[s]['p99_ms']:.3f}, {case[s]['throughput_rps']:,.0f}, "
+            f"{case[s]['server_cores']:.2f}"
+            if case[s]["p50_ms"]
+            else "failed"
+            for s in servers
+        ]
+        ratios = (
+            f"{case['throughput_ratio']:.2f}× | {case['p50_ratio']:.2f}×" if "throughput_ratio" in case else "- | -"
+        )
+        print(f"| {name} | {' | '.join(cells)} | {ratios} |")
+
+
 def _csv_row(path: Path) -> dict[str, float] | None:
     if not path.is_file():
         return None

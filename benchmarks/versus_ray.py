@@ -12,7 +12,7 @@ server. "server cores" is each server's process tree (Ray's: the driver, GCS, ra
 replicas), under load and, before the runs, over five idle seconds.
 
     benchmarks/perf_analyzer_env.sh                     # once: Triton's perf_analyzer in .venv-perf
-    benchmarks/ray_env.sh                               # once: Ray Serve in .venv-ray
+    benchmarks/foreign_env.sh ray                       # once: Ray Serve in .venv-ray
     .venv/bin/python -m benchmarks.versus_ray           # ~5 minutes; --quick for one repeat
 
 Writes `benchmarks/results/versus_ray.json` and `.png` (with --quick: under `benchmarks/results/tmp/`).
@@ -21,13 +21,9 @@ Writes `benchmarks/results/versus_ray.json` and `.png` (with --quick: under `ben
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
-import signal
-import subprocess
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,19 +38,18 @@ from benchmarks.common import (
     rerun_in_own_network_namespace,
     tree_cpu_s,
 )
+from benchmarks.foreign import foreign_server, venv_python, version_of
 from benchmarks.perf_load import PerfAnalyzer
-from benchmarks.serving_overhead import MODEL, paired_case, paired_plot, perf_parser, perf_run
+from benchmarks.serving_overhead import MODEL, paired_case, paired_plot, paired_table, perf_parser, perf_run
 from tests.server_utils import ServerHandle, free_port, link_example, running_server
 
 CONCURRENCIES = (1, 8)
-SERVERS = ("adaserve", "ray")
-#: How long Ray may take to start and deploy.
-RAY_START_S = 240.0
+SERVERS = ("ray", "adaserve")
 
 
 def main() -> int:
     parser = perf_parser(__doc__, request_count=2000)
-    parser.add_argument("--ray-python", type=Path, default=ROOT / ".venv-ray" / "bin" / "python")
+    parser.add_argument("--ray-venv", type=Path, default=ROOT / ".venv-ray", help="venv holding Ray Serve")
     parser.add_argument("--ray-replicas", type=int, default=2, help="Ray Serve replicas, one CPU each (default 2)")
     args = parser.parse_args()
     outer = rerun_in_own_network_namespace("benchmarks.versus_ray")
@@ -79,8 +74,9 @@ def main() -> int:
         for route in ("", "/config"):
             with urllib.request.urlopen(f"http://{adaserve.http_url}/v2/models/{MODEL}{route}", timeout=10) as answer:
                 (work / f"model{route.replace('/', '_') or '_metadata'}.json").write_bytes(answer.read())
-        with _ray_server(args.ray_python, work, args.ray_replicas) as ray:
-            report["ray_version"] = ray.log.read_text().split("ray ", 1)[-1].split()[0] if ray.log.exists() else None
+        python = venv_python(args.ray_venv, "benchmarks/foreign_env.sh ray")
+        report["ray_version"] = version_of(python, "ray")
+        with _ray_server(python, work, args.ray_replicas) as ray:
             report["server_commands"] = {"adaserve": process_command(adaserve.pid), "ray": process_command(ray.pid)}
             servers = {"adaserve": adaserve, "ray": ray}
             report["idle_server_cores"] = {name: _idle_cores(server.pid) for name, server in servers.items()}
@@ -95,35 +91,16 @@ def main() -> int:
     return finish_report(report, output, _plot, _print)
 
 
-@contextlib.contextmanager
-def _ray_server(python: Path, work: Path, replicas: int) -> Iterator[ServerHandle]:
-    """Ray Serve serving the model (`benchmarks/ray_app.py`), up once it prints "ready"; stopped after, with every
-    process it started."""
-    if not python.is_file():
-        raise SystemExit(f"{python} not found: run benchmarks/ray_env.sh first")
+def _ray_server(python: Path, work: Path, replicas: int) -> contextlib.AbstractContextManager[ServerHandle]:
+    """Ray Serve serving the model (`benchmarks/ray_app.py`)."""
     port = free_port()
-    log = work / "ray.log"
     artifact = ROOT / "examples" / "models" / MODEL / "1" / "model.pt2"
     command = [
         str(python), "-m", "benchmarks.ray_app", "--artifact", str(artifact), "--port", str(port),
         "--metadata", str(work / "model_metadata.json"), "--config", str(work / "model_config.json"),
         "--replicas", str(replicas),
     ]  # fmt: skip
-    with log.open("wb") as out:
-        version = subprocess.run([str(python), "-c", "import ray; print('ray', ray.__version__)"], capture_output=True)
-        out.write(version.stdout)
-        out.flush()
-        process = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    handle = ServerHandle(f"127.0.0.1:{port}", "", process.pid, log)
-    try:
-        deadline = time.monotonic() + RAY_START_S
-        while "\nready" not in log.read_text(errors="replace"):
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"Ray Serve did not start; see {log}")
-            time.sleep(1.0)
-        yield handle
-    finally:
-        _stop_group(process)
+    return foreign_server(command, work / "ray.log", port, "Ray Serve")
 
 
 def _idle_cores(pid: int, seconds: float = 5.0) -> float:
@@ -133,22 +110,10 @@ def _idle_cores(pid: int, seconds: float = 5.0) -> float:
     return (tree_cpu_s(pid) - before) / seconds
 
 
-def _stop_group(process: subprocess.Popen[bytes]) -> None:
-    """SIGTERM the Ray driver (it shuts Serve and Ray down), then SIGKILL whatever of its session is left: the
-    driver started it in a session of its own, so its group is exactly the processes this benchmark started."""
-    if process.poll() is None:
-        os.kill(process.pid, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=60)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
-
-
 def _cases(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Per concurrency: each server's medians, and adaserve's req/s and p50 over Ray's."""
     return {
-        f"c{concurrency}": paired_case([r for r in runs if r["concurrency"] == concurrency], ("ray", "adaserve"))
+        f"c{concurrency}": paired_case([r for r in runs if r["concurrency"] == concurrency], SERVERS)
         for concurrency in CONCURRENCIES
     }
 
@@ -160,20 +125,7 @@ def _plot(report: dict[str, Any], path: Path) -> None:
 
 
 def _print(report: dict[str, Any], output: Path) -> None:
-    print("\n| case | adaserve: p50 ms / p99 ms / req/s / server cores | Ray Serve: same | req/s × | p50 × |")
-    print("|---|---|---|---|---|")
-    for name, case in report["cases"].items():
-        cells = [
-            f"{case[s]['p50_ms']:.3f} / {case[s]['p99_ms']:.3f} / {case[s]['throughput_rps']:,.0f} / "
-            f"{case[s]['server_cores']:.2f}"
-            if case[s]["p50_ms"]
-            else "failed"
-            for s in SERVERS
-        ]
-        ratios = (
-            f"{case['throughput_ratio']:.2f}× | {case['p50_ratio']:.2f}×" if "throughput_ratio" in case else "- | -"
-        )
-        print(f"| {name} | {' | '.join(cells)} | {ratios} |")
+    paired_table(report, SERVERS, ("Ray Serve", "adaserve"))
     idle = report["idle_server_cores"]
     print(f"\nidle: adaserve {idle['adaserve']:.2f} cores, Ray Serve {idle['ray']:.2f} cores")
     print(f"wrote {output}")

@@ -1,0 +1,74 @@
+"""Servers of other projects, started beside adaserve for a benchmark: each from its own venv, in a session of its
+own, up once it answers `GET /v2/health/ready`, and stopped with every process it started.
+
+Ray and KServe bind every interface whatever they are asked: run them only in a benchmark that has a network
+namespace of its own (`common.rerun_in_own_network_namespace`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+from benchmarks.common import ROOT
+from tests.server_utils import ServerHandle
+
+#: How long a foreign server may take to start and deploy its model (Ray: a cluster, then a deployment).
+START_S = 240.0
+
+
+def venv_python(venv: Path, script: str) -> Path:
+    """The Python of `venv`; SystemExit naming the script that makes it when it is missing."""
+    python = venv / "bin" / "python"
+    if not python.is_file():
+        raise SystemExit(f"{python} not found: run {script} first")
+    return python
+
+
+def version_of(python: Path, package: str) -> str:
+    """`package`'s version in the venv of `python`."""
+    code = f"import importlib.metadata as m; print(m.version({package!r}))"
+    return subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+
+
+@contextlib.contextmanager
+def foreign_server(command: list[str], log: Path, port: int, name: str) -> Iterator[ServerHandle]:
+    """Run `command` (a server listening for HTTP on 127.0.0.1:`port`) until the block ends."""
+    with log.open("wb") as out:
+        process = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + START_S
+        while not _ready(port):
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{name} did not start; see {log}")
+            time.sleep(1.0)
+        yield ServerHandle(f"127.0.0.1:{port}", "", process.pid, log)
+    finally:
+        _stop_session(process)
+
+
+def _ready(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=5) as answer:
+            return bool(answer.status == 200)
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return False
+
+
+def _stop_session(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the server (Ray's driver shuts Serve and Ray down; KServe's stops uvicorn), then SIGKILL whatever of its
+    session is left: it was started in a session of its own, so its group holds only what this benchmark started."""
+    if process.poll() is None:
+        os.kill(process.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=60)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
