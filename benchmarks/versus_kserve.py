@@ -1,15 +1,15 @@
-"""adaserve against KServe's Python model server: the same model, the same requests from the same load generator,
-on the same cores.
+"""adaserve against KServe's Python model server: the same model, the same requests from the same load generator, on
+the same cores.
 
-The example `mlp` (784-256-256-10, FP32, the artifact adaserve serves) takes batch-1 requests of real Fashion-MNIST
-test images over the Open Inference Protocol's REST API, closed loop at concurrency 1 and 8, interleaved,
-`--repeats` times. KServe serves it as its guides write a custom predictor (`benchmarks/kserve_app.py`: a
-`kserve.Model` whose `predict` runs the model, one torch thread; KServe's server has no batching of its own), with
-its access and latency logs off. adaserve serves the example config (elastic batching, its default workers). The
-load generator is `adaserve bench` (closed loop): perf_analyzer cannot drive KServe, which has no model
-configuration route. It is a Python generator; its own CPU a request is recorded beside each run. KServe listens on
-every interface, so the whole benchmark runs in a network namespace of its own (`unshare -rn`). "server cores" is
-each server's process tree.
+The example `mlp` (784-256-256-10, FP32, the artifact adaserve serves; `--model cnn` for the example CNN) takes
+batch-1 requests of real Fashion-MNIST test images over the Open Inference Protocol's REST API, closed loop at
+concurrency 1 and 8, interleaved, `--repeats` times. KServe serves it as its guides write a custom predictor
+(`benchmarks/kserve_app.py`: a `kserve.Model` whose `predict` runs the model, one torch thread; KServe's server has
+no batching of its own), with its access and latency logs off. adaserve serves the example config (elastic batching,
+its default workers). The load generator is `adaserve bench` (closed loop): perf_analyzer cannot drive KServe, which
+has no model configuration route. It is a Python generator; its own CPU a request is recorded beside each run.
+KServe listens on every interface, so the whole benchmark runs in a network namespace of its own (`unshare -rn`).
+"server cores" is each server's process tree.
 
     benchmarks/foreign_env.sh kserve                    # once: KServe in .venv-kserve
     .venv/bin/python -m benchmarks.versus_kserve        # ~2 minutes; --quick for one repeat
@@ -48,6 +48,8 @@ from tests.server_utils import ServerHandle, free_port, link_example, running_se
 
 CONCURRENCIES = (1, 8)
 SERVERS = ("kserve", "adaserve")
+#: Each example model's input row.
+ROWS = {"mlp": (784,), "cnn": (1, 28, 28)}
 
 
 def main() -> int:
@@ -55,6 +57,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="one repeat of 3 s runs (a smoke run)")
     parser.add_argument("--repeats", type=int, help="runs of each case, interleaved (default 3; --quick 1)")
     parser.add_argument("--duration", type=float, help="seconds a run (default 8; --quick 3)")
+    parser.add_argument("--model", choices=sorted(ROWS), default=MODEL, help=f"example model (default {MODEL})")
     parser.add_argument("--kserve-venv", type=Path, default=ROOT / ".venv-kserve", help="venv holding KServe")
     parser.add_argument("--output", type=Path, help="result JSON (the PNG goes beside it)")
     args = parser.parse_args()
@@ -63,17 +66,16 @@ def main() -> int:
         return outer
     args.repeats = args.repeats or (1 if args.quick else 3)
     args.duration = args.duration or (3.0 if args.quick else 8.0)
-    output: Path = args.output or (
-        SCRATCH / "versus_kserve-quick.json" if args.quick else RESULTS / "versus_kserve.json"
-    )
+    stem = "versus_kserve" if args.model == MODEL else f"versus_kserve-{args.model}"
+    output: Path = args.output or (SCRATCH / f"{stem}-quick.json" if args.quick else RESULTS / f"{stem}.json")
     work = SCRATCH / "versus_kserve"
     shutil.rmtree(work, ignore_errors=True)
-    link_example(work / "repo", MODEL)
+    link_example(work / "repo", args.model)
     images, _ = load_fashion_mnist("test")
-    np.save(work / "images.npy", (images[:2000].astype(np.float32) / 255.0).reshape(-1, 784))
+    np.save(work / "images.npy", (images[:2000].astype(np.float32) / 255.0).reshape(-1, *ROWS[args.model]))
     python = venv_python(args.kserve_venv, "benchmarks/foreign_env.sh kserve")
     settings = {
-        "model": MODEL,
+        "model": args.model,
         "repeats": args.repeats,
         "duration_s": args.duration,
         "generator": "adaserve bench",
@@ -81,10 +83,10 @@ def main() -> int:
     report = report_head("versus_kserve", settings)
     report["kserve_version"] = version_of(python, "kserve")
     with running_server(work / "repo") as adaserve:
-        with urllib.request.urlopen(f"http://{adaserve.http_url}/v2/models/{MODEL}", timeout=10) as answer:
+        with urllib.request.urlopen(f"http://{adaserve.http_url}/v2/models/{args.model}", timeout=10) as answer:
             (work / "metadata.json").write_bytes(answer.read())
         port = free_port()
-        artifact = ROOT / "examples" / "models" / MODEL / "1" / "model.pt2"
+        artifact = ROOT / "examples" / "models" / args.model / "1" / "model.pt2"
         command = [
             str(python), "-m", "benchmarks.kserve_app", "--artifact", str(artifact),
             "--metadata", str(work / "metadata.json"), "--port", str(port),
@@ -96,7 +98,7 @@ def main() -> int:
             }
             servers = {"adaserve": adaserve, "kserve": kserve}
             report["runs"] = [
-                _run(servers[name], name, concurrency, repeat, args.duration, work)
+                _run(servers[name], name, args.model, concurrency, repeat, args.duration, work)
                 for repeat in range(args.repeats)
                 for concurrency in CONCURRENCIES
                 for name in SERVERS
@@ -108,11 +110,13 @@ def main() -> int:
     return finish_report(report, output, _plot, _print)
 
 
-def _run(server: ServerHandle, name: str, concurrency: int, repeat: int, duration: float, work: Path) -> dict[str, Any]:
+def _run(
+    server: ServerHandle, name: str, model: str, concurrency: int, repeat: int, duration: float, work: Path
+) -> dict[str, Any]:
     """One closed-loop run of `adaserve bench`; its summary and the server's cores over it."""
     result = work / f"{name}-c{concurrency}-r{repeat}.json"
     command = [
-        sys.executable, "-m", "adaserve", "bench", "--url", server.http_url, "--model", MODEL,
+        sys.executable, "-m", "adaserve", "bench", "--url", server.http_url, "--model", model,
         "--input", f"image={work / 'images.npy'}", "--rows", "1", "--concurrency", str(concurrency),
         "--duration", str(duration), "--no-plots", "--quiet", "--output", str(result),
     ]  # fmt: skip
@@ -144,7 +148,7 @@ def _run(server: ServerHandle, name: str, concurrency: int, repeat: int, duratio
 
 
 def _plot(report: dict[str, Any], path: Path) -> None:
-    title = "adaserve vs KServe's Python server, the MLP at batch 1 (adaserve bench, closed loop)"
+    title = f"adaserve vs KServe's Python server, the {report['settings']['model']} at batch 1 (adaserve bench)"
     paired_plot(report, path, SERVERS, title, tick=lambda name: f"concurrency {name[1:]}")
 
 

@@ -1,15 +1,15 @@
 """adaserve against Ray Serve: the same model, the same requests from the same load generator, on the same cores.
 
-The example `mlp` (784-256-256-10, FP32, the artifact adaserve serves) takes batch-1 requests from Triton's C++
-perf_analyzer over HTTP (binary tensor data), closed loop at concurrency 1 and 8, interleaved, `--repeats` times.
-Ray Serve serves it the way its guides batch a PyTorch model: a FastAPI ingress whose handler awaits a
-`@serve.batch` method (max_batch_size 16, the model's; batch_wait_timeout_s 0, Ray's lowest-latency setting), one
-thread a replica, `--ray-replicas` replicas of one CPU each (`benchmarks/ray_app.py`, which also answers the
-metadata and config routes perf_analyzer reads, with adaserve's answers for the same model). adaserve serves it
-with its example config (elastic batching, its default worker set). Ray binds every interface whatever it is asked,
-so the whole benchmark runs in a network namespace of its own (`unshare -rn`): nothing outside can reach either
-server. "server cores" is each server's process tree (Ray's: the driver, GCS, raylet, controller, proxy and
-replicas), under load and, before the runs, over five idle seconds.
+The example `mlp` (784-256-256-10, FP32, the artifact adaserve serves; `--model cnn` for the example CNN) takes
+batch-1 requests from Triton's C++ perf_analyzer over HTTP (binary tensor data), closed loop at concurrency 1 and 8,
+interleaved, `--repeats` times. Ray Serve serves it the way its guides batch a PyTorch model: a FastAPI ingress
+whose handler awaits a `@serve.batch` method (max_batch_size 16, the model's; batch_wait_timeout_s 0, Ray's
+lowest-latency setting), one thread a replica, `--ray-replicas` replicas of one CPU each (`benchmarks/ray_app.py`,
+which also answers the metadata and config routes perf_analyzer reads, with adaserve's answers for the same model).
+adaserve serves it with its example config (elastic batching, its default worker set). Ray binds every interface
+whatever it is asked, so the whole benchmark runs in a network namespace of its own (`unshare -rn`): nothing outside
+can reach either server. "server cores" is each server's process tree (Ray's: the driver, GCS, raylet, controller,
+proxy and replicas), under load and, before the runs, over five idle seconds.
 
     benchmarks/perf_analyzer_env.sh                     # once: Triton's perf_analyzer in .venv-perf
     benchmarks/foreign_env.sh ray                       # once: Ray Serve in .venv-ray
@@ -45,10 +45,13 @@ from tests.server_utils import ServerHandle, free_port, link_example, running_se
 
 CONCURRENCIES = (1, 8)
 SERVERS = ("ray", "adaserve")
+#: perf_analyzer's `--shape` for each example model's input.
+SHAPES = {"mlp": "image:784", "cnn": "image:1,28,28"}
 
 
 def main() -> int:
     parser = perf_parser(__doc__, request_count=2000)
+    parser.add_argument("--model", choices=sorted(SHAPES), default=MODEL, help=f"example model (default {MODEL})")
     parser.add_argument("--ray-venv", type=Path, default=ROOT / ".venv-ray", help="venv holding Ray Serve")
     parser.add_argument("--ray-replicas", type=int, default=2, help="Ray Serve replicas, one CPU each (default 2)")
     args = parser.parse_args()
@@ -57,13 +60,14 @@ def main() -> int:
         return outer
     args.repeats = args.repeats or (1 if args.quick else 3)
     args.request_count = args.request_count or (500 if args.quick else 2000)
-    output: Path = args.output or (SCRATCH / "versus_ray-quick.json" if args.quick else RESULTS / "versus_ray.json")
+    stem = "versus_ray" if args.model == MODEL else f"versus_ray-{args.model}"
+    output: Path = args.output or (SCRATCH / f"{stem}-quick.json" if args.quick else RESULTS / f"{stem}.json")
     perf = PerfAnalyzer.find(args.perf_venv)
     work = SCRATCH / "versus_ray"
     shutil.rmtree(work, ignore_errors=True)
-    link_example(work / "repo", MODEL)
+    link_example(work / "repo", args.model)
     settings = {
-        "model": MODEL,
+        "model": args.model,
         "repeats": args.repeats,
         "measurement_request_count": args.request_count,
         "ray_replicas": args.ray_replicas,
@@ -72,16 +76,28 @@ def main() -> int:
     report = report_head("versus_ray", settings)
     with running_server(work / "repo") as adaserve:
         for route in ("", "/config"):
-            with urllib.request.urlopen(f"http://{adaserve.http_url}/v2/models/{MODEL}{route}", timeout=10) as answer:
+            with urllib.request.urlopen(
+                f"http://{adaserve.http_url}/v2/models/{args.model}{route}", timeout=10
+            ) as answer:
                 (work / f"model{route.replace('/', '_') or '_metadata'}.json").write_bytes(answer.read())
         python = venv_python(args.ray_venv, "benchmarks/foreign_env.sh ray")
         report["ray_version"] = version_of(python, "ray")
-        with _ray_server(python, work, args.ray_replicas) as ray:
+        with _ray_server(python, work, args.ray_replicas, args.model) as ray:
             report["server_commands"] = {"adaserve": process_command(adaserve.pid), "ray": process_command(ray.pid)}
             servers = {"adaserve": adaserve, "ray": ray}
             report["idle_server_cores"] = {name: _idle_cores(server.pid) for name, server in servers.items()}
             report["runs"] = [
-                perf_run(perf, servers[name], "http", concurrency, repeat, args.request_count, name)
+                perf_run(
+                    perf,
+                    servers[name],
+                    "http",
+                    concurrency,
+                    repeat,
+                    args.request_count,
+                    name,
+                    model=args.model,
+                    shape=SHAPES[args.model],
+                )
                 for repeat in range(args.repeats)
                 for concurrency in CONCURRENCIES
                 for name in SERVERS
@@ -91,10 +107,10 @@ def main() -> int:
     return finish_report(report, output, _plot, _print)
 
 
-def _ray_server(python: Path, work: Path, replicas: int) -> contextlib.AbstractContextManager[ServerHandle]:
+def _ray_server(python: Path, work: Path, replicas: int, model: str) -> contextlib.AbstractContextManager[ServerHandle]:
     """Ray Serve serving the model (`benchmarks/ray_app.py`)."""
     port = free_port()
-    artifact = ROOT / "examples" / "models" / MODEL / "1" / "model.pt2"
+    artifact = ROOT / "examples" / "models" / model / "1" / "model.pt2"
     command = [
         str(python), "-m", "benchmarks.ray_app", "--artifact", str(artifact), "--port", str(port),
         "--metadata", str(work / "model_metadata.json"), "--config", str(work / "model_config.json"),
@@ -120,7 +136,7 @@ def _cases(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _plot(report: dict[str, Any], path: Path) -> None:
     replicas = report["settings"]["ray_replicas"]
-    title = f"adaserve vs Ray Serve ({replicas} replicas), the MLP at batch 1"
+    title = f"adaserve vs Ray Serve ({replicas} replicas), the {report['settings']['model']} at batch 1"
     paired_plot(report, path, SERVERS, title, tick=lambda name: f"concurrency {name[1:]}", log_p50=True)
 
 
