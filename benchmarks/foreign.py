@@ -39,8 +39,11 @@ def version_of(python: Path, package: str) -> str:
 
 
 @contextlib.contextmanager
-def foreign_server(command: list[str], log: Path, port: int, name: str) -> Iterator[ServerHandle]:
-    """Run `command` (a server listening for HTTP on 127.0.0.1:`port`) until the block ends."""
+def foreign_server(
+    command: list[str], log: Path, port: int, name: str, grpc_port: int | None = None
+) -> Iterator[ServerHandle]:
+    """Run `command` (a server listening for HTTP on 127.0.0.1:`port`, and for gRPC on `grpc_port` if it serves
+    gRPC) until the block ends."""
     with log.open("wb") as out:
         process = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -49,7 +52,8 @@ def foreign_server(command: list[str], log: Path, port: int, name: str) -> Itera
             if process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"{name} did not start; see {log}")
             time.sleep(1.0)
-        yield ServerHandle(f"127.0.0.1:{port}", "", process.pid, log)
+        grpc_url = "" if grpc_port is None else f"127.0.0.1:{grpc_port}"
+        yield ServerHandle(f"127.0.0.1:{port}", grpc_url, process.pid, log)
     finally:
         _stop_session(process)
 

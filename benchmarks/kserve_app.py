@@ -54,10 +54,12 @@ def main() -> None:
     parser.add_argument("--artifact", required=True)
     parser.add_argument("--metadata", required=True)
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--grpc-port", type=int, help="also serve the Open Inference Protocol's gRPC API here")
     args = parser.parse_args()
     with open(args.metadata) as stream:
         metadata = json.load(stream)
-    server = ModelServer(http_port=args.port, enable_grpc=False, enable_latency_logging=False)
+    grpc = {"enable_grpc": False} if args.grpc_port is None else {"grpc_port": args.grpc_port}
+    server = ModelServer(http_port=args.port, enable_latency_logging=False, **grpc)
     logging.getLogger("uvicorn.access").setLevel(logging.WARNING)
     server.start([Predictor(metadata["name"], args.artifact, metadata)])
 

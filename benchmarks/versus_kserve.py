@@ -2,14 +2,14 @@
 the same cores.
 
 The example `mlp` (784-256-256-10, FP32, the artifact adaserve serves; `--model cnn` for the example CNN) takes
-batch-1 requests of real Fashion-MNIST test images over the Open Inference Protocol's REST API, closed loop at
-concurrency 1 and 8, interleaved, `--repeats` times. KServe serves it as its guides write a custom predictor
-(`benchmarks/kserve_app.py`: a `kserve.Model` whose `predict` runs the model, one torch thread; KServe's server has
-no batching of its own), with its access and latency logs off. adaserve serves the example config (elastic batching,
-its default workers). The load generator is `adaserve bench` (closed loop): perf_analyzer cannot drive KServe, which
-has no model configuration route. It is a Python generator; its own CPU a request is recorded beside each run.
-KServe listens on every interface, so the whole benchmark runs in a network namespace of its own (`unshare -rn`).
-"server cores" is each server's process tree.
+batch-1 requests of real Fashion-MNIST test images over the Open Inference Protocol's REST API (`--protocol grpc`:
+its gRPC API), closed loop at concurrency 1 and 8, interleaved, `--repeats` times. KServe serves it as its guides
+write a custom predictor (`benchmarks/kserve_app.py`: a `kserve.Model` whose `predict` runs the model, one torch
+thread; KServe's server has no batching of its own), with its access and latency logs off. adaserve serves the
+example config (elastic batching, its default workers). The load generator is `adaserve bench` (closed loop):
+perf_analyzer cannot drive KServe, which has no model configuration route. It is a Python generator; its own CPU a
+request is recorded beside each run. KServe listens on every interface, so the whole benchmark runs in a network
+namespace of its own (`unshare -rn`). "server cores" is each server's process tree.
 
     benchmarks/foreign_env.sh kserve                    # once: KServe in .venv-kserve
     .venv/bin/python -m benchmarks.versus_kserve        # ~2 minutes; --quick for one repeat
@@ -44,7 +44,7 @@ from benchmarks.common import (
 )
 from benchmarks.foreign import foreign_server, venv_python, version_of
 from benchmarks.serving_overhead import MODEL, paired_case, paired_plot, paired_table
-from tests.server_utils import ServerHandle, free_port, link_example, running_server
+from tests.server_utils import ServerHandle, free_ports, link_example, running_server
 
 CONCURRENCIES = (1, 8)
 SERVERS = ("kserve", "adaserve")
@@ -58,6 +58,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, help="runs of each case, interleaved (default 3; --quick 1)")
     parser.add_argument("--duration", type=float, help="seconds a run (default 8; --quick 3)")
     parser.add_argument("--model", choices=sorted(ROWS), default=MODEL, help=f"example model (default {MODEL})")
+    parser.add_argument("--protocol", choices=("http", "grpc"), default="http", help="the API (default http)")
     parser.add_argument("--kserve-venv", type=Path, default=ROOT / ".venv-kserve", help="venv holding KServe")
     parser.add_argument("--output", type=Path, help="result JSON (the PNG goes beside it)")
     args = parser.parse_args()
@@ -66,7 +67,7 @@ def main() -> int:
         return outer
     args.repeats = args.repeats or (1 if args.quick else 3)
     args.duration = args.duration or (3.0 if args.quick else 8.0)
-    stem = "versus_kserve" if args.model == MODEL else f"versus_kserve-{args.model}"
+    stem = "-".join(["versus_kserve", *[a for a in (args.model, args.protocol) if a not in (MODEL, "http")]])
     output: Path = args.output or (SCRATCH / f"{stem}-quick.json" if args.quick else RESULTS / f"{stem}.json")
     work = SCRATCH / "versus_kserve"
     shutil.rmtree(work, ignore_errors=True)
@@ -79,26 +80,27 @@ def main() -> int:
         "repeats": args.repeats,
         "duration_s": args.duration,
         "generator": "adaserve bench",
+        "protocol": args.protocol,
     }
     report = report_head("versus_kserve", settings)
     report["kserve_version"] = version_of(python, "kserve")
     with running_server(work / "repo") as adaserve:
         with urllib.request.urlopen(f"http://{adaserve.http_url}/v2/models/{args.model}", timeout=10) as answer:
             (work / "metadata.json").write_bytes(answer.read())
-        port = free_port()
+        port, grpc_port = free_ports(2)
         artifact = ROOT / "examples" / "models" / args.model / "1" / "model.pt2"
         command = [
             str(python), "-m", "benchmarks.kserve_app", "--artifact", str(artifact),
-            "--metadata", str(work / "metadata.json"), "--port", str(port),
+            "--metadata", str(work / "metadata.json"), "--port", str(port), "--grpc-port", str(grpc_port),
         ]  # fmt: skip
-        with foreign_server(command, work / "kserve.log", port, "KServe") as kserve:
+        with foreign_server(command, work / "kserve.log", port, "KServe", grpc_port) as kserve:
             report["server_commands"] = {
                 "adaserve": process_command(adaserve.pid),
                 "kserve": process_command(kserve.pid),
             }
             servers = {"adaserve": adaserve, "kserve": kserve}
             report["runs"] = [
-                _run(servers[name], name, args.model, concurrency, repeat, args.duration, work)
+                _run(servers[name], name, args.model, args.protocol, concurrency, repeat, args.duration, work)
                 for repeat in range(args.repeats)
                 for concurrency in CONCURRENCIES
                 for name in SERVERS
@@ -111,12 +113,20 @@ def main() -> int:
 
 
 def _run(
-    server: ServerHandle, name: str, model: str, concurrency: int, repeat: int, duration: float, work: Path
+    server: ServerHandle,
+    name: str,
+    model: str,
+    protocol: str,
+    concurrency: int,
+    repeat: int,
+    duration: float,
+    work: Path,
 ) -> dict[str, Any]:
     """One closed-loop run of `adaserve bench`; its summary and the server's cores over it."""
     result = work / f"{name}-c{concurrency}-r{repeat}.json"
+    url = server.http_url if protocol == "http" else server.grpc_url
     command = [
-        sys.executable, "-m", "adaserve", "bench", "--url", server.http_url, "--model", model,
+        sys.executable, "-m", "adaserve", "bench", "--url", url, "--protocol", protocol, "--model", model,
         "--input", f"image={work / 'images.npy'}", "--rows", "1", "--concurrency", str(concurrency),
         "--duration", str(duration), "--no-plots", "--quiet", "--output", str(result),
     ]  # fmt: skip
@@ -148,7 +158,8 @@ def _run(
 
 
 def _plot(report: dict[str, Any], path: Path) -> None:
-    title = f"adaserve vs KServe's Python server, the {report['settings']['model']} at batch 1 (adaserve bench)"
+    settings = report["settings"]
+    title = f"adaserve vs KServe's Python server, the {settings['model']} at batch 1 over {settings['protocol']}"
     paired_plot(report, path, SERVERS, title, tick=lambda name: f"concurrency {name[1:]}")
 
 
