@@ -159,7 +159,8 @@ def _run(
 
 def _plot(report: dict[str, Any], path: Path) -> None:
     settings = report["settings"]
-    title = f"adaserve vs KServe's Python server, the {settings['model']} at batch 1 over {settings['protocol']}"
+    protocol = settings.get("protocol", "http")  # results made before --protocol existed were over HTTP
+    title = f"adaserve vs KServe's Python server, the {settings['model']} at batch 1 over {protocol}"
     paired_plot(report, path, SERVERS, title, tick=lambda name: f"concurrency {name[1:]}")
 
 
