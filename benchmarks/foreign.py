@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from benchmarks.common import ROOT
-from tests.server_utils import ServerHandle
+from tests.server_utils import EXAMPLES, ServerHandle
 
 #: How long a foreign server may take to start and deploy its model (Ray: a cluster, then a deployment).
 START_S = 240.0
@@ -36,6 +36,19 @@ def version_of(python: Path, package: str) -> str:
     """`package`'s version in the venv of `python`."""
     code = f"import importlib.metadata as m; print(m.version({package!r}))"
     return subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def example_artifact(model: str) -> Path:
+    """The artifact adaserve serves for an example model, which the foreign server loads too."""
+    return EXAMPLES / model / "1" / "model.pt2"
+
+
+def save_description(adaserve: ServerHandle, model: str, route: str, path: Path) -> Path:
+    """adaserve's answer to `GET /v2/models/{model}{route}` (its metadata; with "/config" its config) saved at
+    `path`, so the foreign server describes the model as adaserve does."""
+    with urllib.request.urlopen(f"http://{adaserve.http_url}/v2/models/{model}{route}", timeout=10) as answer:
+        path.write_bytes(answer.read())
+    return path
 
 
 @contextlib.contextmanager

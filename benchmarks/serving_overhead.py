@@ -287,6 +287,13 @@ def paired_case(runs: list[dict[str, Any]], servers: tuple[str, str]) -> dict[st
     return case
 
 
+def paired_cases(
+    runs: list[dict[str, Any]], servers: tuple[str, str], concurrencies: tuple[int, ...]
+) -> dict[str, Any]:
+    """`paired_case` for each concurrency of `runs`, keyed "c1", "c8", ..."""
+    return {f"c{c}": paired_case([r for r in runs if r["concurrency"] == c], servers) for c in concurrencies}
+
+
 def paired_plot(
     report: dict[str, Any],
     path: Path,

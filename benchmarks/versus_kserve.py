@@ -24,7 +24,6 @@ import json
 import shutil
 import subprocess
 import sys
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +41,8 @@ from benchmarks.common import (
     rerun_in_own_network_namespace,
     tree_cpu_s,
 )
-from benchmarks.foreign import foreign_server, venv_python, version_of
-from benchmarks.serving_overhead import MODEL, paired_case, paired_plot, paired_table
+from benchmarks.foreign import example_artifact, foreign_server, save_description, venv_python, version_of
+from benchmarks.serving_overhead import MODEL, paired_cases, paired_plot, paired_table
 from tests.server_utils import ServerHandle, free_ports, link_example, running_server
 
 CONCURRENCIES = (1, 8)
@@ -85,13 +84,11 @@ def main() -> int:
     report = report_head("versus_kserve", settings)
     report["kserve_version"] = version_of(python, "kserve")
     with running_server(work / "repo") as adaserve:
-        with urllib.request.urlopen(f"http://{adaserve.http_url}/v2/models/{args.model}", timeout=10) as answer:
-            (work / "metadata.json").write_bytes(answer.read())
+        metadata = save_description(adaserve, args.model, "", work / "metadata.json")
         port, grpc_port = free_ports(2)
-        artifact = ROOT / "examples" / "models" / args.model / "1" / "model.pt2"
         command = [
-            str(python), "-m", "benchmarks.kserve_app", "--artifact", str(artifact),
-            "--metadata", str(work / "metadata.json"), "--port", str(port), "--grpc-port", str(grpc_port),
+            str(python), "-m", "benchmarks.kserve_app", "--artifact", str(example_artifact(args.model)),
+            "--metadata", str(metadata), "--port", str(port), "--grpc-port", str(grpc_port),
         ]  # fmt: skip
         with foreign_server(command, work / "kserve.log", port, "KServe", grpc_port) as kserve:
             report["server_commands"] = {
@@ -106,9 +103,7 @@ def main() -> int:
                 for name in SERVERS
             ]
     report["load_end"] = load_average()
-    report["cases"] = {
-        f"c{c}": paired_case([r for r in report["runs"] if r["concurrency"] == c], SERVERS) for c in CONCURRENCIES
-    }
+    report["cases"] = paired_cases(report["runs"], SERVERS, CONCURRENCIES)
     return finish_report(report, output, _plot, _print)
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import shutil
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -38,9 +37,9 @@ from benchmarks.common import (
     rerun_in_own_network_namespace,
     tree_cpu_s,
 )
-from benchmarks.foreign import foreign_server, venv_python, version_of
+from benchmarks.foreign import example_artifact, foreign_server, save_description, venv_python, version_of
 from benchmarks.perf_load import PerfAnalyzer
-from benchmarks.serving_overhead import MODEL, paired_case, paired_plot, paired_table, perf_parser, perf_run
+from benchmarks.serving_overhead import MODEL, paired_cases, paired_plot, paired_table, perf_parser, perf_run
 from tests.server_utils import ServerHandle, free_port, link_example, running_server
 
 CONCURRENCIES = (1, 8)
@@ -75,11 +74,8 @@ def main() -> int:
     }
     report = report_head("versus_ray", settings)
     with running_server(work / "repo") as adaserve:
-        for route in ("", "/config"):
-            with urllib.request.urlopen(
-                f"http://{adaserve.http_url}/v2/models/{args.model}{route}", timeout=10
-            ) as answer:
-                (work / f"model{route.replace('/', '_') or '_metadata'}.json").write_bytes(answer.read())
+        save_description(adaserve, args.model, "", work / "model_metadata.json")
+        save_description(adaserve, args.model, "/config", work / "model_config.json")
         python = venv_python(args.ray_venv, "benchmarks/foreign_env.sh ray")
         report["ray_version"] = version_of(python, "ray")
         with _ray_server(python, work, args.ray_replicas, args.model) as ray:
@@ -103,16 +99,15 @@ def main() -> int:
                 for name in SERVERS
             ]
     report["load_end"] = load_average()
-    report["cases"] = _cases(report["runs"])
+    report["cases"] = paired_cases(report["runs"], SERVERS, CONCURRENCIES)
     return finish_report(report, output, _plot, _print)
 
 
 def _ray_server(python: Path, work: Path, replicas: int, model: str) -> contextlib.AbstractContextManager[ServerHandle]:
     """Ray Serve serving the model (`benchmarks/ray_app.py`)."""
     port = free_port()
-    artifact = ROOT / "examples" / "models" / model / "1" / "model.pt2"
     command = [
-        str(python), "-m", "benchmarks.ray_app", "--artifact", str(artifact), "--port", str(port),
+        str(python), "-m", "benchmarks.ray_app", "--artifact", str(example_artifact(model)), "--port", str(port),
         "--metadata", str(work / "model_metadata.json"), "--config", str(work / "model_config.json"),
         "--replicas", str(replicas),
     ]  # fmt: skip
@@ -124,14 +119,6 @@ def _idle_cores(pid: int, seconds: float = 5.0) -> float:
     before = tree_cpu_s(pid)
     time.sleep(seconds)
     return (tree_cpu_s(pid) - before) / seconds
-
-
-def _cases(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per concurrency: each server's medians, and adaserve's req/s and p50 over Ray's."""
-    return {
-        f"c{concurrency}": paired_case([r for r in runs if r["concurrency"] == concurrency], SERVERS)
-        for concurrency in CONCURRENCIES
-    }
 
 
 def _plot(report: dict[str, Any], path: Path) -> None:
