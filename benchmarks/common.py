@@ -20,11 +20,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from adaserve.engine.machine_cpu import machine_busy_s, process_stat
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 #: Scratch space (git-ignored): model repositories, server logs, the per-request records of every run.
 SCRATCH = RESULTS / "tmp"
-_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def machine() -> dict[str, Any]:
@@ -78,13 +79,6 @@ def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
-def machine_busy_s() -> float:
-    """CPU seconds all processes on the machine have used since boot (user, nice, system, irq, steal)."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    user, nice, system, _idle, _iowait, irq, softirq, steal = fields[:8]
-    return (user + nice + system + irq + softirq + steal) / _CLOCK_TICKS
-
-
 @contextmanager
 def load_window(record: dict[str, Any]) -> Iterator[None]:
     """Stores in `record`: `load_before`/`load_after` (1, 5, 15-minute load averages), `wall_s`, and
@@ -131,17 +125,6 @@ class TreeCPU:
         return sum(self._last.values())
 
 
-def process_cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) used so far by process `pid` alone (a server's frontend, without its workers)."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return _cpu_s(stat[stat.rindex(")") + 2 :].split())
-
-
-def _cpu_s(fields: list[str]) -> float:
-    """User + system seconds from the fields of /proc/PID/stat after the command's name."""
-    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
-
-
 def _tree_times(pid: int) -> dict[int, float]:
     """CPU seconds of `pid` and each of its live descendants."""
     parents: dict[int, int] = {}
@@ -150,12 +133,9 @@ def _tree_times(pid: int) -> dict[int, float]:
         if not entry.name.isdigit():
             continue
         try:
-            stat = (entry / "stat").read_text()
+            parents[int(entry.name)], times[int(entry.name)] = process_stat(int(entry.name))
         except OSError:
             continue
-        fields = stat[stat.rindex(")") + 2 :].split()  # the command name may hold spaces
-        parents[int(entry.name)] = int(fields[1])
-        times[int(entry.name)] = _cpu_s(fields)
     tree, frontier = {pid}, [pid]
     while frontier:
         parent = frontier.pop()

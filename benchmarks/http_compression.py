@@ -42,6 +42,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from adaserve.datasets import load_fashion_mnist
+from adaserve.engine.machine_cpu import process_cpu_s
 from adaserve.server.content_coding import COMPRESSION_LEVEL
 from benchmarks.common import (
     RESULTS,
@@ -50,7 +51,6 @@ from benchmarks.common import (
     figure,
     finish_report,
     load_average,
-    process_cpu_s,
     report_head,
     rerun_in_own_network_namespace,
 )

@@ -12,11 +12,12 @@ So the models' schedulers share one `Cores`:
 * a model's limit counts the threads busy in every model sharing it (any worker may still start when none is busy),
   unless each batch the others run is expected to go on for more than two of its own batches: then waiting would
   cost it more than sharing a core, and it counts only its own (a light model beside a heavy one);
-* the cores the frontend leaves (`spare_cores`, the CPUs less its recent use) are one account for every model's
-  pollers: a worker may poll only while its model's busy share, the other models' busy threads and their pollers
-  leave a whole core for it, and a batch that starts where they do not tells other models' pollers to rest (a
-  model's own poller always rests when another of its workers starts). On two cores that is one poller for the
-  whole server; on sixteen, one per model while cores are free;
+* the cores the server's workers have to themselves (`spare_cores`: the CPUs less what the frontend and every other
+  program on them used lately, `adaserve.engine.machine_cpu.SpareCores`) are one account for every model's
+  pollers: a worker may poll only while the other models' busy threads and their pollers leave a whole core for it
+  (its own model's batches run on that core), and a batch that starts where they do not tells other models'
+  pollers to rest (a model's own poller always rests when another of its workers starts). On two cores that is one
+  poller for the whole server; on sixteen, one per model while cores are free;
 * threads freed by one model's batch go to the model whose oldest ready row is oldest (`pump`), so one busy model
   does not starve another.
 
@@ -26,9 +27,11 @@ A model without a limit (`max_busy_threads: 0`) is still counted, but does not w
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from adaserve.engine.machine_cpu import SpareCores
 
 if TYPE_CHECKING:
     from adaserve.engine.scheduler import Scheduler
@@ -38,24 +41,43 @@ if TYPE_CHECKING:
 class _Member:
     pump: Callable[[], None] | None = None  # schedule this model's ready rows now
     rest: Callable[[int], None] | None = None  # tell this model's worker (by id) to stop polling
+    worker_pids: Callable[[], Iterable[int]] | None = None  # this model's worker processes now
 
 
 class Cores:
     """The schedulers sharing a set of cores: their busy threads, their polling workers, and whom to pump."""
 
     def __init__(self) -> None:
-        # The CPUs less what the frontend used lately; the engines keep it current (the frontend shares the cores:
-        # over gRPC at concurrency 8 a poller took 0.76x the throughput from it).
+        # The CPUs less what the frontend and other programs used lately; the engines keep it current (`measure`).
         self.spare_cores = math.inf
+        self._meter: SpareCores | None = None  # made on the first `measure`: a server whose workers never poll
         self._members: dict[Scheduler, _Member] = {}
         self._pollers: dict[Scheduler, int] = {}  # each model's polling worker, the longest-polling first
 
     def join(self, scheduler: Scheduler) -> None:
         self._members.setdefault(scheduler, _Member())
 
-    def connect(self, scheduler: Scheduler, *, pump: Callable[[], None], rest: Callable[[int], None]) -> None:
-        """How to reach the engine behind `scheduler`: its scheduling step and its workers' rest."""
-        self._members[scheduler] = _Member(pump, rest)
+    def connect(
+        self,
+        scheduler: Scheduler,
+        *,
+        pump: Callable[[], None],
+        rest: Callable[[int], None],
+        worker_pids: Callable[[], Iterable[int]],
+    ) -> None:
+        """How to reach the engine behind `scheduler`: its scheduling step, its workers' rest, and their PIDs."""
+        self._members[scheduler] = _Member(pump, rest, worker_pids)
+
+    def measure(self, now: float) -> None:
+        """Bring `spare_cores` up to date at `now` (monotonic; /proc is read at most every 0.1 s)."""
+        if self._meter is None:
+            self._meter = SpareCores(self._worker_pids)
+        self.spare_cores = self._meter.update(now)
+
+    def _worker_pids(self) -> Iterator[int]:
+        for member in list(self._members.values()):
+            if member.worker_pids is not None:
+                yield from member.worker_pids()
 
     def leave(self, scheduler: Scheduler) -> None:
         """A model stopped: its threads no longer count, and its poller is forgotten."""

@@ -164,7 +164,6 @@ class ModelEngine:
         self.idle_spin_us = idle_spin_in_force(config)
         # Whether the busy-thread limit and polling count the server's other CPU models (`adaserve.engine.cores`).
         self.shares_cores = cores is not None and config.device == "cpu" and config.batching.share_cores
-        self._frontend_cpu = FrontendCpu()
         self.scheduler = Scheduler(
             create_batching_policy(config.batching, config.max_batch_size),
             config.inflight_limit_for(self.worker_set.workers),
@@ -173,7 +172,12 @@ class ModelEngine:
             idle_spin=self.idle_spin_us > 0,
             cores=cores if self.shares_cores else None,
         )
-        self.scheduler.cores.connect(self.scheduler, pump=self._pump, rest=self._rest)
+        self.scheduler.cores.connect(
+            self.scheduler,
+            pump=self._pump,
+            rest=self._rest,
+            worker_pids=lambda: [worker.pid for worker in self.workers.values()],
+        )
         # A CUDA model's host copies each request into its device ring as it arrives: this pipe names the rows
         # (a new pipe for each host; `_launch_host` makes it).
         self._stage_pipe: tuple[int, int] | None = None
@@ -638,7 +642,7 @@ class ModelEngine:
         now = time.monotonic()
         batch = self.scheduler.finish(message.batch_id, now=now)
         if self.idle_spin_us:
-            self.scheduler.cores.spare_cores = self._frontend_cpu.spare_cores(now)
+            self.scheduler.cores.measure(now)
         if batch.worker_id in self._retiring:
             self._processes[batch.worker_id].stop()  # its set was replaced while it ran this batch
         self.stats.record_batch(batch.rows, message.compute_ns)
@@ -808,22 +812,3 @@ def idle_spin_in_force(config: ModelConfig) -> int:
     if config.device != "cpu" or len(os.sched_getaffinity(0)) < 2:
         return 0
     return config.batching.idle_spin_us
-
-
-class FrontendCpu:
-    """The cores this process (the frontend: event loop, gRPC threads, the copies into the pool) leaves free, over
-    about the last second, sampled at most every 0.1 s: workers poll between batches only where a core is free."""
-
-    def __init__(self) -> None:
-        self._cpus = len(os.sched_getaffinity(0))
-        self._samples: deque[tuple[float, float]] = deque([(time.monotonic(), time.process_time())])
-        self._spare = float(self._cpus)
-
-    def spare_cores(self, now: float) -> float:
-        if now - self._samples[-1][0] >= 0.1:
-            self._samples.append((now, time.process_time()))
-            while len(self._samples) > 2 and now - self._samples[1][0] >= 1.0:
-                self._samples.popleft()
-            (then, used_then), (_, used_now) = self._samples[0], self._samples[-1]
-            self._spare = self._cpus - (used_now - used_then) / (now - then)
-        return self._spare

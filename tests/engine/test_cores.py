@@ -108,8 +108,8 @@ def test_on_two_cores_one_worker_of_all_models_polls_and_another_models_batch_te
     cores.spare_cores = TWO_CORES
     rested: list[tuple[str, int]] = []
     a, b = model(cores, (1, 1), limit=1, spin=True), model(cores, (1, 1), limit=1, spin=True)
-    cores.connect(a, pump=lambda: None, rest=lambda worker: rested.append(("a", worker)))
-    cores.connect(b, pump=lambda: None, rest=lambda worker: rested.append(("b", worker)))
+    cores.connect(a, pump=lambda: None, rest=lambda worker: rested.append(("a", worker)), worker_pids=list)
+    cores.connect(b, pump=lambda: None, rest=lambda worker: rested.append(("b", worker)), worker_pids=list)
     a.enqueue(0, 1, 0.0)
     (first,) = a.schedule(0.0)
     assert first.spin  # started alone: a's worker may poll after it
@@ -143,7 +143,9 @@ def test_on_many_cores_each_model_keeps_a_poller_until_the_cores_run_short() -> 
     rested: list[str] = []
     a, b, c = (model(cores, (1, 1), spin=True) for _ in range(3))
     for name, scheduler in (("a", a), ("b", b), ("c", c)):
-        cores.connect(scheduler, pump=lambda: None, rest=lambda worker, name=name: rested.append(name))
+        cores.connect(
+            scheduler, pump=lambda: None, rest=lambda worker, name=name: rested.append(name), worker_pids=list
+        )
     for i, scheduler in enumerate((a, b)):
         scheduler.enqueue(0, 1, float(i))
         (batch,) = scheduler.schedule(float(i))
@@ -169,7 +171,7 @@ def test_freed_threads_go_to_the_model_whose_oldest_row_waited_longest() -> None
             pumped.append(name)
             scheduler.schedule(1.0)
 
-        cores.connect(scheduler, pump=pump, rest=lambda worker: None)
+        cores.connect(scheduler, pump=pump, rest=lambda worker: None, worker_pids=list)
     a.enqueue(0, 1, 0.0)
     (running,) = a.schedule(0.0)
     c.enqueue(0, 1, 0.1)
@@ -185,7 +187,7 @@ def test_a_model_that_leaves_takes_its_busy_threads_and_its_poller_with_it() -> 
     cores.spare_cores = TWO_CORES
     rested: list[int] = []
     a, b = model(cores, (1, 1), spin=True), model(cores, (1, 1), spin=True)
-    cores.connect(a, pump=lambda: None, rest=rested.append)
+    cores.connect(a, pump=lambda: None, rest=rested.append, worker_pids=list)
     a.enqueue(0, 1, 0.0)
     a.schedule(0.0)
     assert cores.busy_threads == 1
@@ -201,7 +203,7 @@ def test_a_removed_worker_no_longer_polls() -> None:
     cores.spare_cores = TWO_CORES
     rested: list[int] = []
     a, b = model(cores, (1, 1), spin=True), model(cores, (1, 1), spin=True)
-    cores.connect(a, pump=lambda: None, rest=rested.append)
+    cores.connect(a, pump=lambda: None, rest=rested.append, worker_pids=list)
     a.enqueue(0, 1, 0.0)
     (batch,) = a.schedule(0.0)
     a.finish(batch.id, now=0.001)
@@ -230,7 +232,12 @@ def test_random_runs_keep_the_limit_and_the_pollers_within_the_cores() -> None:
             for worker_id in range(rng.randint(1, 3)):
                 scheduler.add_worker(WorkerSlot(worker_id, rng.choice((1, 2, 4)), rng.choice((1, 1, 2))))
             told = rested.append
-            cores.connect(scheduler, pump=lambda: None, rest=lambda worker, i=index, told=told: told((i, worker)))
+            cores.connect(
+                scheduler,
+                pump=lambda: None,
+                rest=lambda worker, i=index, told=told: told((i, worker)),
+                worker_pids=list,
+            )
             models.append(scheduler)
         polling: set[tuple[int, int]] = set()
         running: dict[tuple[int, int], Batch] = {}

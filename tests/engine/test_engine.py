@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from adaserve.config import WorkerSpec
-from adaserve.engine.engine import FrontendCpu, ModelEngine, PendingRequest, idle_spin_in_force
+from adaserve.engine.engine import ModelEngine, PendingRequest, idle_spin_in_force
 from adaserve.engine.worker_sets import WorkerSetChoice
 from adaserve.errors import InvalidInputError, OverloadedError
 from adaserve.repository import ModelRepository
@@ -68,14 +68,6 @@ def test_the_saturated_limit_reaches_the_scheduler(tmp_path: Path) -> None:
         assert (scheduler.max_busy_threads, scheduler.saturated_busy_threads) == (None, 1)
 
     run_engine(tmp_path, body)
-
-
-def test_the_frontend_cpu_counts_what_this_process_used() -> None:
-    cpu = FrontendCpu()
-    start = time.monotonic()
-    while time.monotonic() - start < 0.3:  # a frontend busy on one core
-        pass
-    assert cpu.spare_cores(time.monotonic()) < len(os.sched_getaffinity(0)) - 0.5
 
 
 @pytest.mark.parametrize(("device", "cpus", "expected"), [("cpu", {0, 1}, 5000), ("cpu", {0}, 0), ("cuda", {0, 1}, 0)])

@@ -29,12 +29,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from adaserve.engine.machine_cpu import machine_busy_s
+
 if TYPE_CHECKING:
     from adaserve.adaptive.activator.kernel import Kernel
 
 __all__ = ["InterferenceProbe", "LatencyProfile", "busy_processes", "measure_latency"]
-
-_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass(frozen=True)
@@ -153,20 +153,12 @@ class InterferenceProbe:
             self._thread = None
 
     def _loop(self) -> None:
-        machine, own, at = _machine_busy_s(), _own_busy_s(), time.monotonic()
+        machine, own, at = machine_busy_s(), _own_busy_s(), time.monotonic()
         while not self._stop.wait(self.interval_s):
-            machine_now, own_now, now = _machine_busy_s(), _own_busy_s(), time.monotonic()
+            machine_now, own_now, now = machine_busy_s(), _own_busy_s(), time.monotonic()
             others = max(0.0, (machine_now - machine) - (own_now - own)) / max(now - at, 1e-6)
             self.busy += self.alpha * (others - self.busy)
             machine, own, at = machine_now, own_now, now
-
-
-def _machine_busy_s() -> float:
-    """CPU seconds all processes have used since boot (user, nice, system, irq, softirq, steal)."""
-    with open("/proc/stat") as stat:
-        fields = [int(x) for x in stat.readline().split()[1:9]]
-    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
-    return (user + nice + system + irq + softirq + steal) / _TICKS
 
 
 def _own_busy_s() -> float:
