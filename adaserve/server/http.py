@@ -77,13 +77,19 @@ class Routes:
         self._routes.append((method, re.compile(f"^{pattern}$"), handler))
 
     def resolve(self, method: str, path: str) -> tuple[Handler, dict[str, str]] | list[str]:
-        """The handler and path parameters; else the methods the path allows (none: a 404, some: a 405). A HEAD
-        is a GET whose answer leaves out the body (RFC 9110 §9.3.2): load balancers probe health with it."""
-        allowed = []
+        """The handler and path parameters; else the methods the path allows (none: a 404, some: a 405). The first
+        template that matches owns the path: a GET of `/v1/models/m:predict` is refused, not taken for the readiness
+        of a model named `m:predict`. A HEAD is a GET whose answer leaves out the body (RFC 9110 §9.3.2): load
+        balancers probe health with it."""
+        allowed: list[str] = []
+        owner: re.Pattern[str] | None = None
         for route_method, pattern, handler in self._routes:
+            if owner is not None and pattern.pattern != owner.pattern:
+                continue
             match = pattern.match(path)
             if match is None:
                 continue
+            owner = pattern
             if route_method == method or (method == "HEAD" and route_method == "GET"):
                 return handler, {name: unquote(value) for name, value in match.groupdict().items()}
             allowed += [route_method, "HEAD"] if route_method == "GET" else [route_method]

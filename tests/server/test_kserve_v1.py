@@ -42,6 +42,8 @@ def test_models_are_listed_and_ready(server: ServerHandle) -> None:
     assert status == 404 and "unknown model 'nope'" in answer["error"]
     status, answer = call(server, "/v1/models/broken")  # its artifact cannot load
     assert status == 503 and "broken" in answer["error"]
+    status, answer = call(server, "/v1/models/mlp:predict")  # a GET of the predict route, not a model's readiness
+    assert status == 405 and answer["error"] == "method GET is not allowed here: /v1/models/mlp:predict"
 
 
 @pytest.mark.parametrize("model", ["mlp", "cnn"])
