@@ -1,8 +1,8 @@
 """Servers of other projects, started beside adaserve for a benchmark: each from its own venv, in a session of its
-own, up once it answers `GET /v2/health/ready`, and stopped with every process it started.
+own, up once it answers its readiness route, and stopped with every process it started.
 
-Ray and KServe bind every interface whatever they are asked: run them only in a benchmark that has a network
-namespace of its own (`common.rerun_in_own_network_namespace`).
+Ray, KServe and TorchServe bind every interface (TorchServe its gRPC ports) whatever they are asked: run them only in
+a benchmark that has a network namespace of its own (`common.rerun_in_own_network_namespace`).
 """
 
 from __future__ import annotations
@@ -17,9 +17,11 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from benchmarks.common import ROOT
+from benchmarks.common import ROOT, tree_cpu_s
 from tests.server_utils import EXAMPLES, ServerHandle
 
+#: Each example model's input row.
+ROWS = {"mlp": (784,), "cnn": (1, 28, 28)}
 #: How long a foreign server may take to start and deploy its model (Ray: a cluster, then a deployment).
 START_S = 240.0
 
@@ -38,6 +40,11 @@ def version_of(python: Path, package: str) -> str:
     return subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True).stdout.strip()
 
 
+def perf_shape(model: str) -> str:
+    """perf_analyzer's `--shape` for an example model's input."""
+    return "image:" + ",".join(str(n) for n in ROWS[model])
+
+
 def example_artifact(model: str) -> Path:
     """The artifact adaserve serves for an example model, which the foreign server loads too."""
     return EXAMPLES / model / "1" / "model.pt2"
@@ -53,15 +60,20 @@ def save_description(adaserve: ServerHandle, model: str, route: str, path: Path)
 
 @contextlib.contextmanager
 def foreign_server(
-    command: list[str], log: Path, port: int, name: str, grpc_port: int | None = None
+    command: list[str],
+    log: Path,
+    port: int,
+    name: str,
+    grpc_port: int | None = None,
+    ready_path: str = "/v2/health/ready",
 ) -> Iterator[ServerHandle]:
     """Run `command` (a server listening for HTTP on 127.0.0.1:`port`, and for gRPC on `grpc_port` if it serves
-    gRPC) until the block ends."""
+    gRPC) until the block ends; entered once `GET ready_path` answers 200."""
     with log.open("wb") as out:
         process = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + START_S
-        while not _ready(port):
+        while not _ready(port, ready_path):
             if process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"{name} did not start; see {log}")
             time.sleep(1.0)
@@ -71,9 +83,16 @@ def foreign_server(
         _stop_session(process)
 
 
-def _ready(port: int) -> bool:
+def idle_cores(pid: int, seconds: float = 5.0) -> float:
+    """Cores a server's process tree keeps busy while nobody sends it anything."""
+    before = tree_cpu_s(pid)
+    time.sleep(seconds)
+    return (tree_cpu_s(pid) - before) / seconds
+
+
+def _ready(port: int, path: str) -> bool:
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=5) as answer:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as answer:
             return bool(answer.status == 200)
     except (urllib.error.URLError, ConnectionError, TimeoutError):
         return False

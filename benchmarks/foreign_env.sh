@@ -3,10 +3,13 @@
 #
 #   benchmarks/foreign_env.sh ray       # .venv-ray: Ray Serve 2.40 (benchmarks/versus_ray.py)
 #   benchmarks/foreign_env.sh kserve    # .venv-kserve: KServe 0.14's Python model server (benchmarks/versus_kserve.py)
+#   benchmarks/foreign_env.sh torchserve  # .venv-torchserve: TorchServe 0.12 and its archiver (versus_torchserve.py);
+#                                         # its frontend needs Java 17 (apt: openjdk-17-jre-headless)
 #
 # Creates or completes the venv and prints its Python. Each project pins its own FastAPI, grpcio, protobuf and
 # pydantic; apart from the project's .venv they do not move adaserve's. FastAPI is the release of Ray 2.40's time
-# (later ones hold locks that Ray cannot pickle), in both. torch is adaserve's CPU wheel, so all run the same kernels.
+# (later ones hold locks that Ray cannot pickle), in Ray's and KServe's. torch is adaserve's CPU wheel, so all run
+# the same kernels.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -14,14 +17,15 @@ PYTHON=${PYTHON:-python3.11}
 FASTAPI=0.115.6
 
 case "${1:-}" in
-    ray) PACKAGE="ray[serve]==2.40.0"; MODULE=ray.serve ;;
-    kserve) PACKAGE="kserve==0.14.1"; MODULE=kserve ;;
-    *) echo "usage: $0 ray|kserve" >&2; exit 2 ;;
+    ray) PACKAGES=("ray[serve]==2.40.0" "fastapi==$FASTAPI"); CHECK="import ray.serve, fastapi; assert fastapi.__version__ == '$FASTAPI'" ;;
+    kserve) PACKAGES=("kserve==0.14.1" "fastapi==$FASTAPI"); CHECK="import kserve, fastapi; assert fastapi.__version__ == '$FASTAPI'" ;;
+    torchserve) PACKAGES=("torchserve==0.12.0" "torch-model-archiver==0.12.0" pyyaml); CHECK="import ts.utils.util, model_archiver" ;;
+    *) echo "usage: $0 ray|kserve|torchserve" >&2; exit 2 ;;
 esac
 VENV=$ROOT/.venv-$1
 
-if ! "$VENV/bin/python" -c "import $MODULE, torch, fastapi; assert fastapi.__version__ == '$FASTAPI'" >/dev/null 2>&1; then
+if ! "$VENV/bin/python" -c "import torch; $CHECK" >/dev/null 2>&1; then
     "$PYTHON" -m venv "$VENV" >&2
-    "$VENV/bin/pip" install -q "$PACKAGE" "fastapi==$FASTAPI" "torch==2.13.0" numpy >&2
+    "$VENV/bin/pip" install -q "${PACKAGES[@]}" "torch==2.13.0" numpy >&2
 fi
 echo "$VENV/bin/python"

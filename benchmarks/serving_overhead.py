@@ -209,11 +209,11 @@ def perf_run(
     name: str = "adaserve",
     *,
     model: str = MODEL,
-    shape: str = "image:784",
+    shape: str | None = "image:784",
     extra: tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    """One perf_analyzer run of batch-1 requests (`extra`: more of its arguments); its CSV row, its own and the
-    server's CPU over the run, the load average around it."""
+    """One perf_analyzer run of batch-1 requests (`shape`: the input's, None to send none; `extra`: more of its
+    arguments); its CSV row, its own and the server's CPU over the run, the load average around it."""
     flags = (Path(a).name if "/" in a else a.lstrip("-") for a in extra)  # a file's name, not its path
     label = "-".join([name, model, protocol, f"c{concurrency}", *flags, f"r{repeat}"])
     csv_path = SCRATCH / "serving_overhead" / f"{label}.csv"
@@ -223,7 +223,7 @@ def perf_run(
     wire = ["-i", "grpc", "--streaming"] if protocol == "grpc_stream" else ["-i", protocol]
     arguments = [
         "-m", model, "-u", url, *wire, "--concurrency-range", str(concurrency),
-        "--shape", shape, "-b", "1", "--measurement-mode", "count_windows",
+        *(("--shape", shape) if shape else ()), "-b", "1", "--measurement-mode", "count_windows",
         "--measurement-request-count", str(count), "--stability-percentage", "25", "--max-trials", "10",
         "--percentile", "50", "-f", str(csv_path), "--verbose-csv", *extra,
     ]  # fmt: skip

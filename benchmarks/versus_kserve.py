@@ -41,14 +41,12 @@ from benchmarks.common import (
     rerun_in_own_network_namespace,
     tree_cpu_s,
 )
-from benchmarks.foreign import example_artifact, foreign_server, save_description, venv_python, version_of
+from benchmarks.foreign import ROWS, example_artifact, foreign_server, save_description, venv_python, version_of
 from benchmarks.serving_overhead import MODEL, paired_cases, paired_plot, paired_table
 from tests.server_utils import ServerHandle, free_ports, link_example, running_server
 
 CONCURRENCIES = (1, 8)
 SERVERS = ("kserve", "adaserve")
-#: Each example model's input row.
-ROWS = {"mlp": (784,), "cnn": (1, 28, 28)}
 
 
 def main() -> int:

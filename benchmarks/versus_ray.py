@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import time
 from pathlib import Path
 from typing import Any
 
@@ -35,22 +34,28 @@ from benchmarks.common import (
     process_command,
     report_head,
     rerun_in_own_network_namespace,
-    tree_cpu_s,
 )
-from benchmarks.foreign import example_artifact, foreign_server, save_description, venv_python, version_of
+from benchmarks.foreign import (
+    ROWS,
+    example_artifact,
+    foreign_server,
+    idle_cores,
+    perf_shape,
+    save_description,
+    venv_python,
+    version_of,
+)
 from benchmarks.perf_load import PerfAnalyzer
 from benchmarks.serving_overhead import MODEL, paired_cases, paired_plot, paired_table, perf_parser, perf_run
 from tests.server_utils import ServerHandle, free_port, link_example, running_server
 
 CONCURRENCIES = (1, 8)
 SERVERS = ("ray", "adaserve")
-#: perf_analyzer's `--shape` for each example model's input.
-SHAPES = {"mlp": "image:784", "cnn": "image:1,28,28"}
 
 
 def main() -> int:
     parser = perf_parser(__doc__, request_count=2000)
-    parser.add_argument("--model", choices=sorted(SHAPES), default=MODEL, help=f"example model (default {MODEL})")
+    parser.add_argument("--model", choices=sorted(ROWS), default=MODEL, help=f"example model (default {MODEL})")
     parser.add_argument("--ray-venv", type=Path, default=ROOT / ".venv-ray", help="venv holding Ray Serve")
     parser.add_argument("--ray-replicas", type=int, default=2, help="Ray Serve replicas, one CPU each (default 2)")
     args = parser.parse_args()
@@ -81,7 +86,7 @@ def main() -> int:
         with _ray_server(python, work, args.ray_replicas, args.model) as ray:
             report["server_commands"] = {"adaserve": process_command(adaserve.pid), "ray": process_command(ray.pid)}
             servers = {"adaserve": adaserve, "ray": ray}
-            report["idle_server_cores"] = {name: _idle_cores(server.pid) for name, server in servers.items()}
+            report["idle_server_cores"] = {name: idle_cores(server.pid) for name, server in servers.items()}
             report["runs"] = [
                 perf_run(
                     perf,
@@ -92,7 +97,7 @@ def main() -> int:
                     args.request_count,
                     name,
                     model=args.model,
-                    shape=SHAPES[args.model],
+                    shape=perf_shape(args.model),
                 )
                 for repeat in range(args.repeats)
                 for concurrency in CONCURRENCIES
@@ -112,13 +117,6 @@ def _ray_server(python: Path, work: Path, replicas: int, model: str) -> contextl
         "--replicas", str(replicas),
     ]  # fmt: skip
     return foreign_server(command, work / "ray.log", port, "Ray Serve")
-
-
-def _idle_cores(pid: int, seconds: float = 5.0) -> float:
-    """Cores a server's process tree keeps busy while nobody sends it anything."""
-    before = tree_cpu_s(pid)
-    time.sleep(seconds)
-    return (tree_cpu_s(pid) - before) / seconds
 
 
 def _plot(report: dict[str, Any], path: Path) -> None:
