@@ -92,7 +92,8 @@ def main() -> int:
     args.request_count = args.request_count or (500 if args.quick else 2000)
     variant = [args.model] if args.model != MODEL else []
     if (args.torchserve_batch, args.torchserve_delay_ms) != (16, 1):
-        variant.append(f"b{args.torchserve_batch}d{args.torchserve_delay_ms}")
+        delay = f"d{args.torchserve_delay_ms}" if args.torchserve_batch > 1 else ""  # no delay without batching
+        variant.append(f"b{args.torchserve_batch}{delay}")
     stem = "-".join(["versus_torchserve", *variant])
     output: Path = args.output or (SCRATCH / f"{stem}-quick.json" if args.quick else RESULTS / f"{stem}.json")
     perf = PerfAnalyzer.find(args.perf_venv)
@@ -257,8 +258,12 @@ def _post(url: str, body: bytes) -> bytes:
 
 
 def _plot(report: dict[str, Any], path: Path) -> None:
-    workers = report["settings"]["torchserve_workers"]
-    title = f"adaserve vs TorchServe ({workers} workers), the {report['settings']['model']} at batch 1"
+    settings = report["settings"]
+    batching = settings["torchserve_batching"]
+    setup = f"{settings['torchserve_workers']} workers, batchSize {batching['batchSize']}"
+    if batching["batchSize"] > 1:
+        setup += f", maxBatchDelay {batching['maxBatchDelay']} ms"
+    title = f"adaserve vs TorchServe ({setup}), the {settings['model']} at batch 1"
     paired_plot(report, path, SERVERS, title, tick=lambda name: f"concurrency {name[1:]}", log_p50=True)
 
 
