@@ -251,7 +251,14 @@ def _infer(args: argparse.Namespace) -> int:
     if args.classes:
         names = [output["name"] for output in metadata["outputs"]]
         outputs = [httpclient.InferRequestedOutput(name, binary_data=False, class_count=args.classes) for name in names]
-    result = client.infer(args.model, [tensor], parameters=args.parameters, outputs=outputs)
+    result = client.infer(
+        args.model,
+        [tensor],
+        parameters=args.parameters,
+        outputs=outputs,
+        request_compression_algorithm=args.compression,
+        response_compression_algorithm=args.compression,
+    )
     response = result.get_response()
     for output in response["outputs"]:
         values = result.as_numpy(output["name"])
@@ -413,6 +420,11 @@ def build_parser() -> argparse.ArgumentParser:
         type=positive_integer,
         metavar="K",
         help="ask for each output's top K classes (the classification extension: value:index:label) instead of it",
+    )
+    infer.add_argument(
+        "--compression",
+        choices=["gzip", "deflate"],
+        help="compress the request (Content-Encoding) and ask for the answer compressed (Accept-Encoding)",
     )
     infer.set_defaults(func=_infer)
 

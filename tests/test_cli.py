@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from adaserve.datasets import FASHION_MNIST_CLASSES, load_fashion_mnist
+from tests.server.test_compression import ByteCounter
 from tests.server.test_dag import write_dag
 from tests.server_utils import EXAMPLES, ServerHandle, process_stat
 
@@ -55,6 +56,24 @@ def test_infer_prints_the_outputs(server: ServerHandle, tmp_path: Path) -> None:
     )
     assert run.returncode == 0, run.stderr
     assert '"name": "logits", "shape": [1, 10]' in run.stdout and '"argmax"' in run.stdout
+
+
+def test_infer_compresses_the_request_and_asks_for_a_compressed_answer(server: ServerHandle, tmp_path: Path) -> None:
+    np.save(tmp_path / "x.npy", np.zeros((16, 784), np.float32))  # sixteen equal rows: a body that compresses well
+    runs, relays = {}, {}
+    for compression in ("", "gzip", "deflate"):
+        relays[compression] = relay = ByteCounter(server.http_url)
+        try:
+            flags = ["--compression", compression] if compression else []
+            runs[compression] = adaserve("infer", "mlp", "--input", str(tmp_path / "x.npy"), "--url", relay.url, *flags)
+        finally:
+            relay.close()
+        assert runs[compression].returncode == 0, runs[compression].stderr
+    for compression in ("gzip", "deflate"):
+        assert runs[compression].stdout == runs[""].stdout
+        assert relays[compression].sent < relays[""].sent - 20_000  # the 50 KB of zeros went compressed
+        assert relays[compression].received < relays[""].received
+    assert adaserve("infer", "mlp", "--input", str(tmp_path / "x.npy"), "--compression", "br").returncode == 2
 
 
 def test_infer_prints_the_top_classes_with_their_labels(server: ServerHandle, tmp_path: Path) -> None:

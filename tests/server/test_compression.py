@@ -177,14 +177,15 @@ def test_a_grpc_request_over_the_limit_once_decompressed_is_refused(server: Serv
 
 # -- gRPC answers compressed at a level ----------------------------------------------------------------------------
 class ByteCounter:
-    """A TCP relay in front of a server that counts the bytes the server sends back."""
+    """A TCP relay in front of a server that counts the bytes the client sends (`sent`) and the server sends back
+    (`received`)."""
 
     def __init__(self, target: str) -> None:
         host, port = target.split(":")
         self.target = (host, int(port))
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.url = f"127.0.0.1:{self.listener.getsockname()[1]}"
-        self.received = 0
+        self.sent = self.received = 0
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -197,11 +198,13 @@ class ByteCounter:
             threading.Thread(target=self._pump, args=(client, upstream, False), daemon=True).start()
             threading.Thread(target=self._pump, args=(upstream, client, True), daemon=True).start()
 
-    def _pump(self, source: socket.socket, sink: socket.socket, count: bool) -> None:
+    def _pump(self, source: socket.socket, sink: socket.socket, answers: bool) -> None:
         try:
             while data := source.recv(65536):
-                if count:
+                if answers:
                     self.received += len(data)
+                else:
+                    self.sent += len(data)
                 sink.sendall(data)
         except OSError:
             pass  # the other direction ended the connection
