@@ -118,7 +118,7 @@ def _requested_output(raw: Any) -> RequestedOutput:
     where = f"output '{raw['name']}'"
     parameters = checked_parameters(raw.get("parameters"), where)
     placed = shared_memory_ref(where, parameters)
-    binary = parameters.get("binary_data", False)  # a boolean: `_parameters` checked it
+    binary = parameters.get("binary_data", False)  # a boolean: `checked_parameters` checked it
     return RequestedOutput(raw["name"], binary, placed, class_count(where, parameters))
 
 
