@@ -20,12 +20,17 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from adaserve.datasets import load_fashion_mnist
 from adaserve.engine.machine_cpu import machine_busy_s, process_stat
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 #: Scratch space (git-ignored): model repositories, server logs, the per-request records of every run.
 SCRATCH = RESULTS / "tmp"
+#: Each example model's input row.
+ROWS = {"mlp": (784,), "cnn": (1, 28, 28)}
 
 
 def machine() -> dict[str, Any]:
@@ -73,6 +78,13 @@ def process_command(pid: int) -> str:
     """The command line a running process was started with, as one string (for a result file)."""
     parts = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
     return " ".join(part.decode() for part in parts)
+
+
+def real_images(count: int, model: str) -> np.ndarray:
+    """The first `count` Fashion-MNIST test images shaped as rows of an example model's input (float32 in [0, 1],
+    as `load_fashion_mnist` gives them and the examples were trained on)."""
+    images, _ = load_fashion_mnist("test")
+    return images[:count].reshape(count, *ROWS[model])
 
 
 def load_average() -> list[float]:

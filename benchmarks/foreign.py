@@ -17,11 +17,9 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from benchmarks.common import ROOT, tree_cpu_s
+from benchmarks.common import ROOT, ROWS, tree_cpu_s
 from tests.server_utils import EXAMPLES, ServerHandle
 
-#: Each example model's input row.
-ROWS = {"mlp": (784,), "cnn": (1, 28, 28)}
 #: How long a foreign server may take to start and deploy its model (Ray: a cluster, then a deployment).
 START_S = 240.0
 

@@ -46,6 +46,7 @@ from adaserve.engine.machine_cpu import process_cpu_s
 from adaserve.server.content_coding import COMPRESSION_LEVEL
 from benchmarks.common import (
     RESULTS,
+    ROWS,
     SCRATCH,
     TreeCPU,
     figure,
@@ -87,7 +88,6 @@ CASES = (
     Case("mlp b1", "mlp", "grpc", 1, True),
     Case("cnn b16", "cnn", "grpc", 16, True),
 )
-SHAPES = {"mlp": (784,), "cnn": (1, 28, 28)}
 
 
 def main() -> int:
@@ -101,7 +101,7 @@ def main() -> int:
     )
     repository = SCRATCH / "http_compression" / "repo"
     shutil.rmtree(repository, ignore_errors=True)
-    for model in SHAPES:
+    for model in ROWS:
         link_example(repository, model)
     images, _ = load_fashion_mnist("test")
     settings = {
@@ -167,8 +167,9 @@ def _loopback_bytes() -> int:
 
 
 def _batches(case: Case, images: np.ndarray, count: int) -> list[np.ndarray]:
-    """`count` batches of consecutive test images, FP32 in [0, 1] as the example models were trained."""
-    rows = (images[: count * case.rows].astype(np.float32) / 255.0).reshape(count, case.rows, *SHAPES[case.model])
+    """`count` batches of consecutive test images (`load_fashion_mnist`'s: FP32 in [0, 1], as the example models
+    were trained)."""
+    rows = images[: count * case.rows].reshape(count, case.rows, *ROWS[case.model])
     return list(rows)
 
 

@@ -29,19 +29,20 @@ from typing import Any
 
 import numpy as np
 
-from adaserve.datasets import load_fashion_mnist
 from benchmarks.common import (
     RESULTS,
     ROOT,
+    ROWS,
     SCRATCH,
     finish_report,
     load_average,
     process_command,
+    real_images,
     report_head,
     rerun_in_own_network_namespace,
     tree_cpu_s,
 )
-from benchmarks.foreign import ROWS, example_artifact, foreign_server, save_description, venv_python, version_of
+from benchmarks.foreign import example_artifact, foreign_server, save_description, venv_python, version_of
 from benchmarks.serving_overhead import MODEL, paired_cases, paired_plot, paired_table
 from tests.server_utils import ServerHandle, free_ports, link_example, running_server
 
@@ -69,8 +70,7 @@ def main() -> int:
     work = SCRATCH / "versus_kserve"
     shutil.rmtree(work, ignore_errors=True)
     link_example(work / "repo", args.model)
-    images, _ = load_fashion_mnist("test")
-    np.save(work / "images.npy", (images[:2000].astype(np.float32) / 255.0).reshape(-1, *ROWS[args.model]))
+    np.save(work / "images.npy", real_images(2000, args.model))
     python = venv_python(args.kserve_venv, "benchmarks/foreign_env.sh kserve")
     settings = {
         "model": args.model,

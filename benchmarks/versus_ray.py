@@ -28,6 +28,7 @@ from typing import Any
 from benchmarks.common import (
     RESULTS,
     ROOT,
+    ROWS,
     SCRATCH,
     finish_report,
     load_average,
@@ -36,7 +37,6 @@ from benchmarks.common import (
     rerun_in_own_network_namespace,
 )
 from benchmarks.foreign import (
-    ROWS,
     example_artifact,
     foreign_server,
     idle_cores,

@@ -37,19 +37,19 @@ from typing import Any
 
 import numpy as np
 
-from adaserve.datasets import load_fashion_mnist
 from benchmarks.common import (
     RESULTS,
     ROOT,
+    ROWS,
     SCRATCH,
     finish_report,
     load_average,
     process_command,
+    real_images,
     report_head,
     rerun_in_own_network_namespace,
 )
 from benchmarks.foreign import (
-    ROWS,
     example_artifact,
     foreign_server,
     idle_cores,
@@ -152,8 +152,7 @@ def main() -> int:
 def _write_inputs(work: Path, model: str) -> dict[str, Path]:
     """The same `IMAGES` test images for both: perf_analyzer's input data for adaserve (the tensor's values), and for
     TorchServe one raw float32 file an image, named in its `TORCHSERVE_INPUT` form."""
-    images, _ = load_fashion_mnist("test")
-    rows = (images[:IMAGES].astype(np.float32) / 255.0).reshape(IMAGES, *ROWS[model])
+    rows = real_images(IMAGES, model)
     files = work / "images"
     files.mkdir(parents=True)
     for index, row in enumerate(rows):
