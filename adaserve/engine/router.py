@@ -172,8 +172,8 @@ class ModelRouter:
                     started[spec.version] = engine
             except BaseException as exc:
                 await asyncio.gather(*(engine.stop(drain_timeout_s=0) for engine in started.values()))
-                if isinstance(exc, AdaserveError):
-                    self._errors[name] = str(exc)
+                if isinstance(exc, AdaserveError) and not isinstance(exc, ModelNotFoundError):
+                    self._errors[name] = str(exc)  # a name the repository does not hold has no load state
                 raise
             self._errors.pop(name, None)
             for engine, spec in kept.values():
@@ -259,11 +259,10 @@ class ModelRouter:
         """The engine serving `name` at `version`; with no version asked for, the newest version served."""
         served = self._served.get(name)
         if served is None:
+            self._check_known(name)  # a model whose folder went after a failed load is unknown, not failed
             if name in self._errors:
                 raise ModelNotReadyError(f"model '{name}' is not loaded: {self._errors[name]}")
-            if name in self.repository.names():
-                raise ModelNotReadyError(f"model '{name}' is not loaded; load it through the repository API")
-            raise ModelNotFoundError(f"unknown model '{name}'")
+            raise ModelNotReadyError(f"model '{name}' is not loaded; load it through the repository API")
         if not version:
             return served[max(served)]
         engine = served.get(int(version)) if version.isdigit() else None

@@ -380,6 +380,11 @@ def test_unload_and_load_through_the_repository_api(client: httpclient.Inference
     with pytest.raises(InferenceServerException, match="unknown model 'no_such_model'") as raised:
         client.unload_model("no_such_model")
     assert raised.value.status() == "404"
+    with pytest.raises(InferenceServerException, match="no model named 'no_such_model'") as raised:
+        client.load_model("no_such_model")
+    with pytest.raises(InferenceServerException, match="unknown model 'no_such_model'") as raised:
+        client_infer(client, "no_such_model", GOOD)  # a failed load of a name the repository lacks leaves no state
+    assert raised.value.status() == "404"
     client.load_model("mlp_torchscript")
     assert client.is_model_ready("mlp_torchscript")
     np.testing.assert_allclose(
