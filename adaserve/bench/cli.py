@@ -76,6 +76,12 @@ def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
         "--tls", action="store_true", help="connect over TLS, trusting the system's CAs (an https:// URL implies it)"
     )
     add_client_tls_arguments(target)
+    target.add_argument(
+        "--compression",
+        choices=["gzip", "deflate"],
+        help="compress requests and ask for compressed answers (HTTP: each body compressed once before the run; "
+        "gRPC: the channel's compression)",
+    )
     what = parser.add_argument_group("requests (or --workload FILE)")
     what.add_argument("--workload", type=Path, help="YAML/JSON workload file (flags below override its load/bound)")
     what.add_argument("--model", action="append", default=[], help="model to send to (repeatable: an even mix)")
@@ -192,6 +198,7 @@ def build_config(args: argparse.Namespace) -> BenchConfig:
         max_outstanding=args.max_outstanding,
         max_lateness_ms=args.max_lateness_ms,
         tls=client_tls(args.tls, args.ca_cert, args.client_cert, args.client_key),
+        compression=args.compression,
     )
 
 

@@ -18,15 +18,17 @@ import httptools
 
 #: Response header that gives the JSON part's length in a binary-tensor body.
 _HEADER_LENGTH = b"inference-header-content-length"
+_CONTENT_ENCODING = b"content-encoding"
 
 
 @dataclass(frozen=True, slots=True)
 class Response:
-    """Status, the binary-tensor header length (None when absent) and the body."""
+    """Status, the binary-tensor header length (None when absent), the body, and its coding (None: as is)."""
 
     status: int
     header_length: int | None
     body: bytes
+    content_encoding: str | None = None
 
 
 class ConnectFailed(ConnectionError):
@@ -47,6 +49,7 @@ class _Connection(asyncio.Protocol):
         self._waiter: asyncio.Future[Response] | None = None
         self._chunks: list[bytes] = []
         self._header_length: int | None = None
+        self._content_encoding: str | None = None
         self._answered = False
         self.deadline = 0.0
 
@@ -70,16 +73,21 @@ class _Connection(asyncio.Protocol):
 
     # httptools callbacks
     def on_header(self, name: bytes, value: bytes) -> None:
-        if name.lower() == _HEADER_LENGTH:
+        name = name.lower()
+        if name == _HEADER_LENGTH:
             self._header_length = int(value)
+        elif name == _CONTENT_ENCODING:
+            self._content_encoding = value.decode("latin-1").strip().lower()
 
     def on_body(self, body: bytes) -> None:
         self._chunks.append(body)
 
     def on_message_complete(self) -> None:
-        response = Response(self._parser.get_status_code(), self._header_length, b"".join(self._chunks))
+        response = Response(
+            self._parser.get_status_code(), self._header_length, b"".join(self._chunks), self._content_encoding
+        )
         waiter, self._waiter = self._waiter, None
-        self._chunks, self._header_length, self._answered = [], None, False
+        self._chunks, self._header_length, self._content_encoding, self._answered = [], None, None, False
         if self._parser.should_keep_alive():
             self._pool.release(self)
         elif self._transport is not None:

@@ -68,7 +68,8 @@ def describe_run(config: dict[str, Any]) -> str:
         f"{workload['duration_s']:g} s" if workload.get("duration_s") else "",
         f"{workload['max_requests']} requests" if workload.get("max_requests") else "",
     ]
-    return f"{models} over {config['protocol']} at {config['url']}: {load['kind']} ({detail}), " + " / ".join(
+    protocol = config["protocol"] + (f" ({config['compression']})" if config.get("compression") else "")
+    return f"{models} over {protocol} at {config['url']}: {load['kind']} ({detail}), " + " / ".join(
         b for b in bounds if b
     )
 

@@ -21,7 +21,15 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from tqdm import tqdm
 
-from adaserve.bench.client import ClientTls, ModelUnavailable, Protocol, Sender, ServerUnreachable, create_sender
+from adaserve.bench.client import (
+    ClientTls,
+    Compression,
+    ModelUnavailable,
+    Protocol,
+    Sender,
+    ServerUnreachable,
+    create_sender,
+)
 from adaserve.bench.codec import Payload
 from adaserve.bench.results import BenchResult, RequestRecord, Status, describe_machine
 from adaserve.bench.schedules import ClosedSpec, Schedule, create_schedule
@@ -50,6 +58,9 @@ class BenchConfig(BaseModel):
         default=10.0, gt=0, description="open loop: p99 send lateness beyond which the run is not valid"
     )
     tls: ClientTls | None = Field(default=None, description="TLS to the server; an https:// URL implies it")
+    compression: Compression | None = Field(
+        default=None, description="compress requests and ask for compressed answers (see `client`)"
+    )
 
     @field_validator("url")
     @classmethod
@@ -93,7 +104,7 @@ def run_bench(
     workload = config.workload
     sequence = None if workload.sequence is None else load_sequence(workload.sequence)
     schedule = None if isinstance(workload.load, ClosedSpec) else create_schedule(workload.load, sequence)
-    factory = make_sender or (lambda c: create_sender(c.protocol, c.url, c.timeout_s, c.tls))
+    factory = make_sender or (lambda c: create_sender(c.protocol, c.url, c.timeout_s, c.tls, c.compression))
     # The default event loop, not uvloop: uvloop's millisecond timers fire up to ~1 ms early, which would send
     # requests before their scheduled time; asyncio's never do (measured: ~20% more CPU per request).
     return asyncio.run(_Run(config, schedule, sequence, progress).execute(factory, list(command)))

@@ -23,7 +23,16 @@ import zlib
 from collections.abc import Callable
 from typing import ParamSpec, TypeVar
 
-__all__ = ["CODINGS", "GRPC_COMPRESSION_LEVELS", "CodingError", "accepted_coding", "decode_body", "encode_body"]
+__all__ = [
+    "CODINGS",
+    "GRPC_COMPRESSION_LEVELS",
+    "CodingError",
+    "accepted_coding",
+    "compress",
+    "decode_body",
+    "decompress",
+    "encode_body",
+]
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -64,7 +73,7 @@ async def decode_body(content_encoding: str | None, body: bytes, limit: int) -> 
                 {"accept-encoding": ", ".join(CODINGS)},
             )
         if body:
-            body = await _offloaded(len(body), _inflate, coding, body, limit)
+            body = await _offloaded(len(body), decompress, coding, body, limit)
     return body
 
 
@@ -98,11 +107,13 @@ def accepted_coding(accept_encoding: str | None) -> str | None:
 
 async def encode_body(coding: str, body: bytes) -> bytes:
     """`body` compressed in `coding` (one of `CODINGS`)."""
-    return await _offloaded(len(body), _deflate, coding, body)
+    return await _offloaded(len(body), compress, coding, body)
 
 
-def _inflate(coding: str, data: bytes, limit: int) -> bytes:
-    """Decompress every member of `data` (gzip allows several in a row), producing at most `limit` bytes."""
+def decompress(coding: str, data: bytes, limit: int, what: str = "request body") -> bytes:
+    """Decompress every member of `data` (gzip allows several in a row), producing at most `limit` bytes;
+    CodingError naming `what` for data that is not what its coding says (400) or too much of it (413). The load
+    generator reads compressed answers with it too."""
     pieces: list[bytes] = []
     size = 0
     while data:
@@ -110,20 +121,21 @@ def _inflate(coding: str, data: bytes, limit: int) -> bytes:
         try:
             piece = inflater.decompress(data, limit - size + 1)
         except zlib.error as exc:
-            raise CodingError(400, f"request body is not valid {coding} data: {exc}") from None
+            raise CodingError(400, f"{what} is not valid {coding} data: {exc}") from None
         size += len(piece)
         if size > limit:
-            raise CodingError(413, f"request body exceeds the limit of {limit} bytes once decompressed ({coding})")
+            raise CodingError(413, f"{what} exceeds the limit of {limit} bytes once decompressed ({coding})")
         if not inflater.eof:
-            raise CodingError(400, f"request body's {coding} data ends before its end marker (truncated)")
+            raise CodingError(400, f"{what}'s {coding} data ends before its end marker (truncated)")
         pieces.append(piece)
         data = inflater.unused_data
         if data and coding != "gzip":
-            raise CodingError(400, f"request body has {len(data)} bytes after the end of its {coding} data")
+            raise CodingError(400, f"{what} has {len(data)} bytes after the end of its {coding} data")
     return b"".join(pieces)
 
 
-def _deflate(coding: str, body: bytes) -> bytes:
+def compress(coding: str, body: bytes) -> bytes:
+    """`body` compressed in `coding` (one of `CODINGS`) at `COMPRESSION_LEVEL`."""
     compressor = zlib.compressobj(COMPRESSION_LEVEL, zlib.DEFLATED, _WBITS[coding])
     return compressor.compress(body) + compressor.flush()
 

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import gzip
 from collections.abc import Awaitable, Callable
 
 import pytest
 
+from adaserve.bench.client import HttpSender, Outcome
+from adaserve.bench.codec import Payload
 from adaserve.bench.http1 import ConnectFailed, ConnectionPool, Response
 from tests.server_utils import free_port
 
@@ -128,3 +131,56 @@ def test_refused_connection() -> None:
         await pool.close()
 
     asyncio.run(client())
+
+
+def test_a_compressed_answer_names_its_coding_and_the_next_does_not() -> None:
+    compressed = b"HTTP/1.1 200 OK\r\nContent-Encoding: GZIP\r\nContent-Length: 3\r\n\r\nabc"
+    responses: list[Response] = []
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
+        for reply in (compressed, OK):
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(reply)
+            await writer.drain()
+
+    async def client(pool: ConnectionPool) -> None:
+        for _ in range(2):
+            responses.append(await pool.request(REQUEST))
+
+    asyncio.run(_with_server(answer, client))
+    assert [r.content_encoding for r in responses] == ["gzip", None]
+
+
+@pytest.mark.parametrize(
+    ("coding", "body", "expected"),
+    [
+        ("gzip", gzip.compress(b'{"parameters": {"exit_block": "stem"}}'), ("ok", {"exit_block": "stem"})),
+        ("gzip", b"not gzip", ("bad_response", "an answer in Content-Encoding 'gzip'")),
+        ("br", b"\x00", ("bad_response", "an answer in Content-Encoding 'br'")),
+    ],
+)
+def test_the_http_sender_reads_compressed_answers(coding: str, body: bytes, expected: tuple[str, object]) -> None:
+    reply = b"HTTP/1.1 200 OK\r\nContent-Encoding: %s\r\nContent-Length: %d\r\n\r\n%s" % (
+        coding.encode(),
+        len(body),
+        body,
+    )
+
+    async def run() -> Outcome:
+        async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(reply)
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(answer, "127.0.0.1", 0)
+        sender = HttpSender(f"127.0.0.1:{server.sockets[0].getsockname()[1]}", 5.0, compression="gzip")
+        try:
+            return await sender.infer(Payload("m", REQUEST))
+        finally:
+            await sender.close()
+            server.close()
+            await server.wait_closed()
+
+    outcome = asyncio.run(run())
+    assert (outcome.error_kind or "ok", outcome.error or outcome.parameters) == expected

@@ -19,6 +19,7 @@ from adaserve.bench import BenchConfig, Status, parse_workload, read_result, run
 from adaserve.bench.cli import ExitCode
 from adaserve.bench.client import Protocol
 from tests.bench.factories import AZURE, needs_azure, parse_cli
+from tests.server.test_compression import ByteCounter
 from tests.server_utils import ServerHandle
 
 #: Send lateness allowed before a run is judged not valid: a run here checks what was sent and answered, not how
@@ -66,6 +67,37 @@ def test_closed_loop_writes_json_and_plots(
     for kind in PNGS:
         assert (tmp_path / f"closed.{kind}.png").read_bytes()[:4] == b"\x89PNG"
     assert "verdict     valid" in out
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_compression_shrinks_what_goes_over_the_wire(
+    bench_server: ServerHandle, capsys: pytest.CaptureFixture[str], tmp_path: Path, protocol: str
+) -> None:
+    np.save(tmp_path / "zeros.npy", np.zeros((16, 784), np.float32))  # sixteen equal rows: bodies that compress well
+    sent, received = {}, {}
+    for compression in ("", "gzip", "deflate"):
+        relay = ByteCounter(_url(bench_server, protocol))
+        output = tmp_path / f"run{compression}.json"
+        flags = ["--compression", compression] if compression else []
+        try:
+            code, out, err = _cli(
+                capsys,
+                *("--url", relay.url, "--protocol", protocol, "--model", "mlp"),
+                *("--input", f"image={tmp_path / 'zeros.npy'}", "--rows", "16"),
+                *("--concurrency", "1", "--requests", "10", "--output", str(output), "--no-plots", *flags),
+            )
+        finally:
+            relay.close()
+        assert code == ExitCode.OK, err
+        result = read_result(output)
+        assert len(result.records) == 10 and all(r.status is Status.OK for r in result.records)
+        assert result.config.get("compression") == (compression or None)
+        assert f"over {protocol} ({compression})" in out if compression else f"over {protocol} at" in out
+        sent[compression], received[compression] = relay.sent, relay.received
+    for compression in ("gzip", "deflate"):
+        assert sent[compression] < sent[""] - 10 * 40_000  # each request's 50 KB of zeros went compressed
+        if protocol == "http":  # the server compresses HTTP answers for clients that ask; gRPC's only at a level
+            assert received[compression] < received[""]
 
 
 def test_open_loop_two_models_with_parameters(
