@@ -55,11 +55,6 @@ class NotAllowedError(AdaserveError):
     grpc_code = grpc.StatusCode.PERMISSION_DENIED
 
 
-class PayloadTooLargeError(AdaserveError):
-    http_status = 413
-    grpc_code = grpc.StatusCode.RESOURCE_EXHAUSTED
-
-
 class OverloadedError(AdaserveError):
     """The model's queue bound is reached; the request was not accepted."""
 

@@ -51,7 +51,6 @@ class ModelCounters:
     load_failures: int = 0
     evictions: int = 0
     load_seconds_total: float = 0.0
-    last_load_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -209,7 +208,6 @@ class ModelCache:
             seconds = self._clock() - began
             counters.loads += 1
             counters.load_seconds_total += seconds
-            counters.last_load_s = seconds
             host_wait_s = min(loaded.host_wait_s, seconds)  # the engine's clock and this one may differ by a hair
             try:
                 self._evicted(self._core.loaded(name, loaded.size_bytes, seconds, self._clock(), host_wait_s))

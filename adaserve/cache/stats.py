@@ -34,7 +34,6 @@ class ModelStats:
 
     size_bytes: int | None = None
     own_load_s: float | None = None  # smoothed load time, without the wait for a host (see the module docstring)
-    last_load_s: float | None = None  # the last load as its requests waited for it
     loads: int = 0
     requests: int = 0
     last_request_s: float | None = None
@@ -79,7 +78,6 @@ class StatsRegistry:
         stats = self.get(name)
         stats.own_load_s = self._smoothed(stats.own_load_s, seconds - host_wait_s)
         self.host_wait_s = self._smoothed(self.host_wait_s, host_wait_s)
-        stats.last_load_s = seconds
         stats.size_bytes = size_bytes
         stats.loads += 1
 

@@ -424,9 +424,6 @@ def tracer_from_config(options: Iterable[str]) -> Tracer:
         raise
 
 
-MODE_SCOPES = ("triton,", "opentelemetry,")
-
-
 def _config_number(option: str, text: str) -> int:
     if not text.isdigit() or int(text) == 0:
         raise ConfigError(f"--trace-config '{option}': expected a whole number above 0")

@@ -157,9 +157,7 @@ def aclo(methods: Methods, x: np.ndarray, y: np.ndarray, repeats: int) -> dict[s
                 target_accuracy=target,
                 threshold=aclo_threshold(calibration.thresholds, calibration.accuracy, target),
                 mean_k=float(chosen_k[index - 3].mean()),
-                k_histogram={
-                    str(k): int(n) for k, n in zip(*np.unique(chosen_k[index - 3], return_counts=True), strict=True)
-                },
+                k_histogram=_histogram(chosen_k[index - 3]),
             )
         rows_out.append(entry)
     return {"inputs": len(x), "passes": repeats, "block": BLOCK, "rows": rows_out, **record}

@@ -242,7 +242,7 @@ def test_snapshot_counts_loads_time_and_bytes() -> None:
         assert snapshot.resident_bytes == sum(backend.sizes[name] for name in kept)
         assert snapshot.models[evicted].counters.evictions == 1 and snapshot.models[evicted].resident_bytes == 0
         model = snapshot.models["c"]
-        assert (model.resident_bytes, model.counters.last_load_s, model.smoothed_load_s) == (9, 2.5, 2.5)
+        assert (model.resident_bytes, model.counters.load_seconds_total, model.smoothed_load_s) == (9, 2.5, 2.5)
 
     run(scenario)
 
