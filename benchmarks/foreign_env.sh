@@ -5,6 +5,8 @@
 #   benchmarks/foreign_env.sh kserve    # .venv-kserve: KServe 0.14's Python model server (benchmarks/versus_kserve.py)
 #   benchmarks/foreign_env.sh torchserve  # .venv-torchserve: TorchServe 0.12 and its archiver (versus_torchserve.py);
 #                                         # its frontend needs Java 17 (apt: openjdk-17-jre-headless)
+#   benchmarks/foreign_env.sh kserve-client  # .venv-kserve-client: KServe 0.14's Python clients alone, no torch
+#                                            # (tests/server/test_kserve_client.py)
 #
 # Creates or completes the venv and prints its Python. Each project pins its own FastAPI, grpcio, protobuf and
 # pydantic; apart from the project's .venv they do not move adaserve's. FastAPI is the release of Ray 2.40's time
@@ -15,17 +17,20 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PYTHON=${PYTHON:-python3.11}
 FASTAPI=0.115.6
+TORCH=("torch==2.13.0" numpy)
 
 case "${1:-}" in
     ray) PACKAGES=("ray[serve]==2.40.0" "fastapi==$FASTAPI"); CHECK="import ray.serve, fastapi; assert fastapi.__version__ == '$FASTAPI'" ;;
     kserve) PACKAGES=("kserve==0.14.1" "fastapi==$FASTAPI"); CHECK="import kserve, fastapi; assert fastapi.__version__ == '$FASTAPI'" ;;
     torchserve) PACKAGES=("torchserve==0.12.0" "torch-model-archiver==0.12.0" pyyaml); CHECK="import ts.utils.util, model_archiver" ;;
-    *) echo "usage: $0 ray|kserve|torchserve" >&2; exit 2 ;;
+    kserve-client) PACKAGES=("kserve==0.14.1" "fastapi==$FASTAPI"); CHECK="from kserve import InferenceRESTClient"; TORCH=() ;;
+    *) echo "usage: $0 ray|kserve|torchserve|kserve-client" >&2; exit 2 ;;
 esac
 VENV=$ROOT/.venv-$1
+[ ${#TORCH[@]} -eq 0 ] || CHECK="import torch; $CHECK"
 
-if ! "$VENV/bin/python" -c "import torch; $CHECK" >/dev/null 2>&1; then
+if ! "$VENV/bin/python" -c "$CHECK" >/dev/null 2>&1; then
     "$PYTHON" -m venv "$VENV" >&2
-    "$VENV/bin/pip" install -q "${PACKAGES[@]}" "torch==2.13.0" numpy >&2
+    "$VENV/bin/pip" install -q "${PACKAGES[@]}" "${TORCH[@]}" >&2
 fi
 echo "$VENV/bin/python"

@@ -39,8 +39,11 @@ def error_response(status: int, message: str) -> Response:
     return json_response({"error": message}, status)
 
 
-def status_only(ok: bool) -> Response:
-    return Response(200 if ok else 503)
+def health_response(ok: bool, document: dict[str, Any]) -> Response:
+    """A health answer: the status says it (200, or 503 when not live or ready), as Triton's and tritonclient's
+    checks read it; the body says it too, as the Open Inference Protocol's REST spec has it (`{"live": true}`,
+    `{"ready": true}`, `{"name": ..., "ready": true}`) and KServe's client reads it."""
+    return json_response(document, 200 if ok else 503)
 
 
 def create_app(plane: DataPlane, restrictions: Restrictions | None = None) -> Application:
@@ -82,6 +85,10 @@ def create_app(plane: DataPlane, restrictions: Restrictions | None = None) -> Ap
     async def v1_models(request: Request) -> Response:
         return json_response({"models": [row["name"] for row in plane.repository_index()]})
 
+    async def v1_live(request: Request) -> Response:
+        """KServe's V1 liveness, at the root, as its model server and client have it."""
+        return json_response({"status": "alive"})
+
     async def v1_model_ready(request: Request) -> Response:
         name = request.params["model"]
         if not plane.model_ready(name):  # an unknown name raises: a 404
@@ -89,10 +96,12 @@ def create_app(plane: DataPlane, restrictions: Restrictions | None = None) -> Ap
         return json_response({"name": name, "ready": True})
 
     async def live(request: Request) -> Response:
-        return status_only(plane.live())
+        live = plane.live()
+        return health_response(live, {"live": live})
 
     async def ready(request: Request) -> Response:
-        return status_only(plane.ready())
+        ready = plane.ready()
+        return health_response(ready, {"ready": ready})
 
     async def server_metadata(request: Request) -> Response:
         return json_response(plane.metadata())
@@ -101,7 +110,9 @@ def create_app(plane: DataPlane, restrictions: Restrictions | None = None) -> Ap
         return json_response(plane.model_metadata(*_model(request)))
 
     async def model_ready(request: Request) -> Response:
-        return status_only(plane.model_ready(*_model(request)))
+        name, version = _model(request)
+        ready = plane.model_ready(name, version)
+        return health_response(ready, {"name": name, "ready": ready})
 
     async def model_config(request: Request) -> Response:
         return json_response(plane.model_config(*_model(request)))
@@ -186,6 +197,7 @@ def create_app(plane: DataPlane, restrictions: Restrictions | None = None) -> Ap
         add("GET", f"{prefix}/ready", "health", model_ready)
         add("GET", f"{prefix}/config", "model-config", model_config)
         add("GET", f"{prefix}/stats", "statistics", model_stats)
+    add("GET", "/", "health", v1_live)
     add("GET", "/v1/models", "metadata", v1_models)
     for prefix in ("/v1/models/{model}", "/v1/models/{model}/versions/{version}"):
         add("POST", f"{prefix}:predict", "inference", predict)

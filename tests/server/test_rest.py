@@ -52,8 +52,12 @@ def client(server: ServerHandle) -> httpclient.InferenceServerClient:
     return httpclient.InferenceServerClient(server.http_url, concurrency=8)
 
 
-def test_health_and_metadata(client: httpclient.InferenceServerClient) -> None:
+def test_health_and_metadata(client: httpclient.InferenceServerClient, server: ServerHandle) -> None:
     assert client.is_server_live() and client.is_server_ready()
+    assert _health(server, "/v2/health/live") == (200, {"live": True})
+    assert _health(server, "/v2/health/ready") == (200, {"ready": True})
+    assert _health(server, "/v2/models/cnn/versions/1/ready") == (200, {"name": "cnn", "ready": True})
+    assert _health(server, "/") == (200, {"status": "alive"})  # KServe's V1 liveness
     metadata = client.get_server_metadata()
     assert metadata["name"] == "adaserve" and "binary_tensor_data" in metadata["extensions"]
     model = client.get_model_metadata("cnn")
@@ -131,6 +135,17 @@ def test_plain_curl(server: ServerHandle) -> None:
 
 
 GOOD = np.zeros((1, 784), dtype=np.float32)
+
+
+def _health(server: ServerHandle, path: str) -> tuple[int, Any]:
+    """A health route's status and JSON body (the Open Inference Protocol's REST form of each answer)."""
+    connection = http.client.HTTPConnection(server.http_url, timeout=10)
+    try:
+        connection.request("GET", path)
+        answer = connection.getresponse()
+        return answer.status, json.loads(answer.read())
+    finally:
+        connection.close()
 
 
 def _with_parameters(parameters: dict[str, Any]) -> bytes:
@@ -371,9 +386,12 @@ def test_metrics_endpoint(server: ServerHandle, client: httpclient.InferenceServ
         assert metric in text
 
 
-def test_unload_and_load_through_the_repository_api(client: httpclient.InferenceServerClient) -> None:
+def test_unload_and_load_through_the_repository_api(
+    client: httpclient.InferenceServerClient, server: ServerHandle
+) -> None:
     client.unload_model("mlp_torchscript")
     assert not client.is_model_ready("mlp_torchscript")
+    assert _health(server, "/v2/models/mlp_torchscript/ready") == (503, {"name": "mlp_torchscript", "ready": False})
     with pytest.raises(Exception, match="not loaded"):
         client_infer(client, "mlp_torchscript", GOOD)
     client.unload_model("mlp_torchscript")  # Triton's rule: unloading a model that is not loaded succeeds
