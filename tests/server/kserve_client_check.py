@@ -13,11 +13,15 @@ from typing import Any
 
 import numpy as np
 from kserve import InferenceGRPCClient, InferenceRESTClient, InferInput, InferRequest, RESTConfig
+from kserve.protocol.infer_type import RequestedOutput
 
 
-def request(model: str, rows: np.ndarray, request_id: str) -> InferRequest:
-    tensor = InferInput(name="image", shape=list(rows.shape), datatype="FP32", data=rows)
-    return InferRequest(model_name=model, infer_inputs=[tensor], request_id=request_id)
+def request(model: str, rows: np.ndarray, request_id: str, binary: bool = False) -> InferRequest:
+    """JSON tensors, or with `binary` the binary tensor data extension both ways."""
+    tensor = InferInput(name="image", shape=list(rows.shape), datatype="FP32")
+    tensor.set_data_from_numpy(rows, binary_data=binary)
+    outputs = [RequestedOutput("logits", {"binary_data": True})] if binary else None
+    return InferRequest(model_name=model, infer_inputs=[tensor], request_id=request_id, request_outputs=outputs)
 
 
 async def main(http_url: str, grpc_url: str, model: str, rows: np.ndarray) -> dict[str, Any]:
@@ -30,6 +34,8 @@ async def main(http_url: str, grpc_url: str, model: str, rows: np.ndarray) -> di
         answer = await rest.infer(base, request(model, rows, "rest"), model_name=model)
         found["rest_v2_id"] = answer.id
         found["rest_v2"] = answer.outputs[0].as_numpy().tolist()
+        answer = await rest.infer(base, request(model, rows, "binary", binary=True), model_name=model)
+        found["rest_v2_binary"] = answer.outputs[0].as_numpy().tolist()
     async with InferenceRESTClient(RESTConfig(protocol="v1")) as rest_v1:
         found["rest_v1_live"] = await rest_v1.is_server_live(base)
         found["rest_v1_model_ready"] = await rest_v1.is_model_ready(base, model)

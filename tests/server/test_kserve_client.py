@@ -1,7 +1,8 @@
 """KServe's own Python clients (0.14, in a venv of their own) against the server, unmodified: REST in the Open
-Inference Protocol and in KServe's V1 protocol, and gRPC. KServe's REST client reads the health answers' JSON bodies
-(`{"live": true}`, `{"ready": true}`, `{"name": ..., "ready": true}`, V1's `{"status": "alive"}` at the root), which
-a server that answers health with the status alone, as Triton does, fails."""
+Inference Protocol (JSON and binary tensors) and in KServe's V1 protocol, and gRPC. KServe's REST client reads the
+health answers' JSON bodies (`{"live": true}`, `{"ready": true}`, `{"name": ..., "ready": true}`, V1's
+`{"status": "alive"}` at the root), which a server that answers health with the status alone, as Triton does,
+fails."""
 
 from __future__ import annotations
 
@@ -55,6 +56,6 @@ def test_kserves_clients_work_unmodified(server: ServerHandle, kserve_python: Pa
         assert found[check] is True, check
     assert (found["rest_v2_id"], found["grpc_id"]) == ("rest", "grpc")
     expected = reference_outputs("mlp", rows)
-    for answer in ("rest_v2", "rest_v1", "grpc"):
+    for answer in ("rest_v2", "rest_v2_binary", "rest_v1", "grpc"):
         np.testing.assert_allclose(np.array(found[answer]), expected, rtol=1e-5, atol=1e-5, err_msg=answer)
     assert logged_errors(server) == errors_before
