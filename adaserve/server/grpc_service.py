@@ -339,12 +339,14 @@ def encode_response(response: InferenceResponse) -> Any:
 
 
 def _parameters(parameters: Any) -> dict[str, Any]:
-    return {key: _from_parameter(value) for key, value in parameters.items()}
+    return {key: _from_parameter(key, value) for key, value in parameters.items()}
 
 
-def _from_parameter(parameter: Any) -> Any:
+def _from_parameter(key: str, parameter: Any) -> Any:
     kind = parameter.WhichOneof("parameter_choice")
-    return getattr(parameter, kind) if kind else None
+    if kind is None:
+        raise InvalidInputError(f"parameter '{key}' has no value: set one of its bool, int64, uint64, double or string")
+    return getattr(parameter, kind)
 
 
 def _to_parameter(value: Any) -> Any:

@@ -9,10 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from tritonclient.grpc import model_config_pb2
+from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from tests.conftest import MAX_REQUEST_BYTES
@@ -94,6 +95,17 @@ def test_bad_input_gets_a_clear_status(
     assert caught.value.status() == code
     assert message in caught.value.message()
     assert client.is_server_ready()
+
+
+def test_a_parameter_without_a_value_is_named(server: ServerHandle) -> None:
+    request = service_pb2.ModelInferRequest(model_name="mlp")
+    request.inputs.add(name="image", datatype="FP32", shape=[1, 784])
+    request.raw_input_contents.append(np.zeros((1, 784), np.float32).tobytes())
+    request.parameters["priority"].SetInParent()  # present, but none of its values set
+    with grpc.insecure_channel(server.grpc_url) as channel, pytest.raises(grpc.RpcError) as caught:
+        service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=30)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "parameter 'priority' has no value" in (caught.value.details() or "")
 
 
 def test_wrong_datatype(client: grpcclient.InferenceServerClient) -> None:
