@@ -3,8 +3,12 @@ that ask.
 
 `tritonclient.http` compresses a request with `request_compression_algorithm="gzip"` or `"deflate"` (it sends
 `Content-Encoding`) and asks for a compressed answer with `response_compression_algorithm` (`Accept-Encoding`);
-Triton's HTTP server does both, and so does this one, on every route. `deflate` is the zlib format (RFC 9110
-§8.4.1.2), which is what tritonclient and curl send.
+Triton's HTTP server does both. This one reads a compressed body on every route, and compresses the answers that
+Triton does, successful inference answers (V2 `infer`, and V1 `predict`), and `/metrics` for a Prometheus scrape,
+and no others: tritonclient reads a compressed body only there. Its error parser reads an error's body as it comes,
+and its asyncio client (aiohttp, which asks for gzip on every request, with decompression off) reads metadata as it
+comes; both failed on compressed answers. `deflate` is the zlib format (RFC 9110 §8.4.1.2), which is what
+tritonclient and curl send.
 
 gRPC compresses in grpcio's core: it reads compressed requests by itself (and holds them to the size limit once
 decompressed), and compresses answers at `--grpc-infer-response-compression-level`, one of

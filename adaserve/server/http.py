@@ -61,6 +61,7 @@ class Response:
     content_type: str = "application/json"
     headers: dict[str, str] = field(default_factory=dict)
     on_sent: Callable[[int, int], None] | None = None  # called with when its write began and ended (a trace's)
+    compressible: bool = False  # compressed for a client that asks (`_respond`): inference answers and /metrics
 
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -280,8 +281,8 @@ class HttpProtocol(asyncio.Protocol):
         self.task = None
 
     async def _respond(self, request: Request) -> Response:
-        """The app's answer to `request`, with its body decoded first and the answer encoded as the client asks
-        (server/content_coding.py)."""
+        """The app's answer to `request`, with its body decoded first and, where the answer is `compressible` and
+        a success, encoded as the client asks (server/content_coding.py)."""
         try:
             request.body = await decode_body(request.headers.get("content-encoding"), request.body, self.max_body_bytes)
         except CodingError as exc:
@@ -290,11 +291,11 @@ class HttpProtocol(asyncio.Protocol):
         else:
             response = await self.app(request)
         accept = request.headers.get("accept-encoding")
-        if accept is None:
+        if accept is None or not response.compressible:
             return response
         response.headers["vary"] = "accept-encoding"
         coding = accepted_coding(accept)
-        if coding is not None and response.body:
+        if coding is not None and response.body and response.status == 200:
             response.body = await encode_body(coding, response.body)
             response.headers["content-encoding"] = coding
         return response

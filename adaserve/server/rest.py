@@ -71,7 +71,7 @@ def create_app(plane: DataPlane, restrictions: Restrictions | None = None) -> Ap
         trace = plane.tracer.begin(inference.model_name, inference.id, lambda: request.headers)
         if trace is None:
             content, headers = encode(await plane.infer(inference))
-            return Response(200, content, headers.pop("content-type", "application/json"), headers)
+            return Response(200, content, headers.pop("content-type", "application/json"), headers, compressible=True)
         trace.stamp("HTTP_RECV_START", request.received_ns)
         trace.stamp("HTTP_RECV_END", request.complete_ns)
         try:
@@ -80,7 +80,7 @@ def create_app(plane: DataPlane, restrictions: Restrictions | None = None) -> Ap
             plane.tracer.finish(trace)  # what it stamped before it failed
             raise
         content_type = headers.pop("content-type", "application/json")
-        return Response(200, content, content_type, headers, plane.tracer.sent(trace, "HTTP"))
+        return Response(200, content, content_type, headers, plane.tracer.sent(trace, "HTTP"), compressible=True)
 
     async def v1_models(request: Request) -> Response:
         return json_response({"models": [row["name"] for row in plane.repository_index()]})
@@ -176,7 +176,7 @@ def create_app(plane: DataPlane, restrictions: Restrictions | None = None) -> Ap
 
     async def metrics(request: Request) -> Response:
         content, media_type = render_metrics(plane.router, plane.dags, plane.tracer, plane.response_cache)
-        return Response(200, content, media_type)
+        return Response(200, content, media_type, compressible=True)  # Prometheus asks for gzip
 
     routes = Routes()
 

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+import tritonclient.http.aio as aiohttpclient
 from tritonclient.utils import InferenceServerException
 
 from adaserve.server.content_coding import CodingError, accepted_coding, decode_body
@@ -124,13 +125,51 @@ def test_a_compressed_answer_says_so_and_a_head_counts_its_compressed_length(ser
         assert status == 200 and "content-encoding" not in headers and "vary" not in headers
         assert json.loads(answer)["outputs"][0]["data"] == outputs
 
-        sock.sendall(b"HEAD /v2 HTTP/1.1\r\nHost: t\r\nAccept-Encoding: deflate\r\n\r\n")
+        sock.sendall(b"HEAD /metrics HTTP/1.1\r\nHost: t\r\nAccept-Encoding: deflate\r\n\r\n")
         status, headers = read_head(sock, buffer)
-        sock.sendall(b"GET /v2 HTTP/1.1\r\nHost: t\r\nAccept-Encoding: deflate\r\n\r\n")
-        status_get, headers_get, metadata = read_response(sock, buffer)
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: t\r\nAccept-Encoding: deflate\r\n\r\n")
+        status_get, headers_get, scraped = read_response(sock, buffer)
         assert status == status_get == 200
         assert headers["content-encoding"] == headers_get["content-encoding"] == "deflate"
-        assert int(headers["content-length"]) == len(metadata) and json.loads(zlib.decompress(metadata))["name"]
+        assert int(headers["content-length"]) == len(scraped) and b"adaserve_" in zlib.decompress(scraped)
+
+        # metadata and errors go as they are, as Triton sends them: tritonclient reads them without decoding
+        sock.sendall(b"GET /v2 HTTP/1.1\r\nHost: t\r\nAccept-Encoding: gzip, deflate\r\n\r\n")
+        status, headers, metadata = read_response(sock, buffer)
+        assert status == 200 and "content-encoding" not in headers and json.loads(metadata)["name"] == "adaserve"
+        sock.sendall(post("/v2/models/nope/infer", body, "Accept-Encoding: gzip\r\n"))
+        status, headers, error = read_response(sock, buffer)
+        assert status == 404 and "content-encoding" not in headers and "nope" in json.loads(error)["error"]
+
+
+def test_tritonclient_reads_errors_when_it_asks_for_compressed_answers(server: ServerHandle) -> None:
+    tensor = httpclient.InferInput("image", [1, 783], "FP32")
+    tensor.set_data_from_numpy(np.zeros((1, 783), np.float32))
+    client = httpclient.InferenceServerClient(server.http_url)
+    with client, pytest.raises(InferenceServerException, match=r"shape \[1, 783\] does not match"):
+        client.infer("mlp", [tensor], response_compression_algorithm="gzip")
+
+
+def test_tritonclient_asyncio_client(server: ServerHandle) -> None:
+    """tritonclient.http.aio's session (aiohttp) asks for gzip on every request and decodes only inference answers."""
+    array = rows(3, seed=2)
+
+    async def run() -> tuple[dict[str, object], np.ndarray, np.ndarray]:
+        async with aiohttpclient.InferenceServerClient(server.http_url) as client:
+            assert await client.is_server_ready() and await client.is_model_ready("mlp")
+            metadata = await client.get_model_metadata("mlp")
+            await client.get_model_config("mlp")
+            await client.get_inference_statistics("mlp")
+            tensor = httpclient.InferInput("image", list(array.shape), "FP32")
+            tensor.set_data_from_numpy(array)
+            plain = await client.infer("mlp", [tensor])
+            compressed = await client.infer("mlp", [tensor], response_compression_algorithm="deflate")
+            return metadata, plain.as_numpy("logits"), compressed.as_numpy("logits")
+
+    metadata, plain, compressed = asyncio.run(run())
+    assert metadata["name"] == "mlp"
+    for logits in (plain, compressed):
+        np.testing.assert_allclose(logits, reference_outputs("mlp", array), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize(
