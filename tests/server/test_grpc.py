@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import queue
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+import tritonclient.grpc.aio as aiogrpcclient
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
@@ -239,3 +242,33 @@ def test_a_stream_cancelled_with_requests_in_flight_leaves_the_server_serving(se
         client.stop_stream()
     assert error is None and result is not None and result.get_response().id == "after"
     assert logged_errors(server) == errors_before
+
+
+def test_tritonclient_grpc_asyncio_client(server: ServerHandle) -> None:
+    """tritonclient.grpc.aio: a unary call, compressed, and a stream of requests, each answered under its id."""
+
+    array = np.random.default_rng(7).random((2, 784), dtype=np.float32)
+    tensor = grpcclient.InferInput("image", list(array.shape), "FP32")
+    tensor.set_data_from_numpy(array)
+
+    async def run() -> list[tuple[str, np.ndarray]]:
+        async with aiogrpcclient.InferenceServerClient(server.grpc_url) as client:
+            assert await client.is_server_ready() and await client.is_model_ready("mlp")
+            unary = await client.infer("mlp", [tensor], compression_algorithm="gzip")
+            answers = [("unary", unary.as_numpy("logits"))]
+
+            async def requests() -> Any:
+                for i in range(3):
+                    yield {"model_name": "mlp", "inputs": [tensor], "request_id": str(i)}
+
+            async for result, error in client.stream_infer(requests()):
+                assert error is None, error
+                answers.append((result.get_response().id, result.as_numpy("logits")))
+                if len(answers) == 4:
+                    break
+            return answers
+
+    answers = asyncio.run(run())
+    assert sorted(name for name, _ in answers) == ["0", "1", "2", "unary"]
+    for _, logits in answers:
+        np.testing.assert_allclose(logits, reference_outputs("mlp", array), rtol=1e-5, atol=1e-5)
