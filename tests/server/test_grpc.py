@@ -246,7 +246,6 @@ def test_a_stream_cancelled_with_requests_in_flight_leaves_the_server_serving(se
 
 def test_tritonclient_grpc_asyncio_client(server: ServerHandle) -> None:
     """tritonclient.grpc.aio: a unary call, compressed, and a stream of requests, each answered under its id."""
-
     array = np.random.default_rng(7).random((2, 784), dtype=np.float32)
     tensor = grpcclient.InferInput("image", list(array.shape), "FP32")
     tensor.set_data_from_numpy(array)
