@@ -82,7 +82,9 @@ def create_app(plane: DataPlane, restrictions: Restrictions | None = None) -> Ap
         content_type = headers.pop("content-type", "application/json")
         return Response(200, content, content_type, headers, plane.tracer.sent(trace, "HTTP"), compressible=True)
 
-    async def v1_models(request: Request) -> Response:
+    async def list_models(request: Request) -> Response:
+        """The repository's models and DAG queries by name, `{"models": [...]}`: KServe's `GET /v1/models` and
+        `GET /v2/models` (its servers answer both; the Open Inference Protocol names neither)."""
         return json_response({"models": [row["name"] for row in plane.repository_index()]})
 
     async def v1_live(request: Request) -> Response:
@@ -191,6 +193,7 @@ def create_app(plane: DataPlane, restrictions: Restrictions | None = None) -> Ap
     add("GET", "/v2/health/live", "health", live)
     add("GET", "/v2/health/ready", "health", ready)
     add("GET", "/v2", "metadata", server_metadata)
+    add("GET", "/v2/models", "metadata", list_models)
     add("GET", "/v2/models/stats", "statistics", all_stats)
     for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
         add("GET", prefix, "metadata", model_metadata)
@@ -198,7 +201,7 @@ def create_app(plane: DataPlane, restrictions: Restrictions | None = None) -> Ap
         add("GET", f"{prefix}/config", "model-config", model_config)
         add("GET", f"{prefix}/stats", "statistics", model_stats)
     add("GET", "/", "health", v1_live)
-    add("GET", "/v1/models", "metadata", v1_models)
+    add("GET", "/v1/models", "metadata", list_models)
     for prefix in ("/v1/models/{model}", "/v1/models/{model}/versions/{version}"):
         add("POST", f"{prefix}:predict", "inference", predict)
     add("GET", "/v1/models/{model}", "health", v1_model_ready)

@@ -37,6 +37,7 @@ def images(rows: int, shape: tuple[int, ...] = (784,)) -> np.ndarray:
 def test_models_are_listed_and_ready(server: ServerHandle) -> None:
     status, listing = call(server, "/v1/models")
     assert status == 200 and {"mlp", "cnn", "mlp_torchscript"} <= set(listing["models"])
+    assert call(server, "/v2/models") == (200, listing)  # KServe's servers list them under both
     assert call(server, "/v1/models/mlp") == (200, {"name": "mlp", "ready": True})
     status, answer = call(server, "/v1/models/nope")
     assert status == 404 and "unknown model 'nope'" in answer["error"]
