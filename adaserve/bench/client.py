@@ -199,8 +199,13 @@ class HttpSender(Sender):
         if response.content_encoding not in (None, "identity"):
             try:
                 body = decompress(response.content_encoding, body, _MAX_ANSWER_BYTES, "the answer")
-            except (CodingError, KeyError):
-                return Outcome({}, "bad_response", f"an answer in Content-Encoding {response.content_encoding!r}")
+            except CodingError as exc:
+                return Outcome({}, "bad_response", str(exc))
+            except KeyError:
+                coding = response.content_encoding
+                return Outcome(
+                    {}, "bad_response", f"an answer in Content-Encoding {coding!r}, which is not gzip or deflate"
+                )
         if response.status != 200:
             return Outcome({}, f"http_{response.status}", decode_http_error(body))
         try:
