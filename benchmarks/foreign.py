@@ -14,10 +14,13 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 from benchmarks.common import ROOT, ROWS, tree_cpu_s
+from benchmarks.perf_load import PerfAnalyzer
+from benchmarks.serving_overhead import paired_table, perf_run
 from tests.server_utils import EXAMPLES, ServerHandle
 
 #: How long a foreign server may take to start and deploy its model (Ray: a cluster, then a deployment).
@@ -106,3 +109,47 @@ def _stop_session(process: subprocess.Popen[bytes]) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)
     process.wait()
+
+
+#: How perf_analyzer speaks to one server: the input's shape (None: the input data file gives it) and its other
+#: arguments.
+Speech = tuple[str | None, tuple[str, ...]]
+
+
+def paired_perf_runs(
+    perf: PerfAnalyzer,
+    servers: Mapping[str, ServerHandle],
+    order: tuple[str, ...],
+    concurrencies: tuple[int, ...],
+    repeats: int,
+    request_count: int,
+    model: str,
+    speech: Mapping[str, Speech],
+) -> list[dict[str, Any]]:
+    """perf_analyzer against each server in `order` at each concurrency, `repeats` rounds, interleaved so that slow
+    spells of the machine fall on both servers alike."""
+    return [
+        perf_run(
+            perf,
+            servers[name],
+            "http",
+            concurrency,
+            repeat,
+            request_count,
+            name,
+            model=model,
+            shape=speech[name][0],
+            extra=speech[name][1],
+        )
+        for repeat in range(repeats)
+        for concurrency in concurrencies
+        for name in order
+    ]
+
+
+def print_pair(report: dict[str, Any], output: Path, order: tuple[str, str], labels: tuple[str, str]) -> None:
+    """The paired table, then each server's cores while idle (`report["idle_server_cores"]`)."""
+    paired_table(report, order, labels)
+    idle = report["idle_server_cores"]
+    print(f"\nidle: {labels[1]} {idle[order[1]]:.2f} cores, {labels[0]} {idle[order[0]]:.2f} cores")
+    print(f"wrote {output}")

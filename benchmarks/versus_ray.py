@@ -40,13 +40,15 @@ from benchmarks.foreign import (
     example_artifact,
     foreign_server,
     idle_cores,
+    paired_perf_runs,
     perf_shape,
+    print_pair,
     save_description,
     venv_python,
     version_of,
 )
 from benchmarks.perf_load import PerfAnalyzer
-from benchmarks.serving_overhead import MODEL, paired_cases, paired_plot, paired_table, perf_parser, perf_run
+from benchmarks.serving_overhead import MODEL, paired_cases, paired_plot, perf_parser
 from tests.server_utils import ServerHandle, free_port, link_example, running_server
 
 CONCURRENCIES = (1, 8)
@@ -87,22 +89,10 @@ def main() -> int:
             report["server_commands"] = {"adaserve": process_command(adaserve.pid), "ray": process_command(ray.pid)}
             servers = {"adaserve": adaserve, "ray": ray}
             report["idle_server_cores"] = {name: idle_cores(server.pid) for name, server in servers.items()}
-            report["runs"] = [
-                perf_run(
-                    perf,
-                    servers[name],
-                    "http",
-                    concurrency,
-                    repeat,
-                    args.request_count,
-                    name,
-                    model=args.model,
-                    shape=perf_shape(args.model),
-                )
-                for repeat in range(args.repeats)
-                for concurrency in CONCURRENCIES
-                for name in SERVERS
-            ]
+            speech = dict.fromkeys(SERVERS, (perf_shape(args.model), ()))
+            report["runs"] = paired_perf_runs(
+                perf, servers, SERVERS, CONCURRENCIES, args.repeats, args.request_count, args.model, speech
+            )
     report["load_end"] = load_average()
     report["cases"] = paired_cases(report["runs"], SERVERS, CONCURRENCIES)
     return finish_report(report, output, _plot, _print)
@@ -126,10 +116,7 @@ def _plot(report: dict[str, Any], path: Path) -> None:
 
 
 def _print(report: dict[str, Any], output: Path) -> None:
-    paired_table(report, SERVERS, ("Ray Serve", "adaserve"))
-    idle = report["idle_server_cores"]
-    print(f"\nidle: adaserve {idle['adaserve']:.2f} cores, Ray Serve {idle['ray']:.2f} cores")
-    print(f"wrote {output}")
+    print_pair(report, output, SERVERS, ("Ray Serve", "adaserve"))
 
 
 if __name__ == "__main__":

@@ -50,15 +50,18 @@ from benchmarks.common import (
     rerun_in_own_network_namespace,
 )
 from benchmarks.foreign import (
+    Speech,
     example_artifact,
     foreign_server,
     idle_cores,
+    paired_perf_runs,
     perf_shape,
+    print_pair,
     venv_python,
     version_of,
 )
 from benchmarks.perf_load import PerfAnalyzer
-from benchmarks.serving_overhead import MODEL, paired_cases, paired_plot, paired_table, perf_parser, perf_run
+from benchmarks.serving_overhead import MODEL, paired_cases, paired_plot, perf_parser
 from tests.server_utils import ServerHandle, free_ports, link_example, running_server
 
 CONCURRENCIES = (1, 8)
@@ -123,27 +126,13 @@ def main() -> int:
         report["largest_answer_difference"] = _compare_answers(adaserve, torchserve, args.model, work)
         report["idle_server_cores"] = {name: idle_cores(server.pid) for name, server in servers.items()}
         # Each server's input shape for perf_analyzer (TorchServe's is a file) and the rest of its arguments.
-        speaks: dict[str, tuple[str | None, tuple[str, ...]]] = {
+        speech: dict[str, Speech] = {
             "adaserve": (perf_shape(args.model), ("--input-data", str(inputs["adaserve"]))),
             "torchserve": (None, ("--service-kind", "torchserve", "--input-data", str(inputs["torchserve"]))),
         }
-        report["runs"] = [
-            perf_run(
-                perf,
-                servers[name],
-                "http",
-                concurrency,
-                repeat,
-                args.request_count,
-                name,
-                model=args.model,
-                shape=speaks[name][0],
-                extra=speaks[name][1],
-            )
-            for repeat in range(args.repeats)
-            for concurrency in CONCURRENCIES
-            for name in SERVERS
-        ]
+        report["runs"] = paired_perf_runs(
+            perf, servers, SERVERS, CONCURRENCIES, args.repeats, args.request_count, args.model, speech
+        )
     report["load_end"] = load_average()
     report["cases"] = paired_cases(report["runs"], SERVERS, CONCURRENCIES)
     return finish_report(report, output, _plot, _print)
@@ -267,10 +256,7 @@ def _plot(report: dict[str, Any], path: Path) -> None:
 
 
 def _print(report: dict[str, Any], output: Path) -> None:
-    paired_table(report, SERVERS, ("TorchServe", "adaserve"))
-    idle = report["idle_server_cores"]
-    print(f"\nidle: adaserve {idle['adaserve']:.2f} cores, TorchServe {idle['torchserve']:.2f} cores")
-    print(f"wrote {output}")
+    print_pair(report, output, SERVERS, ("TorchServe", "adaserve"))
 
 
 if __name__ == "__main__":
