@@ -41,7 +41,7 @@ from adaserve.bench.codec import (
     model_info_from_json,
 )
 from adaserve.bench.http1 import ConnectFailed, ConnectionPool
-from adaserve.server.content_coding import CodingError, compress, decompress
+from adaserve.server.content_coding import CODINGS, CodingError, compress, decompress
 
 Protocol = Literal["http", "grpc"]
 Compression = Literal["gzip", "deflate"]
@@ -195,17 +195,16 @@ class HttpSender(Sender):
             return Outcome({}, "connection_lost", str(exc) or type(exc).__name__)
         except ValueError as exc:
             return Outcome({}, "bad_response", str(exc))
-        body = response.body
-        if response.content_encoding not in (None, "identity"):
-            try:
-                body = decompress(response.content_encoding, body, _MAX_ANSWER_BYTES, "the answer")
-            except CodingError as exc:
-                return Outcome({}, "bad_response", str(exc))
-            except KeyError:
-                coding = response.content_encoding
+        body, coding = response.body, response.content_encoding
+        if coding not in (None, "identity"):
+            if coding not in CODINGS:
                 return Outcome(
                     {}, "bad_response", f"an answer in Content-Encoding {coding!r}, which is not gzip or deflate"
                 )
+            try:
+                body = decompress(coding, body, _MAX_ANSWER_BYTES, "the answer")
+            except CodingError as exc:
+                return Outcome({}, "bad_response", str(exc))
         if response.status != 200:
             return Outcome({}, f"http_{response.status}", decode_http_error(body))
         try:
