@@ -292,7 +292,7 @@ class AdaptationSpec(Strict):
 
 
 #: Where GATI's lookups run (`caches.lookup` with `auto` resolved).
-Lookup = Literal["thread", "stream", "inline"]
+Lookup = Literal["process", "stream", "inline"]
 
 
 class LearnedCachesSpec(Strict):
@@ -320,12 +320,12 @@ class LearnedCachesSpec(Strict):
     memory_budget_mb: float | None = Field(
         default=None, gt=0, description="memory all chosen caches of one target may hold (MB); default: no limit"
     )
-    lookup: Literal["auto", "thread", "stream", "inline"] = Field(
+    lookup: Literal["auto", "process", "stream", "inline"] = Field(
         default="auto",
-        description="where a cache lookup runs: 'thread' (CPU), beside the model (the rest of the chain runs ahead "
-        "on a model thread, so a miss costs no time; needs a second core), 'stream' (cuda), on a side stream while "
-        "the next block runs, 'inline' before the next block, or 'auto' (inline: on the benchmark CNN at batch 1 it "
-        "beat both overlapped forms, on 2 and on 16 CPU cores and on an H100)",
+        description="where a cache lookup runs: 'process' (CPU), beside the model (the rest of the chain runs ahead "
+        "in a model process on another core, so a miss costs no lookup; it spins on that core while batches run), "
+        "'stream' (cuda), on a side stream while the next block runs, 'inline' before the next block, or 'auto' "
+        "(inline: it takes no second core)",
     )
     adaptation: AdaptationSpec | None = Field(
         default=None,
@@ -561,12 +561,12 @@ class ModelConfig(Interface):
 
 
 def _check_lookup(lookup: str, device: str, *, cuda_graphs: bool) -> None:
-    """GATI on each device: a thread of its own is the CPU's overlap, a side stream the GPU's; and on the GPU the
-    chain runs block by block, eagerly (one graph of the whole model could not stop at an exit)."""
+    """GATI on each device: a model process beside the worker is the CPU's overlap, a side stream the GPU's; and on
+    the GPU the chain runs block by block, eagerly (one graph of the whole model could not stop at an exit)."""
     if device == "cpu" and lookup == "stream":
         raise ValueError("caches.lookup: stream runs lookups on a CUDA side stream; it needs device: cuda")
-    if device == "cuda" and lookup == "thread":
-        raise ValueError("caches.lookup: thread is the CPU's overlap; on cuda use stream (a side stream) or inline")
+    if device == "cuda" and lookup == "process":
+        raise ValueError("caches.lookup: process is the CPU's overlap; on cuda use stream (a side stream) or inline")
     if device == "cuda" and cuda_graphs:
         raise ValueError("caches on cuda run the model block by block, eagerly: set cuda_graphs: false")
 

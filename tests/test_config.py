@@ -132,7 +132,7 @@ def test_without_a_directory_name_the_file_must_name_the_model(tmp_path: Path) -
         (minimal(device="gpu"), "device", "'cpu' or 'cuda'"),
         (minimal(device="cuda", workers="auto"), "device", "cuda does not serve workers: auto (Packrat"),
         (minimal(device="cuda", caches={}), "device", "caches on cuda run the model block by block, eagerly: set "),
-        (minimal(device="cuda", cuda_graphs=False, caches={"lookup": "thread"}), "device", "thread is the CPU's"),
+        (minimal(device="cuda", cuda_graphs=False, caches={"lookup": "process"}), "device", "process is the CPU's"),
         (minimal(caches={"lookup": "stream"}), "device", "lookup: stream runs lookups on a CUDA side stream; it needs"),
         (minimal(max_batch_size=8, max_queue_size=4), "max_queue_size", "4 is below max_batch_size 8: a request of"),
         (minimal(workers=[{"batch": 1, "cpus": []}]), "workers.0.cpus", "name at least one CPU, or leave cpus out"),

@@ -150,7 +150,7 @@ class Manifest(_Record):
     lookups: Literal["inline", "async"] = Field(
         default="inline",
         description="how composition costs the lookups: on the rows' path (the runtime's CPU default) or beside the "
-        "model (the paper's model; `caches.lookup: thread`)",
+        "model (the paper's model; `caches.lookup: process`, or `stream` on a GPU)",
     )
     variants: tuple[VariantRecord, ...]
     compositions: tuple[CompositionRecord, ...] = ()

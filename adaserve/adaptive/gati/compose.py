@@ -27,7 +27,7 @@ standard errors above the target on the rows that also tuned the thresholds, whi
 ResNet still ended at .9888 on the evaluate rows for a target of .99 (`certify` says why).
 
 Expected latency follows how the runtime will run the lookups (`Manifest.lookups`):
-  - `async`, the paper's model (lookups beside the model: `caches.lookup: thread`, or `stream` on a GPU): a row
+  - `async`, the paper's model (lookups beside the model: `caches.lookup: process`, or `stream` on a GPU): a row
     leaving at block i costs Σ_{k≤i} L_k + T_c, a row that never hits costs Σ_k L_k;
   - `inline` (the default, `auto`): every lookup a row reaches is on its path, so a row leaving at block i costs
     Σ_{k≤i} L_k plus every lookup up to and including that one, and a row that never hits pays them all. Under this

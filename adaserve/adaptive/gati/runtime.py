@@ -7,41 +7,40 @@ rows that are left. At most one lookup is in flight, as composition assumed.
 
 Where the lookup runs (`caches.lookup`): the paper gives it its own core (a side stream on GPU), so that a miss
 costs the request nothing. `inline` runs each lookup before the next block: every row that reaches an exit pays its
-lookup. `thread` runs the lookups beside the model: the worker's thread runs the blocks up to the first exit, then
-hands the rest of the chain to a model thread and consults the caches on each exit's output while the model thread
-goes on; a hit is answered the moment its lookup ends, and the model thread drops answered rows at its next block
-boundary (it stops once every row is answered). One hand-over per batch, not one per lookup: a first form that
-handed each lookup to a thread and waited for it after the next block lost to inline (1.76× against 2.64× mean
-speedup on the benchmark ResNet), because each hit was acted on a block late and each lookup paid a thread's
-wake-up. A batch that finds the model thread still finishing an abandoned batch runs inline. `stream`, on a GPU,
-needs no thread: kernels are launched asynchronously, so after an exit the worker's thread launches the lookup on a
-side stream (after the block's output, by an event), launches the next block on the worker's stream, and only then
-waits for the lookup's flags; its hits leave the batch before the block after that is launched. The GPU runs the
-lookup beside the next block, and a hit is acted on one block ahead of where it was found (that block's work on the
-answered rows is wasted, not their time). `auto`, the default, is inline on both: on the benchmark ResNet-style CNN
-at batch 1 it beat `thread` on two CPU cores (3.06× against 2.50× over the base) and on sixteen (2.19× against
-1.78×), and `stream` on an H100 (1.15 ms against 1.60 ms mean): there each block is a dozen small kernels, the
-cost is the CPU's launches, not the GPU's work, and a side stream hides only the GPU's (`benchmarks/README.md` §4).
-Either way a lookup is its cache as one TorchScript graph (`LearnedCache.scripted`), and a hit's bookkeeping is a
-few operations (see `_Pass`): right after a block every small operator costs several times what it does back to
-back.
+lookup. `process` runs the lookups beside the model: the worker's thread hands the batch to a model process on
+another core (`model_process`), which runs the chain, and consults the caches on each exit's output as it comes
+back; a hit is answered the moment its lookup ends, and the model process drops answered rows at its next block
+boundary (it stops once every row is answered). A batch that finds the model process still
+finishing an abandoned batch runs inline. Earlier forms that moved the lookups instead (a lookup thread, a lookup
+process, torch's inter-op pool) acted on a hit a block late, and a model thread inside the worker paid the GIL at
+every hand-off: each lost to inline on 2 and on 16 cores. `stream`, on a GPU, needs no second process: kernels are
+launched asynchronously, so after an exit the worker's thread launches the lookup on a side stream (after the
+block's output, by an event), launches the next block on the worker's stream, and only then waits for the lookup's
+flags; its hits leave the batch before the block after that is launched. The GPU runs the lookup beside the next
+block, and a hit is acted on one block ahead of where it was found (that block's work on the answered rows is
+wasted, not their time). `auto`, the default, is inline on both: it takes no second core, and on an H100 it beat
+`stream` (1.15 ms against 1.60 ms mean on the benchmark ResNet-style CNN at batch 1): there each block is a dozen
+small kernels, the cost is the CPU's launches, not the GPU's work, and a side stream hides only the GPU's
+(`benchmarks/README.md` §4). Either way a lookup is its cache as one TorchScript graph (`LearnedCache.scripted`),
+and a hit's bookkeeping is a few operations (see `_Pass`): right after a block every small operator costs several
+times what it does back to back.
 
 The worker runs every row through this chain, the rows with `early_exit: false` too (all blocks, no lookup): one
 execution path. A small `verify_fraction` of hits is answered from the cache and also run to the end, so the live
 agreement with the base model is counted.
 
 The host loads everything once (`EarlyExit.load`) before forking workers (on a GPU, before starting its worker
-threads, each of which takes its own `for_worker` copy: its counts and its side stream); a cache set that cannot
+threads, each of which takes its own `for_worker` copy: its counts and its side stream); a worker forks its model
+process at the end of its warm-up. A cache set that cannot
 serve (missing, corrupt, built for other blocks or another artifact) is reported, and the model serves whole.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
-import queue
-import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,6 +50,7 @@ import torch
 
 from adaserve.adaptive.gati.blocks import BlockChain, split_model
 from adaserve.adaptive.gati.cacheset import CacheSetError, LearnedCache, load_cache_set
+from adaserve.adaptive.gati.model_process import ModelProcess, ModelProcessDied, Sizes, supported
 from adaserve.adaptive.gati.requests import exit_target
 from adaserve.config import Lookup, ModelConfig
 from adaserve.engine.messages import ExitCounts, RowParameters
@@ -103,7 +103,7 @@ class EarlyExit:
         self.verify_fraction = verify_fraction
         self.description = description
         self._running: Lookup = "inline"  # where lookups run now (`start_lookups`, in the worker)
-        self._ahead: _ModelThread | None = None  # with `thread`; started in the worker: threads do not survive fork
+        self._ahead: ModelProcess | None = None  # with `process`; started in the worker, after the fork
         self._side: torch.cuda.Stream | None = None  # with `stream` on a GPU (on CPU the same order runs in turn)
         self._rng = np.random.default_rng()
         self._counts: dict[float, ExitStats] = {}  # by plan target, since the last `take_counts`
@@ -156,28 +156,44 @@ class EarlyExit:
 
     # -- in the worker ---------------------------------------------------------------------------------------
     def warm_up(self, rows: int, row_shape: tuple[int, ...], dtype: torch.dtype) -> None:
-        """Start the lookups where the config asks; run the chain on zeros, and every plan's lookups a few times."""
-        self.start_lookups(self.lookup)
+        """Run the chain on zeros of a `rows`-row batch, and every plan's lookups a few times; then start the lookups
+        where the config asks (a model process holds what this batch's largest outputs need)."""
         zeros = torch.zeros((rows, *row_shape), dtype=dtype, device=self.device)
-        self.chain.run(zeros)
+        row_bytes = self.chain.run(zeros)[0].nbytes
         for plan in self.plans:
             for index, lookup in plan.lookups.items():
                 activation = self.chain.run(zeros, 0, index + 1)
                 for _ in range(WARM_UP_LOOKUPS):
                     lookup(activation)
                     lookup(activation[:1])  # batch 1 too: a new shape's first call costs about a millisecond
+                row_bytes = max(row_bytes, activation[0].nbytes)
+        reports = max(len(plan.caches) for plan in self.plans)  # the exits after the first, and the last block
+        self.start_lookups(self.lookup, Sizes(rows, row_bytes, reports))
 
     @property
     def lookups_run(self) -> Lookup:
         """Where lookups run now (after `start_lookups`)."""
         return self._running
 
-    def start_lookups(self, lookup: Lookup) -> None:
-        """Lookups beside the model (on a model thread, or a side stream) or inline; in the worker, after the fork
-        (on a GPU, in the worker's thread)."""
+    def start_lookups(self, lookup: Lookup, sizes: Sizes | None = None) -> None:
+        """Lookups beside the model (with a model process whose buffers hold `sizes`, or on a side stream) or
+        inline; in the worker, after the fork (on a GPU, in the worker's thread)."""
+        self.stop_lookups()
+        if lookup == "process" and not supported():
+            log.warning("caches.lookup: process needs an x86 CPU; lookups run inline")
+            lookup = "inline"
         self._running = lookup
-        self._ahead = _ModelThread(self.chain) if lookup == "thread" else None
+        if lookup == "process":
+            if sizes is None:
+                raise ValueError("a model process needs the sizes of the batch it serves (see warm_up)")
+            self._ahead = ModelProcess(self.chain, sizes)
         self._side = torch.cuda.Stream(self.device) if lookup == "stream" and self.device.type == "cuda" else None
+
+    def stop_lookups(self) -> None:
+        """End the model process, if there is one; lookups run inline until `start_lookups`."""
+        if self._ahead is not None:
+            self._ahead.close()
+        self._ahead, self._running = None, "inline"
 
     def take_counts(self) -> list[ExitCounts]:
         """What the caches did since the last call, per target whose plan ran rows."""
@@ -194,23 +210,29 @@ class EarlyExit:
         """Compute a batch's rows (`inputs` its slice of the input ring, on the model's device; `outputs` its slice
         of the pool's output ring; `requests` each request's rows and parameters); requests answered early go to
         `answer`; returns the response parameters of the others."""
-        groups: dict[ExitPlan | None, list[RowParameters]] = {}
-        for request in requests:
-            groups.setdefault(self._plan(exit_target(request.values, self.default_target)), []).append(request)
-        responses: list[RowParameters] = []
-        for plan, members in groups.items():
-            whole = len(members) == len(requests)  # every row: use the pool's slices as they are, no gather
-            if whole:
-                rows, x = np.arange(len(inputs)), inputs
-            else:
-                rows = np.concatenate([np.arange(r.offset, r.offset + r.rows) for r in members])
-                x = inputs[torch.from_numpy(rows).to(inputs.device)]
-            if plan is None:
-                result = self.chain.run(x)
-                _write(outputs, slice(None) if whole else rows, result)
-                continue
-            responses += _Pass(self, plan, rows, members, outputs, answer).run(x)
-        return responses
+        ahead = self._ahead
+        if ahead is not None and not ahead.alive():
+            log.error("the model process exited (code %s); lookups run inline from now on", ahead.exitcode)
+            self.stop_lookups()
+            ahead = None
+        with ahead.batch() if ahead is not None else contextlib.nullcontext():
+            groups: dict[ExitPlan | None, list[RowParameters]] = {}
+            for request in requests:
+                groups.setdefault(self._plan(exit_target(request.values, self.default_target)), []).append(request)
+            responses: list[RowParameters] = []
+            for plan, members in groups.items():
+                whole = len(members) == len(requests)  # every row: use the pool's slices as they are, no gather
+                if whole:
+                    rows, x = np.arange(len(inputs)), inputs
+                else:
+                    rows = np.concatenate([np.arange(r.offset, r.offset + r.rows) for r in members])
+                    x = inputs[torch.from_numpy(rows).to(inputs.device)]
+                if plan is None:
+                    result = self.chain.run(x)
+                    _write(outputs, slice(None) if whole else rows, result)
+                    continue
+                responses += _Pass(self, plan, rows, members, outputs, answer).run(x)
+            return responses
 
     def _plan(self, target: float | None) -> ExitPlan | None:
         """The plan for the least target at or above the asked one (the highest when none is that high)."""
@@ -253,15 +275,20 @@ class _Pass:
         return np.repeat(np.arange(len(self.requests)), [r.rows for r in self.requests])
 
     def run(self, x: torch.Tensor) -> list[RowParameters]:
-        chain, last = self.runtime.chain, len(self.runtime.chain.blocks) - 1
-        ahead = self.runtime._ahead
         alive = np.arange(len(self.rows))  # rows of this pass still in the batch, in x's order
-        for index, block in enumerate(chain.blocks):
-            x = block(x)
+        ahead = self.runtime._ahead
+        if ahead is not None and set(self.plan.lookups) - {len(self.runtime.chain.blocks) - 1} and ahead.idle():
+            return self._beside(ahead, x, alive)
+        return self._from(0, x, alive)
+
+    def _from(self, start: int, x: torch.Tensor, alive: np.ndarray) -> list[RowParameters]:
+        """Blocks `start`… on `x` (`alive`: the rows of this pass still in the batch, in x's order) on this thread,
+        each lookup inline or on the side stream."""
+        chain, last = self.runtime.chain, len(self.runtime.chain.blocks) - 1
+        for index in range(start, last + 1):
+            x = chain.blocks[index](x)
             lookup = self.plan.lookups.get(index)
             if lookup is not None and index != last:
-                if ahead is not None and ahead.idle():
-                    return self._beside(ahead, index, x, alive)
                 if self.runtime._running == "stream":
                     return self._overlapped(index, x, alive)
                 x, alive = _leave(x, alive, self._look_up(index, lookup, x, alive))
@@ -269,23 +296,31 @@ class _Pass:
                 return []  # every row is answered: the blocks left would run on an empty batch
         return self._finish(x, alive)
 
-    def _beside(self, ahead: _ModelThread, first: int, x: torch.Tensor, alive: np.ndarray) -> list[RowParameters]:
-        """From the first exit on (block `first`, output `x`): the model thread runs the blocks after it while this
-        thread consults each exit's cache as its output comes; `answered` tells the model thread which rows left."""
-        answered = np.zeros(len(self.rows), dtype=bool)  # by row of this pass; written here, read by the model thread
-        job = ahead.start(_Job(x, alive, first + 1, self.plan.lookups, answered))
-        index = first
+    def _beside(self, ahead: ModelProcess, inputs: torch.Tensor, every: np.ndarray) -> list[RowParameters]:
+        """The model process runs the chain while this thread runs it up to the first exit too and consults that
+        exit's cache, then each later exit's as its output comes back; `mark` tells the model process which rows
+        left. The first exit's blocks run twice, on two cores: so a row that hits there is answered as fast as
+        inline (most hits are at the first exit), and the model process is ahead by the lookup for the rest."""
+        chain, last = self.runtime.chain, len(self.runtime.chain.blocks) - 1
+        first, *later = sorted(index for index in self.plan.lookups if index != last)
+        job = ahead.start(inputs, every, len(self.rows), 0, later)
+        answered, index, alive = job.answered, first, every
+        x = chain.run(inputs, 0, first + 1)
         try:
             while True:
-                x, alive = _leave(x, alive, ~answered[alive])  # rows answered since the model thread dropped some
-                if index == len(self.runtime.chain.blocks) - 1:
+                if index == last:
                     return self._finish(x, alive)
                 stay = self._look_up(index, self.plan.lookups[index], x, alive)
                 if stay is not None:
-                    answered[alive[~stay]] = True
+                    job.mark(alive[~stay])
                 if answered.all():
                     return []
                 index, x, alive = job.next()
+                x, alive = _leave(x, alive, ~answered[alive])  # rows answered since the model process dropped some
+        except ModelProcessDied as died:  # the rows left go on here, and later batches inline
+            log.error("%s; lookups run inline from now on", died)
+            self.runtime.stop_lookups()
+            return self._from(index + 1, *_leave(x, alive, ~answered[alive]))
         finally:
             job.cancel()
 
@@ -411,75 +446,6 @@ class _Pass:
         exited = rows - self.open_rows[request]
         block = names[self.deepest[request]] if exited == rows else names[-1]
         return RowParameters(self.requests[request].offset, rows, {"exit_block": block, "exited_rows": exited})
-
-
-@dataclass(eq=False)
-class _Job:
-    """One batch's blocks on the model thread: what to run (blocks from `block` on `x`, rows `alive` of the pass,
-    reporting after `exits` and the last block, skipping rows `answered`) and the outputs, in order."""
-
-    x: torch.Tensor
-    alive: np.ndarray
-    block: int
-    exits: Mapping[int, object]
-    answered: np.ndarray
-    cancelled: bool = False
-    outputs: queue.SimpleQueue[tuple[int, torch.Tensor, np.ndarray] | BaseException] = field(
-        default_factory=queue.SimpleQueue
-    )
-
-    def next(self) -> tuple[int, torch.Tensor, np.ndarray]:
-        """The next exit's (or the last block's) index, output and rows; the block's error if one failed."""
-        item = self.outputs.get()
-        if isinstance(item, BaseException):
-            raise item
-        return item
-
-    def cancel(self) -> None:
-        """The batch is done with (answered, or failed): the model thread stops at its next block boundary."""
-        self.cancelled = True
-
-
-class _ModelThread:
-    """A thread that runs the rest of a batch's chain ahead of the lookups (`caches.lookup: thread`)."""
-
-    def __init__(self, chain: BlockChain) -> None:
-        self.chain = chain
-        self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
-        self._busy = threading.Event()
-        threading.Thread(target=self._serve, name="gati-model", daemon=True).start()
-
-    def idle(self) -> bool:
-        """No batch is running here (an abandoned one may still be finishing its block)."""
-        return not self._busy.is_set()
-
-    def start(self, job: _Job) -> _Job:
-        """Queue the batch's job; the thread is busy until the job ends."""
-        self._busy.set()
-        self._jobs.put(job)
-        return job
-
-    def _serve(self) -> None:
-        with torch.inference_mode():  # thread-local: the worker's thread runs in it already, this one must enter it
-            while True:
-                job = self._jobs.get()
-                try:
-                    self._run(job)
-                except BaseException as exc:  # the worker's thread raises it as the batch's error
-                    job.outputs.put(exc)
-                finally:
-                    self._busy.clear()
-
-    def _run(self, job: _Job) -> None:
-        x, alive, last = job.x, job.alive, len(self.chain.blocks) - 1
-        for index in range(job.block, last + 1):
-            keep = ~job.answered[alive]
-            if job.cancelled or not keep.any():
-                return
-            x, alive = _leave(x, alive, keep)
-            x = self.chain.blocks[index](x)
-            if index in job.exits or index == last:
-                job.outputs.put((index, x, alive))
 
 
 def _leave(x: torch.Tensor, alive: np.ndarray, keep: np.ndarray | None) -> tuple[torch.Tensor, np.ndarray]:

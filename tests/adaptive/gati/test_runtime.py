@@ -1,7 +1,7 @@
 """GATI's early exit as a worker runs it, on the example CNN with hand-made caches (thresholds chosen so that some,
 all or no rows hit): rows a cache answers carry its prediction and leave the batch, the rest are the model's
 output exactly, requests answered early are reported at once, and the counts add up — inline, with the lookups beside
-the model (the model on a thread of its own), and with each lookup beside the next block (a side stream on a GPU;
+the model (the model in a process of its own), and with each lookup beside the next block (a side stream on a GPU;
 here, without one, the same order run in turn) alike; on a GPU too, when there is one."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import torch
 
 from adaserve.adaptive.gati.blocks import BlockChain, load_chain, split_model
 from adaserve.adaptive.gati.cacheset import CacheSetError, ExitRecord, LearnedCache
+from adaserve.adaptive.gati.model_process import Sizes
 from adaserve.adaptive.gati.predictors import VariantSpec, build_predictor
 from adaserve.adaptive.gati.runtime import EarlyExit, ExitPlan, Lookup
 from adaserve.adaptive.gati.selectors import Selector
@@ -61,14 +62,16 @@ def chain_on_gpu() -> BlockChain:
     return split_model(stored, "auto")
 
 
-LOOKUPS: list[Lookup] = ["inline", "thread", "stream"]
+LOOKUPS: list[Lookup] = ["inline", "process", "stream"]
+#: Room for the example CNN's batches of up to 16 rows in a model process: its largest row is stage1's, 12,544 bytes.
+ROOM = Sizes(rows=16, row_bytes=12_544, reports=2)
 
 
 def runtime(
     chain: BlockChain, *plans: ExitPlan, lookup: Lookup = "inline", verify: float = 0.0, device: str = "cpu"
 ) -> EarlyExit:
     early_exit = EarlyExit(chain, plans, verify, "test", lookup, torch.device(device))
-    early_exit.start_lookups(lookup)
+    early_exit.start_lookups(lookup, ROOM)
     return early_exit
 
 
@@ -136,7 +139,7 @@ def test_rows_that_hit_at_the_first_exit_skip_the_second(chain: BlockChain, imag
 def test_early_exit_false_and_accuracy_pick_the_plan(chain: BlockChain, images: np.ndarray) -> None:
     never, always = cache_after(chain, 1, NEVER), cache_after(chain, 1, ALWAYS)
     # The config's first target (0.99) is the default; accuracy picks the least target at or above it.
-    early_exit = runtime(chain, ExitPlan(0.99, {1: never}), ExitPlan(0.9, {1: always}), lookup="thread")
+    early_exit = runtime(chain, ExitPlan(0.99, {1: never}), ExitPlan(0.9, {1: always}), lookup="process")
     with torch.inference_mode():
         base = chain.run(torch.from_numpy(images)).numpy()
     requests = [
@@ -185,13 +188,13 @@ def test_a_missing_or_mismatched_cache_set_is_named(tmp_path: Path) -> None:
         EarlyExit.load(spec.config, spec.artifact, stored)
 
 
-@pytest.mark.parametrize("lookup", ["thread", "stream"])
+@pytest.mark.parametrize("lookup", ["process", "stream"])
 def test_a_block_that_fails_after_an_exit_fails_the_batch(
     chain: BlockChain, images: np.ndarray, lookup: Lookup
 ) -> None:
     """With lookups beside the model, the blocks after the first exit run while a lookup is under way (with
-    `thread`, on the model thread); a block's error there is the batch's error, raised on the worker's thread (the
-    only one that answers), and the next batch is served."""
+    `process`, in the model process); a block's error there is the batch's error, raised on the worker's thread
+    (the only one that answers) with its message, and the next batch is served."""
     failed: list[bool] = []
 
     def fails_once(x: torch.Tensor) -> torch.Tensor:
@@ -233,7 +236,7 @@ def test_rows_left_by_each_exit_are_answered_by_the_next(
         scores = [probes[b](chain.run(x, 0, b + 1))[2].cpu().numpy() for b in (0, 1)]
     caches = {b: cache_after(chain, b, float(np.median(scores[b])), seed=b, device=device) for b in (0, 1)}
     early_exit = runtime(chain, ExitPlan(0.9, caches), lookup=lookup, device=device)
-    for _ in range(3):  # the model thread is reused from batch to batch
+    for _ in range(3):  # the model process is reused from batch to batch
         outputs, early, rest = run(early_exit, images, requests_of(*[1] * 12))
         first = scores[0] >= float(np.median(scores[0]))
         second = ~first & (scores[1] >= float(np.median(scores[1])))
@@ -261,7 +264,7 @@ def test_once_every_row_is_answered_no_block_runs(chain: BlockChain, images: np.
 
 @pytest.mark.parametrize(
     ("asked", "where"),
-    [("thread", "thread"), ("inline", "inline"), ("auto", "inline"), ("stream", "stream")],
+    [("process", "process"), ("inline", "inline"), ("auto", "inline"), ("stream", "stream")],
 )
 def test_the_lookup_runs_where_the_config_says(chain: BlockChain, asked: str, where: Lookup) -> None:
     spec = LearnedCachesSpec.model_validate({"lookup": asked})

@@ -10,6 +10,7 @@ import json
 import shutil
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -39,17 +40,25 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
     link_example(root, "cnn", "cnn_gati", caches=CACHES, **WORKERS)
     link_example(root, "cnn", "cnn_nocache", caches=CACHES, **WORKERS)
     build_timed_alike(ModelRepository(root).read("cnn_gati"), BUILD, [0.8])
-    models = ["--model=cnn", "--model=cnn_gati", "--model=cnn_nocache"]
+    # The same caches with the chain in a model process beside each worker.
+    link_example(root, "cnn", "cnn_gati_process", caches=CACHES | {"lookup": "process"}, **WORKERS)
+    copy_cache_set(root, "cnn_gati", "cnn_gati_process")
+    models = ["--model=cnn", "--model=cnn_gati", "--model=cnn_nocache", "--model=cnn_gati_process"]
     if torch.cuda.is_available():  # the same caches served from the GPU
         gpu = {"caches": CACHES | {"lookup": "stream"}, "device": "cuda", "cuda_graphs": False}
         link_example(root, "cnn", "cnn_gati_gpu", **gpu, **WORKERS)
-        built = load_cache_set(ModelRepository(root).read("cnn_gati"))
-        copy = root / "cnn_gati_gpu" / "caches" / built.directory.name
-        shutil.copytree(built.directory, copy)
-        rewrite_manifest(copy, built.manifest.model_copy(update={"model": "cnn_gati_gpu"}))
+        copy_cache_set(root, "cnn_gati", "cnn_gati_gpu")
         models.append("--model=cnn_gati_gpu")
     with running_server(root, *models) as handle:
         yield handle
+
+
+def copy_cache_set(root: Path, model: str, to: str) -> None:
+    """`model`'s built cache set, as `to`'s (the same example model under another name)."""
+    built = load_cache_set(ModelRepository(root).read(model))
+    copy = root / to / "caches" / built.directory.name
+    shutil.copytree(built.directory, copy)
+    rewrite_manifest(copy, built.manifest.model_copy(update={"model": to}))
 
 
 def infer(
@@ -62,10 +71,14 @@ def infer(
     return result.as_numpy("logits"), dict(response.get("parameters", {}))
 
 
-def test_answers_name_their_exit_and_rows_that_ran_whole_are_the_model(server: ServerHandle) -> None:
+def first_images(count: int = 40) -> np.ndarray:
+    """Fashion-MNIST's first test images, each as a one-row batch."""
     images, _ = load_fashion_mnist("test")
-    images = images[:40].reshape(40, 1, 1, 28, 28).astype(np.float32)
-    client = httpclient.InferenceServerClient(server.http_url)
+    return images[:count].reshape(count, 1, 1, 28, 28).astype(np.float32)
+
+
+def test_answers_name_their_exit_and_rows_that_ran_whole_are_the_model(server: ServerHandle) -> None:
+    images, client = first_images(), httpclient.InferenceServerClient(server.http_url)
     exits = []
     for image in images:
         base, _ = infer(client, "cnn", image)
@@ -109,13 +122,30 @@ def test_a_request_split_over_batches_reports_every_rows_exit(server: ServerHand
     assert any(0 < count < 7 for count in counts), counts
 
 
+def test_lookups_beside_a_model_process_answer_as_inline_ones(server: ServerHandle) -> None:
+    """`lookup: process` runs the same chain and cache graphs, the chain in a model process: the same exits and
+    the same logits, one request at a time and in a batch whose rows leave it at different exits."""
+    images, client = first_images(), httpclient.InferenceServerClient(server.http_url)
+    exits = []
+    for image in images:
+        inline, inline_parameters = infer(client, "cnn_gati", image)
+        beside, beside_parameters = infer(client, "cnn_gati_process", image)
+        assert beside_parameters["exit_block"] == inline_parameters["exit_block"]
+        np.testing.assert_allclose(beside, inline, rtol=1e-5, atol=1e-5)
+        exits.append(beside_parameters["exit_block"])
+    assert set(exits) - {"head"} and "head" in exits, exits  # both kinds of row were tried
+    for start in range(0, 40, 4):  # batches of four rows: rows that hit leave, the rest run on
+        inline, inline_parameters = infer(client, "cnn_gati", images[start : start + 4, 0])
+        beside, beside_parameters = infer(client, "cnn_gati_process", images[start : start + 4, 0])
+        np.testing.assert_allclose(beside, inline, rtol=1e-5, atol=1e-5)
+        assert beside_parameters["exited_rows"] == inline_parameters["exited_rows"]
+
+
 @needs_cuda
 def test_on_a_gpu_the_caches_answer_as_they_do_on_the_cpu(server: ServerHandle) -> None:
     """The GPU form (the lookups on a side stream, each beside the next block) answers what the CPU form answers:
     the same exits, the same logits, up to the GPU's rounding, which may move a score near its threshold across it."""
-    images, _ = load_fashion_mnist("test")
-    images = images[:40].reshape(40, 1, 1, 28, 28).astype(np.float32)
-    client = httpclient.InferenceServerClient(server.http_url)
+    images, client = first_images(), httpclient.InferenceServerClient(server.http_url)
     same = 0
     for image in images:
         cpu, cpu_parameters = infer(client, "cnn_gati", image)

@@ -1,0 +1,328 @@
+"""A batch's block chain in a process of its own (`caches.lookup: process`), so that GATI's lookups run beside the
+model on a CPU, as the paper has them, and a row no cache answers does not wait for them.
+
+The worker's thread hands a batch's inputs to the model process, which runs the chain; each exit's output, and the
+last block's, comes back through shared memory the moment the model process reaches it, and the worker's thread
+consults that exit's cache while the model process runs the next blocks (the runtime runs the blocks up to the
+first exit on the worker's thread too, and consults that exit's cache on its own output: `runtime._Pass._beside`).
+A hit is answered there and then; its rows are marked in shared memory, and the model process drops them at its
+next block boundary (it stops once every row is answered). So a hit costs the time to its exit plus its lookup, and
+a row no cache answers pays the hand-offs (copying each exit's output), not the lookups.
+
+Why a process: a model thread inside the worker (the earlier `lookup: thread`) took turns with the worker's thread
+on the GIL, and each hand-off woke a thread. Here nothing on the path takes a lock or waits for the GIL: each side
+spins on numbers in shared memory, yielding its core now and then in case the two share one. Why the model moves
+and the lookups stay: a lookup process (tried 2026-11-24) answered each hit a block after its exit, as the worker
+read its verdict only between blocks (`benchmarks/README.md` §4).
+
+The model process spins while batches run and for `LINGER_S` after the last (a core that has just slept runs the
+next blocks slower); otherwise it sleeps on a pipe, so an idle worker costs no core. It runs on the CPUs the worker
+is not pinned to, when there are any. It dies with the worker (PR_SET_PDEATHSIG, and it checks its parent whenever
+it wakes); if it dies first, the worker reports it and runs its lookups inline from then on.
+
+The buffers are sized at start for the worker's largest batch. The hand-off relies on the CPU keeping stores in order
+(x86): each side writes its data before the number that announces it; elsewhere the worker runs inline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import multiprocessing as mp
+import os
+import platform
+import select
+import signal
+import time
+from collections.abc import Collection, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from adaserve.adaptive.gati.blocks import BlockChain
+
+__all__ = ["ModelProcess", "ModelProcessDied", "Sizes", "supported"]
+
+log = logging.getLogger("adaserve.gati")
+
+#: Fields of the control block (int64 each): the job posted and its first block and rows; the job cancelled, the
+#: job finished (or failed); how many outputs have been reported in all; whether a batch runs (spin) or not; the
+#: job some of whose rows the worker marked answered (until then the model process need not look at them).
+JOB, FIRST, ROWS, CANCELLED, FINISHED, FAILED, REPORTED, ACTIVE, MARKED = range(9)
+FIELDS = 9
+#: Per report slot and for the input: block index, rows, dtype code, number of dims, then the shape.
+BLOCK, SLOT_ROWS, DTYPE, NDIM, SHAPE = range(5)
+MAX_DIMS = 6
+SLOT_FIELDS = SHAPE + MAX_DIMS
+#: Tensor dtypes by the code the slots carry.
+DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+#: Bytes of a failed batch's error message carried back to the worker.
+ERROR_BYTES = 1024
+#: How long the model process keeps spinning after a batch, ready for the next (seconds): from 20 batches a second
+#: on it never sleeps. A core that has just slept runs the next blocks slower: on the 2-core VM a 2 ms linger, with
+#: batches 10 ms apart, answered the median request in 0.83 ms against 0.65 ms spinning throughout.
+LINGER_S = 0.05
+#: Spins between two yields of the core while a side waits for the other (about 50 µs): an unpinned model process
+#: may share the worker's core, where two processes spinning would wait for each other's time slices (4 ms); a
+#: yield each spin would cost each wait a system call, and each system call the caches it evicts.
+YIELD_EVERY = 500
+#: How often a wait for the model process checks that it is still alive (spins).
+CHECK_EVERY = 50_000
+#: How long the sleeping model process waits on its pipe before it checks its parent again (seconds).
+PARENT_CHECK_S = 1.0
+PR_SET_PDEATHSIG = 1
+
+
+def supported() -> bool:
+    """Whether this CPU keeps stores in order, as the hand-off needs."""
+    return platform.machine().lower() in ("x86_64", "amd64")
+
+
+class ModelProcessDied(RuntimeError):
+    """The model process exited while the worker waited for it."""
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """What the shared buffers must hold: a batch's rows, the largest row (in bytes) of any exit's output or the
+    model's, and how many outputs one batch may report (its plans' most exits, plus the last block's)."""
+
+    rows: int
+    row_bytes: int
+    reports: int
+
+
+class ModelProcess:
+    """The model process and the shared memory the worker talks to it through (see the module docstring)."""
+
+    def __init__(self, chain: BlockChain, sizes: Sizes) -> None:
+        self.chain = chain
+        self.sizes = sizes
+        self._control = mp.RawArray(ctypes.c_int64, FIELDS + (sizes.reports + 1) * SLOT_FIELDS)
+        self._data = mp.RawArray(ctypes.c_uint8, (sizes.reports + 1) * sizes.rows * sizes.row_bytes)
+        self._rows = mp.RawArray(ctypes.c_int64, (sizes.reports + 1) * sizes.rows)
+        self._answered = _flags(sizes.rows)  # by row of the pass
+        self._exits = _flags(len(chain.blocks))  # by block: report its output
+        self._error = mp.RawArray(ctypes.c_char, ERROR_BYTES)  # a failed batch's error
+        words = np.frombuffer(memoryview(self._control).cast("B"), np.int64)
+        self._fields = words[:FIELDS]
+        self._slots = words[FIELDS:].reshape(sizes.reports + 1, SLOT_FIELDS)  # the last one is the input's
+        self._slot_rows = np.frombuffer(memoryview(self._rows).cast("B"), np.int64).reshape(sizes.reports + 1, -1)
+        self._job = 0
+        self._views: dict[tuple[int, ...], torch.Tensor] = {}  # by slot, dtype and shape: see `_view`
+        wake_read, self._wake = os.pipe()
+        os.set_blocking(self._wake, False)  # a full pipe means the model process is awake: no need to wake it
+        cpus = _cpus_beside(os.sched_getaffinity(0))
+        context = mp.get_context("fork")  # the chain's weights are in this process's memory already
+        self._process = context.Process(
+            target=self._serve,
+            args=(os.getpid(), wake_read, cpus, torch.get_num_threads()),
+            name="gati-model",
+            daemon=True,
+        )
+        self._process.start()
+        os.close(wake_read)
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid
+
+    def alive(self) -> bool:
+        return self._process.is_alive()
+
+    @property
+    def exitcode(self) -> int | None:
+        return self._process.exitcode
+
+    def close(self) -> None:
+        """End the model process (closing its pipe is its signal to leave)."""
+        os.close(self._wake)
+        self._process.join(timeout=5)
+
+    # -- in the worker -----------------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """While a batch runs the model process spins, ready for its job; after it, it lingers, then sleeps."""
+        self._fields[ACTIVE] = 1
+        try:
+            os.write(self._wake, b"\0")  # always: the model process may have just gone to sleep
+        except BlockingIOError:
+            pass  # the pipe is full of wake-ups the model process has not needed: it is awake
+        except BrokenPipeError:
+            raise ModelProcessDied(f"the model process has exited (code {self.exitcode})") from None
+        try:
+            yield
+        finally:
+            self._fields[ACTIVE] = 0
+
+    def idle(self) -> bool:
+        """No job runs there (an abandoned one may still be finishing its block)."""
+        return bool(self._fields[FINISHED] == self._job)
+
+    def start(self, x: torch.Tensor, alive: np.ndarray, rows: int, block: int, exits: Collection[int]) -> Job:
+        """Run blocks `block`… on `x` (rows `alive` of a pass of `rows`), reporting after `exits` and the last
+        block."""
+        fields = self._fields
+        self._put(self.sizes.reports, x)
+        self._slot_rows[self.sizes.reports, : len(alive)] = alive
+        self._exits[:] = False
+        self._exits[list(exits)] = True
+        answered = self._answered[:rows]
+        answered[:] = False
+        self._job += 1
+        fields[FIRST], fields[ROWS] = block, len(alive)
+        fields[JOB] = self._job  # last: it announces the rest
+        return Job(self, self._job, int(fields[REPORTED]), answered)
+
+    def _data_of(self, slot: int) -> memoryview:
+        size = self.sizes.rows * self.sizes.row_bytes
+        return memoryview(self._data)[slot * size : (slot + 1) * size]
+
+    def _put(self, number: int, x: torch.Tensor) -> None:
+        """Copy `x` into slot `number`'s buffer (one memmove: right after a block every small operator is slow),
+        then its shape and dtype into the slot's fields."""
+        size, slot = self.sizes.rows * self.sizes.row_bytes, self._slots[number]
+        if x.dim() > MAX_DIMS or x.dtype not in DTYPES:
+            raise ValueError(f"the model process carries tensors of up to {MAX_DIMS} dims of {DTYPES}, not {x.dtype}")
+        if x.nbytes > size:
+            raise ValueError(f"a {list(x.shape)} tensor does not fit the model process's {size}-byte buffer")
+        x = x.contiguous()
+        ctypes.memmove(ctypes.addressof(self._data) + number * size, x.data_ptr(), x.nbytes)
+        slot[SLOT_ROWS], slot[DTYPE], slot[NDIM] = len(x), DTYPES.index(x.dtype), x.dim()
+        slot[SHAPE : SHAPE + x.dim()] = x.shape
+
+    def _view(self, number: int) -> torch.Tensor:
+        """The tensor slot `number` holds: a view of its buffer, made once per shape (right after a block, making
+        one costs tens of microseconds)."""
+        slot = self._slots[number]
+        code, _, *shape = slot[DTYPE : SHAPE + slot[NDIM]].tolist()
+        key = (number, code, *shape)
+        view = self._views.get(key)
+        if view is None:
+            data = self._data_of(number)
+            view = torch.frombuffer(data, dtype=DTYPES[code], count=int(np.prod(shape))).view(shape)
+            self._views[key] = view
+        return view
+
+    def _report(self, job: int, number: int, base: int) -> tuple[int, torch.Tensor, np.ndarray]:
+        """Job `job`'s output number `number` (counting from 0; `base`: the reports before the job), once there."""
+        fields, spins = self._fields, 0
+        while fields[REPORTED] <= base + number:
+            if fields[FAILED] == job:
+                raise RuntimeError(f"in the model process: {self._error.value.decode(errors='replace')}")
+            spins += 1
+            if spins % CHECK_EVERY == 0 and not self._process.is_alive():
+                raise ModelProcessDied(f"the model process exited (code {self.exitcode}) during a batch")
+            if spins % YIELD_EVERY == 0:
+                os.sched_yield()  # the model process may share this core: let it run
+        slot = self._slots[number]
+        rows = int(slot[SLOT_ROWS])
+        return int(slot[BLOCK]), self._view(number), self._slot_rows[number, :rows].copy()
+
+    # -- in the model process ----------------------------------------------------------------------------------
+    def _serve(self, parent: int, wake: int, cpus: set[int] | None, threads: int) -> None:
+        _die_with_parent()
+        os.close(self._wake)
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+        torch.set_num_threads(threads)
+        fields, seen = self._fields, 0  # not the field: the worker may have posted job 1 already
+        with torch.inference_mode():
+            while True:
+                ready, _, _ = select.select([wake], [], [], PARENT_CHECK_S)
+                if os.getppid() != parent:
+                    return
+                if ready and not os.read(wake, 4096):
+                    return  # the worker closed the pipe
+                if not ready and not fields[ACTIVE]:
+                    continue
+                lingering, spins = time.monotonic() + LINGER_S, 0
+                while fields[ACTIVE] or time.monotonic() < lingering:
+                    if fields[JOB] != seen:
+                        seen = int(fields[JOB])
+                        self._run(seen)
+                    if fields[ACTIVE]:
+                        lingering = time.monotonic() + LINGER_S
+                    spins += 1
+                    if spins % YIELD_EVERY == 0:
+                        os.sched_yield()  # the worker may share this core
+
+    def _run(self, job: int) -> None:
+        fields, blocks, last = self._fields, self.chain.blocks, len(self.chain.blocks) - 1
+        answered, exits, inputs = self._answered, self._exits, self.sizes.reports
+        x = self._view(inputs)
+        alive = self._slot_rows[inputs, : int(fields[ROWS])].copy()
+        number = 0
+        try:
+            for index in range(int(fields[FIRST]), last + 1):
+                if fields[CANCELLED] == job:
+                    break
+                if fields[MARKED] == job:
+                    keep = ~answered[alive]
+                    if not keep.any():
+                        break
+                    if not keep.all():
+                        x, alive = x[torch.from_numpy(keep)], alive[keep]
+                x = blocks[index](x)
+                if exits[index] or index == last:
+                    self._slots[number, BLOCK] = index
+                    self._put(number, x)
+                    self._slot_rows[number, : len(alive)] = alive
+                    number += 1
+                    fields[REPORTED] += 1  # last: it announces the rest
+        except Exception as error:
+            log.exception("the model process failed on a batch")
+            self._error.value = f"{type(error).__name__}: {error}".encode()[: ERROR_BYTES - 1]
+            fields[FAILED] = job
+        fields[FINISHED] = job
+
+
+@dataclass(eq=False)
+class Job:
+    """One batch's blocks in the model process: its outputs in order (`next`), and `answered`, by row of the pass,
+    which the worker's thread marks (`mark`) and the model process reads at each block boundary."""
+
+    process: ModelProcess
+    number: int
+    base: int
+    answered: np.ndarray
+    taken: int = 0
+
+    def next(self) -> tuple[int, torch.Tensor, np.ndarray]:
+        """The next exit's (or the last block's) index, output and rows (the output stays valid until the next
+        job); RuntimeError when the model process failed on the batch."""
+        report = self.process._report(self.number, self.taken, self.base)
+        self.taken += 1
+        return report
+
+    def mark(self, rows: np.ndarray) -> None:
+        """Rows of the pass answered: the model process drops them at its next block boundary."""
+        self.answered[rows] = True
+        self.process._fields[MARKED] = self.number  # last: it announces them
+
+    def cancel(self) -> None:
+        """The batch is done with (answered, or failed): the model process stops at its next block boundary."""
+        self.process._fields[CANCELLED] = self.number
+
+
+def _flags(count: int) -> np.ndarray:
+    """`count` booleans in shared memory."""
+    return np.frombuffer(memoryview(mp.RawArray(ctypes.c_uint8, count)).cast("B"), np.bool_)
+
+
+def _cpus_beside(own: set[int]) -> set[int] | None:
+    """The CPUs for the model process: those the host may use that the worker is not pinned to (None: the worker is
+    not pinned, or to every CPU there is; the scheduler places the model process)."""
+    try:
+        every = os.sched_getaffinity(os.getppid())  # the host's: what the worker's CPU list was taken from
+    except OSError:
+        return None
+    return (every - own) or None
+
+
+def _die_with_parent() -> None:
+    """Have the kernel kill this process when the worker dies (Linux; elsewhere the parent check does it)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
