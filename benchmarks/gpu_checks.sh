@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# The checks a lent GPU machine runs next, as one call of the device tool (about 9 minutes of its 15; the open
-# question is the GPU high-load miss, benchmarks/README.md §2 "Next on a lent machine"). Here, first:
+# The checks a lent GPU machine runs next, as one call of the device tool (about 10 minutes of its 15; the open
+# questions are GATI's p99 with `lookup: process` on spare cores, benchmarks/README.md §4, and the GPU high-load
+# miss, §2 "Next on a lent machine"). Here, first:
 #
 #   echo /.gpu/ >> .git/info/exclude; bash benchmarks/gpu_bundle.sh pack .gpu
 #
 # then on the device (carry .gpu), from the repository root: `bash benchmarks/gpu_checks.sh .gpu "$OUT"`. It writes
 # under OUT (default benchmarks/results/tmp/gpu):
+#   gati_cpu16-process.json               GATI at batch 1 on the CPU: inline against `lookup: process` (~1 min)
 #   stream_concurrency.json               Ebird's §VI-B premise on the server's stream workers (~30 s)
 #   elastic_batching-cuda-resnet50.json   the elastic run with the busy-stream entries beside (~7 min), its PNGs
 #                                         and log beside it
@@ -21,6 +23,8 @@ mkdir -p "$OUT"
 source "$BUNDLE/setup.sh" || exit 1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 
+timeout 150 python3 -m benchmarks.gati.gpu --packed "$BUNDLE/gati" --device cpu --output "$OUT/gati_cpu16-process.json" \
+    2>&1 | grep -E '^  "(base|gati)|"(mean|p99)_ms"'
 timeout 120 python3 -m benchmarks.stream_concurrency --output "$OUT/stream_concurrency.json" 2>&1 | tail -n 8
 
 log="$OUT/elastic.log"

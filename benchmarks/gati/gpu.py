@@ -16,9 +16,9 @@ fresh random order per row (`runs.interleave`): the base model whole as the serv
 and eagerly, the base model's block chain, and `EarlyExit` with the lookups inline and on the side stream. Every
 method copies its row to the GPU and its answer back, inside the timing.
 
-`--device cpu` runs the same on the lent machine's CPU, one intra-op thread, with the lookups inline and on a
-thread of their own (`caches.lookup: thread`) instead of the side stream: the paper's CPU form, a lookup on a core
-of its own, which the 2-core VM cannot give it (`benchmarks/README.md` §4: there it lost to inline):
+`--device cpu` runs the same on the lent machine's CPU, one intra-op thread, with the lookups inline and beside
+the model (`caches.lookup: process`: the rest of the chain in a model process on another core) instead of the side
+stream: the paper's CPU form, a lookup off the row's path, with cores to spare:
 
     python -m benchmarks.gati.gpu --packed DIR --device cpu --output benchmarks/results/gati_cpu16.json
 
@@ -97,7 +97,7 @@ def run(directory: Path, output: Path, limit: int, device: torch.device, batch: 
     methods["base chain (eager)"] = plain(lambda x: chain.run(x.to(device)).cpu())
     if device.type == "cpu":
         torch.set_num_threads(1)  # one core for the model, one for the lookups: as a batch-1 worker of one thread
-    for lookup in ("inline", "stream") if device.type == "cuda" else ("inline", "thread"):
+    for lookup in ("inline", "stream") if device.type == "cuda" else ("inline", "process"):
         runtime = EarlyExit(chain, [plan], 0.0, f"lookups {lookup}", lookup, device)
         with torch.inference_mode():
             runtime.warm_up(1, ROW_SHAPE, torch.float32)
@@ -158,7 +158,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=4000, help="evaluate rows to send (default: all 4,000)")
     parser.add_argument("--batch", type=int, default=1, help="rows per batch, one request each (default 1)")
     parser.add_argument(
-        "--device", default="cuda", help="cuda (default); cpu: the lookups inline and on a thread (module docstring)"
+        "--device", default="cuda", help="cuda (default); cpu: the lookups inline and beside the model (docstring)"
     )
     parser.add_argument("--output", type=Path, default=RESULTS / "gati_gpu.json")
     parser.add_argument("--plot", action="store_true", help="draw results/gati_{gpu,cpu}*.json into PNGs, and stop")
