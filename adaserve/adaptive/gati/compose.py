@@ -78,8 +78,8 @@ DEFAULT_ALPHA = 0.2
 
 
 def lookup_cost(config: ModelConfig) -> Literal["inline", "async"]:
-    """How composition costs lookups for a model as its config runs them (`caches.lookup`): only a thread or a side
-    stream of their own takes them off the rows' path (`auto` is inline, and so is a config without `caches`)."""
+    """How composition costs lookups for a model as its config runs them (`caches.lookup`): only a model process or
+    a side stream takes them off the rows' path (`auto` is inline, and so is a config without `caches`)."""
     if config.caches is None:
         return "inline"
     return "inline" if config.caches.lookup_at == "inline" else "async"

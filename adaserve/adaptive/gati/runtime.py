@@ -8,19 +8,19 @@ rows that are left. At most one lookup is in flight, as composition assumed.
 Where the lookup runs (`caches.lookup`): the paper gives it its own core (a side stream on GPU), so that a miss
 costs the request nothing. `inline` runs each lookup before the next block: every row that reaches an exit pays its
 lookup. `process` runs the lookups beside the model: the worker's thread hands the batch to a model process on
-another core (`model_process`), which runs the chain, and consults the caches on each exit's output as it comes
-back; a hit is answered the moment its lookup ends, and the model process drops answered rows at its next block
-boundary (it stops once every row is answered). A batch that finds the model process still
-finishing an abandoned batch runs inline. Earlier forms that moved the lookups instead (a lookup thread, a lookup
-process, torch's inter-op pool) acted on a hit a block late, and a model thread inside the worker paid the GIL at
-every hand-off: each lost to inline on 2 and on 16 cores. `stream`, on a GPU, needs no second process: kernels are
-launched asynchronously, so after an exit the worker's thread launches the lookup on a side stream (after the
-block's output, by an event), launches the next block on the worker's stream, and only then waits for the lookup's
-flags; its hits leave the batch before the block after that is launched. The GPU runs the lookup beside the next
-block, and a hit is acted on one block ahead of where it was found (that block's work on the answered rows is
-wasted, not their time). `auto`, the default, is inline on both: it takes no second core, and on an H100 it beat
-`stream` (1.15 ms against 1.60 ms mean on the benchmark ResNet-style CNN at batch 1): there each block is a dozen
-small kernels, the cost is the CPU's launches, not the GPU's work, and a side stream hides only the GPU's
+another core (`model_process`), which runs the chain; the worker's thread runs the blocks up to the first exit as
+well, then consults each exit's cache on its output as it comes; a hit is answered the moment its lookup ends, and
+the model process drops answered rows at its next block boundary (it stops once every row is answered). A batch that
+finds the model process still finishing an abandoned batch runs inline. Earlier forms that moved the lookups instead
+(a lookup thread, a lookup process, torch's inter-op pool) acted on a hit a block late, and a model thread inside
+the worker paid the GIL at every hand-off: each lost to inline on 2 and on 16 cores. `stream`, on a GPU, needs no
+second process: kernels are launched asynchronously, so after an exit the worker's thread launches the lookup on a
+side stream (after the block's output, by an event), launches the next block on the worker's stream, and only then
+waits for the lookup's flags; its hits leave the batch before the block after that is launched. The GPU runs the
+lookup beside the next block, and a hit is acted on one block ahead of where it was found (that block's work on the
+answered rows is wasted, not their time). `auto`, the default, is inline on both: it takes no second core, and on an
+H100 it beat `stream` (1.15 ms against 1.60 ms mean on the benchmark ResNet-style CNN at batch 1): there each block
+is a dozen small kernels, the cost is the CPU's launches, not the GPU's work, and a side stream hides only the GPU's
 (`benchmarks/README.md` §4). Either way a lookup is its cache as one TorchScript graph (`LearnedCache.scripted`),
 and a hit's bookkeeping is a few operations (see `_Pass`): right after a block every small operator costs several
 times what it does back to back.
