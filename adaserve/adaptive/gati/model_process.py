@@ -101,7 +101,7 @@ class ModelProcess:
         self.chain = chain
         self.sizes = sizes
         self._control = mp.RawArray(ctypes.c_int64, FIELDS + (sizes.reports + 1) * SLOT_FIELDS)
-        self._data = mp.RawArray(ctypes.c_uint8, (sizes.reports + 1) * sizes.rows * sizes.row_bytes)
+        self._data = mp.RawArray(ctypes.c_uint8, (sizes.reports + 1) * self._slot_bytes)
         self._rows = mp.RawArray(ctypes.c_int64, (sizes.reports + 1) * sizes.rows)
         self._answered = _flags(sizes.rows)  # by row of the pass
         self._exits = _flags(len(chain.blocks))  # by block: report its output
@@ -151,7 +151,7 @@ class ModelProcess:
         except BlockingIOError:
             pass  # the pipe is full of wake-ups the model process has not needed: it is awake
         except BrokenPipeError:
-            raise ModelProcessDied(f"the model process has exited (code {self.exitcode})") from None
+            raise ModelProcessDied(f"the model process exited (code {self.exitcode})") from None
         try:
             yield
         finally:
@@ -176,14 +176,18 @@ class ModelProcess:
         fields[JOB] = self._job  # last: it announces the rest
         return Job(self, self._job, int(fields[REPORTED]), answered)
 
+    @property
+    def _slot_bytes(self) -> int:
+        return self.sizes.rows * self.sizes.row_bytes
+
     def _data_of(self, slot: int) -> memoryview:
-        size = self.sizes.rows * self.sizes.row_bytes
+        size = self._slot_bytes
         return memoryview(self._data)[slot * size : (slot + 1) * size]
 
     def _put(self, number: int, x: torch.Tensor) -> None:
         """Copy `x` into slot `number`'s buffer (one memmove: right after a block every small operator is slow),
         then its shape and dtype into the slot's fields."""
-        size, slot = self.sizes.rows * self.sizes.row_bytes, self._slots[number]
+        size, slot = self._slot_bytes, self._slots[number]
         if x.dim() > MAX_DIMS or x.dtype not in DTYPES:
             raise ValueError(f"the model process carries tensors of up to {MAX_DIMS} dims of {DTYPES}, not {x.dtype}")
         if x.nbytes > size:

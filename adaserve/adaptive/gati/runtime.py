@@ -210,12 +210,13 @@ class EarlyExit:
         """Compute a batch's rows (`inputs` its slice of the input ring, on the model's device; `outputs` its slice
         of the pool's output ring; `requests` each request's rows and parameters); requests answered early go to
         `answer`; returns the response parameters of the others."""
-        ahead = self._ahead
-        if ahead is not None and not ahead.alive():
-            log.error("the model process exited (code %s); lookups run inline from now on", ahead.exitcode)
-            self.stop_lookups()
-            ahead = None
-        with ahead.batch() if ahead is not None else contextlib.nullcontext():
+        with contextlib.ExitStack() as batch:
+            if self._ahead is not None:
+                try:
+                    batch.enter_context(self._ahead.batch())  # wakes it; a dead one is found here, no waitpid needed
+                except ModelProcessDied as died:
+                    log.error("%s; lookups run inline from now on", died)
+                    self.stop_lookups()
             groups: dict[ExitPlan | None, list[RowParameters]] = {}
             for request in requests:
                 groups.setdefault(self._plan(exit_target(request.values, self.default_target)), []).append(request)
