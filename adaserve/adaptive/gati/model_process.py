@@ -29,13 +29,14 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
+import math
 import multiprocessing as mp
 import os
 import platform
 import select
 import signal
 import time
-from collections.abc import Collection, Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,13 +48,17 @@ __all__ = ["ModelProcess", "ModelProcessDied", "Sizes", "supported"]
 
 log = logging.getLogger("adaserve.gati")
 
-#: Fields of the control block (int64 each): the job posted and its first block and rows; the job cancelled, the
-#: job finished (or failed); how many outputs have been reported in all; whether a batch runs (spin) or not; the
-#: job some of whose rows the worker marked answered (until then the model process need not look at them).
-JOB, FIRST, ROWS, CANCELLED, FINISHED, FAILED, REPORTED, ACTIVE, MARKED = range(9)
+#: Words of the control block (int64 each), read and written as Python ints through a memoryview (a numpy scalar
+#: costs more, and right after a block every operator does): the job posted and its first block; the job cancelled,
+#: the job finished (or failed); how many outputs have been reported in all; whether a batch runs (spin) or not; the
+#: job some of whose rows the worker marked answered (until then the model process need not look at them); a count
+#: the worker bumps when it changes the exits to report.
+JOB, FIRST, CANCELLED, FINISHED, FAILED, REPORTED, ACTIVE, MARKED, EXITS = range(9)
 FIELDS = 9
-#: Per report slot and for the input: block index, rows, dtype code, number of dims, then the shape.
-BLOCK, SLOT_ROWS, DTYPE, NDIM, SHAPE = range(5)
+#: Per report slot and for the input: the block it is the output of; the layout of its tensor (a number its writer
+#: gives each dtype and shape it writes there, so the reader makes a view once per layout), then the layout's dtype
+#: code, number of dims and shape.
+BLOCK, LAYOUT, DTYPE, NDIM, SHAPE = range(5)
 MAX_DIMS = 6
 SLOT_FIELDS = SHAPE + MAX_DIMS
 #: Tensor dtypes by the code the slots carry.
@@ -95,7 +100,14 @@ class Sizes:
 
 
 class ModelProcess:
-    """The model process and the shared memory the worker talks to it through (see the module docstring)."""
+    """The model process and the shared memory the worker talks to it through (see the module docstring).
+
+    Each slot (an exit's output, the last block's, or the input) has one writer, so a layout number means the same
+    to both sides. On a request's path the writer copies the tensor in and writes a word or two; the shape is
+    written, and the reader makes its view, only when the layout changes. The path is kept this short because each
+    operator on it runs with its code out of the CPU's caches (after a block, or after the worker's other work): on
+    the 2-core VM a hand-off that wrote every field each time took 0.1 ms before the model process could start, and
+    its three reports 0.09 ms of a row that ran to the end (`benchmarks/README.md` §4)."""
 
     def __init__(self, chain: BlockChain, sizes: Sizes) -> None:
         self.chain = chain
@@ -106,12 +118,15 @@ class ModelProcess:
         self._answered = _flags(sizes.rows)  # by row of the pass
         self._exits = _flags(len(chain.blocks))  # by block: report its output
         self._error = mp.RawArray(ctypes.c_char, ERROR_BYTES)  # a failed batch's error
-        words = np.frombuffer(memoryview(self._control).cast("B"), np.int64)
-        self._fields = words[:FIELDS]
-        self._slots = words[FIELDS:].reshape(sizes.reports + 1, SLOT_FIELDS)  # the last one is the input's
+        self._words = memoryview(self._control).cast("B").cast("q")
         self._slot_rows = np.frombuffer(memoryview(self._rows).cast("B"), np.int64).reshape(sizes.reports + 1, -1)
         self._job = 0
-        self._views: dict[tuple[int, ...], torch.Tensor] = {}  # by slot, dtype and shape: see `_view`
+        self._exits_posted: tuple[int, ...] | None = None  # in the worker: the exits last written
+        self._targets: list[torch.Tensor | None] = [None] * (sizes.reports + 1)  # by slot: what `_put` writes into
+        self._layouts: dict[tuple[torch.dtype, torch.Size], int] = {}  # this side's layout numbers
+        self._views: dict[tuple[int, int], torch.Tensor] = {}  # by slot and layout: see `_view`
+        self._every: dict[int, np.ndarray] = {}  # np.arange(n), by n
+        self._exits_seen, self._report_after = 0, set[int]()  # in the model process: `_exits` as of word EXITS
         wake_read, self._wake = os.pipe()
         os.set_blocking(self._wake, False)  # a full pipe means the model process is awake: no need to wake it
         cpus = _cpus_beside(os.sched_getaffinity(0))
@@ -145,7 +160,7 @@ class ModelProcess:
     @contextlib.contextmanager
     def batch(self) -> Iterator[None]:
         """While a batch runs the model process spins, ready for its job; after it, it lingers, then sleeps."""
-        self._fields[ACTIVE] = 1
+        self._words[ACTIVE] = 1
         try:
             os.write(self._wake, b"\0")  # always: the model process may have just gone to sleep
         except BlockingIOError:
@@ -155,75 +170,102 @@ class ModelProcess:
         try:
             yield
         finally:
-            self._fields[ACTIVE] = 0
+            self._words[ACTIVE] = 0
 
     def idle(self) -> bool:
         """No job runs there (an abandoned one may still be finishing its block)."""
-        return bool(self._fields[FINISHED] == self._job)
+        return self._words[FINISHED] == self._job
 
-    def start(self, x: torch.Tensor, alive: np.ndarray, rows: int, block: int, exits: Collection[int]) -> Job:
-        """Run blocks `block`… on `x` (rows `alive` of a pass of `rows`), reporting after `exits` and the last
+    def start(self, x: torch.Tensor, block: int, exits: Sequence[int]) -> Job:
+        """Run blocks `block`… on every row of `x`, reporting after `exits` (blocks before the last) and the last
         block."""
-        fields = self._fields
+        words = self._words
+        reported = words[REPORTED]
         self._put(self.sizes.reports, x)
-        self._slot_rows[self.sizes.reports, : len(alive)] = alive
-        self._exits[:] = False
-        self._exits[list(exits)] = True
-        answered = self._answered[:rows]
-        answered[:] = False
+        exits = tuple(exits)
+        if exits != self._exits_posted:
+            if len(exits) >= self.sizes.reports:
+                need, sized = len(exits) + 1, self.sizes.reports
+                raise ValueError(f"exits {list(exits)} and the last block need {need} reports, {sized} are sized")
+            self._exits[:] = False
+            self._exits[list(exits)] = True
+            self._exits_posted = exits
+            words[EXITS] += 1
         self._job += 1
-        fields[FIRST], fields[ROWS] = block, len(alive)
-        fields[JOB] = self._job  # last: it announces the rest
-        return Job(self, self._job, int(fields[REPORTED]), answered)
+        words[FIRST] = block
+        words[JOB] = self._job  # it announces the rest; what follows the model process reads only once marked
+        answered = self._answered[: len(x)]
+        answered[:] = False
+        return Job(self, self._job, reported, answered, self._all_rows(len(x)))
 
     @property
     def _slot_bytes(self) -> int:
         return self.sizes.rows * self.sizes.row_bytes
 
-    def _data_of(self, slot: int) -> memoryview:
-        size = self._slot_bytes
-        return memoryview(self._data)[slot * size : (slot + 1) * size]
+    def _all_rows(self, count: int) -> np.ndarray:
+        """np.arange(count), made once (do not change it)."""
+        rows = self._every.get(count)
+        if rows is None:
+            rows = self._every[count] = np.arange(count)
+        return rows
 
     def _put(self, number: int, x: torch.Tensor) -> None:
-        """Copy `x` into slot `number`'s buffer (one memmove: right after a block every small operator is slow),
-        then its shape and dtype into the slot's fields."""
-        size, slot = self._slot_bytes, self._slots[number]
+        """Copy `x` into slot `number` (one `copy_` into a view of the slot: on the 2-core VM, half the time of a
+        `ctypes.memmove` with its checks right after a block), describing its layout first when it changed."""
+        target = self._targets[number]
+        if target is None or target.shape != x.shape or target.dtype != x.dtype:
+            target = self._describe(number, x)
+        target.copy_(x)
+
+    def _describe(self, number: int, x: torch.Tensor) -> torch.Tensor:
+        """Write `x`'s dtype and shape into slot `number`'s fields, under a layout number of this side's; return the
+        view of the slot's buffer that `x` is copied into."""
         if x.dim() > MAX_DIMS or x.dtype not in DTYPES:
             raise ValueError(f"the model process carries tensors of up to {MAX_DIMS} dims of {DTYPES}, not {x.dtype}")
-        if x.nbytes > size:
-            raise ValueError(f"a {list(x.shape)} tensor does not fit the model process's {size}-byte buffer")
-        x = x.contiguous()
-        ctypes.memmove(ctypes.addressof(self._data) + number * size, x.data_ptr(), x.nbytes)
-        slot[SLOT_ROWS], slot[DTYPE], slot[NDIM] = len(x), DTYPES.index(x.dtype), x.dim()
-        slot[SHAPE : SHAPE + x.dim()] = x.shape
+        if x.nbytes > self._slot_bytes:
+            raise ValueError(
+                f"a {list(x.shape)} tensor does not fit the model process's {self._slot_bytes}-byte buffer"
+            )
+        words, at = self._words, FIELDS + number * SLOT_FIELDS
+        words[at + DTYPE], words[at + NDIM] = DTYPES.index(x.dtype), x.dim()
+        for dim, size in enumerate(x.shape):
+            words[at + SHAPE + dim] = size
+        words[at + LAYOUT] = self._layouts.setdefault((x.dtype, x.shape), len(self._layouts) + 1)
+        target = self._targets[number] = self._tensor(number, x.dtype, x.shape)
+        return target
 
     def _view(self, number: int) -> torch.Tensor:
-        """The tensor slot `number` holds: a view of its buffer, made once per shape (right after a block, making
-        one costs tens of microseconds)."""
-        slot = self._slots[number]
-        code, _, *shape = slot[DTYPE : SHAPE + slot[NDIM]].tolist()
-        key = (number, code, *shape)
+        """The tensor slot `number` holds, as its writer described it: a view of its buffer, made once per layout
+        (right after a block, making one costs tens of microseconds)."""
+        words, at = self._words, FIELDS + number * SLOT_FIELDS
+        key = (number, words[at + LAYOUT])
         view = self._views.get(key)
         if view is None:
-            data = self._data_of(number)
-            view = torch.frombuffer(data, dtype=DTYPES[code], count=int(np.prod(shape))).view(shape)
-            self._views[key] = view
+            shape = words[at + SHAPE : at + SHAPE + words[at + NDIM]].tolist()
+            view = self._views[key] = self._tensor(number, DTYPES[words[at + DTYPE]], shape)
         return view
 
-    def _report(self, job: int, number: int, base: int) -> tuple[int, torch.Tensor, np.ndarray]:
-        """Job `job`'s output number `number` (counting from 0; `base`: the reports before the job), once there."""
-        fields, spins = self._fields, 0
-        while fields[REPORTED] <= base + number:
-            if fields[FAILED] == job:
+    def _tensor(self, number: int, dtype: torch.dtype, shape: Sequence[int]) -> torch.Tensor:
+        """A view of slot `number`'s buffer as a tensor of `dtype` and `shape`."""
+        size = self._slot_bytes
+        data = memoryview(self._data)[number * size : (number + 1) * size]
+        return torch.frombuffer(data, dtype=dtype, count=math.prod(shape)).view(*shape)
+
+    def _report(self, job: Job, number: int) -> tuple[int, torch.Tensor, np.ndarray]:
+        """Job `job`'s output number `number` (counting from 0), once there."""
+        words, spins, wanted = self._words, 0, job.base + number
+        while words[REPORTED] <= wanted:
+            if words[FAILED] == job.number:
                 raise RuntimeError(f"in the model process: {self._error.value.decode(errors='replace')}")
             spins += 1
             if spins % CHECK_EVERY == 0 and not self._process.is_alive():
                 raise ModelProcessDied(f"the model process exited (code {self.exitcode}) during a batch")
             if spins % YIELD_EVERY == 0:
                 os.sched_yield()  # the model process may share this core: let it run
-        slot = self._slots[number]
-        rows = int(slot[SLOT_ROWS])
-        return int(slot[BLOCK]), self._view(number), self._slot_rows[number, :rows].copy()
+        output = self._view(number)
+        rows = len(output)
+        alive = job.every if rows == len(job.every) else self._slot_rows[number, :rows].copy()
+        return words[FIELDS + number * SLOT_FIELDS + BLOCK], output, alive
 
     # -- in the model process ----------------------------------------------------------------------------------
     def _serve(self, parent: int, wake: int, cpus: set[int] | None, threads: int) -> None:
@@ -232,7 +274,7 @@ class ModelProcess:
         if cpus:
             os.sched_setaffinity(0, cpus)
         torch.set_num_threads(threads)
-        fields, seen = self._fields, 0  # not the field: the worker may have posted job 1 already
+        words, seen = self._words, 0  # not the word: the worker may have posted job 1 already
         with torch.inference_mode():
             while True:
                 ready, _, _ = select.select([wake], [], [], PARENT_CHECK_S)
@@ -240,47 +282,50 @@ class ModelProcess:
                     return
                 if ready and not os.read(wake, 4096):
                     return  # the worker closed the pipe
-                if not ready and not fields[ACTIVE]:
+                if not ready and not words[ACTIVE]:
                     continue
                 lingering, spins = time.monotonic() + LINGER_S, 0
-                while fields[ACTIVE] or time.monotonic() < lingering:
-                    if fields[JOB] != seen:
-                        seen = int(fields[JOB])
+                while words[ACTIVE] or time.monotonic() < lingering:
+                    if words[JOB] != seen:
+                        seen = words[JOB]
                         self._run(seen)
-                    if fields[ACTIVE]:
+                    if words[ACTIVE]:
                         lingering = time.monotonic() + LINGER_S
                     spins += 1
                     if spins % YIELD_EVERY == 0:
                         os.sched_yield()  # the worker may share this core
 
     def _run(self, job: int) -> None:
-        fields, blocks, last = self._fields, self.chain.blocks, len(self.chain.blocks) - 1
-        answered, exits, inputs = self._answered, self._exits, self.sizes.reports
-        x = self._view(inputs)
-        alive = self._slot_rows[inputs, : int(fields[ROWS])].copy()
+        words, blocks, last = self._words, self.chain.blocks, len(self.chain.blocks) - 1
+        if words[EXITS] != self._exits_seen:
+            self._exits_seen, self._report_after = words[EXITS], set(np.flatnonzero(self._exits).tolist())
+        answered, report_after = self._answered, self._report_after
+        x = self._view(self.sizes.reports)
+        every = alive = self._all_rows(len(x))
         number = 0
         try:
-            for index in range(int(fields[FIRST]), last + 1):
-                if fields[CANCELLED] == job:
+            for index in range(words[FIRST], last + 1):
+                if words[CANCELLED] == job:
                     break
-                if fields[MARKED] == job:
+                if words[MARKED] == job:
                     keep = ~answered[alive]
                     if not keep.any():
                         break
                     if not keep.all():
                         x, alive = x[torch.from_numpy(keep)], alive[keep]
                 x = blocks[index](x)
-                if exits[index] or index == last:
-                    self._slots[number, BLOCK] = index
+                if index in report_after or index == last:
                     self._put(number, x)
-                    self._slot_rows[number, : len(alive)] = alive
+                    if len(alive) < len(every):
+                        self._slot_rows[number, : len(alive)] = alive
+                    words[FIELDS + number * SLOT_FIELDS + BLOCK] = index
                     number += 1
-                    fields[REPORTED] += 1  # last: it announces the rest
+                    words[REPORTED] += 1  # last: it announces the rest
         except Exception as error:
             log.exception("the model process failed on a batch")
             self._error.value = f"{type(error).__name__}: {error}".encode()[: ERROR_BYTES - 1]
-            fields[FAILED] = job
-        fields[FINISHED] = job
+            words[FAILED] = job
+        words[FINISHED] = job
 
 
 @dataclass(eq=False)
@@ -290,25 +335,26 @@ class Job:
 
     process: ModelProcess
     number: int
-    base: int
+    base: int  # the reports before this job
     answered: np.ndarray
+    every: np.ndarray  # np.arange of the pass's rows
     taken: int = 0
 
     def next(self) -> tuple[int, torch.Tensor, np.ndarray]:
         """The next exit's (or the last block's) index, output and rows (the output stays valid until the next
         job); RuntimeError when the model process failed on the batch."""
-        report = self.process._report(self.number, self.taken, self.base)
+        report = self.process._report(self, self.taken)
         self.taken += 1
         return report
 
     def mark(self, rows: np.ndarray) -> None:
         """Rows of the pass answered: the model process drops them at its next block boundary."""
         self.answered[rows] = True
-        self.process._fields[MARKED] = self.number  # last: it announces them
+        self.process._words[MARKED] = self.number  # last: it announces them
 
     def cancel(self) -> None:
         """The batch is done with (answered, or failed): the model process stops at its next block boundary."""
-        self.process._fields[CANCELLED] = self.number
+        self.process._words[CANCELLED] = self.number
 
 
 def _flags(count: int) -> np.ndarray:

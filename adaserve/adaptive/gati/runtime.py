@@ -304,7 +304,7 @@ class _Pass:
         inline (most hits are at the first exit), and the model process is ahead by the lookup for the rest."""
         chain, last = self.runtime.chain, len(self.runtime.chain.blocks) - 1
         first, *later = sorted(index for index in self.plan.lookups if index != last)
-        job = ahead.start(inputs, every, len(self.rows), 0, later)
+        job = ahead.start(inputs, 0, later)
         answered, index, alive = job.answered, first, every
         x = chain.run(inputs, 0, first + 1)
         try:

@@ -25,7 +25,7 @@ from tests.adaptive.gati.test_runtime import chain as chain  # a fixture
 from tests.adaptive.gati.test_runtime import images as images
 
 #: Three blocks that add 1, 10 and 100; the third fails on a NaN.
-SIZES = Sizes(rows=4, row_bytes=4 * 3, reports=2)
+SIZES = Sizes(rows=4, row_bytes=4 * 3, reports=3)
 
 
 def add(value: float) -> torch.nn.Module:
@@ -57,7 +57,7 @@ def cpu_seconds(pid: int) -> float:
 def test_each_exit_and_the_last_block_come_back_in_order(process: ModelProcess) -> None:
     x = torch.tensor([[0.0, 1, 2], [3, 4, 5], [6, 7, 8]])
     with process.batch():
-        job = process.start(x, np.arange(3), 3, 1, [1])
+        job = process.start(x, 1, [1])
         index, after_ten, rows = job.next()
         assert index == 1 and rows.tolist() == [0, 1, 2]
         torch.testing.assert_close(after_ten, x + 10)
@@ -75,7 +75,7 @@ def test_rows_marked_answered_leave_the_batch(process: ModelProcess) -> None:
     """The worker marks rows answered while the model process runs; it drops them at its next block boundary."""
     x = torch.tensor([[0.0, 0, 0], [1, 1, 1], [2, 2, 2], [3, 3, 3]])
     with process.batch():
-        job = process.start(x, np.arange(4), 4, 0, [0, 1])
+        job = process.start(x, 0, [0, 1])
         _, _, rows = job.next()  # after block 0 ("one")
         job.mark(np.array([0, 2]))  # two rows hit there (the model process may be past block 1 already)
         reports = [job.next(), job.next()]
@@ -88,13 +88,13 @@ def test_rows_marked_answered_leave_the_batch(process: ModelProcess) -> None:
 def test_the_model_process_sleeps_between_batches(process: ModelProcess) -> None:
     assert process.pid is not None
     with process.batch():
-        process.start(torch.ones(1, 3), np.arange(1), 1, 0, []).next()
+        process.start(torch.ones(1, 3), 0, []).next()
     time.sleep(0.2)  # it stops spinning shortly after the batch
     before = cpu_seconds(process.pid)
     time.sleep(1.0)
     assert cpu_seconds(process.pid) - before < 0.2  # spinning, it would have taken the whole second
     with process.batch():  # asleep, it is woken for the next batch
-        _, out, _ = process.start(torch.ones(1, 3), np.arange(1), 1, 0, []).next()
+        _, out, _ = process.start(torch.ones(1, 3), 0, []).next()
     torch.testing.assert_close(out, torch.full((1, 3), 112.0))
 
 
@@ -103,7 +103,7 @@ def test_batches_spaced_around_the_linger_are_all_served(process: ModelProcess) 
     for gap in np.random.default_rng(0).uniform(0, 2 * LINGER_S, 30):
         time.sleep(gap)
         with process.batch():
-            job = process.start(torch.zeros(1, 3), np.arange(1), 1, 0, [])
+            job = process.start(torch.zeros(1, 3), 0, [])
             _, out, _ = job.next()
             job.cancel()
         torch.testing.assert_close(out, torch.full((1, 3), 111.0))
@@ -115,20 +115,32 @@ def test_a_failed_block_is_the_batchs_error_by_its_message_and_the_next_batch_is
     process: ModelProcess,
 ) -> None:
     with process.batch():
-        job = process.start(torch.full((2, 3), float("nan")), np.arange(2), 2, 0, [])
+        job = process.start(torch.full((2, 3), float("nan")), 0, [])
         with pytest.raises(RuntimeError, match="in the model process: ValueError: a NaN reached the last block"):
             job.next()
         job.cancel()
     while not process.idle():
         time.sleep(0.001)
     with process.batch():
-        _, out, _ = process.start(torch.ones(2, 3), np.arange(2), 2, 0, []).next()
+        _, out, _ = process.start(torch.ones(2, 3), 0, []).next()
     torch.testing.assert_close(out, torch.full((2, 3), 112.0))
 
 
 def test_a_tensor_larger_than_the_buffers_is_refused(process: ModelProcess) -> None:
     with pytest.raises(ValueError, match="does not fit the model process's 48-byte buffer"):
-        process.start(torch.ones(5, 3), np.arange(5), 5, 0, [])
+        process.start(torch.ones(5, 3), 0, [])
+
+
+def test_more_exits_than_the_reports_sized_are_refused() -> None:
+    process = ModelProcess(toy_chain(), Sizes(rows=4, row_bytes=4 * 3, reports=2))
+    try:
+        with pytest.raises(ValueError, match=r"exits \[0, 1\] and the last block need 3 reports, 2 are sized"):
+            process.start(torch.ones(1, 3), 0, [0, 1])
+        with process.batch():
+            _, out, _ = process.start(torch.ones(1, 3), 0, [0]).next()
+        torch.testing.assert_close(out, torch.full((1, 3), 2.0))
+    finally:
+        process.close()
 
 
 def test_the_model_process_dies_with_its_worker() -> None:
