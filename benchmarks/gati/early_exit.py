@@ -138,9 +138,15 @@ def run_model(net: Net, train: Data, test: Data, rows: Rows, quick: bool) -> dic
     whole = executable(stored)  # the program as a worker without caches runs it
     runtime = EarlyExit.load(spec.config, spec.artifact, stored)  # its blocks share the program's weights
     runtime.start_lookups("inline")  # as a worker runs it: `lookup: auto` is inline on CPU
-    methods, result["cascade_threshold"] = build_methods(whole, runtime, prepared, test[0], train[0][:512])
-    part = images[: rows.methods]
-    result["methods"] = measure(methods, part, labels[: len(part)])
+    beside = EarlyExit(runtime.chain, runtime.plans, 0.0, "lookups beside the model, in a process", "process")
+    with torch.inference_mode():
+        beside.warm_up(1, ROW_SHAPE, torch.float32)  # forks the model process, sized for batch 1
+    try:
+        methods, result["cascade_threshold"] = build_methods(whole, runtime, beside, prepared, test[0], train[0][:512])
+        part = images[: rows.methods]
+        result["methods"] = measure(methods, part, labels[: len(part)], beside.model_process_pid)
+    finally:
+        beside.stop_lookups()
     print(f"{net.name}: measured the methods in {result['methods']['window']['wall_s']:.0f} s", flush=True)
     result["sweeps"] = sweeps(whole, runtime, prepared.cache_set, images[: rows.sweeps])
     result["batching"] = batching(whole, runtime, images[: rows.batches])
@@ -198,12 +204,15 @@ def explore_settings(quick: bool) -> ExploreSettings:
 
 
 def build_methods(
-    whole: Model, runtime: EarlyExit, prepared: Prepared, test_images: np.ndarray, calibration: np.ndarray
+    whole: Model,
+    runtime: EarlyExit,
+    beside: EarlyExit,
+    prepared: Prepared,
+    test_images: np.ndarray,
+    calibration: np.ndarray,
 ) -> tuple[dict[str, Method], float | None]:
-    """Every method of part 1 by name, and the cascade's threshold (None: the student never answers)."""
-    beside = EarlyExit(runtime.chain, runtime.plans, 0.0, "lookups beside the model, in a process", "process")
-    with torch.inference_mode():
-        beside.warm_up(1, ROW_SHAPE, torch.float32)  # forks the model process, sized for batch 1
+    """Every method of part 1 by name (`beside`: GATI with its model process started), and the cascade's threshold
+    (None: the student never answers)."""
     calibrate = prepared.cache_set.scores()["calibrate_rows"]
     with torch.inference_mode():
         x = torch.from_numpy(test_images[calibrate])
@@ -225,11 +234,14 @@ def build_methods(
     return methods, threshold if math.isfinite(threshold) else None
 
 
-def measure(methods: dict[str, Method], images: np.ndarray, labels: np.ndarray) -> dict[str, Any]:
-    """Part 1: every method on every row; summaries against the base model, and each one's latencies (µs)."""
+def measure(
+    methods: dict[str, Method], images: np.ndarray, labels: np.ndarray, model_pid: int | None
+) -> dict[str, Any]:
+    """Part 1: every method on every row; summaries against the base model, and each one's latencies (µs).
+    `model_pid`: GATI's model process, whose spinning is counted apart (`model_process_cores`), not as others'."""
     wait = wait_for_quiet(QUIET_WAIT_S)
     window: dict[str, Any] = {"quiet_wait": wait}
-    with cpu_window(window):
+    with cpu_window(window, *([model_pid] if model_pid else []), field="model_process_cores"):
         samples = interleave(methods, images)
     reference = np.array(samples["base"].label)
     base_mean = float(np.mean(samples["base"].latency_s))
@@ -343,7 +355,11 @@ def _composition(c: CompositionRecord, manifest: Any) -> dict[str, Any]:
 
 def print_model(name: str, result: dict[str, Any]) -> None:
     methods = result["methods"]
-    print(f"\n== {name}: {methods['rows']} evaluate rows, other cores {methods['window']['other_cores']}")
+    window = methods["window"]
+    print(
+        f"\n== {name}: {methods['rows']} evaluate rows, other cores {window['other_cores']}, "
+        f"the model process {window.get('model_process_cores')}"
+    )
     print(f"{'method':>16} {'mean ms':>8} {'p50':>7} {'p99':>7} {'agree':>7} {'acc':>6} {'speedup':>7}")
     for method, s in methods.items():
         if isinstance(s, dict) and "mean_ms" in s:

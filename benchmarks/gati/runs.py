@@ -124,9 +124,10 @@ def summary(samples: Samples, reference: np.ndarray | None = None, base_mean_s: 
 
 
 @contextmanager
-def cpu_window(record: dict[str, Any], *pids: int) -> Iterator[None]:
-    """`load_window`'s fields, plus the cores this process (`own_cores`) and the process trees `pids` (a server,
-    `server_cores`) kept busy, and `other_cores`: what the rest of the machine took during the block."""
+def cpu_window(record: dict[str, Any], *pids: int, field: str = "server_cores") -> Iterator[None]:
+    """`load_window`'s fields, plus the cores this process (`own_cores`) and the process trees `pids` (a server, or
+    a GATI model process: `field`) kept busy, and `other_cores`: what the rest of the machine took during the
+    block."""
     trees = [TreeCPU(pid) for pid in pids]
     own, busy, servers = time.process_time(), machine_busy_s(), sum(tree.sample() for tree in trees)
     with load_window(record):
@@ -136,5 +137,5 @@ def cpu_window(record: dict[str, Any], *pids: int) -> Iterator[None]:
     server_s = sum(tree.sample() for tree in trees) - servers
     record["own_cores"] = round(own_s / wall, 3)
     if pids:
-        record["server_cores"] = round(server_s / wall, 3)
+        record[field] = round(server_s / wall, 3)
     record["other_cores"] = round(max(0.0, machine_busy_s() - busy - own_s - server_s) / wall, 3)

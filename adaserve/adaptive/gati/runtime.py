@@ -171,6 +171,11 @@ class EarlyExit:
         self.start_lookups(self.lookup, Sizes(rows, row_bytes, reports))
 
     @property
+    def model_process_pid(self) -> int | None:
+        """The model process's pid, while lookups run beside it (`process`)."""
+        return self._ahead.pid if self._ahead is not None else None
+
+    @property
     def lookups_run(self) -> Lookup:
         """Where lookups run now (after `start_lookups`)."""
         return self._running
