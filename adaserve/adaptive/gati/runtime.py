@@ -37,7 +37,6 @@ serve (missing, corrupt, built for other blocks or another artifact) is reported
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 from collections.abc import Sequence
@@ -99,6 +98,8 @@ class EarlyExit:
         self.lookup = lookup
         self.device = device or torch.device("cpu")
         self.plans = sorted(plans, key=lambda plan: plan.target)
+        last = len(chain.blocks) - 1  # a cache after the last block is never consulted: the model's answer is there
+        self._exits = {plan: tuple(sorted(i for i in plan.lookups if i != last)) for plan in self.plans}
         self.default_target = plans[0].target  # the config's first target
         self.verify_fraction = verify_fraction
         self.description = description
@@ -215,13 +216,15 @@ class EarlyExit:
         """Compute a batch's rows (`inputs` its slice of the input ring, on the model's device; `outputs` its slice
         of the pool's output ring; `requests` each request's rows and parameters); requests answered early go to
         `answer`; returns the response parameters of the others."""
-        with contextlib.ExitStack() as batch:
-            if self._ahead is not None:
-                try:
-                    batch.enter_context(self._ahead.batch())  # wakes it; a dead one is found here, no waitpid needed
-                except ModelProcessDied as died:
-                    log.error("%s; lookups run inline from now on", died)
-                    self.stop_lookups()
+        ahead = self._ahead
+        if ahead is not None:
+            try:
+                ahead.begin()  # wakes it if need be; a dead one is found here, no waitpid needed
+            except ModelProcessDied as died:
+                log.error("%s; lookups run inline from now on", died)
+                self.stop_lookups()
+                ahead = None
+        try:
             groups: dict[ExitPlan | None, list[RowParameters]] = {}
             for request in requests:
                 groups.setdefault(self._plan(exit_target(request.values, self.default_target)), []).append(request)
@@ -239,6 +242,9 @@ class EarlyExit:
                     continue
                 responses += _Pass(self, plan, rows, members, outputs, answer).run(x)
             return responses
+        finally:
+            if ahead is not None:
+                ahead.end()
 
     def _plan(self, target: float | None) -> ExitPlan | None:
         """The plan for the least target at or above the asked one (the highest when none is that high)."""
@@ -270,10 +276,14 @@ class _Pass:
         self.outputs = outputs
         self.answer = answer
         self.requests = requests
+        self.exits = runtime._exits[plan]  # the blocks whose caches are consulted, in order
         self.open_rows = [r.rows for r in requests]  # rows not answered yet, per request
         self.deepest = [-1] * len(requests)  # deepest exit block of each request's answered rows
         self.verify_label: dict[int, int] = {}  # row → the cache's class, for rows answered and still running
-        self.counts = runtime._counts.setdefault(plan.target, ExitStats())
+        counts = runtime._counts.get(plan.target)
+        if counts is None:
+            counts = runtime._counts[plan.target] = ExitStats()
+        self.counts = counts
 
     @functools.cached_property
     def owner(self) -> np.ndarray:
@@ -283,7 +293,7 @@ class _Pass:
     def run(self, x: torch.Tensor) -> list[RowParameters]:
         alive = np.arange(len(self.rows))  # rows of this pass still in the batch, in x's order
         ahead = self.runtime._ahead
-        if ahead is not None and set(self.plan.lookups) - {len(self.runtime.chain.blocks) - 1} and ahead.idle():
+        if ahead is not None and self.exits and ahead.idle():
             return self._beside(ahead, x, alive)
         return self._from(0, x, alive)
 
@@ -308,7 +318,7 @@ class _Pass:
         left. The first exit's blocks run twice, on two cores: so a row that hits there is answered as fast as
         inline (most hits are at the first exit), and the model process is ahead by the lookup for the rest."""
         chain, last = self.runtime.chain, len(self.runtime.chain.blocks) - 1
-        first, *later = sorted(index for index in self.plan.lookups if index != last)
+        first, later = self.exits[0], self.exits[1:]
         job = ahead.start(inputs, 0, later)
         answered, index, alive = job.answered, first, every
         x = chain.run(inputs, 0, first + 1)
@@ -319,10 +329,11 @@ class _Pass:
                 stay = self._look_up(index, self.plan.lookups[index], x, alive)
                 if stay is not None:
                     job.mark(alive[~stay])
-                if answered.all():
-                    return []
+                    if answered.all():
+                        return []
                 index, x, alive = job.next()
-                x, alive = _leave(x, alive, ~answered[alive])  # rows answered since the model process dropped some
+                if job.marked:  # rows answered since the model process dropped some
+                    x, alive = _leave(x, alive, ~answered[alive])
         except ModelProcessDied as died:  # the rows left go on here, and later batches inline
             log.error("%s; lookups run inline from now on", died)
             self.runtime.stop_lookups()

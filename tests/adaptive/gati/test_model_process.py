@@ -4,6 +4,7 @@ failed block by its message, and does not outlive its worker; a worker whose mod
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -17,8 +18,9 @@ import numpy as np
 import pytest
 import torch
 
+from adaserve.adaptive.gati import model_process
 from adaserve.adaptive.gati.blocks import BlockChain
-from adaserve.adaptive.gati.model_process import LINGER_S, ModelProcess, Sizes
+from adaserve.adaptive.gati.model_process import AWAKE, LINGER_S, ModelProcess, Sizes
 from adaserve.adaptive.gati.runtime import EarlyExit, ExitPlan
 from tests.adaptive.gati.test_runtime import ALWAYS, NEVER, ROOM, cache_after, requests_of, run
 from tests.adaptive.gati.test_runtime import chain as chain  # a fixture
@@ -49,6 +51,16 @@ def process() -> Iterator[ModelProcess]:
     started.close()
 
 
+@contextlib.contextmanager
+def batch(process: ModelProcess) -> Iterator[None]:
+    """A batch, as the runtime brackets one."""
+    process.begin()
+    try:
+        yield
+    finally:
+        process.end()
+
+
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -56,7 +68,7 @@ def cpu_seconds(pid: int) -> float:
 
 def test_each_exit_and_the_last_block_come_back_in_order(process: ModelProcess) -> None:
     x = torch.tensor([[0.0, 1, 2], [3, 4, 5], [6, 7, 8]])
-    with process.batch():
+    with batch(process):
         job = process.start(x, 1, [1])
         index, after_ten, rows = job.next()
         assert index == 1 and rows.tolist() == [0, 1, 2]
@@ -74,7 +86,7 @@ def test_each_exit_and_the_last_block_come_back_in_order(process: ModelProcess) 
 def test_rows_marked_answered_leave_the_batch(process: ModelProcess) -> None:
     """The worker marks rows answered while the model process runs; it drops them at its next block boundary."""
     x = torch.tensor([[0.0, 0, 0], [1, 1, 1], [2, 2, 2], [3, 3, 3]])
-    with process.batch():
+    with batch(process):
         job = process.start(x, 0, [0, 1])
         _, _, rows = job.next()  # after block 0 ("one")
         job.mark(np.array([0, 2]))  # two rows hit there (the model process may be past block 1 already)
@@ -87,13 +99,13 @@ def test_rows_marked_answered_leave_the_batch(process: ModelProcess) -> None:
 
 def test_the_model_process_sleeps_between_batches(process: ModelProcess) -> None:
     assert process.pid is not None
-    with process.batch():
+    with batch(process):
         process.start(torch.ones(1, 3), 0, []).next()
     time.sleep(0.2)  # it stops spinning shortly after the batch
     before = cpu_seconds(process.pid)
     time.sleep(1.0)
     assert cpu_seconds(process.pid) - before < 0.2  # spinning, it would have taken the whole second
-    with process.batch():  # asleep, it is woken for the next batch
+    with batch(process):  # asleep, it is woken for the next batch
         _, out, _ = process.start(torch.ones(1, 3), 0, []).next()
     torch.testing.assert_close(out, torch.full((1, 3), 112.0))
 
@@ -102,7 +114,7 @@ def test_batches_spaced_around_the_linger_are_all_served(process: ModelProcess) 
     """Whether the model process is still spinning or has just gone to sleep when a batch comes, it runs it."""
     for gap in np.random.default_rng(0).uniform(0, 2 * LINGER_S, 30):
         time.sleep(gap)
-        with process.batch():
+        with batch(process):
             job = process.start(torch.zeros(1, 3), 0, [])
             _, out, _ = job.next()
             job.cancel()
@@ -111,17 +123,41 @@ def test_batches_spaced_around_the_linger_are_all_served(process: ModelProcess) 
             time.sleep(0.0001)
 
 
+def test_a_batch_that_finds_the_model_process_awake_but_it_falls_asleep_is_still_served(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A batch does not wake a model process that says it is spinning; should it have just stopped, and missed the
+    batch, the wait for the batch's first output wakes it (long before the sleeper's own hourly look)."""
+    monkeypatch.setattr(model_process, "PARENT_CHECK_S", 3600.0)
+    process = ModelProcess(toy_chain(), SIZES)
+    try:
+        with batch(process):
+            process.start(torch.ones(1, 3), 0, []).next()
+        time.sleep(10 * LINGER_S)  # asleep now
+        process._words[AWAKE] = 1  # as if it were still spinning when the batch looks...
+        began = time.monotonic()
+        with batch(process):
+            process._words[AWAKE] = 0  # ...and stopped just after
+            job = process.start(torch.ones(1, 3), 0, [])
+            _, out, _ = job.next()
+            job.cancel()
+        assert time.monotonic() - began < 60
+        torch.testing.assert_close(out, torch.full((1, 3), 112.0))
+    finally:
+        process.close()
+
+
 def test_a_failed_block_is_the_batchs_error_by_its_message_and_the_next_batch_is_served(
     process: ModelProcess,
 ) -> None:
-    with process.batch():
+    with batch(process):
         job = process.start(torch.full((2, 3), float("nan")), 0, [])
         with pytest.raises(RuntimeError, match="in the model process: ValueError: a NaN reached the last block"):
             job.next()
         job.cancel()
     while not process.idle():
         time.sleep(0.001)
-    with process.batch():
+    with batch(process):
         _, out, _ = process.start(torch.ones(2, 3), 0, []).next()
     torch.testing.assert_close(out, torch.full((2, 3), 112.0))
 
@@ -136,7 +172,7 @@ def test_more_exits_than_the_reports_sized_are_refused() -> None:
     try:
         with pytest.raises(ValueError, match=r"exits \[0, 1\] and the last block need 3 reports, 2 are sized"):
             process.start(torch.ones(1, 3), 0, [0, 1])
-        with process.batch():
+        with batch(process):
             _, out, _ = process.start(torch.ones(1, 3), 0, [0]).next()
         torch.testing.assert_close(out, torch.full((1, 3), 2.0))
     finally:
@@ -175,6 +211,15 @@ def kill(early_exit: EarlyExit) -> None:
         time.sleep(0.01)
 
 
+def answered_as_the_model(early_exit: EarlyExit, chain: BlockChain, images: np.ndarray) -> None:
+    """Two requests whose rows no cache answers get the model's outputs, from its last block."""
+    outputs, early, rest = run(early_exit, images, requests_of(5, 7))
+    with torch.inference_mode():
+        base = chain.run(torch.from_numpy(images)).numpy()
+    np.testing.assert_allclose(outputs, base, rtol=1e-5, atol=1e-5)
+    assert early == [] and [p.values["exit_block"] for p in rest] == ["head", "head"]
+
+
 def test_a_worker_whose_model_process_died_looks_up_inline(
     chain: BlockChain, images: np.ndarray, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -185,6 +230,21 @@ def test_a_worker_whose_model_process_died_looks_up_inline(
     assert rest == [] and len(early) == 1  # every row hit after stage1, looked up inline
     assert early_exit.lookups_run == "inline"
     assert "the model process exited" in caplog.text
+
+
+def test_a_model_process_that_died_spinning_is_found_by_the_batch_that_waits_for_it(
+    chain: BlockChain, images: np.ndarray, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Dead while it said it was awake, it is not woken by the next batch (so no broken pipe tells): the wait for
+    its first output finds it dead, and the worker runs the batch, and the later ones, inline."""
+    early_exit = EarlyExit(chain, [ExitPlan(0.9, {0: cache_after(chain, 0, NEVER)})], 0.0, "test", "process")
+    early_exit.start_lookups("process", ROOM)
+    process = early_exit._ahead
+    assert process is not None
+    kill(early_exit)
+    process._words[AWAKE] = 1
+    answered_as_the_model(early_exit, chain, images)
+    assert early_exit.lookups_run == "inline" and "during a batch" in caplog.text
 
 
 def test_a_batch_whose_model_process_dies_under_it_ends_inline(
@@ -214,9 +274,5 @@ def test_a_batch_whose_model_process_dies_under_it_ends_inline(
             return look_up(x)
 
     early_exit.plans[0].lookups[0] = KillFirst()  # type: ignore[assignment]
-    outputs, early, rest = run(early_exit, images, requests_of(5, 7))
-    with torch.inference_mode():
-        base = chain.run(torch.from_numpy(images)).numpy()
-    np.testing.assert_allclose(outputs, base, rtol=1e-5, atol=1e-5)
-    assert early == [] and [p.values["exit_block"] for p in rest] == ["head", "head"]
+    answered_as_the_model(early_exit, chain, images)
     assert early_exit.lookups_run == "inline" and "lookups run inline from now on" in caplog.text
