@@ -8,7 +8,9 @@ whole model in order.
 
 The three artifact forms are split the same way:
 - a `torch.export` program is unflattened (`torch.export.unflatten`) so its submodules reappear; the unflattened
-  modules are rebound to the program's own tensors, so blocks share the weights rather than copy them;
+  modules are rebound to the program's own tensors, so blocks share the weights rather than copy them; each block
+  is then inlined into one graph of operations (`_inlined`), as the program itself runs, rather than a module call
+  per convolution and norm;
 - a TorchScript module already keeps its submodules (traced `nn.Sequential` calls them in a chain);
 - an `nn.Module` is split along its `nn.Sequential` containers.
 """
@@ -61,11 +63,14 @@ class BlockChain:
 
 def split_model(model: Any, blocks: BlockNames = "auto") -> BlockChain:
     """Blocks of a loaded model: a `torch.export.ExportedProgram`, a TorchScript module or an `nn.Module`."""
-    root = _unflatten(model) if isinstance(model, torch.export.ExportedProgram) else model
+    exported = isinstance(model, torch.export.ExportedProgram)
+    root = _unflatten(model) if exported else model
     if not isinstance(root, nn.Module):
         raise BlocksError(f"cannot split a {type(root).__name__}: expected an exported program or a module")
     names = _auto(root) if blocks == "auto" else _resolve(root, list(blocks))
     modules = tuple(_submodule(root, name) for name in names)
+    if exported:
+        modules = tuple(_inlined(module) for module in modules)
     return BlockChain(names=tuple(names), blocks=modules, weight_bytes=tuple(weight_bytes(m) for m in modules))
 
 
@@ -111,14 +116,51 @@ def _unflatten(program: torch.export.ExportedProgram) -> nn.Module:
     return root
 
 
+def _inlined(block: nn.Module) -> torch.fx.GraphModule:
+    """The unflattened block as one generated forward over its operations, its submodules' graphs copied in: the
+    same operations on the same tensors (`GraphModule` binds the attributes, it does not copy them), without a
+    module call for each convolution, norm and activation (about 70 calls and 5% of a small ResNet's time)."""
+    graph = torch.fx.Graph()
+    inputs = [graph.placeholder(node.name) for node in _graph(block).nodes if node.op == "placeholder"]
+    graph.output(_copy_graph(graph, block, "", inputs))
+    return torch.fx.GraphModule(block, graph)
+
+
+def _copy_graph(graph: torch.fx.Graph, module: nn.Module, prefix: str, inputs: Sequence[Any]) -> Any:
+    """Append `module`'s graph of operations to `graph`, its placeholders bound to `inputs`, its submodules' graphs
+    copied in recursively and attribute paths made relative to the block (`prefix`); returns what it outputs."""
+    values: dict[torch.fx.Node, Any] = {}
+    value, placeholders, own = values.__getitem__, iter(inputs), _graph(module)
+    for node in own.nodes:
+        if node.op == "placeholder":
+            values[node] = next(placeholders)
+        elif node.op == "call_module" and not node.kwargs and _has_graph(child := _submodule(module, node.target)):
+            values[node] = _copy_graph(graph, child, f"{prefix}{node.target}.", torch.fx.map_arg(node.args, value))
+        elif node.op != "output":
+            copy = graph.node_copy(node, value)
+            if node.op in ("get_attr", "call_module"):
+                copy.target = f"{prefix}{node.target}"
+            values[node] = copy
+    return torch.fx.map_arg(own.output_node().args[0], value)
+
+
+def _graph(module: nn.Module) -> torch.fx.Graph:
+    graph = getattr(module, "graph", None)
+    assert isinstance(graph, torch.fx.Graph), f"{type(module).__name__} has no graph of operations"
+    return graph
+
+
+def _has_graph(module: nn.Module) -> bool:
+    return isinstance(getattr(module, "graph", None), torch.fx.Graph)
+
+
 def _chain(module: nn.Module) -> list[str] | None:
     """The children `module.forward` calls one after another, each on the previous one's output; None when its
     forward does anything else (a residual add, a concatenation, a reshape of its own)."""
     if isinstance(module, torch.jit.ScriptModule):
         return _script_chain(module)
-    graph = getattr(module, "graph", None)
-    if isinstance(graph, torch.fx.Graph):
-        return _fx_chain(graph)
+    if _has_graph(module):
+        return _fx_chain(_graph(module))
     if type(module).forward is nn.Sequential.forward:
         return list(module._modules)
     return None

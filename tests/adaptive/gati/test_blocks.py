@@ -86,6 +86,9 @@ def test_a_resnet_splits_into_its_basic_blocks(tmp_path: Path, fmt: str) -> None
         torch.testing.assert_close(auto.run(x), expected)
         torch.testing.assert_close(coarse.run(x), expected)
     assert auto.weight_bytes[-1] > 0 and coarse.weight_bytes[6:8] == (0, 0)  # pooling and flatten hold nothing
+    if fmt == "torch_export":  # each block is inlined into one graph of operations: no module call per layer
+        calls = [n.target for block in auto.blocks for n in block.graph.nodes if n.op == "call_module"]  # type: ignore[attr-defined]
+        assert calls == []
 
 
 @pytest.mark.parametrize(
