@@ -204,3 +204,20 @@ def test_the_fastest_certified_setting_is_deployed() -> None:
     candidates, cal, latency = one_exit(three)
     assert certified_exits([(0,)], candidates, cal, latency, 0.99, inline=False).exits == []
     assert certified_exits([(0,)], candidates, cal, latency, 0.99, risk=0.3, inline=False).exits == [(0, 0.0)]
+
+
+def test_an_exit_that_costs_more_than_its_hits_save_at_the_tuned_level_is_dropped() -> None:
+    """Three 1 ms blocks; exit a after block 0 (lookup 0.1 ms) answers half the rows, exit b after block 1 (lookup
+    0.1 ms) one in a hundred. The tuner keeps b, since each hit saves 1 ms; but inline, the 50% of rows reaching it
+    wait 0.1 ms each, 0.05 ms a row against the 0.01 its hits save."""
+    rows = np.arange(1000) % 100
+    scores = np.array([np.where(rows < 50, 0.9, 0.1), np.where(rows == 50, 0.9, 0.1)])
+    cal = scores, scores > 0.5  # every hit agrees, every low score would not
+    candidates = [Candidate(exit=0, lookup_s=1e-4, memory_bytes=1), Candidate(exit=1, lookup_s=1e-4, memory_bytes=1)]
+    latency = [1e-3, 1e-3, 1e-3]
+    thresholds = tune_thresholds([0, 1], candidates, scores, cal[1], latency, 0.99, inline=True)
+    assert all(math.isfinite(t) for t in thresholds)  # the tuner alone keeps both
+    found = certified_exits([(0, 1)], candidates, cal, latency, 0.99, inline=True)
+    assert [c for c, _ in found.exits] == [0]
+    assert found.check.mean_latency_s == pytest.approx(0.5 * 1.1e-3 + 0.5 * 3.1e-3)
+    assert found.check.agreement == 1.0
