@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from matplotlib.ticker import NullFormatter
 
 from benchmarks.common import figure
 
@@ -33,6 +34,7 @@ def plot_latency(models: dict[str, Any], path: Path) -> None:
             style = "-" if method.startswith(("gati", "base")) else "--"
             cdf.plot(ms, np.arange(1, len(ms) + 1) / len(ms), style, label=method, linewidth=1.4)
         cdf.set_xscale("log")
+        cdf.xaxis.set_minor_formatter(NullFormatter())  # under a decade, minor tick labels overlap
         cdf.set_xlabel("latency (ms), batch 1, one thread")
         cdf.set_ylabel("fraction of requests")
         cdf.set_title(f"{name}: latency distribution ({result['methods']['rows']} evaluate rows)")
