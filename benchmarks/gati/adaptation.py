@@ -37,6 +37,7 @@ from scipy import ndimage
 
 from adaserve.adaptive.gati.adapt import AdaptResult, AdaptSettings, HitRateMonitor, SampleWindow, adapt, deploy
 from adaserve.adaptive.gati.cacheset import CacheSet, ChainRecord
+from adaserve.adaptive.gati.certify import DEFAULT_RISK, p_value
 from adaserve.adaptive.gati.explore import ExploreSettings, build_cache_set, load_data
 from adaserve.adaptive.gati.runtime import EarlyExit
 from adaserve.config import LearnedCachesSpec
@@ -130,6 +131,14 @@ def run(target: float, quick: bool, chunk_rows: int, plan: list[tuple[str, int]]
     settings = ExploreSettings.for_run(quick=quick, max_samples=BUILD_ROWS)
     built = build_cache_set(spec, "fashion-mnist", settings, targets=[target], progress=False)
     build_s = time.perf_counter() - began
+    if not built.composition(target).exits:
+        check = built.manifest.data.splits["calibrate"] // 2
+        allowed = sum(p_value(k, check, target) <= DEFAULT_RISK for k in range(check + 1)) - 1
+        raise SystemExit(
+            f"the cache set certified no exit for target {target:g}, so there is no cache to adapt: on its {check} "
+            f"check rows the test at risk {DEFAULT_RISK:g} accepts a setting with at most {allowed} disagreements "
+            "(-1: none), and the strictest had more; a lower --target accepts more"
+        )
     validation_x, _ = load_data("fashion-mnist", spec.config)
     images, labels = load_fashion_mnist("test")
     used = np.concatenate([rows for name, rows in built.scores().items() if name.endswith("_rows")])
