@@ -37,7 +37,7 @@ from scipy import ndimage
 
 from adaserve.adaptive.gati.adapt import AdaptResult, AdaptSettings, HitRateMonitor, SampleWindow, adapt, deploy
 from adaserve.adaptive.gati.cacheset import CacheSet, ChainRecord
-from adaserve.adaptive.gati.certify import DEFAULT_RISK, p_value
+from adaserve.adaptive.gati.certify import DEFAULT_RISK, accepted, split
 from adaserve.adaptive.gati.explore import ExploreSettings, build_cache_set, load_data
 from adaserve.adaptive.gati.runtime import EarlyExit
 from adaserve.config import LearnedCachesSpec
@@ -132,8 +132,8 @@ def run(target: float, quick: bool, chunk_rows: int, plan: list[tuple[str, int]]
     built = build_cache_set(spec, "fashion-mnist", settings, targets=[target], progress=False)
     build_s = time.perf_counter() - began
     if not built.composition(target).exits:
-        check = built.manifest.data.splits["calibrate"] // 2
-        allowed = sum(p_value(k, check, target) <= DEFAULT_RISK for k in range(check + 1)) - 1
+        check = len(split(built.manifest.data.splits["calibrate"])[1])
+        allowed = accepted(range(check + 1), check, target) - 1  # p grows with k: the test passes 0…allowed
         raise SystemExit(
             f"the cache set certified no exit for target {target:g}, so there is no cache to adapt: on its {check} "
             f"check rows the test at risk {DEFAULT_RISK:g} accepts a setting with at most {allowed} disagreements "
