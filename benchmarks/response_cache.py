@@ -152,7 +152,8 @@ def _run(
 
 
 def _cache_counts(server: ServerHandle, model: str) -> tuple[int, int]:
-    (stats,) = httpclient.InferenceServerClient(server.http_url).get_inference_statistics(model)["model_stats"]
+    with httpclient.InferenceServerClient(server.http_url) as client:
+        (stats,) = client.get_inference_statistics(model)["model_stats"]
     return stats["inference_stats"]["cache_hit"]["count"], stats["inference_stats"]["cache_miss"]["count"]
 
 

@@ -178,8 +178,8 @@ def _latency(results: list[BenchResult]) -> dict[str, float | None]:
 
 def _batches(server: ServerHandle) -> dict[str, tuple[int, int]]:
     """Per model: (rows inferred, batches run) so far."""
-    client = httpclient.InferenceServerClient(server.http_url)
-    stats = client.get_inference_statistics()["model_stats"]
+    with httpclient.InferenceServerClient(server.http_url) as client:
+        stats = client.get_inference_statistics()["model_stats"]
     return {s["name"]: (int(s["inference_count"]), int(s["execution_count"])) for s in stats}
 
 

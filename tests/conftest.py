@@ -12,6 +12,7 @@ import pytest
 from benchmarks.perf_load import PerfAnalyzer
 from tests.server_utils import (
     ROOT,
+    Clients,
     ServerHandle,
     link_example,
     running_server,
@@ -50,6 +51,13 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def server(repository: Path) -> Iterator[ServerHandle]:
     with running_server(repository, "--max-request-bytes", str(MAX_REQUEST_BYTES), "--allow-client-shm") as handle:
         yield handle
+
+
+@pytest.fixture
+def clients() -> Iterator[Clients]:
+    """Opens tritonclient clients for a test and closes them when it ends (see `Clients` for why)."""
+    with Clients() as opened:
+        yield opened
 
 
 @pytest.fixture(scope="session")

@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 import torch
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import yaml
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
@@ -42,6 +43,43 @@ class ServerHandle:
     grpc_url: str
     pid: int
     log: Path
+
+
+class Clients:
+    """The tritonclient clients a test opens, closed together when it ends (the `clients` fixture, or a `with`
+    block), in its thread.
+
+    Why: any error tritonclient raises puts its client in a reference cycle (the traceback holds the frames that
+    hold the client), so a client left open outlives its test and is finalized by the cyclic garbage collector on
+    whatever thread allocates next. Its `__del__` then calls `close()`, which waits on a gevent pool from that
+    foreign thread; on a gevent resolver thread this raises (gevent#1961: '_Threadlocal' object has no attribute
+    'loop') and leaves the socket unclosed, an unraisable exception that failed an unrelated test in CI (stop 46 of
+    test_packrat). A client closed explicitly has a harmless `__del__`."""
+
+    def __init__(self) -> None:
+        self._stack = contextlib.ExitStack()
+
+    def http(self, url: str, **options: Any) -> httpclient.InferenceServerClient:
+        return self._stack.enter_context(httpclient.InferenceServerClient(url, **options))
+
+    def grpc(self, url: str, **options: Any) -> grpcclient.InferenceServerClient:
+        return self._stack.enter_context(grpcclient.InferenceServerClient(url, **options))
+
+    def of(self, server: ServerHandle, protocol: str) -> Any:
+        """A client of `server` over `protocol`, "http" or "grpc"."""
+        if protocol not in ("http", "grpc"):
+            raise ValueError(f"no tritonclient protocol {protocol!r}")
+        return self.http(server.http_url) if protocol == "http" else self.grpc(server.grpc_url)
+
+    def close(self) -> None:
+        """Closes every client opened here (all of them, even if one's close raises)."""
+        self._stack.close()
+
+    def __enter__(self) -> Clients:
+        return self
+
+    def __exit__(self, *exception: object) -> None:
+        self.close()
 
 
 #: Tests that need a GPU (CI has none; a lent GPU machine runs them).

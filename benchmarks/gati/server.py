@@ -26,22 +26,21 @@ QUIET_WAIT_S = 5.0
 def measure_server(spec: ModelSpec, images: np.ndarray) -> dict[str, Any]:
     """Early exit on vs off through a fresh server on `spec`'s repository; summaries, exits and the CPU record."""
     samples = {"on": Samples(), "off": Samples()}
-    with running_server(spec.directory.parent, f"--model={spec.name}") as server:
-        client = httpclient.InferenceServerClient(server.http_url)
-        try:
-            for image in images[:WARM_UP]:
-                for parameters in (None, {"early_exit": False}):
-                    infer_row(client, spec.name, image, parameters)
-            shuffle = np.random.default_rng(0)
-            with cpu_window(window := {"quiet_wait": wait_for_quiet(QUIET_WAIT_S)}, server.pid):
-                for image in images:
-                    for side in shuffle.permutation(["on", "off"]):
-                        parameters = None if side == "on" else {"early_exit": False}
-                        latency, label, answer = infer_row(client, spec.name, image, parameters)
-                        block = answer.get("exit_block")
-                        samples[side].add([(latency, label, block)], latency)
-        finally:
-            client.close()
+    with (
+        running_server(spec.directory.parent, f"--model={spec.name}") as server,
+        httpclient.InferenceServerClient(server.http_url) as client,
+    ):
+        for image in images[:WARM_UP]:
+            for parameters in (None, {"early_exit": False}):
+                infer_row(client, spec.name, image, parameters)
+        shuffle = np.random.default_rng(0)
+        with cpu_window(window := {"quiet_wait": wait_for_quiet(QUIET_WAIT_S)}, server.pid):
+            for image in images:
+                for side in shuffle.permutation(["on", "off"]):
+                    parameters = None if side == "on" else {"early_exit": False}
+                    latency, label, answer = infer_row(client, spec.name, image, parameters)
+                    block = answer.get("exit_block")
+                    samples[side].add([(latency, label, block)], latency)
     reference = np.array(samples["off"].label)
     base_mean = float(np.mean(samples["off"].latency_s))
     return {

@@ -67,17 +67,13 @@ def main(argv: list[str] | None = None) -> None:
     chosen = built.evaluate_rows[:rows]
     images, labels = test[0][chosen], test[1][chosen]
     record["reference"] = reference(repository, images, labels)
-    with running_server(repository) as server:
-        client = httpclient.InferenceServerClient(server.http_url)
-        try:
-            record["server_latency_ms"] = calibrate(client, images)
-            record["slos_ms"] = slos(record["server_latency_ms"])
-            record["settings"] = {"rows": len(labels), "policies": POLICIES, "methods": METHODS, "batch": 1}
-            with cpu_window(window := {"quiet_wait": wait_for_quiet(QUIET_WAIT_S)}, server.pid):
-                record["cells"] = measure(client, images, labels, record["slos_ms"])
-            record["window"] = window
-        finally:
-            client.close()
+    with running_server(repository) as server, httpclient.InferenceServerClient(server.http_url) as client:
+        record["server_latency_ms"] = calibrate(client, images)
+        record["slos_ms"] = slos(record["server_latency_ms"])
+        record["settings"] = {"rows": len(labels), "policies": POLICIES, "methods": METHODS, "batch": 1}
+        with cpu_window(window := {"quiet_wait": wait_for_quiet(QUIET_WAIT_S)}, server.pid):
+            record["cells"] = measure(client, images, labels, record["slos_ms"])
+        record["window"] = window
     record["summary"] = summarize(record["cells"])
     write_json(record, out)
     plot(record, out.with_suffix(".png"))

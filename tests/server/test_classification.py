@@ -21,7 +21,7 @@ from adaserve.errors import ConfigError, InvalidInputError
 from adaserve.repository import ModelRepository
 from adaserve.server.classification import check_classifiable, top_classes
 from adaserve.server.protocol import class_count
-from tests.server_utils import ServerHandle, link_example, running_server
+from tests.server_utils import Clients, ServerHandle, link_example, running_server
 
 
 def test_top_classes_are_highest_first_ties_by_index_in_tritons_format() -> None:
@@ -82,14 +82,16 @@ def images(rows: int) -> np.ndarray:
     return np.random.default_rng(rows).random((rows, 784), dtype=np.float32)
 
 
-def client_for(server: ServerHandle, protocol: str) -> tuple[Any, Any]:
+def client_for(clients: Clients, server: ServerHandle, protocol: str) -> tuple[Any, Any]:
     module: Any = grpcclient if protocol == "grpc" else httpclient
-    return module, module.InferenceServerClient(server.grpc_url if protocol == "grpc" else server.http_url)
+    return module, clients.of(server, "grpc" if protocol == "grpc" else "http")
 
 
-def ask(server: ServerHandle, protocol: str, x: np.ndarray, count: int, model: str = "mlp") -> np.ndarray:
+def ask(
+    clients: Clients, server: ServerHandle, protocol: str, x: np.ndarray, count: int, model: str = "mlp"
+) -> np.ndarray:
     """The top `count` classes of each row, as tritonclient reads them (`protocol`: http, http-json or grpc)."""
-    module, client = client_for(server, protocol)
+    module, client = client_for(clients, server, protocol)
     tensor = module.InferInput("image", list(x.shape), "FP32")
     tensor.set_data_from_numpy(x)
     binary = {} if protocol == "grpc" else {"binary_data": protocol == "http"}
@@ -105,18 +107,18 @@ def text(item: bytes | str) -> str:
     return item.decode() if isinstance(item, bytes) else item
 
 
-def logits(server: ServerHandle, x: np.ndarray, model: str = "mlp") -> np.ndarray:
-    _, client = client_for(server, "http")
+def logits(clients: Clients, server: ServerHandle, x: np.ndarray, model: str = "mlp") -> np.ndarray:
+    _, client = client_for(clients, server, "http")
     tensor = httpclient.InferInput("image", list(x.shape), "FP32")
     tensor.set_data_from_numpy(x)
     return client.infer(model, [tensor]).as_numpy("logits")
 
 
 @pytest.mark.parametrize("protocol", ["http", "http-json", "grpc"])
-def test_each_row_gets_its_top_classes_with_their_labels(server: ServerHandle, protocol: str) -> None:
+def test_each_row_gets_its_top_classes_with_their_labels(server: ServerHandle, protocol: str, clients: Clients) -> None:
     x = images(4)
-    expected = logits(server, x)
-    answer = ask(server, protocol, x, 3)
+    expected = logits(clients, server, x)
+    answer = ask(clients, server, protocol, x, 3)
     assert answer.shape == (4, 3)
     for row, scores in zip(answer, expected, strict=True):
         parts = [text(item).split(":") for item in row]
@@ -126,18 +128,18 @@ def test_each_row_gets_its_top_classes_with_their_labels(server: ServerHandle, p
         np.testing.assert_allclose([float(value) for value, _, _ in parts], scores[indices], atol=1e-6)
 
 
-def test_without_labels_a_class_is_its_value_and_index(server: ServerHandle) -> None:
+def test_without_labels_a_class_is_its_value_and_index(server: ServerHandle, clients: Clients) -> None:
     x = images(1)
-    (row,) = ask(server, "grpc", x, 2, model="bare")
+    (row,) = ask(clients, server, "grpc", x, 2, model="bare")
     assert [text(item).count(":") for item in row] == [1, 1]
-    assert int(text(row[0]).split(":")[1]) == int(np.argmax(logits(server, x, model="bare")))
+    assert int(text(row[0]).split(":")[1]) == int(np.argmax(logits(clients, server, x, model="bare")))
 
 
-def test_the_extension_is_announced_and_the_label_file_shown(server: ServerHandle) -> None:
-    _, client = client_for(server, "http")
+def test_the_extension_is_announced_and_the_label_file_shown(server: ServerHandle, clients: Clients) -> None:
+    _, client = client_for(clients, server, "http")
     assert "classification" in client.get_server_metadata()["extensions"]
     assert client.get_model_config("mlp")["output"][0]["label_filename"] == "labels.txt"
-    grpc_config = grpcclient.InferenceServerClient(server.grpc_url).get_model_config("mlp").config
+    grpc_config = clients.grpc(server.grpc_url).get_model_config("mlp").config
     assert grpc_config.output[0].label_filename == "labels.txt"
 
 
@@ -165,14 +167,14 @@ def test_a_bad_classification_request_is_a_400_naming_it(
     assert json.loads(raised.value.read())["error"] == message
 
 
-def test_grpc_refuses_a_bad_count_by_name(server: ServerHandle) -> None:
+def test_grpc_refuses_a_bad_count_by_name(server: ServerHandle, clients: Clients) -> None:
     with pytest.raises(InferenceServerException, match="parameter 'classification' must be a whole number above 0"):
-        ask(server, "grpc", images(1), -1)
+        ask(clients, server, "grpc", images(1), -1)
 
 
-def test_a_cnn_classifies_real_images(server: ServerHandle) -> None:
+def test_a_cnn_classifies_real_images(server: ServerHandle, clients: Clients) -> None:
     pictures, labels = load_fashion_mnist("test")
-    module, client = client_for(server, "http")
+    module, client = client_for(clients, server, "http")
     tensor = module.InferInput("image", [16, 1, 28, 28], "FP32")
     tensor.set_data_from_numpy(pictures[:16])
     result = client.infer("cnn", [tensor], outputs=[module.InferRequestedOutput("logits", class_count=1)])

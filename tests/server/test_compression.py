@@ -145,8 +145,10 @@ def test_a_compressed_answer_says_so_and_a_head_counts_its_compressed_length(ser
 def test_tritonclient_reads_errors_when_it_asks_for_compressed_answers(server: ServerHandle) -> None:
     tensor = httpclient.InferInput("image", [1, 783], "FP32")
     tensor.set_data_from_numpy(np.zeros((1, 783), np.float32))
-    client = httpclient.InferenceServerClient(server.http_url)
-    with client, pytest.raises(InferenceServerException, match=r"shape \[1, 783\] does not match"):
+    with (
+        httpclient.InferenceServerClient(server.http_url) as client,
+        pytest.raises(InferenceServerException, match=r"shape \[1, 783\] does not match"),
+    ):
         client.infer("mlp", [tensor], response_compression_algorithm="gzip")
 
 

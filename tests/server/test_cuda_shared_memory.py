@@ -22,14 +22,14 @@ from adaserve.errors import InvalidInputError, NotAllowedError
 from adaserve.server.cuda_ipc import cuda_driver_present
 from adaserve.server.shared_memory import SharedMemoryRegions
 from tests.server.reference import reference_outputs
-from tests.server_utils import ServerHandle, needs_cuda
+from tests.server_utils import Clients, ServerHandle, needs_cuda
 
 PROTOCOLS = {"http": httpclient, "grpc": grpcclient}
 HANDLE = bytes(range(64))
 
 
-def connect(server: ServerHandle, protocol: str) -> Any:
-    client = PROTOCOLS[protocol].InferenceServerClient(server.http_url if protocol == "http" else server.grpc_url)
+def connect(clients: Clients, server: ServerHandle, protocol: str) -> Any:
+    client = clients.of(server, protocol)
     client.unregister_cuda_shared_memory()
     return client
 
@@ -71,9 +71,9 @@ def test_a_bad_cuda_registration_is_refused_before_the_driver_is_asked(
 @pytest.mark.skipif(cuda_driver_present(), reason="this machine has a CUDA driver")
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_without_a_cuda_driver_registering_says_so_and_the_extension_is_not_announced(
-    server: ServerHandle, protocol: str
+    server: ServerHandle, protocol: str, clients: Clients
 ) -> None:
-    client = connect(server, protocol)
+    client = connect(clients, server, protocol)
     with pytest.raises(InferenceServerException, match="CUDA shared memory needs a CUDA driver"):
         client.register_cuda_shared_memory("gpu", base64.b64encode(HANDLE).decode(), 0, 1024)
     assert cuda_regions(client, protocol) == {}
@@ -108,8 +108,8 @@ def test_system_and_cuda_regions_share_one_namespace_and_each_kind_keeps_to_its_
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_the_cuda_routes_and_rpcs_answer_with_no_region(server: ServerHandle, protocol: str) -> None:
-    client = connect(server, protocol)
+def test_the_cuda_routes_and_rpcs_answer_with_no_region(server: ServerHandle, protocol: str, clients: Clients) -> None:
+    client = connect(clients, server, protocol)
     client.unregister_cuda_shared_memory("absent")  # not registered: not an error
     assert cuda_regions(client, protocol) == {}
 
@@ -117,8 +117,10 @@ def test_the_cuda_routes_and_rpcs_answer_with_no_region(server: ServerHandle, pr
 # -- on a GPU ----------------------------------------------------------------------------------------------------
 @needs_cuda
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_inputs_are_read_from_and_outputs_written_to_a_clients_gpu_memory(server: ServerHandle, protocol: str) -> None:
-    module, client = PROTOCOLS[protocol], connect(server, protocol)
+def test_inputs_are_read_from_and_outputs_written_to_a_clients_gpu_memory(
+    server: ServerHandle, protocol: str, clients: Clients
+) -> None:
+    module, client = PROTOCOLS[protocol], connect(clients, server, protocol)
     x = np.random.default_rng(7).random((2, 784), dtype=np.float32)
     block = torch.zeros(1 << 16, dtype=torch.uint8, device="cuda")  # the client's GPU memory
     block[: x.nbytes].copy_(torch.from_numpy(x.view(np.uint8).reshape(-1)))

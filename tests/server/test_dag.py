@@ -16,7 +16,7 @@ import yaml
 from tritonclient.utils import InferenceServerException
 
 from tests.server.test_poll import wait_for
-from tests.server_utils import running_server, write_fussy_model, write_slow_model
+from tests.server_utils import Clients, running_server, write_fussy_model, write_slow_model
 
 ONE_WORKER = [{"batch": 4, "threads": 1}]
 ROW = {"datatype": "FP32", "shape": [-1, 4]}
@@ -83,8 +83,8 @@ def infer(
 ROWS = np.array([[1, 0, 0, 0], [0, 1, 0, 0]], np.float32)
 
 
-def test_the_planner_picks_per_node_and_rows_take_the_first_source_that_ran(server) -> None:  # type: ignore[no-untyped-def]
-    client = httpclient.InferenceServerClient(server.http_url)
+def test_the_planner_picks_per_node_and_rows_take_the_first_source_that_ran(server, clients: Clients) -> None:  # type: ignore[no-untyped-def]
+    client = clients.http(server.http_url)
     y, parameters = infer(client, ROWS)  # no SLO: the most accurate option, slow (y = x)
     assert y.tolist() == [[2, 0, 0, 0], [0, 2, 0, 0]]
     assert parameters["dag_plan"] == "first=double,second=slow"
@@ -96,7 +96,7 @@ def test_the_planner_picks_per_node_and_rows_take_the_first_source_that_ran(serv
     y, parameters = infer(client, ROWS[1:], {"latency_ms": 3})
     assert y.tolist() == [[0, 2, 0, 0]] and parameters["dag_plan"] == "first=double,second=skipped"
 
-    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    grpc = clients.grpc(server.grpc_url)
     tensor = grpcclient.InferInput("x", [2, 4], "FP32")
     tensor.set_data_from_numpy(ROWS)
     result = grpc.infer("pipe", [tensor])
@@ -104,8 +104,8 @@ def test_the_planner_picks_per_node_and_rows_take_the_first_source_that_ran(serv
     assert result.get_response().parameters["dag_plan"].string_param == "first=double,second=slow"
 
 
-def test_bad_requests_name_their_problem(server) -> None:  # type: ignore[no-untyped-def]
-    client = httpclient.InferenceServerClient(server.http_url)
+def test_bad_requests_name_their_problem(server, clients: Clients) -> None:  # type: ignore[no-untyped-def]
+    client = clients.http(server.http_url)
     with pytest.raises(InferenceServerException, match="'latency_ms' must be a positive number") as error:
         infer(client, ROWS, {"latency_ms": -1})
     assert error.value.status() == "400"
@@ -117,8 +117,8 @@ def test_bad_requests_name_their_problem(server) -> None:  # type: ignore[no-unt
     assert infer(client, ROWS)[0].shape == (2, 4)  # and the query keeps serving
 
 
-def test_a_query_that_cannot_load_says_why_and_the_rest_serve(server) -> None:  # type: ignore[no-untyped-def]
-    client = httpclient.InferenceServerClient(server.http_url)
+def test_a_query_that_cannot_load_says_why_and_the_rest_serve(server, clients: Clients) -> None:  # type: ignore[no-untyped-def]
+    client = clients.http(server.http_url)
     index = {row["name"]: row for row in client.get_model_repository_index()}
     assert index["pipe"]["state"] == "READY" and index["double"]["state"] == "READY"
     assert index["unknown_model"]["state"] == "UNAVAILABLE"
@@ -130,15 +130,15 @@ def test_a_query_that_cannot_load_says_why_and_the_rest_serve(server) -> None:  
     assert e.value.status() == "503"
 
 
-def test_a_query_shows_as_a_model_does(server) -> None:  # type: ignore[no-untyped-def]
-    client = httpclient.InferenceServerClient(server.http_url)
+def test_a_query_shows_as_a_model_does(server, clients: Clients) -> None:  # type: ignore[no-untyped-def]
+    client = clients.http(server.http_url)
     infer(client, ROWS, {"latency_ms": 3})
     metadata = client.get_model_metadata("pipe")
     assert (metadata["platform"], metadata["versions"]) == ("dag", ["1"])
     assert metadata["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}]
     config = client.get_model_config("pipe")
     assert yaml.safe_load(config["parameters"]["dag"]["string_value"])["nodes"][1]["name"] == "second"
-    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    grpc = clients.grpc(server.grpc_url)
     assert grpc.get_model_config("pipe").config.platform == "dag"
     (stats,) = client.get_inference_statistics("pipe")["model_stats"]
     assert stats["inference_stats"]["success"]["count"] >= 1 and stats["inference_count"] >= 2
@@ -150,8 +150,8 @@ def test_a_query_shows_as_a_model_does(server) -> None:  # type: ignore[no-untyp
     assert 'adaserve_dag_query_success_total{dag="pipe"}' in text
 
 
-def test_unload_and_load_through_the_repository_api(server) -> None:  # type: ignore[no-untyped-def]
-    client = httpclient.InferenceServerClient(server.http_url)
+def test_unload_and_load_through_the_repository_api(server, clients: Clients) -> None:  # type: ignore[no-untyped-def]
+    client = clients.http(server.http_url)
     client.unload_model("pipe")
     assert not client.is_model_ready("pipe")
     with pytest.raises(InferenceServerException, match="DAG query 'pipe' is not loaded") as error:
@@ -167,13 +167,13 @@ def test_unload_and_load_through_the_repository_api(server) -> None:  # type: ig
         client.unload_model("nothing")
 
 
-def test_the_poller_follows_dag_queries_on_disk(tmp_path: Path) -> None:
+def test_the_poller_follows_dag_queries_on_disk(tmp_path: Path, clients: Clients) -> None:
     repository = tmp_path / "models"
     repository.mkdir()
     write_fussy_model(repository, "double", workers=ONE_WORKER, batching={"policy": "elastic"})
     write_slow_model(repository, "slow", rounds=1, max_batch_size=4, workers=ONE_WORKER)
     with running_server(repository, "--repository-poll-secs", "0.2") as server:
-        client = httpclient.InferenceServerClient(server.http_url)
+        client = clients.http(server.http_url)
         write_dag(repository, "pipe")  # added: loaded
         wait_for(lambda: client.is_model_ready("pipe"))
         assert infer(client, ROWS)[1]["dag_plan"] == "first=double,second=slow"
@@ -192,14 +192,14 @@ def test_the_poller_follows_dag_queries_on_disk(tmp_path: Path) -> None:
         assert client.is_model_ready("double")
 
 
-def test_under_a_memory_budget_the_options_load_on_demand(tmp_path: Path) -> None:
+def test_under_a_memory_budget_the_options_load_on_demand(tmp_path: Path, clients: Clients) -> None:
     repository = tmp_path / "models"
     repository.mkdir()
     write_fussy_model(repository, "double", workers=ONE_WORKER, batching={"policy": "elastic"})
     write_slow_model(repository, "slow", rounds=1, max_batch_size=4, workers=ONE_WORKER)
     write_dag(repository, "pipe")
     with running_server(repository, "--model-memory-budget", "1GiB") as server:
-        client = httpclient.InferenceServerClient(server.http_url)
+        client = clients.http(server.http_url)
         # no model loads at start under a budget: the query's probes loaded its options through the model cache
         assert {row["name"]: row["state"] for row in client.get_model_repository_index()} == {
             "double": "READY",
@@ -210,7 +210,7 @@ def test_under_a_memory_budget_the_options_load_on_demand(tmp_path: Path) -> Non
         assert y.tolist() == [[2, 0, 0, 0], [0, 2, 0, 0]] and parameters["dag_plan"] == "first=double,second=slow"
 
 
-def test_a_query_named_at_start_loads_as_a_query_not_as_a_model(tmp_path: Path) -> None:
+def test_a_query_named_at_start_loads_as_a_query_not_as_a_model(tmp_path: Path, clients: Clients) -> None:
     repository = tmp_path / "models"
     repository.mkdir()
     write_fussy_model(repository, "double", workers=ONE_WORKER, batching={"policy": "elastic"})
@@ -219,7 +219,7 @@ def test_a_query_named_at_start_loads_as_a_query_not_as_a_model(tmp_path: Path) 
     write_dag(repository, "pipe")
     names = ("--model", "double", "--model", "slow", "--model", "pipe")
     with running_server(repository, *names) as server:
-        client = httpclient.InferenceServerClient(server.http_url)
+        client = clients.http(server.http_url)
         states = {row["name"]: row["state"] for row in client.get_model_repository_index()}
         assert states == {"double": "READY", "slow": "READY", "pipe": "READY", "other": "UNAVAILABLE"}
         assert "failed to load" not in server.log.read_text()

@@ -12,7 +12,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.server_utils import ServerHandle
+from tests.server_utils import Clients, ServerHandle
 
 PROTOCOLS = {"http": (httpclient, "400"), "grpc": (grpcclient, "StatusCode.INVALID_ARGUMENT")}
 
@@ -29,10 +29,10 @@ def sequence(client: Any, module: Any, tensor: Any) -> Any:
     ],
 )
 def test_an_extension_not_implemented_is_refused_by_name(
-    server: ServerHandle, protocol: str, ask: Callable[[Any, Any, Any], Any], message: str
+    server: ServerHandle, protocol: str, ask: Callable[[Any, Any, Any], Any], message: str, clients: Clients
 ) -> None:
     module, status = PROTOCOLS[protocol]
-    client = module.InferenceServerClient(server.http_url if protocol == "http" else server.grpc_url)
+    client = clients.of(server, protocol)
     tensor = module.InferInput("image", [1, 784], "FP32")
     tensor.set_data_from_numpy(np.zeros((1, 784), dtype=np.float32))
     with pytest.raises(InferenceServerException) as raised:
@@ -43,10 +43,10 @@ def test_an_extension_not_implemented_is_refused_by_name(
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_the_timeout_parameter_is_read_not_passed_over(server: ServerHandle, protocol: str) -> None:
+def test_the_timeout_parameter_is_read_not_passed_over(server: ServerHandle, protocol: str, clients: Clients) -> None:
     """tritonclient's `infer(timeout=...)` reaches the engine (tests/engine/test_engine.py checks what it does)."""
     module, status = PROTOCOLS[protocol]
-    client = module.InferenceServerClient(server.http_url if protocol == "http" else server.grpc_url)
+    client = clients.of(server, protocol)
     tensor = module.InferInput("image", [1, 784], "FP32")
     tensor.set_data_from_numpy(np.zeros((1, 784), dtype=np.float32))
     assert client.infer("mlp", [tensor], timeout=10_000_000).as_numpy("logits").shape == (1, 10)
@@ -57,11 +57,13 @@ def test_the_timeout_parameter_is_read_not_passed_over(server: ServerHandle, pro
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_the_priority_parameter_is_read_and_the_extension_announced(server: ServerHandle, protocol: str) -> None:
+def test_the_priority_parameter_is_read_and_the_extension_announced(
+    server: ServerHandle, protocol: str, clients: Clients
+) -> None:
     """tritonclient's `infer(priority=...)` reaches the engine (tests/engine/test_engine.py checks the order it
     gives): together with `timeout` that is Triton's schedule-policy extension, which the server metadata names."""
     module, status = PROTOCOLS[protocol]
-    client = module.InferenceServerClient(server.http_url if protocol == "http" else server.grpc_url)
+    client = clients.of(server, protocol)
     metadata = client.get_server_metadata()
     assert "schedule_policy" in (metadata["extensions"] if protocol == "http" else metadata.extensions)
     tensor = module.InferInput("image", [1, 784], "FP32")
@@ -75,11 +77,13 @@ def test_the_priority_parameter_is_read_and_the_extension_announced(server: Serv
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_the_logging_extension_reads_and_sets_the_servers_log_switches(server: ServerHandle, protocol: str) -> None:
+def test_the_logging_extension_reads_and_sets_the_servers_log_switches(
+    server: ServerHandle, protocol: str, clients: Clients
+) -> None:
     """tritonclient's `get_log_settings` / `update_log_settings`: the server's switches, changed while it runs;
     a setting that cannot be applied is refused by name and changes nothing."""
-    module, status = PROTOCOLS[protocol]
-    client = module.InferenceServerClient(server.http_url if protocol == "http" else server.grpc_url)
+    _, status = PROTOCOLS[protocol]
+    client = clients.of(server, protocol)
 
     def settings() -> dict[str, Any]:
         if protocol == "http":

@@ -8,6 +8,7 @@ import os
 import queue
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,14 +22,15 @@ from tritonclient.utils import InferenceServerException
 
 from tests.conftest import MAX_REQUEST_BYTES
 from tests.server.reference import MODEL_INPUT_SHAPES, reference_outputs
-from tests.server_utils import ServerHandle, logged_errors
+from tests.server_utils import Clients, ServerHandle, logged_errors
 
 PROTO = Path(__file__).parent / "protos" / "v2_client.proto"
 
 
 @pytest.fixture(scope="module")
-def client(server: ServerHandle) -> grpcclient.InferenceServerClient:
-    return grpcclient.InferenceServerClient(server.grpc_url)
+def client(server: ServerHandle) -> Iterator[grpcclient.InferenceServerClient]:
+    with grpcclient.InferenceServerClient(server.grpc_url) as opened:
+        yield opened
 
 
 def infer(
@@ -186,11 +188,13 @@ def test_a_load_that_sends_a_config_is_refused_not_ignored(client: grpcclient.In
     assert client.is_model_ready("mlp_torchscript") and client.is_model_ready("mlp")
 
 
-def test_a_stream_answers_every_request_by_id_and_goes_on_after_an_error(server: ServerHandle) -> None:
+def test_a_stream_answers_every_request_by_id_and_goes_on_after_an_error(
+    server: ServerHandle, clients: Clients
+) -> None:
     """Triton's ModelStreamInfer through tritonclient's stream API: requests of two models and mixed batch sizes,
     one of them bad, on one stream; each is answered once, matched by id, the bad one with its error."""
     answers: queue.Queue[tuple[grpcclient.InferResult | None, InferenceServerException | None]] = queue.Queue()
-    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client = clients.grpc(server.grpc_url)
     images = np.random.default_rng(5).random((24, 784), dtype=np.float32)
     sent: dict[str, tuple[str, np.ndarray]] = {}
     client.start_stream(callback=lambda result, error: answers.put((result, error)))
@@ -219,11 +223,13 @@ def test_a_stream_answers_every_request_by_id_and_goes_on_after_an_error(server:
     assert client.is_server_ready()
 
 
-def test_a_stream_cancelled_with_requests_in_flight_leaves_the_server_serving(server: ServerHandle) -> None:
+def test_a_stream_cancelled_with_requests_in_flight_leaves_the_server_serving(
+    server: ServerHandle, clients: Clients
+) -> None:
     """tritonclient's `stop_stream(cancel_requests=True)` while the slow model still computes: the server takes
     back what has not started, logs no error, and the next stream is answered."""
     errors_before = logged_errors(server)
-    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client = clients.grpc(server.grpc_url)
     client.start_stream(callback=lambda result, error: None)
     for i in range(2):
         tensor = grpcclient.InferInput("x", [1, 4], "FP32")

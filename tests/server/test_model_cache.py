@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
 from tests.server.reference import reference_outputs
-from tests.server_utils import ServerHandle, link_example, running_server, write_broken_model
+from tests.server_utils import Clients, ServerHandle, link_example, running_server, write_broken_model
 
 MODELS = ("mlp", "cnn", "mlp_torchscript")
 ONE_WORKER = [{"batch": 4, "threads": 1}]
@@ -41,11 +41,11 @@ def images(rows: int, seed: int = 0) -> np.ndarray:
 
 
 def infer(server: ServerHandle, model: str, rows: np.ndarray) -> np.ndarray:
-    client = httpclient.InferenceServerClient(server.http_url)
     data = rows if model != "cnn" else rows.reshape(-1, 1, 28, 28)
     tensor = httpclient.InferInput("image", list(data.shape), "FP32")
     tensor.set_data_from_numpy(data)
-    output = client.infer(model, [tensor]).as_numpy("logits")
+    with httpclient.InferenceServerClient(server.http_url) as client:  # one per call: infer runs on threads too
+        output = client.infer(model, [tensor]).as_numpy("logits")
     assert output is not None
     return output
 
@@ -68,11 +68,11 @@ def index_states(server: ServerHandle) -> dict[str, dict[str, str]]:
     return {row["name"]: row for row in rows}
 
 
-def test_models_load_on_their_first_request_and_answer_correctly(roomy: ServerHandle) -> None:
+def test_models_load_on_their_first_request_and_answer_correctly(roomy: ServerHandle, clients: Clients) -> None:
     states = index_states(roomy)
     assert states["mlp"]["state"] == "UNAVAILABLE"
     assert "loaded on its next request" in states["mlp"]["reason"]
-    client = httpclient.InferenceServerClient(roomy.http_url)
+    client = clients.http(roomy.http_url)
     assert client.is_model_ready("mlp")  # servable: the cache loads it on demand
     assert client.get_model_metadata("mlp")["inputs"][0]["name"] == "image"  # from the config, no load needed
 
@@ -96,8 +96,10 @@ def test_concurrent_requests_for_a_model_being_loaded_share_one_load(roomy: Serv
     assert model_metric(roomy, "adaserve_model_loads_total", "cnn") == 1
 
 
-def test_a_model_that_fails_to_load_gets_its_cause_and_the_others_keep_serving(roomy: ServerHandle) -> None:
-    client = httpclient.InferenceServerClient(roomy.http_url)
+def test_a_model_that_fails_to_load_gets_its_cause_and_the_others_keep_serving(
+    roomy: ServerHandle, clients: Clients
+) -> None:
+    client = clients.http(roomy.http_url)
     tensor = httpclient.InferInput("x", [1, 4], "FP32")
     tensor.set_data_from_numpy(np.zeros((1, 4), dtype=np.float32))
     with pytest.raises(InferenceServerException, match="broken") as failure:

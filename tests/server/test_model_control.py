@@ -7,11 +7,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.server_utils import running_server, write_fussy_model
+from tests.server_utils import Clients, running_server, write_fussy_model
 from tests.test_cli import adaserve
 
 ONE_WORKER = [{"batch": 4, "threads": 1}]
@@ -26,18 +25,18 @@ ONE_WORKER = [{"batch": 4, "threads": 1}]
     ],
 )
 def test_none_and_poll_refuse_the_repository_api_and_keep_serving(
-    tmp_path: Path, arguments: tuple[str, ...], reason: str
+    tmp_path: Path, arguments: tuple[str, ...], reason: str, clients: Clients
 ) -> None:
     write_fussy_model(tmp_path, workers=ONE_WORKER)
     with running_server(tmp_path, *arguments) as server:
-        client = httpclient.InferenceServerClient(server.http_url)
+        client = clients.http(server.http_url)
         for call in (client.load_model, client.unload_model):
             with pytest.raises(
                 InferenceServerException, match=f"explicit model load / unload is not allowed {reason}"
             ) as e:
                 call("fussy")
             assert e.value.status() == "503"
-        grpc = grpcclient.InferenceServerClient(server.grpc_url)
+        grpc = clients.grpc(server.grpc_url)
         with pytest.raises(InferenceServerException, match="explicit model load / unload is not allowed") as error:
             grpc.unload_model("fussy")
         assert error.value.status() == "StatusCode.UNAVAILABLE"
@@ -46,10 +45,10 @@ def test_none_and_poll_refuse_the_repository_api_and_keep_serving(
         assert client.infer("fussy", [tensor]).as_numpy("y").tolist() == [[2.0] * 4]
 
 
-def test_explicit_mode_lets_the_api_load_and_unload(tmp_path: Path) -> None:
+def test_explicit_mode_lets_the_api_load_and_unload(tmp_path: Path, clients: Clients) -> None:
     write_fussy_model(tmp_path, workers=ONE_WORKER)
     with running_server(tmp_path, "--model-control-mode", "explicit") as server:
-        client = httpclient.InferenceServerClient(server.http_url)
+        client = clients.http(server.http_url)
         client.unload_model("fussy")
         assert not client.is_model_ready("fussy")
         client.load_model("fussy")

@@ -11,7 +11,7 @@ import numpy as np
 import tritonclient.http as httpclient
 
 from tests.engine.test_poller import ONE_WORKER, add_identity_version
-from tests.server_utils import link_example, running_server, write_fussy_model
+from tests.server_utils import Clients, link_example, running_server, write_fussy_model
 
 
 def infer(client: httpclient.InferenceServerClient, value: float) -> tuple[float, str]:
@@ -29,24 +29,26 @@ def wait_for(check: Callable[[], bool], timeout_s: float = 60.0) -> None:
     assert check(), "the server did not follow the repository in time"
 
 
-def test_a_new_version_is_served_with_no_request_failing_and_a_new_model_appears(tmp_path: Path) -> None:
+def test_a_new_version_is_served_with_no_request_failing_and_a_new_model_appears(
+    tmp_path: Path, clients: Clients
+) -> None:
     repository = tmp_path / "models"
     repository.mkdir()
     fussy = write_fussy_model(repository, workers=ONE_WORKER, batching={"policy": "elastic"})
     with running_server(repository, "--repository-poll-secs", "0.2") as server:
-        client = httpclient.InferenceServerClient(server.http_url)
+        client = clients.http(server.http_url)
         assert infer(client, 3.0) == (6.0, "1")
         answers: list[tuple[float, str]] = []
         failures: list[Exception] = []
         stop = threading.Event()
 
         def keep_asking() -> None:  # a client that never pauses across the reload
-            own = httpclient.InferenceServerClient(server.http_url)
-            while not stop.is_set():
-                try:
-                    answers.append(infer(own, 3.0))
-                except Exception as exc:  # any failure at all is what the test is for
-                    failures.append(exc)
+            with httpclient.InferenceServerClient(server.http_url) as own:  # closed here, in its own thread
+                while not stop.is_set():
+                    try:
+                        answers.append(infer(own, 3.0))
+                    except Exception as exc:  # any failure at all is what the test is for
+                        failures.append(exc)
 
         asker = threading.Thread(target=keep_asking)
         asker.start()

@@ -20,11 +20,19 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.server.reference import reference_outputs
-from tests.server_utils import ServerHandle, link_example, restarts, running_server, worker_pids, write_slow_model
+from tests.server_utils import (
+    Clients,
+    ServerHandle,
+    link_example,
+    restarts,
+    running_server,
+    worker_pids,
+    write_slow_model,
+)
 
 
-def test_killed_workers_lose_no_request(server: ServerHandle) -> None:
-    client = httpclient.InferenceServerClient(server.http_url)
+def test_killed_workers_lose_no_request(server: ServerHandle, clients: Clients) -> None:
+    client = clients.http(server.http_url)
     model = "cnn"
     before = worker_pids(client, model)
     restarts_before = restarts(server, model)
@@ -112,7 +120,9 @@ IDLE_CONNECTIONS = 1200
     resource.getrlimit(resource.RLIMIT_NOFILE)[1] < 2 * IDLE_CONNECTIONS,
     reason="needs a hard open-file limit above 2,400",
 )
-def test_the_server_raises_its_open_file_limit_so_many_idle_connections_do_not_stop_it(tmp_path: Path) -> None:
+def test_the_server_raises_its_open_file_limit_so_many_idle_connections_do_not_stop_it(
+    tmp_path: Path, clients: Clients
+) -> None:
     """Started with the usual soft limit of 1,024 open files, the server raises it to the hard limit: with 1,200
     idle connections open, a new client is still answered. Before, connections past the limit were dropped unread,
     and a worker could not have been restarted."""
@@ -130,7 +140,7 @@ def test_the_server_raises_its_open_file_limit_so_many_idle_connections_do_not_s
             with contextlib.ExitStack() as idle:
                 for _ in range(IDLE_CONNECTIONS):
                     idle.enter_context(socket.create_connection((host, int(port)), timeout=30))
-                client = httpclient.InferenceServerClient(server.http_url, network_timeout=30)
+                client = clients.http(server.http_url, network_timeout=30)
                 x = np.zeros((1, 784), dtype=np.float32)
                 image = httpclient.InferInput("image", [1, 784], "FP32")
                 image.set_data_from_numpy(x)

@@ -16,7 +16,7 @@ from tritonclient.utils import InferenceServerException
 
 from adaserve.errors import ConfigError
 from adaserve.server.response_cache import ENTRY_OVERHEAD_BYTES, ResponseCache, cache_size_from_config
-from tests.server_utils import ServerHandle, link_example, metric, running_server
+from tests.server_utils import Clients, ServerHandle, link_example, metric, running_server
 
 IMAGE = ["image"], ["FP32"]
 
@@ -138,16 +138,18 @@ def infer(
 ) -> np.ndarray:
     """The mlp's logits; `priority` and `timeout` (microseconds) as tritonclient sends them."""
     module: Any = httpclient if protocol == "http" else grpcclient
-    client = module.InferenceServerClient(server.http_url if protocol == "http" else server.grpc_url)
     tensor = module.InferInput("image", list(image.shape), "FP32")
     tensor.set_data_from_numpy(image)
     timeout = parameters.pop("timeout", None)
-    result = client.infer("mlp", [tensor], parameters=parameters or None, priority=priority, timeout=timeout)
+    with Clients() as clients:
+        client = clients.of(server, protocol)
+        result = client.infer("mlp", [tensor], parameters=parameters or None, priority=priority, timeout=timeout)
     return result.as_numpy("logits")
 
 
 def statistics(server: ServerHandle, model: str = "mlp") -> dict[str, Any]:
-    (stats,) = httpclient.InferenceServerClient(server.http_url).get_inference_statistics(model)["model_stats"]
+    with httpclient.InferenceServerClient(server.http_url) as client:
+        (stats,) = client.get_inference_statistics(model)["model_stats"]
     return stats
 
 
@@ -173,13 +175,13 @@ def test_a_repeated_request_is_answered_from_the_cache_on_both_protocols(server:
     assert metric(server, "adaserve_response_cache_capacity_bytes") == 10**6
 
 
-def test_a_hit_answers_in_the_form_each_request_asks_for(server: ServerHandle) -> None:
+def test_a_hit_answers_in_the_form_each_request_asks_for(server: ServerHandle, clients: Clients) -> None:
     """The cache keeps outputs whole: a request for the top classes (the classification extension) hits the answer
     a request for the logits left."""
     image = images(8)
     first = infer(server, image)
     hits, misses, executed = counts(server)
-    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client = clients.grpc(server.grpc_url)
     tensor = grpcclient.InferInput("image", [1, 784], "FP32")
     tensor.set_data_from_numpy(image)
     result = client.infer("mlp", [tensor], outputs=[grpcclient.InferRequestedOutput("logits", class_count=1)])
@@ -210,8 +212,8 @@ def test_a_bad_scheduling_parameter_is_refused_even_when_the_answer_is_cached(se
         infer(server, image, timeout=-5)
 
 
-def test_a_model_that_does_not_enable_the_cache_runs_every_request(server: ServerHandle) -> None:
-    client = httpclient.InferenceServerClient(server.http_url)
+def test_a_model_that_does_not_enable_the_cache_runs_every_request(server: ServerHandle, clients: Clients) -> None:
+    client = clients.http(server.http_url)
     tensor = httpclient.InferInput("image", [1, 1, 28, 28], "FP32")
     tensor.set_data_from_numpy(images(5).reshape(1, 1, 28, 28))
     before = statistics(server, "cnn")["execution_count"]
@@ -224,9 +226,9 @@ def test_a_model_that_does_not_enable_the_cache_runs_every_request(server: Serve
 
 
 def test_a_model_changed_on_disk_and_reloaded_never_answers_from_its_old_files(
-    server: ServerHandle, repository: Path
+    server: ServerHandle, repository: Path, clients: Clients
 ) -> None:
-    client = httpclient.InferenceServerClient(server.http_url)
+    client = clients.http(server.http_url)
     image = images(6)
     infer(server, image)
     client.load_model("mlp")  # the same files: its answers stay

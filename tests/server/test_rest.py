@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -48,8 +49,9 @@ def client_infer(
 
 
 @pytest.fixture(scope="module")
-def client(server: ServerHandle) -> httpclient.InferenceServerClient:
-    return httpclient.InferenceServerClient(server.http_url, concurrency=8)
+def client(server: ServerHandle) -> Iterator[httpclient.InferenceServerClient]:
+    with httpclient.InferenceServerClient(server.http_url, concurrency=8) as opened:
+        yield opened
 
 
 def test_health_and_metadata(client: httpclient.InferenceServerClient, server: ServerHandle) -> None:

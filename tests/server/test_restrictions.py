@@ -22,7 +22,7 @@ from tritonclient.utils import InferenceServerException
 
 from adaserve.errors import ConfigError, NotAllowedError
 from adaserve.server.restrictions import GRPC_PREFIX, Header, Restrictions
-from tests.server_utils import ServerHandle, link_example, logged_errors, running_server
+from tests.server_utils import Clients, ServerHandle, link_example, logged_errors, running_server
 
 ADMIN = ("model-repository,trace,logging", "admin-key", "s3cret")
 INFER = ("inference", "infer-key", "letmein")
@@ -51,11 +51,6 @@ def restricted_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serv
         yield handle
 
 
-def connect(server: ServerHandle, protocol: str) -> Any:
-    module = PROTOCOLS[protocol][0]
-    return module.InferenceServerClient(server.http_url if protocol == "http" else server.grpc_url)
-
-
 def header(protocol: str, key: str, value: str) -> dict[str, str]:
     return {PROTOCOLS[protocol][1].format(key=key): value}
 
@@ -74,8 +69,10 @@ def assert_refused(protocol: str, key: str, call: Any) -> None:
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_a_restricted_category_answers_only_with_its_header(restricted_server: ServerHandle, protocol: str) -> None:
-    client = connect(restricted_server, protocol)
+def test_a_restricted_category_answers_only_with_its_header(
+    restricted_server: ServerHandle, protocol: str, clients: Clients
+) -> None:
+    client = clients.of(restricted_server, protocol)
     errors_before = logged_errors(restricted_server)
     assert_refused(protocol, "admin-key", lambda: client.get_model_repository_index())
     assert_refused(protocol, "admin-key", lambda: client.get_trace_settings(headers=header(protocol, "admin-key", "")))
@@ -95,17 +92,17 @@ def test_a_restricted_category_answers_only_with_its_header(restricted_server: S
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_the_other_categories_stay_open(restricted_server: ServerHandle, protocol: str) -> None:
-    client = connect(restricted_server, protocol)
+def test_the_other_categories_stay_open(restricted_server: ServerHandle, protocol: str, clients: Clients) -> None:
+    client = clients.of(restricted_server, protocol)
     if protocol == "http":
         assert client.is_server_live() and client.is_server_ready() and client.is_model_ready("mlp")
     assert client.get_server_metadata() and client.get_model_metadata("mlp")
     assert client.get_model_config("mlp") and client.get_inference_statistics("mlp")
 
 
-def test_the_health_category_covers_the_grpc_health_service(restricted_server: ServerHandle) -> None:
+def test_the_health_category_covers_the_grpc_health_service(restricted_server: ServerHandle, clients: Clients) -> None:
     """Triton's `health` category: live, ready and model ready, and on gRPC the standard health service too."""
-    client = connect(restricted_server, "grpc")
+    client = clients.grpc(restricted_server.grpc_url)
     assert_refused("grpc", "probe-key", lambda: client.is_server_live())
     assert client.is_server_ready(headers=header("grpc", "probe-key", "k8s"))
     with grpc.insecure_channel(restricted_server.grpc_url) as channel:
@@ -118,15 +115,17 @@ def test_the_health_category_covers_the_grpc_health_service(restricted_server: S
         assert answer.status == health_pb2.HealthCheckResponse.SERVING
 
 
-def test_an_http_header_name_matches_in_any_case(restricted_server: ServerHandle) -> None:
-    client = connect(restricted_server, "http")
+def test_an_http_header_name_matches_in_any_case(restricted_server: ServerHandle, clients: Clients) -> None:
+    client = clients.http(restricted_server.http_url)
     assert client.get_model_repository_index(headers={"Admin-Key": "s3cret"})
 
 
-def test_a_grpc_stream_is_refused_without_the_inference_header(restricted_server: ServerHandle) -> None:
+def test_a_grpc_stream_is_refused_without_the_inference_header(
+    restricted_server: ServerHandle, clients: Clients
+) -> None:
     results: queue.Queue[Any] = queue.Queue()
     for metadata, refused in ((None, True), (header("grpc", "infer-key", "letmein"), False)):
-        client = connect(restricted_server, "grpc")
+        client = clients.grpc(restricted_server.grpc_url)
         client.start_stream(lambda result, error: results.put((result, error)), headers=metadata)
         with contextlib.suppress(InferenceServerException):  # a refused stream may have ended already
             client.async_stream_infer("mlp", [image("grpc")])

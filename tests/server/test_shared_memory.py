@@ -21,7 +21,7 @@ from adaserve.errors import InvalidInputError, NotAllowedError
 from adaserve.server.protocol import SharedMemoryRef
 from adaserve.server.shared_memory import SharedMemoryRegions
 from tests.server.reference import reference_outputs
-from tests.server_utils import ServerHandle
+from tests.server_utils import Clients, ServerHandle
 
 PROTOCOLS = {"http": (httpclient, "400"), "grpc": (grpcclient, "StatusCode.INVALID_ARGUMENT")}
 ROW_BYTES = 784 * 4
@@ -39,10 +39,10 @@ def memory() -> Iterator[shared_memory.SharedMemory]:
         block.unlink()
 
 
-def connect(server: ServerHandle, protocol: str) -> tuple[Any, Any]:
+def connect(clients: Clients, server: ServerHandle, protocol: str) -> tuple[Any, Any]:
     """The protocol's tritonclient module, and a client of the session's server with no regions registered."""
     module, _ = PROTOCOLS[protocol]
-    client = module.InferenceServerClient(server.http_url if protocol == "http" else server.grpc_url)
+    client = clients.of(server, protocol)
     client.unregister_system_shared_memory()
     return module, client
 
@@ -65,9 +65,9 @@ def regions(client: Any, protocol: str) -> dict[str, dict[str, Any]]:
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_inputs_are_read_from_and_outputs_written_into_shared_memory(
-    server: ServerHandle, memory: shared_memory.SharedMemory, protocol: str
+    server: ServerHandle, memory: shared_memory.SharedMemory, protocol: str, clients: Clients
 ) -> None:
-    module, client = connect(server, protocol)
+    module, client = connect(clients, server, protocol)
     key = f"/{memory.name}"
     images = rows(4)
     put(memory, images, offset=4096)
@@ -116,9 +116,9 @@ def test_inputs_are_read_from_and_outputs_written_into_shared_memory(
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_rows_from_shared_memory_answer_as_the_same_rows_in_the_body(
-    server: ServerHandle, memory: shared_memory.SharedMemory, protocol: str
+    server: ServerHandle, memory: shared_memory.SharedMemory, protocol: str, clients: Clients
 ) -> None:
-    module, client = connect(server, protocol)
+    module, client = connect(clients, server, protocol)
     images = rows(2, seed=3)
     put(memory, images)
     client.register_system_shared_memory("both", f"/{memory.name}", 2 * ROW_BYTES)
@@ -134,9 +134,9 @@ def test_rows_from_shared_memory_answer_as_the_same_rows_in_the_body(
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_bad_shared_memory_use_is_refused_by_name_and_the_server_keeps_serving(
-    server: ServerHandle, memory: shared_memory.SharedMemory, protocol: str
+    server: ServerHandle, memory: shared_memory.SharedMemory, protocol: str, clients: Clients
 ) -> None:
-    module, client = connect(server, protocol)
+    module, client = connect(clients, server, protocol)
     status = PROTOCOLS[protocol][1]
     key = f"/{memory.name}"
     client.register_system_shared_memory("small", key, ROW_BYTES)

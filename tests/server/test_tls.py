@@ -25,7 +25,7 @@ from adaserve.bench.cli import ExitCode
 from adaserve.errors import ConfigError
 from adaserve.server.tls import TlsSettings
 from tests.bench.factories import parse_cli
-from tests.server_utils import ServerHandle, link_example, make_certificates, running_server
+from tests.server_utils import Clients, ServerHandle, link_example, make_certificates, running_server
 
 
 @pytest.fixture(scope="module")
@@ -65,21 +65,25 @@ def mutual_server(tmp_path_factory: pytest.TempPathFactory, certs: Path) -> Iter
         yield handle
 
 
-def http_client(server: ServerHandle, certs: Path, client: str | None = None) -> httpclient.InferenceServerClient:
+def http_client(
+    clients: Clients, server: ServerHandle, certs: Path, client: str | None = None
+) -> httpclient.InferenceServerClient:
     def context() -> ssl.SSLContext:  # gevent's, as tritonclient's HTTP client runs on gevent
         made = gevent.ssl.create_default_context(cafile=str(certs / "ca.pem"))
         if client is not None:
             made.load_cert_chain(certs / f"{client}.pem", certs / f"{client}.key")
         return made
 
-    return httpclient.InferenceServerClient(server.http_url, ssl=True, ssl_context_factory=context)
+    return clients.http(server.http_url, ssl=True, ssl_context_factory=context)
 
 
-def grpc_client(server: ServerHandle, certs: Path, client: str | None = None) -> grpcclient.InferenceServerClient:
+def grpc_client(
+    clients: Clients, server: ServerHandle, certs: Path, client: str | None = None
+) -> grpcclient.InferenceServerClient:
     mine = {}
     if client is not None:
         mine = {"private_key": str(certs / f"{client}.key"), "certificate_chain": str(certs / f"{client}.pem")}
-    return grpcclient.InferenceServerClient(server.grpc_url, ssl=True, root_certificates=str(certs / "ca.pem"), **mine)
+    return clients.grpc(server.grpc_url, ssl=True, root_certificates=str(certs / "ca.pem"), **mine)
 
 
 def infer(client: Any, protocol: str) -> np.ndarray:
@@ -90,16 +94,19 @@ def infer(client: Any, protocol: str) -> np.ndarray:
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
-def test_a_client_that_trusts_the_ca_is_served_over_tls(tls_server: ServerHandle, certs: Path, protocol: str) -> None:
-    client = http_client(tls_server, certs) if protocol == "http" else grpc_client(tls_server, certs)
+def test_a_client_that_trusts_the_ca_is_served_over_tls(
+    tls_server: ServerHandle, certs: Path, protocol: str, clients: Clients
+) -> None:
+    make = http_client if protocol == "http" else grpc_client
+    client = make(clients, tls_server, certs)
     assert client.is_server_ready()
     assert infer(client, protocol).shape == (2, 10)
 
 
-def test_plain_clients_are_not_answered_by_a_tls_server(tls_server: ServerHandle) -> None:
+def test_plain_clients_are_not_answered_by_a_tls_server(tls_server: ServerHandle, clients: Clients) -> None:
     with pytest.raises((urllib.error.URLError, ConnectionError)):
         urllib.request.urlopen(f"http://{tls_server.http_url}/v2/health/ready", timeout=5)
-    plain = grpcclient.InferenceServerClient(tls_server.grpc_url)
+    plain = clients.grpc(tls_server.grpc_url)
     with pytest.raises(InferenceServerException):
         plain.is_server_ready(client_timeout=5)
 
@@ -112,13 +119,13 @@ def test_a_client_that_does_not_trust_the_servers_ca_refuses_it(tls_server: Serv
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_mutual_tls_serves_only_clients_with_a_certificate_from_the_root(
-    mutual_server: ServerHandle, certs: Path, protocol: str
+    mutual_server: ServerHandle, certs: Path, protocol: str, clients: Clients
 ) -> None:
     make = http_client if protocol == "http" else grpc_client
-    assert infer(make(mutual_server, certs, "client"), protocol).shape == (2, 10)
+    assert infer(make(clients, mutual_server, certs, "client"), protocol).shape == (2, 10)
     for refused in (None, "stranger"):  # no certificate; one another CA signed
         with pytest.raises(Exception):  # noqa: B017  (the handshake fails: an SSL error, or the client's UNAVAILABLE)
-            client = make(mutual_server, certs, refused)
+            client = make(clients, mutual_server, certs, refused)
             if protocol == "grpc":
                 client.is_server_ready(client_timeout=5)
             else:
@@ -127,7 +134,7 @@ def test_mutual_tls_serves_only_clients_with_a_certificate_from_the_root(
                     timeout=5,
                     context=client_context(certs, refused),
                 ).read()
-    assert make(mutual_server, certs, "client").is_server_ready()  # and it goes on serving
+    assert make(clients, mutual_server, certs, "client").is_server_ready()  # and it goes on serving
 
 
 def flags(certs: Path, **given: Any) -> TlsSettings | None:

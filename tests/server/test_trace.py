@@ -22,6 +22,7 @@ from tritonclient.utils import InferenceServerException
 from benchmarks.perf_load import PerfAnalyzer
 from tests.server.test_dag import ONE_WORKER, write_dag
 from tests.server_utils import (
+    Clients,
     ServerHandle,
     link_example,
     logged_errors,
@@ -58,10 +59,6 @@ def traced_server(tmp_path_factory: pytest.TempPathFactory, trace_file: Path) ->
         yield handle
 
 
-def client(server: ServerHandle, protocol: str) -> Any:
-    return PROTOCOLS[protocol].InferenceServerClient(server.http_url if protocol == "http" else server.grpc_url)
-
-
 def settings(document: Any) -> dict[str, Any]:
     """tritonclient's answer in the REST form on both protocols (gRPC's as_json has `{"value": [...]}`s)."""
     if "settings" not in document:
@@ -80,18 +77,18 @@ def traces_in_parts(trace_file: Path) -> dict[str, list[dict[str, Any]]]:
     return found
 
 
-def infer(server: ServerHandle, protocol: str, model: str, array: np.ndarray, request_id: str) -> Any:
+def infer(clients: Clients, server: ServerHandle, protocol: str, model: str, array: np.ndarray, request_id: str) -> Any:
     module = PROTOCOLS[protocol]
     tensor = module.InferInput("image", list(array.shape), "FP32")
     tensor.set_data_from_numpy(array)
-    return client(server, protocol).infer(model, [tensor], request_id=request_id)
+    return clients.of(server, protocol).infer(model, [tensor], request_id=request_id)
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_the_trace_api_reads_and_sets_a_models_settings_beside_the_servers(
-    traced_server: ServerHandle, trace_file: Path, protocol: str
+    traced_server: ServerHandle, trace_file: Path, protocol: str, clients: Clients
 ) -> None:
-    triton = client(traced_server, protocol)
+    triton = clients.of(traced_server, protocol)
     json_form = {"as_json": True} if protocol == "grpc" else {}
     start = {
         "trace_level": ["TIMESTAMPS"],
@@ -121,7 +118,13 @@ def test_the_trace_api_reads_and_sets_a_models_settings_beside_the_servers(
     ],
 )
 def test_a_bad_trace_setting_is_refused_by_name(
-    traced_server: ServerHandle, protocol: str, model: str, changes: dict[str, Any], status: str, message: str
+    traced_server: ServerHandle,
+    protocol: str,
+    model: str,
+    changes: dict[str, Any],
+    status: str,
+    message: str,
+    clients: Clients,
 ) -> None:
     expected = {
         ("http", "invalid"): "400",
@@ -131,27 +134,27 @@ def test_a_bad_trace_setting_is_refused_by_name(
     }[protocol, status]
     errors_before = logged_errors(traced_server)
     with pytest.raises(InferenceServerException) as refused:
-        client(traced_server, protocol).update_trace_settings(model, changes)
+        clients.of(traced_server, protocol).update_trace_settings(model, changes)
     assert refused.value.status() == expected and message in refused.value.message()
-    assert settings(client(traced_server, "http").get_trace_settings())["trace_rate"] == "1"
+    assert settings(clients.of(traced_server, "http").get_trace_settings())["trace_rate"] == "1"
     assert logged_errors(traced_server) == errors_before
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_a_traced_request_has_every_step_in_order_within_the_clients_time(
-    traced_server: ServerHandle, trace_file: Path, protocol: str
+    traced_server: ServerHandle, trace_file: Path, protocol: str, clients: Clients
 ) -> None:
     """The model's requests go three at a time into numbered files; each trace's steps, stamped by the frontend,
     the data plane and the worker process, are in order and between the client's send and its answer (up to the
     send's start: the client may read the answer before the server's write returns)."""
-    http = client(traced_server, "http")
+    http = clients.of(traced_server, "http")
     http.update_trace_settings("mlp", {"log_frequency": "3"})
     windows = {}
     try:
         for number in range(3):
             request_id = f"{protocol}-{number}"
             sent = time.perf_counter_ns()
-            infer(traced_server, protocol, "mlp", np.ones((2, 784), dtype=np.float32), request_id)
+            infer(clients, traced_server, protocol, "mlp", np.ones((2, 784), dtype=np.float32), request_id)
             windows[request_id] = (sent, time.perf_counter_ns())
     finally:
         http.update_trace_settings("mlp", {})  # the model follows the server's settings again
@@ -167,13 +170,13 @@ def test_a_traced_request_has_every_step_in_order_within_the_clients_time(
 
 
 def test_the_tensors_level_records_each_requests_inputs_and_outputs(
-    traced_server: ServerHandle, trace_file: Path
+    traced_server: ServerHandle, trace_file: Path, clients: Clients
 ) -> None:
-    http = client(traced_server, "http")
+    http = clients.of(traced_server, "http")
     http.update_trace_settings("cnn", {"trace_level": ["TENSORS"], "log_frequency": "1"})
     try:
         image = np.random.default_rng(0).random((1, 1, 28, 28), dtype=np.float32)
-        logits = infer(traced_server, "http", "cnn", image, "with-tensors").as_numpy("logits")
+        logits = infer(clients, traced_server, "http", "cnn", image, "with-tensors").as_numpy("logits")
     finally:
         http.update_trace_settings("cnn", {})
     head, *tensors = traces_in_parts(trace_file)["with-tensors"]
@@ -186,10 +189,12 @@ def test_the_tensors_level_records_each_requests_inputs_and_outputs(
         assert np.array_equal(values, array.ravel())
 
 
-def test_a_dag_querys_models_are_traced_as_its_children(traced_server: ServerHandle, trace_file: Path) -> None:
+def test_a_dag_querys_models_are_traced_as_its_children(
+    traced_server: ServerHandle, trace_file: Path, clients: Clients
+) -> None:
     """Each model the query runs gets its own trace, with the query's as its parent and its steps inside the
     query's, as Triton traces an ensemble's models."""
-    http = client(traced_server, "http")
+    http = clients.of(traced_server, "http")
     http.update_trace_settings("pipe", {"log_frequency": "1"})
     try:
         tensor = httpclient.InferInput("x", [2, 4], "FP32")
@@ -214,7 +219,7 @@ def test_a_dag_querys_models_are_traced_as_its_children(traced_server: ServerHan
 
 
 def test_perf_analyzer_turns_tracing_on_and_its_requests_are_traced(
-    traced_server: ServerHandle, trace_file: Path, perf_analyzer: PerfAnalyzer
+    traced_server: ServerHandle, trace_file: Path, perf_analyzer: PerfAnalyzer, clients: Clients
 ) -> None:
     """perf_analyzer's --trace-* options set the server's settings through the trace API before it measures."""
     arguments = ["-m", "mlp", "-u", traced_server.http_url, "--concurrency-range", "1", "-b", "1"]
@@ -226,7 +231,7 @@ def test_perf_analyzer_turns_tracing_on_and_its_requests_are_traced(
             [str(perf_analyzer.binary), *arguments], env=perf_analyzer.env, capture_output=True, text=True, timeout=120
         )
     finally:
-        client(traced_server, "http").update_trace_settings(settings={"trace_rate": None, "log_frequency": None})
+        clients.of(traced_server, "http").update_trace_settings(settings={"trace_rate": None, "log_frequency": None})
     assert done.returncode == 0, (done.stdout + done.stderr)[-2000:]
     parts = sorted(set(glob.glob(f"{trace_file}.*")) - before)
     assert parts, "no part of 10 traces was written"
@@ -237,7 +242,9 @@ def test_perf_analyzer_turns_tracing_on_and_its_requests_are_traced(
             assert [s["name"] for s in stamps] == [*FRONTEND["http"][0], *STEPS, *FRONTEND["http"][1]]
 
 
-def test_the_trace_file_is_one_json_array_of_every_trace_once_the_server_stops(tmp_path: Path) -> None:
+def test_the_trace_file_is_one_json_array_of_every_trace_once_the_server_stops(
+    tmp_path: Path, clients: Clients
+) -> None:
     """Leaving the block stops the server (SIGTERM), which closes the file's array."""
     root = tmp_path / "models"
     link_example(root, "mlp")
@@ -245,7 +252,8 @@ def test_the_trace_file_is_one_json_array_of_every_trace_once_the_server_stops(t
     config = [f"--trace-config=triton,file={trace_file}", "--trace-config=level=TIMESTAMPS", "--trace-config=rate=2"]
     with running_server(root, *config) as server:
         for number in range(5):
-            infer(server, "http" if number % 2 else "grpc", "mlp", np.zeros((1, 784), dtype=np.float32), f"r{number}")
+            protocol, rows = "http" if number % 2 else "grpc", np.zeros((1, 784), dtype=np.float32)
+            infer(clients, server, protocol, "mlp", rows, f"r{number}")
         assert metric(server, 'adaserve_traces_total{mode="triton"}') == 2
         assert metric(server, 'adaserve_traces_dropped_total{mode="triton"}') == 0
     entries = json.loads(trace_file.read_text())

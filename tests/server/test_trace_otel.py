@@ -18,6 +18,7 @@ import tritonclient.http as httpclient
 
 from tests.server.test_dag import ONE_WORKER, write_dag
 from tests.server_utils import (
+    Clients,
     OtlpReceiver,
     ServerHandle,
     free_port,
@@ -60,10 +61,10 @@ def by_name(spans: list[Any]) -> dict[str, list[Any]]:
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_a_traced_request_is_three_nested_spans(
-    otel_server: ServerHandle, receiver: OtlpReceiver, protocol: str, tmp_path: Path
+    otel_server: ServerHandle, receiver: OtlpReceiver, protocol: str, tmp_path: Path, clients: Clients
 ) -> None:
     module: Any = httpclient if protocol == "http" else grpcclient
-    client = module.InferenceServerClient(otel_server.http_url if protocol == "http" else otel_server.grpc_url)
+    client = clients.of(otel_server, protocol)
     assert client.get_trace_settings(as_json=True) if protocol == "grpc" else client.get_trace_settings()
     tensor = module.InferInput("image", [1, 784], "FP32")
     tensor.set_data_from_numpy(np.ones((1, 784), dtype=np.float32))
@@ -87,8 +88,10 @@ def test_a_traced_request_is_three_nested_spans(
     assert resources[0]["service.name"] == "adaserve-test"
 
 
-def test_a_dag_querys_models_are_spans_under_the_querys(otel_server: ServerHandle, receiver: OtlpReceiver) -> None:
-    client = httpclient.InferenceServerClient(otel_server.http_url)
+def test_a_dag_querys_models_are_spans_under_the_querys(
+    otel_server: ServerHandle, receiver: OtlpReceiver, clients: Clients
+) -> None:
+    client = clients.http(otel_server.http_url)
     assert client.get_trace_settings()["trace_mode"] == "opentelemetry"
     tensor = httpclient.InferInput("x", [1, 4], "FP32")
     tensor.set_data_from_numpy(np.array([[1, 0, 0, 0]], dtype=np.float32))  # class 0: both nodes run
@@ -100,14 +103,14 @@ def test_a_dag_querys_models_are_spans_under_the_querys(otel_server: ServerHandl
     assert {span.parent_span_id for span in spans["compute"]} == {span.span_id for span in models}
 
 
-def test_a_collector_that_cannot_be_reached_costs_a_warning_not_the_service(tmp_path: Path) -> None:
+def test_a_collector_that_cannot_be_reached_costs_a_warning_not_the_service(tmp_path: Path, clients: Clients) -> None:
     root = tmp_path / "models"
     link_example(root, "mlp")
     url = f"127.0.0.1:{free_port()}/v1/traces"  # nothing listens there
     options = ["mode=opentelemetry", f"opentelemetry,url={url}", "opentelemetry,bsp_schedule_delay=100"]
     options += ["level=TIMESTAMPS", "rate=1"]
     with running_server(root, *(f"--trace-config={option}" for option in options)) as server:
-        client = httpclient.InferenceServerClient(server.http_url)
+        client = clients.http(server.http_url)
         tensor = httpclient.InferInput("image", [1, 784], "FP32")
         tensor.set_data_from_numpy(np.zeros((1, 784), dtype=np.float32))
         for _ in range(5):
@@ -129,7 +132,7 @@ def exporter_pid(server: ServerHandle) -> int:
 
 
 def test_an_exporter_that_dies_is_started_again_and_the_server_serves_on(
-    tmp_path: Path, receiver: OtlpReceiver
+    tmp_path: Path, receiver: OtlpReceiver, clients: Clients
 ) -> None:
     """Spans are made in a process of their own; killed, it is noticed when its queue (here four records: twelve
     spans) is full, those traces are dropped, and the next go through a new one."""
@@ -139,7 +142,7 @@ def test_an_exporter_that_dies_is_started_again_and_the_server_serves_on(
     options += ["opentelemetry,bsp_max_queue_size=12", "opentelemetry,bsp_max_export_batch_size=12"]
     options += ["level=TIMESTAMPS", "rate=1"]
     with running_server(root, *(f"--trace-config={option}" for option in options)) as server:
-        client = httpclient.InferenceServerClient(server.http_url)
+        client = clients.http(server.http_url)
         tensor = httpclient.InferInput("image", [1, 784], "FP32")
         tensor.set_data_from_numpy(np.zeros((1, 784), dtype=np.float32))
         client.infer("mlp", [tensor], request_id="before")
@@ -161,12 +164,14 @@ def test_an_exporter_that_dies_is_started_again_and_the_server_serves_on(
         assert client.is_server_ready()
 
 
-def test_spans_held_at_stop_are_exported_before_the_server_exits(tmp_path: Path, receiver: OtlpReceiver) -> None:
+def test_spans_held_at_stop_are_exported_before_the_server_exits(
+    tmp_path: Path, receiver: OtlpReceiver, clients: Clients
+) -> None:
     root = tmp_path / "models"
     link_example(root, "mlp")
     options = ["mode=opentelemetry", f"opentelemetry,url={receiver.url}", "level=TIMESTAMPS", "rate=1"]
     with running_server(root, *(f"--trace-config={option}" for option in options)) as server:  # 5 s export period
-        client = httpclient.InferenceServerClient(server.http_url)
+        client = clients.http(server.http_url)
         tensor = httpclient.InferInput("image", [1, 784], "FP32")
         tensor.set_data_from_numpy(np.zeros((1, 784), dtype=np.float32))
         client.infer("mlp", [tensor], request_id="at-stop")
@@ -177,16 +182,16 @@ def test_spans_held_at_stop_are_exported_before_the_server_exits(tmp_path: Path,
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_a_clients_trace_context_is_traced_and_parents_the_spans(
-    otel_server: ServerHandle, receiver: OtlpReceiver, protocol: str
+    otel_server: ServerHandle, receiver: OtlpReceiver, protocol: str, clients: Clients
 ) -> None:
     """A W3C `traceparent` is traced whatever the sampling says (here one request in a million), under the client's
     trace and span."""
-    http = httpclient.InferenceServerClient(otel_server.http_url)
+    http = clients.http(otel_server.http_url)
     http.update_trace_settings("mlp", {"trace_rate": "1000000"})
     trace_id, span_id = "4bf92f3577b34da6a3ce929d0e0e47" + ("36" if protocol == "http" else "37"), "00f067aa0ba902b7"
     try:
         module: Any = httpclient if protocol == "http" else grpcclient
-        client = module.InferenceServerClient(otel_server.http_url if protocol == "http" else otel_server.grpc_url)
+        client = clients.of(otel_server, protocol)
         tensor = module.InferInput("image", [1, 784], "FP32")
         tensor.set_data_from_numpy(np.ones((1, 784), dtype=np.float32))
         headers = {"traceparent": f"00-{trace_id}-{span_id}-01"}

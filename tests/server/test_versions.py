@@ -8,13 +8,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.engine.test_poller import ONE_WORKER, add_identity_version
 from tests.server.test_poll import wait_for
-from tests.server_utils import running_server, write_fussy_model
+from tests.server_utils import Clients, running_server, write_fussy_model
 
 
 def infer(client: httpclient.InferenceServerClient, model: str, version: str = "") -> tuple[float, str]:
@@ -25,7 +24,9 @@ def infer(client: httpclient.InferenceServerClient, model: str, version: str = "
     return float(result.as_numpy("y")[0, 0]), result.get_response()["model_version"]
 
 
-def test_every_version_a_policy_serves_answers_by_number_and_the_newest_by_default(tmp_path: Path) -> None:
+def test_every_version_a_policy_serves_answers_by_number_and_the_newest_by_default(
+    tmp_path: Path, clients: Clients
+) -> None:
     repository = tmp_path / "models"
     repository.mkdir()
     both = write_fussy_model(repository, "both", workers=ONE_WORKER, version_policy={"all": True})
@@ -33,7 +34,7 @@ def test_every_version_a_policy_serves_answers_by_number_and_the_newest_by_defau
     for directory in (both, newest):
         add_identity_version(directory, 2)
     with running_server(repository, "--repository-poll-secs", "0.2") as server:
-        client = httpclient.InferenceServerClient(server.http_url)
+        client = clients.http(server.http_url)
         assert infer(client, "both") == (3.0, "2")
         assert infer(client, "both", "1") == (6.0, "1")
         assert infer(client, "both", "2") == (3.0, "2")
@@ -55,7 +56,7 @@ def test_every_version_a_policy_serves_answers_by_number_and_the_newest_by_defau
             infer(client, "both", "7")
         assert e.value.status() == "404"
 
-        grpc = grpcclient.InferenceServerClient(server.grpc_url)
+        grpc = clients.grpc(server.grpc_url)
         assert grpc.get_model_config("both").config.version_policy.HasField("all")
         assert grpc.get_model_config("newest").config.version_policy.latest.num_versions == 1
 

@@ -19,7 +19,7 @@ from tritonclient.utils import InferenceServerException
 from adaserve.adaptive.activator.build import DEFAULT_GRID, BuildData, BuildOptions, build_activator
 from adaserve.datasets import load_fashion_mnist
 from adaserve.repository import ModelRepository
-from tests.server_utils import ServerHandle, link_example, running_server
+from tests.server_utils import Clients, ServerHandle, link_example, running_server
 
 #: One worker of batch 4 that waits up to 20 ms to fill it, so concurrent requests share batches.
 SHARED_BATCHES = {
@@ -56,10 +56,10 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
 
 def _infer(server: ServerHandle, model: str, rows: np.ndarray, parameters: dict[str, Any] | None = None
            ) -> tuple[np.ndarray, dict[str, Any]]:  # fmt: skip
-    client = httpclient.InferenceServerClient(server.http_url)
     tensor = httpclient.InferInput("image", list(rows.shape), "FP32")
     tensor.set_data_from_numpy(rows)
-    result = client.infer(model, [tensor], parameters=parameters)
+    with httpclient.InferenceServerClient(server.http_url) as client:  # one per call: _infer runs on threads too
+        result = client.infer(model, [tensor], parameters=parameters)
     return result.as_numpy("logits"), result.get_response().get("parameters", {})
 
 
@@ -130,8 +130,10 @@ def test_a_target_out_of_range_is_a_400_naming_it(
     assert caught.value.status() == "400"
 
 
-def test_a_target_out_of_range_is_invalid_argument_over_grpc(server: ServerHandle, images: np.ndarray) -> None:
-    client = grpcclient.InferenceServerClient(server.grpc_url)
+def test_a_target_out_of_range_is_invalid_argument_over_grpc(
+    server: ServerHandle, images: np.ndarray, clients: Clients
+) -> None:
+    client = clients.grpc(server.grpc_url)
     tensor = grpcclient.InferInput("image", [1, 784], "FP32")
     tensor.set_data_from_numpy(images[:1])
     with pytest.raises(InferenceServerException, match="parameter 'latency_ms'") as caught:

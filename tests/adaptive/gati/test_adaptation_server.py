@@ -14,7 +14,6 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-import tritonclient.http as httpclient
 from prometheus_client.parser import text_string_to_metric_families
 
 from adaserve.datasets import load_fashion_mnist
@@ -22,7 +21,7 @@ from adaserve.repository import ModelRepository
 from tests.adaptive.gati.conftest import build_timed_alike
 from tests.adaptive.gati.test_adapt import BUILD, FAST
 from tests.adaptive.gati.test_server import WORKERS, infer
-from tests.server_utils import ServerHandle, link_example, running_server
+from tests.server_utils import Clients, ServerHandle, link_example, running_server
 
 #: Every row sampled; retrained once 300 are in (the period trigger), as lightly as test_adapt.py's FAST.
 ADAPTATION = {
@@ -57,10 +56,10 @@ def retrainings(server: ServerHandle) -> dict[str, float]:
 
 
 def test_drifting_requests_are_retrained_on_and_an_accepted_version_swapped_in(
-    server_and_stream: tuple[ServerHandle, np.ndarray],
+    server_and_stream: tuple[ServerHandle, np.ndarray], clients: Clients
 ) -> None:
     server, stream = server_and_stream
-    client = httpclient.InferenceServerClient(server.http_url)
+    client = clients.http(server.http_url)
     served, deadline, outcome = 0, time.monotonic() + 120, None
     while time.monotonic() < deadline:
         logits, _ = infer(client, "cnn_adapt", stream[served % len(stream)][np.newaxis])

@@ -25,7 +25,7 @@ from adaserve.datasets import load_fashion_mnist
 from adaserve.repository import ModelRepository
 from tests.adaptive.gati.conftest import build_timed_alike
 from tests.adaptive.gati.test_adapt import BUILD
-from tests.server_utils import ServerHandle, link_example, needs_cuda, running_server
+from tests.server_utils import Clients, ServerHandle, link_example, needs_cuda, running_server
 
 WORKERS = {"workers": [{"batch": 4, "threads": 1}]}
 #: A low agreement target, so the composition surely exits early on some rows.
@@ -77,8 +77,8 @@ def first_images(count: int = 40) -> np.ndarray:
     return images[:count].reshape(count, 1, 1, 28, 28).astype(np.float32)
 
 
-def test_answers_name_their_exit_and_rows_that_ran_whole_are_the_model(server: ServerHandle) -> None:
-    images, client = first_images(), httpclient.InferenceServerClient(server.http_url)
+def test_answers_name_their_exit_and_rows_that_ran_whole_are_the_model(server: ServerHandle, clients: Clients) -> None:
+    images, client = first_images(), clients.http(server.http_url)
     exits = []
     for image in images:
         base, _ = infer(client, "cnn", image)
@@ -97,19 +97,19 @@ def test_answers_name_their_exit_and_rows_that_ran_whole_are_the_model(server: S
     assert logits.shape == (4, 10) and 0 <= parameters["exited_rows"] <= 4  # type: ignore[operator]
 
     # gRPC carries the same parameters.
-    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    grpc = clients.grpc(server.grpc_url)
     tensor = grpcclient.InferInput("image", [1, 1, 28, 28], "FP32")
     tensor.set_data_from_numpy(images[0])
     response = grpc.infer("cnn_gati", [tensor], parameters={"accuracy": 0.8}).get_response(as_json=True)
     assert response["parameters"]["exit_block"]["string_param"] in {"stage1", "stage2", "head"}
 
 
-def test_a_request_split_over_batches_reports_every_rows_exit(server: ServerHandle) -> None:
+def test_a_request_split_over_batches_reports_every_rows_exit(server: ServerHandle, clients: Clients) -> None:
     """A request of 7 rows runs on the batch-4 worker as two batches; the rows the caches answered in either count
     (they used to count only in the last batch's part). An answered row carries its cache's logits, the others the
     base model's, so the count is checked against the outputs."""
     images, _ = load_fashion_mnist("test")
-    client = httpclient.InferenceServerClient(server.http_url)
+    client = clients.http(server.http_url)
     counts = []
     for start in range(0, 70, 7):
         rows = images[start : start + 7].reshape(7, 1, 28, 28).astype(np.float32)
@@ -122,10 +122,10 @@ def test_a_request_split_over_batches_reports_every_rows_exit(server: ServerHand
     assert any(0 < count < 7 for count in counts), counts
 
 
-def test_lookups_beside_a_model_process_answer_as_inline_ones(server: ServerHandle) -> None:
+def test_lookups_beside_a_model_process_answer_as_inline_ones(server: ServerHandle, clients: Clients) -> None:
     """`lookup: process` runs the same chain and cache graphs, the chain in a model process: the same exits and
     the same logits, one request at a time and in a batch whose rows leave it at different exits."""
-    images, client = first_images(), httpclient.InferenceServerClient(server.http_url)
+    images, client = first_images(), clients.http(server.http_url)
     exits = []
     for image in images:
         inline, inline_parameters = infer(client, "cnn_gati", image)
@@ -142,10 +142,10 @@ def test_lookups_beside_a_model_process_answer_as_inline_ones(server: ServerHand
 
 
 @needs_cuda
-def test_on_a_gpu_the_caches_answer_as_they_do_on_the_cpu(server: ServerHandle) -> None:
+def test_on_a_gpu_the_caches_answer_as_they_do_on_the_cpu(server: ServerHandle, clients: Clients) -> None:
     """The GPU form (the lookups on a side stream, each beside the next block) answers what the CPU form answers:
     the same exits, the same logits, up to the GPU's rounding, which may move a score near its threshold across it."""
-    images, client = first_images(), httpclient.InferenceServerClient(server.http_url)
+    images, client = first_images(), clients.http(server.http_url)
     same = 0
     for image in images:
         cpu, cpu_parameters = infer(client, "cnn_gati", image)
@@ -160,8 +160,8 @@ def test_on_a_gpu_the_caches_answer_as_they_do_on_the_cpu(server: ServerHandle) 
     assert config["parameters"]["early_exit"]["string_value"].startswith("cache set v1 (target 0.8: after ")
 
 
-def test_bad_parameters_are_400s(server: ServerHandle) -> None:
-    client = httpclient.InferenceServerClient(server.http_url)
+def test_bad_parameters_are_400s(server: ServerHandle, clients: Clients) -> None:
+    client = clients.http(server.http_url)
     image = np.zeros((1, 1, 28, 28), np.float32)
     for parameters, name in (({"early_exit": "yes"}, "early_exit"), ({"accuracy": 2}, "accuracy")):
         with pytest.raises(InferenceServerException, match=name) as raised:
@@ -170,8 +170,8 @@ def test_bad_parameters_are_400s(server: ServerHandle) -> None:
     assert infer(client, "cnn_gati", image)[0].shape == (1, 10)  # and the model keeps serving
 
 
-def test_metrics_and_configuration_show_the_caches(server: ServerHandle) -> None:
-    client = httpclient.InferenceServerClient(server.http_url)
+def test_metrics_and_configuration_show_the_caches(server: ServerHandle, clients: Clients) -> None:
+    client = clients.http(server.http_url)
     images, _ = load_fashion_mnist("test")
     for image in images[:10].reshape(10, 1, 1, 28, 28):
         infer(client, "cnn_gati", image.astype(np.float32))
