@@ -29,10 +29,10 @@ Choices, and why:
   agreement of the deployed ones at their thresholds, and, when the deployed ones meet the target there and on the
   window's held-out rows alone (today's traffic), must not hit less often (else it is no better). Judged on all
   held-out rows only, the deployed caches "met the target" while they answered a drifted stream .66–.89 in
-  agreement: its rows were 3% of the held-out rows (`benchmarks/gati/adaptation.py`), and every retraining that
-  traded hits for agreement was refused. A retraining that certifies no exit is refused whatever it agrees: a set
-  without exits would serve whole for good, as adaptation retrains only the exits a composition deploys. The
-  retraining time is wall time in this process.
+  agreement: its rows were at most 77 of about 3,250 held-out rows (`benchmarks/gati/adaptation.py`), and every
+  retraining that traded hits for agreement was refused. A retraining that certifies no exit is refused whatever it
+  agrees: a set without exits would serve whole for good, as adaptation retrains only the exits a composition
+  deploys. The retraining time is wall time in this process.
 """
 
 from __future__ import annotations
