@@ -238,35 +238,37 @@ def _infer(args: argparse.Namespace) -> int:
     import tritonclient.http as httpclient
 
     array = args.input
-    client = _http_client(args)
-    metadata = client.get_model_metadata(args.model)
-    spec = metadata["inputs"][0]
-    if len(metadata["inputs"]) != 1:
-        raise AdaserveError(f"model '{args.model}' takes {len(metadata['inputs'])} inputs; --input gives one")
-    if array.ndim == len(spec["shape"]) - 1:
-        array = array[None]
-    tensor = httpclient.InferInput(spec["name"], list(array.shape), spec["datatype"])
-    tensor.set_data_from_numpy(array.astype(httpclient.triton_to_np_dtype(spec["datatype"])))
-    outputs = None
-    if args.classes:
-        names = [output["name"] for output in metadata["outputs"]]
-        outputs = [httpclient.InferRequestedOutput(name, binary_data=False, class_count=args.classes) for name in names]
-    result = client.infer(
-        args.model,
-        [tensor],
-        parameters=args.parameters,
-        outputs=outputs,
-        request_compression_algorithm=args.compression,
-        response_compression_algorithm=args.compression,
-    )
-    response = result.get_response()
-    for output in response["outputs"]:
-        values = result.as_numpy(output["name"])
-        print(json.dumps({"name": output["name"], "shape": list(values.shape), "data": values.tolist()}))
-        if values.ndim == 2 and values.shape[1] > 1 and values.dtype != object:
-            print(json.dumps({"argmax": values.argmax(axis=1).tolist()}))
-    if response.get("parameters"):
-        print(json.dumps({"parameters": response["parameters"]}))
+    with _http_client(args) as client:
+        metadata = client.get_model_metadata(args.model)
+        spec = metadata["inputs"][0]
+        if len(metadata["inputs"]) != 1:
+            raise AdaserveError(f"model '{args.model}' takes {len(metadata['inputs'])} inputs; --input gives one")
+        if array.ndim == len(spec["shape"]) - 1:
+            array = array[None]
+        tensor = httpclient.InferInput(spec["name"], list(array.shape), spec["datatype"])
+        tensor.set_data_from_numpy(array.astype(httpclient.triton_to_np_dtype(spec["datatype"])))
+        outputs = None
+        if args.classes:
+            names = [output["name"] for output in metadata["outputs"]]
+            outputs = [
+                httpclient.InferRequestedOutput(name, binary_data=False, class_count=args.classes) for name in names
+            ]
+        result = client.infer(
+            args.model,
+            [tensor],
+            parameters=args.parameters,
+            outputs=outputs,
+            request_compression_algorithm=args.compression,
+            response_compression_algorithm=args.compression,
+        )
+        response = result.get_response()
+        for output in response["outputs"]:
+            values = result.as_numpy(output["name"])
+            print(json.dumps({"name": output["name"], "shape": list(values.shape), "data": values.tolist()}))
+            if values.ndim == 2 and values.shape[1] > 1 and values.dtype != object:
+                print(json.dumps({"argmax": values.argmax(axis=1).tolist()}))
+        if response.get("parameters"):
+            print(json.dumps({"parameters": response["parameters"]}))
     return 0
 
 
