@@ -275,6 +275,12 @@ class PackratSpec(Strict):
     )
 
 
+#: Retraining's predictor epochs and selector steps (`adaserve.adaptive.gati.adapt.AdaptSettings`): the paper's 5
+#: epochs moved a warm-started predictor 5 steps on a window of a hundred rows, and 500 selector steps fitted 32 rows
+#: (`benchmarks/README.md`, GATI adaptation).
+ADAPT_EPOCHS, ADAPT_SELECTOR_STEPS = 20, 100
+
+
 class AdaptationSpec(Strict):
     """`caches.adaptation:` — retrain the learned caches online (GATI's cache adaptation service)."""
 
@@ -287,8 +293,14 @@ class AdaptationSpec(Strict):
     )
     min_rows: int = Field(default=500, ge=1, description="rows judged at once by the hit-rate trigger")
     min_window_rows: int = Field(default=200, ge=20, description="no retraining before the window holds this many")
-    epochs: int = Field(default=5, ge=1, description="predictor training epochs per retraining (the paper's 5)")
-    selector_steps: int = Field(default=500, ge=1, description="selector training steps per retraining")
+    epochs: int = Field(
+        default=ADAPT_EPOCHS,
+        ge=1,
+        description="predictor training epochs per retraining, over the window's rows mixed with validation rows",
+    )
+    selector_steps: int = Field(
+        default=ADAPT_SELECTOR_STEPS, ge=1, description="selector training steps per retraining"
+    )
 
 
 #: Where GATI's lookups run (`caches.lookup` with `auto` resolved).

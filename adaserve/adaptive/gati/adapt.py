@@ -14,25 +14,35 @@ Choices, and why:
   "weigh[s] recent samples more heavily" without saying how; an exponential in age keeps the newest rows likelier
   than the oldest by a fixed factor (4× at the default half-life of half the window) while an old row still shows up.
 - **Data.** The window sample is split like the validation data (fit predictors / fit selectors / calibrate /
-  evaluate, 50/15/15/20); each training split is mixed with as many rows (`validation_per_window_row`) drawn from
-  the same split of the validation data, and the calibrate and evaluate splits with all of theirs (measuring costs
-  only a forward pass, and a few hundred rows cannot tell 0.99 from 0.995): predictors and selectors never see the
-  rows their thresholds are set on or the rows they are judged on. Labels are the base model's argmax (stream rows
-  have no true labels).
-- **Warm start.** The networks start from the deployed caches' weights (`warm_start`), so a few epochs suffice;
-  `benchmarks/gati/adaptation.py` measures it against training from scratch.
+  evaluate, 50/15/15/20); each training split is mixed with `validation_per_window_row` (8) times as many rows drawn
+  from the same split of the validation data, and the calibrate and evaluate splits with all of theirs (measuring
+  costs only a forward pass, and a few hundred rows cannot tell 0.99 from 0.995): predictors and selectors never see
+  the rows their thresholds are set on or the rows they are judged on. Labels are the base model's argmax (stream
+  rows have no true labels).
+- **Training.** The networks start from the deployed caches' weights (`warm_start`). The paper's 5 epochs over a
+  first window of about a hundred rows mixed one to one were 5 optimizer steps, which barely moved a predictor, and
+  500 selector steps fitted 32 rows: the versions it accepted agreed more only by stricter thresholds, at fewer
+  hits. Defaults: 20 epochs, 100 selector steps, 8 validation rows per window row. Served on 1,000 fresh rows of
+  the drift their window held (`benchmarks/gati/retraining.py`, 15 windows of 100–1,000 rows), caches retrained
+  with them hit .730 of rows at .982 agreement on average, with the paper's settings .564 at .989, the deployed
+  caches .808 at .910; the defaults hit more than the paper's in 14 of the 15 windows, and take longer (3.6–16 s
+  against 2.6–3.6 s on one core). `benchmarks/gati/adaptation.py` measures the warm start against training from
+  scratch.
 - **Thresholds.** The adapted composition keeps the same exits (one may drop out when it can no longer hit at the
   target) and is re-composed with `compose` on the mixed calibrate split, for the same target, certified at the
   deployed composition's risk, and tuned to at least the deployed caches' agreement on those rows
-  (`hold_agreement`): a version never trades agreement for hits.
-- **Acceptance.** On the held-out rows (validation and window alike) the new caches must not lower the chained
-  agreement of the deployed ones at their thresholds, and, when the deployed ones meet the target there and on the
-  window's held-out rows alone (today's traffic), must not hit less often (else it is no better). Judged on all
-  held-out rows only, the deployed caches "met the target" while they answered a drifted stream .66–.89 in
-  agreement: its rows were at most 77 of about 3,250 held-out rows (`benchmarks/gati/adaptation.py`), and every
-  retraining that traded hits for agreement was refused. A retraining that certifies no exit is refused whatever it
-  agrees: a set without exits would serve whole for good, as adaptation retrains only the exits a composition
-  deploys. The retraining time is wall time in this process.
+  (`hold_agreement`). Without that floor the adaptation benchmark accepted 14 of 18 retrainings, hit less than with
+  it and fell below the static caches on one chunk; with it, a retraining certifies no exit once the deployed
+  caches agree .997 or more, the strictest setting then failing the test.
+- **Acceptance** (`acceptance`). On the window's held-out rows, today's traffic, the new caches must not lower the
+  deployed caches' agreement, nor their hit rate unless those miss the target there and the new ones agree more
+  (fewer hits for nothing are no adaptation); on all held-out rows (validation and window alike) they must hold the
+  target. Judged on all held-out rows alone, as before, the drift hardly counted (a window's held-out rows were
+  21–77 of about 3,250), and a version was refused if its agreement there fell by a row: on the adaptation
+  benchmark, one whose agreement on the window's rows rose from .957 to .979 went from .9985 to .9978 on all of
+  them. A retraining that certifies no exit is refused whatever it agrees: a set without exits would serve whole
+  for good, as adaptation retrains only the exits a composition deploys. The retraining time is wall time in this
+  process.
 """
 
 from __future__ import annotations
@@ -63,6 +73,7 @@ from adaserve.adaptive.gati.compose import Candidate, compose, simulate
 from adaserve.adaptive.gati.explore import SPLITS, Fitted, collect_activations, exit_shapes, fit_cache, split_rows
 from adaserve.adaptive.gati.predictors import TrainSettings, VariantSpec, build_predictor
 from adaserve.adaptive.gati.selectors import Selector
+from adaserve.config import ADAPT_EPOCHS, ADAPT_SELECTOR_STEPS
 from adaserve.engine.messages import ExitCounts
 from adaserve.errors import InvalidInputError
 from adaserve.repository import ModelSpec
@@ -187,13 +198,14 @@ class HitRateMonitor:
 
 @dataclass(frozen=True)
 class AdaptSettings:
-    """How to retrain; the defaults are the paper's (§7.2.1: learning rate 0.002, 5 epochs)."""
+    """How to retrain: the paper's learning rate (§7.2.1: 0.002); more epochs than its 5, fewer selector steps, and
+    more validation rows per window row than one (see the module docstring)."""
 
-    train: TrainSettings = field(default_factory=lambda: TrainSettings(epochs=5))
-    selector_steps: int = 500
+    train: TrainSettings = field(default_factory=lambda: TrainSettings(epochs=ADAPT_EPOCHS))
+    selector_steps: int = ADAPT_SELECTOR_STEPS
     warm_start: bool = True
     hold_agreement: bool = True
-    validation_per_window_row: float = 1.0
+    validation_per_window_row: float = 8.0
     batch_size: int = 256
     seed: int = 0
 
@@ -207,7 +219,8 @@ class AdaptResult:
     source_version: int
     before: ChainRecord  # the deployed caches on the held-out rows
     after: ChainRecord  # the retrained caches on the same rows
-    before_window: ChainRecord  # the deployed caches on the window's held-out rows alone
+    before_window: ChainRecord  # the deployed caches on the window's held-out rows alone (today's traffic)
+    after_window: ChainRecord  # the retrained caches on the same rows
     composition: CompositionRecord  # the retrained caches' default composition
     manifest: Manifest
     weights: dict[str, dict[str, dict[str, torch.Tensor]]]
@@ -250,16 +263,19 @@ def adapt(
     }
     current = _stack([_measure(cache, activations[cache.exit.block_index], probs, splits) for cache in deployed])
     candidates = [Candidate(v.block_index, v.lookup_latency_s, v.memory_bytes) for v in variants]
-    exits = [(i, cache.exit.threshold) for i, cache in enumerate(deployed)]
+    window_held_out = slice(counts["evaluate"]["validation"], None)  # the evaluate split's rows after validation's
 
-    def deployed_on(split: str, rows: slice = slice(None)) -> ChainRecord:
-        scores, agrees = current[f"{split}_scores"][:, rows], current[f"{split}_agrees"][:, rows]
+    def chained(
+        exits: list[tuple[int, float]], measured: dict[str, np.ndarray], split: str, rows: slice = slice(None)
+    ) -> ChainRecord:
+        scores, agrees = measured[f"{split}_scores"][:, rows], measured[f"{split}_agrees"][:, rows]
         return simulate(
             exits, candidates, scores, agrees, manifest.block_latency_s, inline=manifest.lookups == "inline"
         )
 
-    before = {split: deployed_on(split) for split in MEASURED_SPLITS}
-    before_window = deployed_on("evaluate", slice(counts["evaluate"]["validation"], None))  # after validation rows
+    exits = [(i, cache.exit.threshold) for i, cache in enumerate(deployed)]
+    before = {split: chained(exits, current, split) for split in MEASURED_SPLITS}
+    before_window = chained(exits, current, "evaluate", window_held_out)
     composed = compose(
         manifest.model_copy(
             update={"variants": tuple(v.model_copy(update={"targets": {}}) for v in variants), "compositions": ()}
@@ -277,15 +293,18 @@ def adapt(
 
     new = composed.default_for(composition.target)
     assert new is not None  # compose makes a default composition for every target
-    refused = acceptance(before["evaluate"], new.evaluate, composition.target, before_window)
+    position = {v.key: i for i, v in enumerate(variants)}
+    after_window = chained([(position[e.key], e.threshold) for e in new.exits], arrays, "evaluate", window_held_out)
+    refused = acceptance(before["evaluate"], new.evaluate, composition.target, before_window, after_window)
     record = _settings_record(settings, cache_set.version, counts, retrain_s)
     return AdaptResult(
         accepted=refused is None,
-        reason=refused or _gain(before["evaluate"], new.evaluate),
+        reason=refused or _gain(before["evaluate"], new.evaluate, before_window, after_window),
         source_version=cache_set.version,
         before=before["evaluate"],
         after=new.evaluate,
         before_window=before_window,
+        after_window=after_window,
         composition=new,
         manifest=composed.model_copy(
             update={
@@ -305,23 +324,41 @@ def adapt(
     )
 
 
-def acceptance(before: ChainRecord, after: ChainRecord, target: float, before_window: ChainRecord) -> str | None:
+def acceptance(
+    before: ChainRecord, after: ChainRecord, target: float, before_window: ChainRecord, after_window: ChainRecord
+) -> str | None:
     """Why retrained caches (`after`) must not replace the deployed ones (`before`), both measured on the same
-    held-out rows; None when they may. `before_window`: the deployed caches on the window's share of those rows,
-    where fewer hits are no reason to refuse once they miss the target."""
+    held-out rows, validation and window alike; None when they may. `before_window`, `after_window`: the two on the
+    window's share of those rows, today's traffic, where agreement must not fall, nor hits, unless the deployed
+    caches miss the target there and the new ones agree more. On all held-out rows the new caches must hold the
+    target (or, where the deployed ones do not, their agreement)."""
     if not after.exit_rates:
         return (
             f"the retrained caches certify no exit at the target {target:g}: a set without exits would serve whole "
             "from then on, with no cache left to adapt"
         )
-    if after.agreement < before.agreement:
-        return f"held-out agreement would fall from {before.agreement:.4f} to {after.agreement:.4f}"
-    hits_before, hits_after = sum(before.exit_rates), sum(after.exit_rates)
-    if min(before.agreement, before_window.agreement) >= target and hits_after < hits_before:
+    if after_window.agreement < before_window.agreement:
         return (
-            f"held-out hit rate would fall from {hits_before:.3f} to {hits_after:.3f} while the deployed caches "
-            f"meet the target {target:g} ({before.agreement:.4f}; on the window's rows {before_window.agreement:.4f})"
+            f"agreement on the window's held-out rows would fall from {before_window.agreement:.4f} to "
+            f"{after_window.agreement:.4f}"
         )
+    if after.agreement < min(target, before.agreement):
+        return (
+            f"held-out agreement would fall from {before.agreement:.4f} to {after.agreement:.4f}, below the target "
+            f"{target:g}"
+        )
+    hits_before, hits_after = sum(before_window.exit_rates), sum(after_window.exit_rates)
+    if hits_after < hits_before:
+        if before_window.agreement >= target:
+            return (
+                f"the hit rate on the window's held-out rows would fall from {hits_before:.3f} to {hits_after:.3f} "
+                f"while the deployed caches meet the target {target:g} there ({before_window.agreement:.4f})"
+            )
+        if after_window.agreement == before_window.agreement:
+            return (
+                f"the hit rate on the window's held-out rows would fall from {hits_before:.3f} to {hits_after:.3f} "
+                f"for no gain in agreement there ({before_window.agreement:.4f})"
+            )
     return None
 
 
@@ -333,11 +370,14 @@ def deploy(spec: ModelSpec, result: AdaptResult) -> CacheSet:
     return CacheSet(directory, int(directory.name[1:]), result.manifest)
 
 
-def _gain(before: ChainRecord, after: ChainRecord) -> str:
-    return (
-        f"held-out agreement {before.agreement:.4f} → {after.agreement:.4f}, "
-        f"hit rate {sum(before.exit_rates):.3f} → {sum(after.exit_rates):.3f}"
-    )
+def _gain(before: ChainRecord, after: ChainRecord, before_window: ChainRecord, after_window: ChainRecord) -> str:
+    def change(old: ChainRecord, new: ChainRecord) -> str:
+        return (
+            f"agreement {old.agreement:.4f} → {new.agreement:.4f}, "
+            f"hit rate {sum(old.exit_rates):.3f} → {sum(new.exit_rates):.3f}"
+        )
+
+    return f"on the window's held-out rows {change(before_window, after_window)}; on all {change(before, after)}"
 
 
 def _checked_window(window_rows: np.ndarray, validation_x: np.ndarray) -> np.ndarray:

@@ -19,19 +19,17 @@ from prometheus_client.parser import text_string_to_metric_families
 from adaserve.datasets import load_fashion_mnist
 from adaserve.repository import ModelRepository
 from tests.adaptive.gati.conftest import build_timed_alike
-from tests.adaptive.gati.test_adapt import BUILD, FAST
+from tests.adaptive.gati.test_adapt import BUILD
 from tests.adaptive.gati.test_server import WORKERS, infer
 from tests.server_utils import Clients, ServerHandle, link_example, running_server
 
-#: Every row sampled; retrained once 300 are in (the period trigger), as lightly as test_adapt.py's FAST.
+#: Every row sampled; retrained once 300 are in (the period trigger), with the default training settings.
 ADAPTATION = {
     "sample_fraction": 1.0,
     "window_rows": 300,
     "check_interval_s": 0.5,
     "period_s": 1.0,
     "min_window_rows": 300,
-    "epochs": FAST.train.epochs,
-    "selector_steps": FAST.selector_steps,
 }
 
 
