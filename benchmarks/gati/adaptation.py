@@ -32,7 +32,7 @@ from __future__ import annotations
 import argparse
 import shutil
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -133,7 +133,21 @@ VERIFY_FRACTION = 0.2
 WINDOW = {"capacity": 600, "draw": 400, "fraction": 0.2, "min_rows": 100}
 
 
-def run(target: float, quick: bool, chunk_rows: int, plan: list[tuple[str, int]]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Build:
+    """The scratch model with a fresh cache set, and the data around it."""
+
+    spec: ModelSpec
+    cache_set: CacheSet
+    build_s: float
+    validation_x: np.ndarray  # the data the set was built from (test rows, then training rows), for `adapt`
+    images: np.ndarray  # Fashion-MNIST's test split
+    labels: np.ndarray
+    unused: np.ndarray  # the test rows the set was not built from, in order
+
+
+def build(target: float, quick: bool) -> Build:
+    """Export the scratch model and build its cache set for `target` (SystemExit when it certifies no exit)."""
     spec = scratch_model()
     began = time.perf_counter()
     settings = replace(explore_settings(quick), max_samples=BUILD_ROWS)
@@ -147,18 +161,24 @@ def run(target: float, quick: bool, chunk_rows: int, plan: list[tuple[str, int]]
             f"check rows the test at risk {DEFAULT_RISK:g} accepts a setting with at most {allowed} disagreements "
             "(-1: none), and the strictest had more; a lower --target accepts more"
         )
-    validation_x, _, _ = load_build_data("fashion-mnist", FIT_SOURCE, spec.config)  # test rows, then training rows
+    validation_x, _, _ = load_build_data("fashion-mnist", FIT_SOURCE, spec.config)
     images, labels = load_fashion_mnist("test")
     used = np.concatenate([rows for name, rows in built.scores().items() if name.endswith("_rows")])
-    stream = np.setdiff1d(np.arange(len(images)), used)[: len(plan) * chunk_rows]
+    return Build(spec, built, build_s, validation_x, images, labels, np.setdiff1d(np.arange(len(images)), used))
+
+
+def run(target: float, quick: bool, chunk_rows: int, plan: list[tuple[str, int]]) -> dict[str, Any]:
+    built = build(target, quick)
+    spec, validation_x, images, labels = built.spec, built.validation_x, built.images, built.labels
+    stream = built.unused[: len(plan) * chunk_rows].copy()
     rng = np.random.default_rng(0)
     rng.shuffle(stream)
 
-    static = load_runtime(spec, target, built.version)
-    adapted, current = static, built
-    monitor = HitRateMonitor(built.composition(target), now=0.0, period_s=PERIOD_S, min_rows=chunk_rows)
+    static = load_runtime(spec, target, built.cache_set.version)
+    adapted, current = static, built.cache_set
+    monitor = HitRateMonitor(current.composition(target), now=0.0, period_s=PERIOD_S, min_rows=chunk_rows)
     window = SampleWindow(int(WINDOW["capacity"]), fraction=WINDOW["fraction"], seed=0)
-    adapt_settings = AdaptSettings(train=replace(AdaptSettings().train, epochs=2 if quick else 5))
+    adapt_settings = AdaptSettings()
     chunks, retrains = [], []
     for index, (kind, severity) in enumerate(plan):
         rows = stream[index * chunk_rows : (index + 1) * chunk_rows]
@@ -204,7 +224,7 @@ def run(target: float, quick: bool, chunk_rows: int, plan: list[tuple[str, int]]
         )
         print(f"  retrain ({reason}): {retrains[-1]['warm']}", flush=True)
     return {
-        "cache_set": summary(built, target, build_s),
+        "cache_set": summary(built.cache_set, target, built.build_s),
         "window": WINDOW,
         "monitor": {
             "period_s": PERIOD_S,
@@ -271,6 +291,7 @@ def adaptation_record(result: AdaptResult) -> dict[str, Any]:
         "reason": result.reason,
         "before": chain_record(result.before),
         "before_window": chain_record(result.before_window),
+        "after_window": chain_record(result.after_window),
         "after": chain_record(result.after),
         "exits": [{"block": e.block, "threshold": e.threshold} for e in result.composition.exits],
         "rows": result.rows,
