@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> None:
             "target": TARGET,
             "fit_source": FIT_SOURCE,
             "fresh_rows": FRESH_ROWS,
-            "retrain": {name: settings_record(s) for name, s in SETTINGS.items()},
+            "retrain": {name: s.record() for name, s in SETTINGS.items()},
             "threads": 1,
         },
     }
@@ -112,17 +112,6 @@ def run(quick: bool, drifts: tuple[tuple[str, int], ...], windows: tuple[int, ..
     return {"cache_set": summary(cache_set, TARGET, built.build_s), "results": results, "tally": tally(results)}
 
 
-def settings_record(settings: AdaptSettings) -> dict[str, Any]:
-    return {
-        "epochs": settings.train.epochs,
-        "lr": settings.train.lr,
-        "selector_steps": settings.selector_steps,
-        "validation_per_window_row": settings.validation_per_window_row,
-        "hold_agreement": settings.hold_agreement,
-        "warm_start": settings.warm_start,
-    }
-
-
 def tally(results: list[dict[str, Any]]) -> dict[str, Any]:
     """Per setting: windows whose retrained caches beat static on the fresh rows in agreement, in hits, in both;
     accepted retrainings; mean figures."""
@@ -156,14 +145,16 @@ def plot(record: dict[str, Any], path: Any) -> None:
     axes = fig.subplots(2, 1, sharex=True)
     width = 0.8 / len(sides)
     x = np.arange(len(results))
+
+    def on_fresh(result: dict[str, Any], side: str) -> dict[str, float]:
+        return result[side] if side == "static" else result[side]["fresh"]
+
     for offset, side in enumerate(sides):
-        figures = [r[side] if side == "static" else r[side]["fresh"] for r in results]
         for ax, key in zip(axes, ("agreement", "hit_rate"), strict=True):
-            ax.bar(x + (offset - (len(sides) - 1) / 2) * width, [f[key] for f in figures], width, label=side)
+            bars = [on_fresh(r, side)[key] for r in results]
+            ax.bar(x + (offset - (len(sides) - 1) / 2) * width, bars, width, label=side)
     axes[0].axhline(record["settings"]["target"], color="grey", linestyle=":", linewidth=1)
-    lowest = min(
-        r[side]["agreement"] if side == "static" else r[side]["fresh"]["agreement"] for r in results for side in sides
-    )
+    lowest = min(on_fresh(r, side)["agreement"] for r in results for side in sides)
     axes[0].set_ylim(np.floor((lowest - 0.01) * 20) / 20, 1.005)
     axes[0].set_ylabel("agreement with base\n(fresh rows)")
     axes[1].set_ylabel("hit rate (fresh rows)")

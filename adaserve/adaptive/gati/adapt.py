@@ -209,6 +209,19 @@ class AdaptSettings:
     batch_size: int = 256
     seed: int = 0
 
+    def record(self) -> dict[str, object]:
+        """The settings as a version's manifest (and a benchmark's result) records them."""
+        return {
+            "warm_start": self.warm_start,
+            "hold_agreement": self.hold_agreement,
+            "epochs": self.train.epochs,
+            "batch_size": self.train.batch_size,
+            "lr": self.train.lr,
+            "selector_steps": self.selector_steps,
+            "validation_per_window_row": self.validation_per_window_row,
+            "seed": self.seed,
+        }
+
 
 @dataclass(frozen=True)
 class AdaptResult:
@@ -500,14 +513,7 @@ def _settings_record(
     return {
         "adapted_from": f"v{source}",
         "rows": counts,
-        "warm_start": settings.warm_start,
-        "hold_agreement": settings.hold_agreement,
-        "epochs": settings.train.epochs,
-        "batch_size": settings.train.batch_size,
-        "lr": settings.train.lr,
-        "selector_steps": settings.selector_steps,
-        "validation_per_window_row": settings.validation_per_window_row,
-        "seed": settings.seed,
+        **settings.record(),
         "retrain_s": retrain_s,
         "threads": torch.get_num_threads(),
     }
