@@ -2,10 +2,13 @@
 
 The engine offers it every request's input rows (it keeps about `sample_fraction` of them in a recency-weighted
 window) and what the caches did in every batch (the trigger's counts). Every `check_interval_s` it asks the trigger;
-when it fires and the window holds enough rows, the window goes to a retraining process (`retrain.py`: seconds of
-CPU, off the event loop). An accepted result is written as the next cache set version, and `on_deployed` reloads
-the model, which the router does with no downtime (the new engine starts beside the old one, which drains), so the
-new caches are swapped in atomically without dropping requests. Nothing here blocks the loop but the sampling copy.
+when it fires and the window holds enough rows, a recency-weighted draw of at most `train_rows` of them goes to a
+retraining process (`retrain.py`: seconds of CPU, off the event loop). Drawing bounds a retraining's time whatever
+the window holds (on one core 8.9 s on 250 rows, 21.3 s on 1,000: `benchmarks/gati/window_draw.py`), and it is what
+makes newer rows count more: a draw of every row, as the service sent before, weighs none above another. An
+accepted result is written as the next cache set version, and `on_deployed` reloads the model, which the router
+does with no downtime (the new engine starts beside the old one, which drains), so the new caches are swapped in
+atomically without dropping requests. Nothing here blocks the loop but the sampling copy.
 """
 
 from __future__ import annotations
@@ -95,11 +98,12 @@ class CacheAdaptation:
 
     async def retrain(self, reason: str) -> bool:
         """One retraining in a child process; True when a new version was deployed."""
-        extra = {"model": self.model.name, "trigger": reason, "window_rows": len(self.window)}
+        rows = self.window.draw(self.settings.train_rows)
+        extra = {"model": self.model.name, "trigger": reason, "window_rows": len(self.window), "train_rows": len(rows)}
         log.info("retraining learned caches", extra=extra)
         with tempfile.TemporaryDirectory(prefix="adaserve-window-") as folder:
             window = Path(folder) / "window.npy"
-            np.save(window, self.window.draw(len(self.window)))
+            np.save(window, rows)
             self._process = process = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",

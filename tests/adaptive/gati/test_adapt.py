@@ -4,6 +4,7 @@ example CNN — an accepted version that the worker's `EarlyExit.load` serves, a
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -306,6 +307,36 @@ def test_a_retraining_whose_process_is_killed_fails_saying_how_it_ended(
     assert service.retrainings == {"failed": 1}
     (failure,) = [r for r in caplog.records if r.getMessage() == "cache retraining failed"]
     assert failure.error.startswith("the retraining process was killed by SIGKILL")  # type: ignore[attr-defined]
+
+
+def test_a_retraining_trains_on_a_draw_of_at_most_train_rows(
+    built: Built, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A retraining's time grows with its rows (41 s at the default window's 2,000 on one core): the service sends
+    the retraining process a recency-weighted draw of `train_rows`, not the whole window."""
+    service = adaptation_service(built, (0.97,), AdaptationSpec(window_rows=300, train_rows=50))
+    service.window = SampleWindow(300, fraction=1.0)
+    service.window.offer(built.stream[:300])
+    sent: list[tuple[int, ...]] = []
+
+    async def retraining_process(*args: str, **kwargs: object) -> SimpleNamespace:
+        sent.append(np.load(args[-1]).shape)  # the window file, read before the service deletes it
+        reply = b'{"accepted": false, "reason": "test", "retrain_s": 1.0}\n'
+
+        async def communicate() -> tuple[bytes, bytes]:
+            return reply, b""
+
+        async def wait() -> int:
+            return 0
+
+        return SimpleNamespace(communicate=communicate, wait=wait, returncode=0)
+
+    monkeypatch.setattr(asyncio, "create_subprocess_exec", retraining_process)
+    caplog.set_level(logging.INFO, logger="adaserve.gati")
+    assert asyncio.run(service.retrain("test")) is False
+    assert sent == [(50, *built.stream.shape[1:])]
+    (started,) = [r for r in caplog.records if r.getMessage() == "retraining learned caches"]
+    assert (started.window_rows, started.train_rows) == (300, 50)  # type: ignore[attr-defined]
 
 
 def test_bad_input_is_named(built: Built, tmp_path: Path) -> None:
