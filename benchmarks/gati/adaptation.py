@@ -40,7 +40,7 @@ import torch
 from scipy import ndimage
 
 from adaserve.adaptive.gati.adapt import AdaptResult, AdaptSettings, HitRateMonitor, SampleWindow, adapt, deploy
-from adaserve.adaptive.gati.cacheset import CacheSet, ChainRecord
+from adaserve.adaptive.gati.cacheset import CacheSet, ChainRecord, write_cache_set
 from adaserve.adaptive.gati.certify import DEFAULT_RISK, accepted, split
 from adaserve.adaptive.gati.explore import build_cache_set, load_build_data
 from adaserve.adaptive.gati.runtime import EarlyExit
@@ -277,6 +277,19 @@ def serve(early_exit: EarlyExit, x: np.ndarray, base: np.ndarray, batch: int) ->
         "hit_rate": sum(counts.hits.values()) / len(x),
         "agreement": float(np.mean(outputs.argmax(1) == base)),
     }, counts
+
+
+def serve_retrained(
+    spec: ModelSpec, target: float, result: AdaptResult, x: np.ndarray, base: np.ndarray
+) -> dict[str, float]:
+    """A retraining's caches, accepted or not, served on `x` from a scratch version (removed afterwards): hit rate
+    and agreement with `base`."""
+    directory = write_cache_set(spec, result.manifest, result.weights, result.scores)
+    try:
+        served, _ = serve(load_runtime(spec, target, int(directory.name[1:])), x, base, spec.config.max_batch_size)
+    finally:
+        shutil.rmtree(directory)
+    return served
 
 
 def adaptation_record(result: AdaptResult) -> dict[str, Any]:

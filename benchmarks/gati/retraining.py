@@ -22,14 +22,12 @@ Writes benchmarks/results/gati_retraining.json and .png (--quick: under benchmar
 from __future__ import annotations
 
 import argparse
-import shutil
 from typing import Any
 
 import numpy as np
 import torch
 
 from adaserve.adaptive.gati.adapt import AdaptSettings, adapt
-from adaserve.adaptive.gati.cacheset import write_cache_set
 from adaserve.adaptive.gati.predictors import TrainSettings
 from benchmarks.common import RESULTS, SCRATCH, command_line, figure, load_window, machine, write_json
 from benchmarks.gati.adaptation import (
@@ -40,6 +38,7 @@ from benchmarks.gati.adaptation import (
     corrupt,
     load_runtime,
     serve,
+    serve_retrained,
     summary,
 )
 
@@ -58,24 +57,24 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     out = (SCRATCH if args.quick else RESULTS) / "gati_retraining.json"
     drifts, windows = (DRIFTS[:2], WINDOWS[1:2]) if args.quick else (DRIFTS, WINDOWS)
-    record: dict[str, Any] = {
-        "benchmark": "gati_retraining",
-        "command": command_line(),
-        "machine": machine(),
-        "settings": {
-            "quick": args.quick,
-            "target": TARGET,
-            "fit_source": FIT_SOURCE,
-            "fresh_rows": FRESH_ROWS,
-            "retrain": {name: s.record() for name, s in SETTINGS.items()},
-            "threads": 1,
-        },
-    }
+    record = header("gati_retraining", args.quick, {"retrain": {name: s.record() for name, s in SETTINGS.items()}})
     with load_window(record):
         record |= run(args.quick, drifts, windows)
     write_json(record, out)
     plot(record, out.with_suffix(".png"))
     print(f"wrote {out} and {out.with_suffix('.png')}")
+
+
+def header(benchmark: str, quick: bool, settings: dict[str, Any]) -> dict[str, Any]:
+    """A fresh-row benchmark's record before it runs (this one's and `window_draw`'s): what, where, which settings."""
+    return {
+        "benchmark": benchmark,
+        "command": command_line(),
+        "machine": machine(),
+        "settings": {"quick": quick, "target": TARGET, "fit_source": FIT_SOURCE, "fresh_rows": FRESH_ROWS}
+        | settings
+        | {"threads": 1},
+    }
 
 
 def run(quick: bool, drifts: tuple[tuple[str, int], ...], windows: tuple[int, ...]) -> dict[str, Any]:
@@ -96,13 +95,7 @@ def run(quick: bool, drifts: tuple[tuple[str, int], ...], windows: tuple[int, ..
             entry: dict[str, Any] = {"drift": kind, "severity": severity, "window_rows": rows, "static": static_side}
             for name, settings in SETTINGS.items():
                 result = adapt(static.chain, cache_set, composition, window, built.validation_x, settings)
-                directory = write_cache_set(spec, result.manifest, result.weights, result.scores)
-                try:
-                    retrained = load_runtime(spec, TARGET, int(directory.name[1:]))
-                    fresh_side, _ = serve(retrained, fresh, base, spec.config.max_batch_size)
-                finally:
-                    shutil.rmtree(directory)
-                entry[name] = {"fresh": fresh_side} | adaptation_record(result)
+                entry[name] = {"fresh": serve_retrained(spec, TARGET, result, fresh, base)} | adaptation_record(result)
             results.append(entry)
             print(
                 f"{kind:>10} {severity} window {rows:5d}: static {static_side} "
@@ -139,31 +132,38 @@ def tally(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 def plot(record: dict[str, Any], path: Any) -> None:
     results = record["results"]
-    labels = [f"{r['drift']}\n{r['window_rows']}" for r in results]
-    sides = ("static", *SETTINGS)
     fig = figure(max(8.0, 0.7 * len(results) + 2), 6.5)
     axes = fig.subplots(2, 1, sharex=True)
+    fresh_panels(axes, results, ("static", *SETTINGS), record["settings"]["target"])
+    axes[1].set_xticks(np.arange(len(results)), [f"{r['drift']}\n{r['window_rows']}" for r in results], fontsize=7)
+    axes[1].set_xlabel("drift, window rows")
+    axes[0].set_title("caches retrained on a window, served on 1,000 fresh rows of the same drift")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def bar_offsets(sides: int) -> np.ndarray:
+    """Where each side's bar sits around its group's tick, and (as the spacing) each bar's width."""
+    return (np.arange(sides) - (sides - 1) / 2) * (0.8 / sides)
+
+
+def fresh_panels(axes: Any, results: list[dict[str, Any]], sides: tuple[str, ...], target: float) -> None:
+    """Agreement (with the target) and hit rate on the fresh rows, one bar per side (colour `C<i>`) per result."""
+    x, offsets = np.arange(len(results)), bar_offsets(len(sides))
     width = 0.8 / len(sides)
-    x = np.arange(len(results))
 
     def on_fresh(result: dict[str, Any], side: str) -> dict[str, float]:
         return result[side] if side == "static" else result[side]["fresh"]
 
-    for offset, side in enumerate(sides):
-        for ax, key in zip(axes, ("agreement", "hit_rate"), strict=True):
-            bars = [on_fresh(r, side)[key] for r in results]
-            ax.bar(x + (offset - (len(sides) - 1) / 2) * width, bars, width, label=side)
-    axes[0].axhline(record["settings"]["target"], color="grey", linestyle=":", linewidth=1)
+    for offset, (side, at) in enumerate(zip(sides, offsets, strict=True)):
+        for ax, key in zip(axes[:2], ("agreement", "hit_rate"), strict=True):
+            ax.bar(x + at, [on_fresh(r, side)[key] for r in results], width, label=side, color=f"C{offset}")
+    axes[0].axhline(target, color="grey", linestyle=":", linewidth=1)
     lowest = min(on_fresh(r, side)["agreement"] for r in results for side in sides)
     axes[0].set_ylim(np.floor((lowest - 0.01) * 20) / 20, 1.005)
     axes[0].set_ylabel("agreement with base\n(fresh rows)")
     axes[1].set_ylabel("hit rate (fresh rows)")
-    axes[1].set_xticks(x, labels, fontsize=7)
-    axes[1].set_xlabel("drift, window rows")
     axes[0].legend(fontsize=8, ncol=len(sides), loc="lower left")
-    axes[0].set_title("caches retrained on a window, served on 1,000 fresh rows of the same drift")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
 
 
 if __name__ == "__main__":
