@@ -106,14 +106,17 @@ class SampleWindow:
         return min(self._kept, self.capacity)
 
     def offer(self, rows: np.ndarray) -> int:
-        """Keep about `fraction` of `rows` (a batch of inputs); returns how many were kept."""
+        """Keep about `fraction` of `rows` (a batch of inputs); returns how many were kept. Rows holding NaN or an
+        infinity are never kept: `adapt` refuses a window with one, so a single such request would fail every
+        retraining until newer rows pushed it out."""
         if self._rows is None:
             self._rows = np.empty((self.capacity, *rows.shape[1:]), dtype=rows.dtype)
         if rows.shape[1:] != self._rows.shape[1:]:
             raise InvalidInputError(
                 f"window rows are shaped {list(self._rows.shape[1:])}, offered rows {list(rows.shape[1:])}"
             )
-        kept = rows[self._rng.random(len(rows)) < self.fraction][-self.capacity :]
+        sampled = rows[self._rng.random(len(rows)) < self.fraction]
+        kept = sampled[np.isfinite(sampled.reshape(len(sampled), -1)).all(axis=1)][-self.capacity :]
         slots = (self._kept + np.arange(len(kept))) % self.capacity
         self._rows[slots] = kept
         self._kept += len(kept)

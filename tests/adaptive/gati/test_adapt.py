@@ -65,6 +65,16 @@ def test_the_window_keeps_a_fraction_of_what_it_is_offered_up_to_its_capacity() 
     assert np.all(np.diff(held[:, 0]) > 0)  # oldest first
 
 
+def test_rows_holding_nan_or_infinity_are_not_kept() -> None:
+    """`adapt` refuses a window holding one such row: kept, one request would fail every retraining until newer rows
+    pushed it out."""
+    window = SampleWindow(100, fraction=1.0)
+    offered = rows(10)
+    offered[3, 0], offered[7, 0] = np.nan, np.inf
+    assert window.offer(offered) == 8
+    assert np.isfinite(window.draw(100)).all() and len(window) == 8
+
+
 def test_draws_favour_recent_rows() -> None:
     window = SampleWindow(1000, fraction=1.0, half_life=0.25, seed=2)
     window.offer(rows(1000))
