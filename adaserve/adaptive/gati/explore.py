@@ -167,7 +167,13 @@ def load_data(source: str, config: ModelConfig) -> tuple[np.ndarray, np.ndarray 
         )
     if y is not None and y.shape != (len(x),):
         raise ConfigError(f"validation data {source}: 'y' must hold one label per row, got shape {list(y.shape)}")
-    return x.reshape(len(x), *spec.row_shape).astype(spec.dtype, copy=False), y
+    if y is not None and len(y) and (y.dtype.kind not in "iuf" or (y < 0).any() or (y != np.trunc(y)).any()):
+        raise ConfigError(f"validation data {source}: 'y' must hold class indices (whole numbers from 0)")
+    rows = x.reshape(len(x), *spec.row_shape).astype(spec.dtype, copy=False)
+    if rows.dtype.kind == "f" and not np.isfinite(rows).all():
+        bad = int(np.flatnonzero(~np.isfinite(rows.reshape(len(rows), -1)).all(axis=1))[0])
+        raise ConfigError(f"validation data {source}: row {bad} holds NaN or an infinity (the first such row)")
+    return rows, y
 
 
 def load_build_data(
@@ -204,6 +210,11 @@ def explore(
     if not exits:
         raise ConfigError(f"the model has no block after which a cache could exit (blocks: {', '.join(chain.names)})")
     shapes = exit_shapes(chain, x[:1])
+    (classes,) = shapes[len(chain.blocks) - 1]
+    if y is not None and len(y) and y.max() >= classes:
+        raise ConfigError(
+            f"the labels go up to {int(y.max())}, but the model scores {classes} classes (0–{classes - 1})"
+        )
     validation_rows = len(x) - fit_rows
     validation, fit = _rows_within_budget(validation_rows, fit_rows, shapes, settings)
     rng = np.random.default_rng(settings.seed)

@@ -120,6 +120,27 @@ def test_validation_data_that_does_not_fit_the_model(tmp_path: Path, capsys: pyt
     assert not (tmp_path / "cnn" / "caches").exists()
 
 
+def test_validation_data_with_non_finite_rows_or_bad_labels_is_named(tmp_path: Path) -> None:
+    """NaN in a row makes NaN activations and trains NaN weights; a label the model cannot score fails deep in the
+    loss: each stops the build before any work, naming the data and the cause."""
+    link_example(tmp_path, "cnn")
+    spec = ModelRepository(tmp_path).read("cnn")
+    x = np.zeros((200, 1, 28, 28), np.float32)
+    x[17, 0, 3, 3] = np.nan
+    np.savez(tmp_path / "nan.npz", x=x)
+    with pytest.raises(ConfigError, match=r"nan\.npz: row 17 holds NaN or an infinity"):
+        build_cache_set(spec, str(tmp_path / "nan.npz"), QUICKISH, targets=[0.97], progress=False)
+    x[17] = 0
+    for name, labels in (("negative", -np.ones(200)), ("fractional", np.full(200, 0.5))):
+        np.savez(tmp_path / f"{name}.npz", x=x, y=labels)
+        with pytest.raises(ConfigError, match=rf"{name}\.npz: 'y' must hold class indices"):
+            build_cache_set(spec, str(tmp_path / f"{name}.npz"), QUICKISH, targets=[0.97], progress=False)
+    np.savez(tmp_path / "eleven.npz", x=x, y=np.arange(200) % 12)
+    with pytest.raises(ConfigError, match=r"the labels go up to 11, but the model scores 10 classes \(0–9\)"):
+        build_cache_set(spec, str(tmp_path / "eleven.npz"), QUICKISH, targets=[0.97], progress=False)
+    assert not (tmp_path / "cnn" / "caches").exists()
+
+
 def test_blocks_that_do_not_exist_stop_the_build(tmp_path: Path) -> None:
     link_example(tmp_path, "cnn", caches={"blocks": ["stage1", "stage9", "head"]})
     spec = ModelRepository(tmp_path).read("cnn")
