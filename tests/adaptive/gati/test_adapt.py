@@ -158,6 +158,11 @@ def test_the_acceptance_rule() -> None:
     assert acceptance(held_out, chain_record(0.985, 0.6), 0.99, window, chain_record(1.0, 0.6)) == (
         "held-out agreement would fall from 0.9950 to 0.9850, below the target 0.99"
     )
+    # As many hits, spread over two exits before and one after: summed as floats 0.1 + 0.2 exceed 0.3, no fall.
+    assert (
+        acceptance(held_out, chain_record(0.99, 0.3), 0.99, chain_record(0.99, 0.1, 0.2), chain_record(0.99, 0.3))
+        is None
+    )
     assert acceptance(held_out, chain_record(0.999, 0.2), 0.99, window, chain_record(1.0, 0.2)) == (
         "the hit rate on the window's held-out rows would fall from 0.500 to 0.200 while the deployed caches meet "
         "the target 0.99 there (0.9900)"
