@@ -286,6 +286,12 @@ class AdaptationSpec(Strict):
 
     sample_fraction: float = Field(default=0.2, gt=0, le=1, description="share of requests' rows kept in the window")
     window_rows: int = Field(default=2000, ge=20, description="the window keeps the newest this many sampled rows")
+    window_mb: float = Field(
+        default=256.0,
+        gt=0,
+        description="... and no more rows than fit in this many MiB (but at least 20, what a retraining needs): 2,000 "
+        "rows of a 3×224×224 float32 image would take 1.2 GB",
+    )
     check_interval_s: float = Field(default=5.0, gt=0, description="how often the trigger is checked")
     period_s: float = Field(default=900.0, gt=0, description="retrain at least this often")
     margin: float = Field(

@@ -46,7 +46,9 @@ class CacheAdaptation:
         self.cache_set = load_cache_set(model, "latest")
         self.target = model.config.caches.targets[0]  # the default: the target retrained and watched
         self.composition = self.cache_set.composition(self.target)
-        self.window = SampleWindow(settings.window_rows, fraction=settings.sample_fraction)
+        self.window = SampleWindow(
+            settings.window_rows, fraction=settings.sample_fraction, max_bytes=int(settings.window_mb * 2**20)
+        )
         self.monitor = HitRateMonitor(
             self.composition,
             now=time.monotonic(),
@@ -84,7 +86,8 @@ class CacheAdaptation:
         while serving():
             await asyncio.sleep(self.settings.check_interval_s)
             reason = self.monitor.check(time.monotonic())
-            if reason is None or len(self.window) < self.settings.min_window_rows or not serving():
+            enough = min(self.settings.min_window_rows, self.window.capacity)  # the capacity may be cut to window_mb
+            if reason is None or len(self.window) < enough or not serving():
                 continue
             accepted = await self.retrain(reason)
             self.monitor.reset(self.composition, time.monotonic())

@@ -75,6 +75,16 @@ def test_rows_holding_nan_or_infinity_are_not_kept() -> None:
     assert np.isfinite(window.draw(100)).all() and len(window) == 8
 
 
+def test_the_window_holds_no_more_rows_than_fit_its_bytes_but_what_a_retraining_needs() -> None:
+    window = SampleWindow(2000, fraction=1.0, max_bytes=4000)
+    window.offer(np.tile(rows(300), (1, 10)))  # rows of 10 float32s: 40 bytes, 100 fit
+    assert window.capacity == len(window) == 100
+    assert window.draw(100)[:, 0].min() == 200  # the newest 100
+    tiny = SampleWindow(2000, fraction=1.0, max_bytes=40)
+    tiny.offer(np.tile(rows(300), (1, 10)))
+    assert tiny.capacity == len(tiny) == 20  # one row fits; a retraining needs 20
+
+
 def test_draws_favour_recent_rows() -> None:
     window = SampleWindow(1000, fraction=1.0, half_life=0.25, seed=2)
     window.offer(rows(1000))
@@ -301,6 +311,29 @@ def test_retrainings_in_vain_back_off_up_to_the_period(built: Built, monkeypatch
     monkeypatch.setattr(service_module, "asyncio", SimpleNamespace(sleep=sleep))
     asyncio.run(service.follow(lambda: len(retrained) < 6))
     assert waited == [5, 10, 5, 20, 5, 40, 5, 60, 5, 60, 5, 60]  # a check, then the back-off after each in vain
+
+
+def test_a_window_cut_to_its_bytes_retrains_once_full(built: Built, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`min_window_rows` above what `window_mb` holds would wait for rows the window can never hold."""
+    settings = AdaptationSpec(window_mb=0.1, min_window_rows=200, check_interval_s=5)  # 33 rows of 1×28×28 float32
+    service = adaptation_service(built, (0.97,), settings)
+    service.composition = built.cache_set.composition(0.97)
+    monkeypatch.setattr(service.monitor, "check", lambda now: "always")
+    retrained: list[int] = []
+
+    async def retrain(reason: str) -> bool:
+        retrained.append(len(service.window))
+        return False
+
+    async def sleep(seconds: float) -> None:  # virtual time
+        pass
+
+    monkeypatch.setattr(service, "retrain", retrain)
+    monkeypatch.setattr(service_module, "asyncio", SimpleNamespace(sleep=sleep))
+    checks = iter(range(3))
+    service.offer(built.stream)
+    asyncio.run(service.follow(lambda: next(checks, None) is not None))
+    assert service.window.capacity == 33 and retrained and retrained[0] == 33
 
 
 def test_a_retraining_whose_process_is_killed_fails_saying_how_it_ended(
