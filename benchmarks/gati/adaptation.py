@@ -97,6 +97,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a small stream and quick exploration; under tmp/")
     parser.add_argument("--target", type=float, default=TARGET)
+    parser.add_argument(
+        "--seed", type=int, default=0, help="the stream's order, its corruptions' randomness and the window's sample"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     out = (SCRATCH if args.quick else RESULTS) / "gati_adaptation.json"
@@ -113,12 +116,13 @@ def main(argv: list[str] | None = None) -> None:
             "fit_source": FIT_SOURCE,
             "chunk_rows": chunk_rows,
             "chunk_s": CHUNK_S,
+            "seed": args.seed,
             "severities": SEVERITIES,
             "threads": 1,
         },
     }
     with load_window(record):
-        record |= run(args.target, args.quick, chunk_rows, plan)
+        record |= run(args.target, args.quick, chunk_rows, plan, args.seed)
     write_json(record, out)
     plot(record, out.with_suffix(".png"))
     print(f"wrote {out} and {out.with_suffix('.png')}")
@@ -167,17 +171,23 @@ def build(target: float, quick: bool) -> Build:
     return Build(spec, built, build_s, validation_x, images, labels, np.setdiff1d(np.arange(len(images)), used))
 
 
-def run(target: float, quick: bool, chunk_rows: int, plan: list[tuple[str, int]]) -> dict[str, Any]:
-    built = build(target, quick)
+def run(target: float, quick: bool, chunk_rows: int, plan: list[tuple[str, int]], seed: int = 0) -> dict[str, Any]:
+    return serve_stream(build(target, quick), target, chunk_rows, plan, seed)
+
+
+def serve_stream(
+    built: Build, target: float, chunk_rows: int, plan: list[tuple[str, int]], seed: int
+) -> dict[str, Any]:
+    """The stream through static and adapted caches of a built set (v1; versions after it are written beside)."""
     spec, validation_x, images, labels = built.spec, built.validation_x, built.images, built.labels
     stream = built.unused[: len(plan) * chunk_rows].copy()
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     rng.shuffle(stream)
 
     static = load_runtime(spec, target, built.cache_set.version)
     adapted, current = static, built.cache_set
     monitor = HitRateMonitor(current.composition(target), now=0.0, period_s=PERIOD_S, min_rows=chunk_rows)
-    window = SampleWindow(int(WINDOW["capacity"]), fraction=WINDOW["fraction"], seed=0)
+    window = SampleWindow(int(WINDOW["capacity"]), fraction=WINDOW["fraction"], seed=seed)
     adapt_settings = AdaptSettings()
     chunks, retrains = [], []
     for index, (kind, severity) in enumerate(plan):
