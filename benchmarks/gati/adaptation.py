@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> None:
         },
     }
     with load_window(record):
-        record |= run(args.target, args.quick, chunk_rows, plan, args.seed)
+        record |= serve_stream(build(args.target, args.quick), args.target, chunk_rows, plan, args.seed)
     write_json(record, out)
     plot(record, out.with_suffix(".png"))
     print(f"wrote {out} and {out.with_suffix('.png')}")
@@ -169,10 +169,6 @@ def build(target: float, quick: bool) -> Build:
     images, labels = load_fashion_mnist("test")
     used = np.concatenate([rows for name, rows in built.scores().items() if name.endswith("_rows")])
     return Build(spec, built, build_s, validation_x, images, labels, np.setdiff1d(np.arange(len(images)), used))
-
-
-def run(target: float, quick: bool, chunk_rows: int, plan: list[tuple[str, int]], seed: int = 0) -> dict[str, Any]:
-    return serve_stream(build(target, quick), target, chunk_rows, plan, seed)
 
 
 def serve_stream(

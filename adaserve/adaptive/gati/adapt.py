@@ -122,8 +122,8 @@ class SampleWindow:
         infinity are never kept: `adapt` refuses a window with one, so a single such request would fail every
         retraining until newer rows pushed it out."""
         if self._rows is None:
-            row_bytes = max(1, math.prod(rows.shape[1:]) * rows.dtype.itemsize)
             if self.max_bytes is not None:
+                row_bytes = max(1, math.prod(rows.shape[1:]) * rows.dtype.itemsize)
                 self.capacity = min(self.capacity, max(MIN_WINDOW_ROWS, self.max_bytes // row_bytes))
             self._rows = np.empty((self.capacity, *rows.shape[1:]), dtype=rows.dtype)
         if rows.shape[1:] != self._rows.shape[1:]:
