@@ -305,6 +305,12 @@ class AdaptationSpec(Strict):
         description="a retraining trains on a recency-weighted draw of at most this many of the window's rows, "
         "which bounds its time (one core, benchmarks.gati.window_draw: 8.9 s on 250 rows, 21.3 s on 1,000)",
     )
+    keep_versions: int = Field(
+        default=10,
+        ge=2,
+        description="the newest this many adapted cache set versions stay on disk, older adapted ones are removed "
+        "when a new one is deployed (a built version never is); at least 2: the new one and the one still serving",
+    )
     epochs: int = Field(
         default=ADAPT_EPOCHS,
         ge=1,

@@ -43,6 +43,9 @@ __all__ = [
     "VariantRecord",
     "artifact_sha256",
     "load_cache_set",
+    "prune_adapted",
+    "read_manifest",
+    "versions",
     "write_cache_set",
 ]
 
@@ -261,15 +264,8 @@ def versions(model_dir: Path) -> list[int]:
     return sorted(int(p.name[1:]) for p in root.iterdir() if p.is_dir() and re.fullmatch(r"v\d+", p.name))
 
 
-def load_cache_set(spec: ModelSpec, version: int | Literal["latest"] = "latest") -> CacheSet:
-    """The cache set `version` of a model, checked against the artifact the model serves now."""
-    found = versions(spec.directory)
-    if not found:
-        raise CacheSetError(f"model '{spec.name}' has no cache set; build one with `adaserve caches build {spec.name}`")
-    number = found[-1] if version == "latest" else version
-    directory = spec.directory / "caches" / f"v{number}"
-    if number not in found:
-        raise CacheSetError(f"{directory}: no such cache set (versions: {', '.join(f'v{v}' for v in found)})")
+def read_manifest(directory: Path) -> Manifest:
+    """A cache set's manifest, validated, but not checked against any artifact (`load_cache_set` does that)."""
     path = directory / MANIFEST
     try:
         manifest = Manifest.model_validate_json(path.read_bytes())
@@ -282,6 +278,19 @@ def load_cache_set(spec: ModelSpec, version: int | Literal["latest"] = "latest")
         ) from None
     if manifest.format != FORMAT:
         raise CacheSetError(f"{path}: manifest format {manifest.format}; this adaserve reads format {FORMAT}")
+    return manifest
+
+
+def load_cache_set(spec: ModelSpec, version: int | Literal["latest"] = "latest") -> CacheSet:
+    """The cache set `version` of a model, checked against the artifact the model serves now."""
+    found = versions(spec.directory)
+    if not found:
+        raise CacheSetError(f"model '{spec.name}' has no cache set; build one with `adaserve caches build {spec.name}`")
+    number = found[-1] if version == "latest" else version
+    directory = spec.directory / "caches" / f"v{number}"
+    if number not in found:
+        raise CacheSetError(f"{directory}: no such cache set (versions: {', '.join(f'v{v}' for v in found)})")
+    manifest = read_manifest(directory)
     digest = artifact_sha256(spec.artifact)
     if (manifest.model, manifest.model_version, manifest.artifact_sha256) != (spec.name, spec.version, digest):
         raise CacheSetError(
@@ -320,3 +329,26 @@ def rewrite_manifest(directory: Path, manifest: Manifest) -> None:
     temporary = directory / f".{MANIFEST}.tmp"
     temporary.write_text(manifest.model_dump_json(indent=1) + "\n")
     os.replace(temporary, directory / MANIFEST)
+
+
+def prune_adapted(model_dir: Path, keep: int) -> list[int]:
+    """Remove all but the newest `keep` versions that adaptation wrote (their manifests name the version they were
+    `adapted_from`), and return the removed numbers. The adaptation service writes a version at every accepted
+    retraining, so without this the model's folder grows for as long as it serves (about 0.5 MB a version on the
+    benchmark ResNet). A built version is never removed: it holds every variant, and only a rebuild makes another;
+    nor is one whose manifest cannot be read, as what wrote it is unknown. A removed version is first renamed out
+    of `versions`' sight, so a reader never sees half of one."""
+    adapted = []
+    for number in versions(model_dir):
+        try:
+            manifest = read_manifest(model_dir / "caches" / f"v{number}")
+        except CacheSetError:
+            continue
+        if "adapted_from" in manifest.settings:
+            adapted.append(number)
+    removed = adapted[: max(0, len(adapted) - keep)]
+    for number in removed:
+        doomed = model_dir / "caches" / f".v{number}.removing"
+        (model_dir / "caches" / f"v{number}").rename(doomed)
+        shutil.rmtree(doomed)
+    return removed

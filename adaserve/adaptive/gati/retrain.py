@@ -3,8 +3,9 @@
 The server's adaptation service (`service.py`) starts it when its trigger fires, so seconds of retraining never run
 on the serving event loop; it runs on one intra-op thread, beside the workers rather than in their place. It
 retrains the default composition (the config's first target) of the newest cache set on the window's rows mixed
-with the data the set was built from (`adapt`), deploys the result as the next version when it is accepted, and
-prints one JSON line: accepted, reason, the deployed version, the timings.
+with the data the set was built from (`adapt`), deploys the result as the next version when it is accepted (then
+removes the adapted versions beyond `keep_versions`), and prints one JSON line: accepted, reason, the deployed
+version, the versions removed, the timings.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch
 
 from adaserve.adaptive.gati.adapt import AdaptSettings, adapt, deploy
 from adaserve.adaptive.gati.blocks import load_chain
-from adaserve.adaptive.gati.cacheset import load_cache_set
+from adaserve.adaptive.gati.cacheset import load_cache_set, prune_adapted
 from adaserve.adaptive.gati.explore import load_build_data
 from adaserve.adaptive.gati.predictors import TrainSettings
 from adaserve.config import AdaptationSpec
@@ -37,11 +38,13 @@ def retrain(root: Path, name: str, window: Path) -> dict[str, object]:
     rows = np.load(window, allow_pickle=False)
     result = adapt(load_chain(spec), cache_set, composition, rows, validation_x, settings)
     deployed = deploy(spec, result).version if result.accepted else None
+    removed = prune_adapted(spec.directory, adaptation.keep_versions) if result.accepted else []
     return {
         "accepted": result.accepted,
         "reason": result.reason,
         "source_version": result.source_version,
         "version": deployed,
+        "removed_versions": removed,
         "retrain_s": round(result.retrain_s, 3),
         "forward_s": round(result.forward_s, 3),
     }

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -22,10 +23,13 @@ from adaserve.adaptive.gati.cacheset import (
     CompositionRecord,
     ExitRecord,
     load_cache_set,
+    read_manifest,
+    versions,
 )
 from adaserve.adaptive.gati.compose import compose
 from adaserve.adaptive.gati.explore import ExploreSettings, load_build_data, load_data
 from adaserve.adaptive.gati.predictors import TrainSettings, VariantSpec
+from adaserve.adaptive.gati.retrain import retrain
 from adaserve.adaptive.gati.runtime import EarlyExit
 from adaserve.adaptive.gati.service import CacheAdaptation
 from adaserve.config import AdaptationSpec, LearnedCachesSpec
@@ -385,6 +389,24 @@ def test_a_retraining_trains_on_a_draw_of_at_most_train_rows(
     assert sent == [(50, *built.stream.shape[1:])]
     (started,) = [r for r in caplog.records if r.getMessage() == "retraining learned caches"]
     assert (started.window_rows, started.train_rows) == (300, 50)  # type: ignore[attr-defined]
+
+
+def test_the_retraining_process_deploys_and_keeps_the_newest_adapted_versions(built: Built, tmp_path: Path) -> None:
+    adaptation = {"keep_versions": 2}
+    model = link_example(tmp_path, "cnn", caches={"targets": [0.97], "adaptation": adaptation})
+    for number in (1, 2, 3):  # v1 as built; v2 and v3 as adaptation writes them (v1's caches, adapted_from set)
+        shutil.copytree(built.cache_set.directory, model / "caches" / f"v{number}")
+    for number in (2, 3):
+        manifest = read_manifest(model / "caches" / f"v{number}")
+        adapted = manifest.model_copy(update={"settings": {**manifest.settings, "adapted_from": f"v{number - 1}"}})
+        (model / "caches" / f"v{number}" / "manifest.json").write_text(adapted.model_dump_json())
+    np.save(tmp_path / "window.npy", built.stream)
+
+    result = retrain(tmp_path, "cnn", tmp_path / "window.npy")
+    assert (result["accepted"], result["source_version"], result["version"]) == (True, 3, 4), result["reason"]
+    assert result["removed_versions"] == [2]  # v3 and v4 are kept, and v1, which a build wrote
+    assert versions(model) == [1, 3, 4]
+    assert read_manifest(model / "caches" / "v4").settings["adapted_from"] == "v3"
 
 
 def test_bad_input_is_named(built: Built, tmp_path: Path) -> None:

@@ -9,7 +9,15 @@ import pytest
 import torch
 
 from adaserve.adaptive.gati.blocks import load_chain
-from adaserve.adaptive.gati.cacheset import CacheSet, CacheSetError, ExitRecord, load_cache_set
+from adaserve.adaptive.gati.cacheset import (
+    CacheSet,
+    CacheSetError,
+    ExitRecord,
+    load_cache_set,
+    prune_adapted,
+    versions,
+    write_cache_set,
+)
 from adaserve.adaptive.gati.explore import build_cache_set
 from adaserve.repository import ModelRepository, ModelSpec
 from tests.adaptive.gati.conftest import TINY, write_tiny_mlp
@@ -74,6 +82,21 @@ def test_versions_count_up(built: tuple[ModelSpec, CacheSet], tiny_data: Path) -
     assert load_cache_set(spec, 1).manifest == first.manifest
     with pytest.raises(CacheSetError, match=r"caches/v7: no such cache set \(versions: v1, v2\)"):
         load_cache_set(spec, 7)
+
+
+def test_pruning_keeps_the_newest_adapted_versions_and_every_built_one(built: tuple[ModelSpec, CacheSet]) -> None:
+    spec, cache_set = built
+    adapted = cache_set.manifest.model_copy(update={"settings": {"adapted_from": "v1"}})
+    for _ in range(4):  # v2..v5, as adaptation writes them
+        write_cache_set(spec, adapted, {}, cache_set.scores())
+    write_cache_set(spec, cache_set.manifest, {}, cache_set.scores())  # v6: a rebuild
+    write_cache_set(spec, adapted, {}, cache_set.scores())  # v7
+    (spec.directory / "caches" / "v8").mkdir()  # unreadable: what wrote it is unknown
+    assert prune_adapted(spec.directory, keep=3) == [2, 3]
+    assert versions(spec.directory) == [1, 4, 5, 6, 7, 8]
+    assert sorted(p.name for p in (spec.directory / "caches").iterdir()) == [f"v{n}" for n in (1, 4, 5, 6, 7, 8)]
+    assert prune_adapted(spec.directory, keep=3) == []
+    assert load_cache_set(spec, 1).manifest == cache_set.manifest
 
 
 def test_a_set_built_for_another_artifact_is_stale(built: tuple[ModelSpec, CacheSet]) -> None:
