@@ -1,9 +1,10 @@
-"""`adaserve caches build MODEL --data DATA` and `adaserve caches compose MODEL`: GATI's deployment phase.
+"""`adaserve caches build MODEL --data DATA`, `compose MODEL` and `list MODEL`: GATI's deployment phase.
 
 `build` explores (trains every predictor variant and its selector after every candidate block), composes for each
 target, and saves the result as a new cache set version in the model's folder. `compose` recomposes an existing set
 for other targets, a memory budget or α without retraining, rewriting that version's manifest. Both print the
-per-variant table and the compositions.
+per-variant table and the compositions. `list` shows every version, built or adapted, with what its default
+compositions expect and which one the config serves.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from adaserve.repository import ModelRepository
 
 if TYPE_CHECKING:  # torch is imported only when a command runs, so `adaserve --help` stays fast
     from adaserve.adaptive.gati.cacheset import Manifest
+    from adaserve.repository import ModelSpec
 
-__all__ = ["format_cache_set", "register"]
+__all__ = ["format_cache_set", "format_versions", "register"]
 
 
 def _fraction(text: str) -> float:
@@ -44,10 +46,10 @@ def _variants(text: str) -> tuple[Any, ...]:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add `caches build` and `caches compose` to the `adaserve` command line."""
+    """Add `caches build`, `caches compose` and `caches list` to the `adaserve` command line."""
     from adaserve.cli import EXAMPLE_REPOSITORY
 
-    caches = subparsers.add_parser("caches", help="GATI learned caches: build and compose a model's cache set")
+    caches = subparsers.add_parser("caches", help="GATI learned caches: build, compose and list a model's cache sets")
     commands = caches.add_subparsers(dest="caches_command", required=True)
 
     build = commands.add_parser(
@@ -88,7 +90,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     recompose.add_argument("--version", type=positive_integer, help="cache set version (default: the newest)")
     _composition_arguments(recompose)
     recompose.set_defaults(func=compose_command)
-    for parser in (build, recompose):
+
+    listing = commands.add_parser(
+        "list",
+        help="a model's cache set versions, built or adapted, and the one its config serves",
+        description="One entry per version: when and how it was made (a build, or adaptation from which version), "
+        "its size on disk, and per target its default composition's exits, agreement and hit rate on held-out rows "
+        "and expected speedup; a version built for another artifact is marked stale.",
+    )
+    listing.add_argument("model")
+    listing.set_defaults(func=list_command)
+    for parser in (build, recompose, listing):
         parser.add_argument("--model-repository", type=Path, default=EXAMPLE_REPOSITORY)
 
 
@@ -171,6 +183,63 @@ def compose_command(args: argparse.Namespace) -> int:
     print(f"rewrote {cache_set.directory / 'manifest.json'}")
     print(format_cache_set(manifest))
     return 0
+
+
+def list_command(args: argparse.Namespace) -> int:
+    spec = ModelRepository(args.model_repository).read(args.model)
+    print(format_versions(spec))
+    return 0
+
+
+def format_versions(spec: ModelSpec) -> str:
+    """A model's cache set versions, oldest first, as `adaserve caches list` prints them."""
+    from adaserve.adaptive.gati.cacheset import CacheSetError, artifact_sha256, read_manifest, versions
+
+    found = versions(spec.directory)
+    if not found:
+        return f"{spec.name} has no cache set; build one with `adaserve caches build {spec.name}`"
+    caches = spec.config.caches
+    if caches is None:
+        served, serving = None, "its config has no caches section, so none is served"
+    else:
+        served = found[-1] if caches.version == "latest" else caches.version
+        serving = f"the config names v{served}" + (" (latest)" if caches.version == "latest" else "")
+    lines = [f"{spec.name}: {len(found)} cache set versions in {spec.directory / 'caches'}; {serving}"]
+    digest = artifact_sha256(spec.artifact)
+    for number in found:
+        directory = spec.directory / "caches" / f"v{number}"
+        size = sum(f.stat().st_size for f in directory.iterdir() if f.is_file())
+        mark = " [the config's]" if number == served else ""
+        whole = "; the model is served whole" if number == served else ""
+        try:
+            manifest = read_manifest(directory)
+        except CacheSetError as exc:
+            lines.append(f"v{number}  {size / 1e6:.1f} MB{mark}  unreadable: {exc}{whole}")
+            continue
+        settings, data = manifest.settings, manifest.data
+        if "adapted_from" in settings:
+            took = settings.get("retrain_s")
+            origin = f"adapted from {settings['adapted_from']}" + (
+                f", retrained in {took:.1f} s" if isinstance(took, int | float) else ""
+            )
+        else:
+            sources = data.source + (f" + {data.fit_source}" if data.fit_source else "")
+            origin = f"built from {sources}, {data.rows} rows"
+        lines.append(f"v{number}  {manifest.created}  {origin}  {size / 1e6:.1f} MB{mark}")
+        if (manifest.model, manifest.model_version, manifest.artifact_sha256) != (spec.name, spec.version, digest):
+            lines.append(
+                f"    stale: built for {manifest.model} version {manifest.model_version} (artifact sha256 "
+                f"{manifest.artifact_sha256[:12]}…), not what {spec.name} serves now{whole}"
+            )
+        base = sum(manifest.block_latency_s)
+        for c in sorted((c for c in manifest.compositions if c.default), key=lambda c: -c.target):
+            exits = ", ".join(e.block for e in c.exits) or "none (the model runs whole)"
+            ev = c.evaluate
+            lines.append(
+                f"    target {c.target:g}: agreement {ev.agreement:.4f}, hit rate {sum(ev.exit_rates):.3f}, "
+                f"{base / ev.mean_latency_s:.2f}× expected; exits after {exits}"
+            )
+    return "\n".join(lines)
 
 
 def format_cache_set(manifest: Manifest) -> str:

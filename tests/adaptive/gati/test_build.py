@@ -1,15 +1,16 @@
-"""`adaserve caches build` and `compose` end to end: a few hundred Fashion-MNIST rows through the example CNN,
-and the errors a user can cause."""
+"""`adaserve caches build`, `compose` and `list` end to end: a few hundred Fashion-MNIST rows through the example
+CNN, and the errors a user can cause."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from adaserve.adaptive.gati.blocks import BlocksError
-from adaserve.adaptive.gati.cacheset import load_cache_set
+from adaserve.adaptive.gati.cacheset import load_cache_set, read_manifest
 from adaserve.adaptive.gati.cli import format_cache_set
 from adaserve.adaptive.gati.explore import ExploreSettings, _rows_within_budget, build_cache_set, load_build_data
 from adaserve.adaptive.gati.predictors import TrainSettings, VariantSpec
@@ -68,6 +69,46 @@ def test_a_tiny_build_on_fashion_mnist(tmp_path: Path, capsys: pytest.CaptureFix
         f"memory budget 1e-06 MB is below the smallest cache ({smallest.key}: {smallest.memory_bytes / 1e6:.6g} MB); "
         "no cache fits" in capsys.readouterr().err
     )
+
+
+def test_the_list_shows_each_versions_origin_and_expectations_and_the_one_served(
+    tmp_path: Path, tiny_data: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = write_tiny_mlp(tmp_path, caches={"targets": [0.9]})
+    built = build_cache_set(spec, str(tiny_data), TINY, targets=[0.9], progress=False)
+    adapted = spec.directory / "caches" / "v2"
+    shutil.copytree(built.directory, adapted)
+    settings = {**built.manifest.settings, "adapted_from": "v1", "retrain_s": 7.3}
+    (adapted / "manifest.json").write_text(built.manifest.model_copy(update={"settings": settings}).model_dump_json())
+    (spec.directory / "caches" / "v3").mkdir()
+    listing = ["caches", "list", "tiny", "--model-repository", str(tmp_path)]
+
+    assert adaserve(*listing) == 0
+    lines = capsys.readouterr().out.splitlines()
+    composition = built.composition(0.9)
+    evaluate = composition.evaluate
+    expected = sum(built.manifest.block_latency_s) / evaluate.mean_latency_s
+    blocks = ", ".join(e.block for e in composition.exits) or "none (the model runs whole)"
+    target = (
+        f"    target 0.9: agreement {evaluate.agreement:.4f}, hit rate {sum(evaluate.exit_rates):.3f}, "
+        f"{expected:.2f}× expected; exits after {blocks}"
+    )
+    created = read_manifest(built.directory).created
+    assert lines[0] == f"tiny: 3 cache set versions in {spec.directory / 'caches'}; the config names v3 (latest)"
+    assert lines[1].startswith(f"v1  {created}  built from {tiny_data}, 400 rows  ") and lines[2] == target
+    assert lines[3].startswith(f"v2  {created}  adapted from v1, retrained in 7.3 s  ") and lines[4] == target
+    assert lines[5].startswith("v3  0.0 MB [the config's]  unreadable: ") and "cannot read" in lines[5]
+    assert lines[5].endswith("; the model is served whole") and len(lines) == 6
+
+    write_tiny_mlp(tmp_path, seed=1)  # other weights, and a config without caches
+    assert adaserve(*listing) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith("; its config has no caches section, so none is served")
+    assert lines[2].startswith("    stale: built for tiny version 1 (artifact sha256 ")
+    assert lines[2].endswith("), not what tiny serves now")
+    shutil.rmtree(spec.directory / "caches")
+    assert adaserve(*listing) == 0
+    assert capsys.readouterr().out == "tiny has no cache set; build one with `adaserve caches build tiny`\n"
 
 
 def test_fit_data_fits_the_predictors_and_the_validation_rows_set_and_measure_thresholds(
