@@ -204,7 +204,8 @@ def format_versions(spec: ModelSpec) -> str:
     else:
         served = found[-1] if caches.version == "latest" else caches.version
         serving = f"the config names v{served}" + (" (latest)" if caches.version == "latest" else "")
-    lines = [f"{spec.name}: {len(found)} cache set versions in {spec.directory / 'caches'}; {serving}"]
+    count = f"{len(found)} cache set version" + ("s" if len(found) > 1 else "")
+    lines = [f"{spec.name}: {count} in {spec.directory / 'caches'}; {serving}"]
     digest = artifact_sha256(spec.artifact)
     for number in found:
         directory = spec.directory / "caches" / f"v{number}"
@@ -233,11 +234,11 @@ def format_versions(spec: ModelSpec) -> str:
             )
         base = sum(manifest.block_latency_s)
         for c in sorted((c for c in manifest.compositions if c.default), key=lambda c: -c.target):
-            exits = ", ".join(e.block for e in c.exits) or "none (the model runs whole)"
+            exits = f"exits after {', '.join(e.block for e in c.exits)}" if c.exits else "no exit: the model runs whole"
             ev = c.evaluate
             lines.append(
                 f"    target {c.target:g}: agreement {ev.agreement:.4f}, hit rate {sum(ev.exit_rates):.3f}, "
-                f"{base / ev.mean_latency_s:.2f}× expected; exits after {exits}"
+                f"{base / ev.mean_latency_s:.2f}× expected; {exits}"
             )
     return "\n".join(lines)
 

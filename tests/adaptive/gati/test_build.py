@@ -88,10 +88,10 @@ def test_the_list_shows_each_versions_origin_and_expectations_and_the_one_served
     composition = built.composition(0.9)
     evaluate = composition.evaluate
     expected = sum(built.manifest.block_latency_s) / evaluate.mean_latency_s
-    blocks = ", ".join(e.block for e in composition.exits) or "none (the model runs whole)"
+    exits = ", ".join(e.block for e in composition.exits)
     target = (
         f"    target 0.9: agreement {evaluate.agreement:.4f}, hit rate {sum(evaluate.exit_rates):.3f}, "
-        f"{expected:.2f}× expected; exits after {blocks}"
+        f"{expected:.2f}× expected; " + (f"exits after {exits}" if exits else "no exit: the model runs whole")
     )
     created = read_manifest(built.directory).created
     assert lines[0] == f"tiny: 3 cache set versions in {spec.directory / 'caches'}; the config names v3 (latest)"
