@@ -59,9 +59,11 @@ class CacheAdaptation:
         self.retrainings: Counter[str] = Counter()  # outcome (accepted, refused, failed) → retrainings
         self.last_retrain_s: float | None = None
         self._process: asyncio.subprocess.Process | None = None  # the retraining running now
+        self._closed = False
 
     def close(self) -> None:
         """The model is unloading: end the retraining it started, if one is running (by its PID)."""
+        self._closed = True
         if self._process is not None and self._process.returncode is None:
             self._process.kill()
 
@@ -120,6 +122,9 @@ class CacheAdaptation:
             out, err = await process.communicate()
             returncode = await process.wait()  # at once: communicate() has waited for the exit
             self._process = None
+        if self._closed:  # `close` ended it: no failure, and nothing was deployed
+            log.info("cache retraining stopped: the model is unloading", extra=extra)
+            return False
         try:
             result = json.loads(out.decode().strip().splitlines()[-1])
         except (IndexError, ValueError):

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import shutil
+import signal
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -340,6 +343,19 @@ def test_a_window_cut_to_its_bytes_retrains_once_full(built: Built, monkeypatch:
     assert service.window.capacity == 33 and retrained and retrained[0] == 33
 
 
+def retrain_and_kill(service: CacheAdaptation, kill: Callable[[], None]) -> bool:
+    """Start a retraining, `kill` it once its process runs, and return what the retraining returned."""
+
+    async def run() -> bool:
+        retraining = asyncio.get_running_loop().create_task(service.retrain("test"))
+        while service._process is None:
+            await asyncio.sleep(0.01)
+        kill()
+        return await retraining
+
+    return asyncio.run(run())
+
+
 def test_a_retraining_whose_process_is_killed_fails_saying_how_it_ended(
     built: Built, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -347,18 +363,26 @@ def test_a_retraining_whose_process_is_killed_fails_saying_how_it_ended(
     that killed the server's children logged failures whose error was an empty string)."""
     service = adaptation_service(built, (0.97,), AdaptationSpec())
     service.window.offer(built.stream)
-
-    async def retrain_then_close() -> bool:
-        retraining = asyncio.get_running_loop().create_task(service.retrain("test"))
-        while service._process is None:
-            await asyncio.sleep(0.01)
-        service.close()  # the model unloads: the retraining is killed by its PID
-        return await retraining
-
-    assert asyncio.run(retrain_then_close()) is False
+    assert retrain_and_kill(service, lambda: os.kill(service._process.pid, signal.SIGKILL)) is False  # type: ignore[union-attr]
     assert service.retrainings == {"failed": 1}
     (failure,) = [r for r in caplog.records if r.getMessage() == "cache retraining failed"]
     assert failure.error.startswith("the retraining process was killed by SIGKILL")  # type: ignore[attr-defined]
+
+
+def test_a_retraining_ended_by_the_model_unloading_is_no_failure(
+    built: Built, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The engine's stop closes the service, which kills the retraining by its PID: an error log line and a
+    failure counted at every unload that met a retraining would be false alarms."""
+    caplog.set_level(logging.INFO, logger="adaserve.gati")
+    service = adaptation_service(built, (0.97,), AdaptationSpec())
+    service.window.offer(built.stream)
+    assert retrain_and_kill(service, service.close) is False
+    assert service.retrainings == {}
+    assert [r.getMessage() for r in caplog.records if r.name == "adaserve.gati"] == [
+        "retraining learned caches",
+        "cache retraining stopped: the model is unloading",
+    ]
 
 
 def test_a_retraining_trains_on_a_draw_of_at_most_train_rows(
