@@ -45,7 +45,7 @@ from adaserve.engine.pool import PoolLayout, SharedRings, SlotRing
 from adaserve.engine.processes import HostLauncher, ModelHost, WorkerProcess
 from adaserve.engine.schedule_policy import queue_rank, rank_level, schedule
 from adaserve.engine.scheduler import Batch, Scheduler
-from adaserve.engine.stats import ModelStats
+from adaserve.engine.stats import ModelStats, RetrainingStats
 from adaserve.engine.worker_sets import WorkerSetChoice, create_worker_set_planner
 from adaserve.errors import ConfigError, InferenceError, ModelNotReadyError, OverloadedError
 from adaserve.repository import ModelSpec
@@ -141,16 +141,19 @@ class ModelEngine:
         model: ModelSpec,
         *,
         reload: Callable[[], None] | None = None,
+        retrainings: RetrainingStats | None = None,
         hosts: HostLauncher | None = None,
         cores: Cores | None = None,
     ) -> None:
         """`reload`: asks the router to load the model again (GATI's adaptation deployed a new cache set);
+        `retrainings`: where that adaptation counts its retrainings (the router's, so they outlive the reload);
         `hosts`: where the model's host process comes from (default: one started for it, no spares); `cores`: the
         CPU cores shared with the server's other CPU models (default, or with `batching.share_cores: false`: this
         model's alone; CUDA models never share them)."""
         config = model.config
         self.model = model
         self._reload = reload
+        self.retrainings = retrainings or RetrainingStats()
         self._hosts = hosts or HostLauncher()
         self.adaptation: CacheAdaptation | None = None
         self.planner = create_worker_set_planner(model)
@@ -254,7 +257,9 @@ class ModelEngine:
         """GATI's cache adaptation service. Torch is imported into the server only for models that use it, and
         that import and the cache set's loading (the artifact's digest) run off the event loop."""
         reload = self._reload or (lambda: None)
-        self.adaptation = await self._loop.run_in_executor(None, _adaptation_service, self.model, settings, reload)
+        self.adaptation = await self._loop.run_in_executor(
+            None, _adaptation_service, self.model, settings, reload, self.retrainings
+        )
         self._keep(self._loop.create_task(self.adaptation.follow(lambda: self.state is EngineState.READY)))
 
     @property
@@ -799,10 +804,12 @@ class ModelEngine:
         self._waiting.clear()
 
 
-def _adaptation_service(model: ModelSpec, settings: AdaptationSpec, reload: Callable[[], None]) -> CacheAdaptation:
+def _adaptation_service(
+    model: ModelSpec, settings: AdaptationSpec, reload: Callable[[], None], retrainings: RetrainingStats
+) -> CacheAdaptation:
     from adaserve.adaptive.gati.service import CacheAdaptation
 
-    return CacheAdaptation(model, settings, reload)
+    return CacheAdaptation(model, settings, reload, retrainings)
 
 
 def idle_spin_in_force(config: ModelConfig) -> int:

@@ -27,6 +27,7 @@ from adaserve.cache import Loaded, ModelCache
 from adaserve.engine.cores import Cores
 from adaserve.engine.engine import EngineState, ModelEngine
 from adaserve.engine.processes import HostLauncher
+from adaserve.engine.stats import RetrainingStats
 from adaserve.errors import AdaserveError, ModelNotFoundError, ModelNotReadyError
 from adaserve.repository import ModelRepository, ModelSpec, version_source
 
@@ -64,6 +65,8 @@ class ModelRouter:
         self._errors: dict[str, str] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._operations: set[asyncio.Task[None]] = set()  # loads, unloads and reloads, each in a task of its own
+        # (name, version) → GATI's retrainings, counted across the reloads that deploy them
+        self._retrainings: dict[tuple[str, int], RetrainingStats] = {}
         self.cache: ModelCache | None = None
         if cache is not None:
             self.cache = ModelCache(
@@ -166,7 +169,11 @@ class ModelRouter:
                         kept[spec.version] = previous, spec
                         continue
                     engine = ModelEngine(
-                        spec, reload=lambda: self._reload_soon(name), hosts=self.hosts, cores=self.cores
+                        spec,
+                        reload=lambda: self._reload_soon(name),
+                        retrainings=self._retrainings.setdefault((name, spec.version), RetrainingStats()),
+                        hosts=self.hosts,
+                        cores=self.cores,
                     )
                     await engine.start()  # a start that fails stops what it started
                     started[spec.version] = engine

@@ -81,6 +81,16 @@ class ExitStats:
 
 
 @dataclass
+class RetrainingStats:
+    """GATI's cache retrainings of one model version: outcome (accepted, refused, failed) → retrainings, and the last
+    one's duration. The router keeps them across engines: an accepted retraining reloads the model, so counted in
+    the engine that ran it they would vanish with that engine, and no accepted one would ever be seen."""
+
+    outcomes: Counter[str] = field(default_factory=Counter)
+    last_s: float | None = None
+
+
+@dataclass
 class ModelStats:
     success: DurationCount = field(default_factory=DurationCount)
     fail: DurationCount = field(default_factory=DurationCount)

@@ -124,7 +124,7 @@ class EngineCollector:
         memory = GaugeMetricFamily("adaserve_early_exit_cache_bytes", "Parameters of the learned caches", labels=LABELS)
         retrainings = CounterMetricFamily(
             "adaserve_early_exit_retrainings",
-            "Cache adaptations by outcome (accepted: deployed as a new version)",
+            "Cache adaptations by outcome (accepted: deployed as a new version), across the reloads they caused",
             labels=[*LABELS, "outcome"],
         )
         retrain_s = GaugeMetricFamily(
@@ -143,11 +143,11 @@ class EngineCollector:
             if stats.verified:
                 agreement.add_metric(labels, stats.agreed / stats.verified)
             memory.add_metric(labels, engine.cache_bytes)
-            if engine.adaptation is not None:
-                for outcome, count in engine.adaptation.retrainings.items():
+            if engine.adaptation is not None:  # counted across the reloads that deployed retrained caches
+                for outcome, count in engine.retrainings.outcomes.items():
                     retrainings.add_metric([*labels, outcome], count)
-                if engine.adaptation.last_retrain_s is not None:
-                    retrain_s.add_metric(labels, engine.adaptation.last_retrain_s)
+                if engine.retrainings.last_s is not None:
+                    retrain_s.add_metric(labels, engine.retrainings.last_s)
         yield from (lookups, hits, whole, verified, agreed, agreement, memory, retrainings, retrain_s)
 
 

@@ -19,7 +19,6 @@ import logging
 import sys
 import tempfile
 import time
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from adaserve.adaptive.gati.cacheset import load_cache_set
 from adaserve.config import AdaptationSpec
 from adaserve.engine.messages import ExitCounts
 from adaserve.engine.processes import how_it_exited
+from adaserve.engine.stats import RetrainingStats
 from adaserve.repository import ModelSpec
 
 log = logging.getLogger("adaserve.gati")
@@ -38,11 +38,19 @@ log = logging.getLogger("adaserve.gati")
 class CacheAdaptation:
     """Samples, watches and retrains one model's caches (see the module docstring)."""
 
-    def __init__(self, model: ModelSpec, settings: AdaptationSpec, on_deployed: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        model: ModelSpec,
+        settings: AdaptationSpec,
+        on_deployed: Callable[[], None],
+        stats: RetrainingStats | None = None,
+    ) -> None:
+        """`stats`: where retrainings are counted, which the engine after a reload goes on counting in."""
         assert model.config.caches is not None
         self.model = model
         self.settings = settings
         self.on_deployed = on_deployed
+        self.stats = stats or RetrainingStats()
         self.cache_set = load_cache_set(model, "latest")
         self.target = model.config.caches.targets[0]  # the default: the target retrained and watched
         self.composition = self.cache_set.composition(self.target)
@@ -56,8 +64,6 @@ class CacheAdaptation:
             margin=settings.margin,
             min_rows=settings.min_rows,
         )
-        self.retrainings: Counter[str] = Counter()  # outcome (accepted, refused, failed) → retrainings
-        self.last_retrain_s: float | None = None
         self._process: asyncio.subprocess.Process | None = None  # the retraining running now
         self._closed = False
 
@@ -128,12 +134,12 @@ class CacheAdaptation:
         try:
             result = json.loads(out.decode().strip().splitlines()[-1])
         except (IndexError, ValueError):
-            self.retrainings["failed"] += 1
+            self.stats.outcomes["failed"] += 1
             ended = f"the retraining process {how_it_exited(returncode)}"
             log.error("cache retraining failed", extra={**extra, "error": f"{ended}; {err.decode()[-2000:]}"})
             return False
-        self.last_retrain_s = result["retrain_s"]
+        self.stats.last_s = result["retrain_s"]
         outcome = "accepted" if result["accepted"] else "refused"
-        self.retrainings[outcome] += 1
+        self.stats.outcomes[outcome] += 1
         log.info(f"cache retraining {outcome}", extra={**extra, **result})
         return bool(result["accepted"])

@@ -364,7 +364,7 @@ def test_a_retraining_whose_process_is_killed_fails_saying_how_it_ended(
     service = adaptation_service(built, (0.97,), AdaptationSpec())
     service.window.offer(built.stream)
     assert retrain_and_kill(service, lambda: os.kill(service._process.pid, signal.SIGKILL)) is False  # type: ignore[union-attr]
-    assert service.retrainings == {"failed": 1}
+    assert service.stats.outcomes == {"failed": 1}
     (failure,) = [r for r in caplog.records if r.getMessage() == "cache retraining failed"]
     assert failure.error.startswith("the retraining process was killed by SIGKILL")  # type: ignore[attr-defined]
 
@@ -378,7 +378,7 @@ def test_a_retraining_ended_by_the_model_unloading_is_no_failure(
     service = adaptation_service(built, (0.97,), AdaptationSpec())
     service.window.offer(built.stream)
     assert retrain_and_kill(service, service.close) is False
-    assert service.retrainings == {}
+    assert service.stats.outcomes == {}
     assert [r.getMessage() for r in caplog.records if r.name == "adaserve.gati"] == [
         "retraining learned caches",
         "cache retraining stopped: the model is unloading",

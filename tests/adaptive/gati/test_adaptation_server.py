@@ -66,7 +66,7 @@ def test_drifting_requests_are_retrained_on_and_an_accepted_version_swapped_in(
         if served % 25:
             continue
         if outcome is None:
-            events = retrainings(server)  # the engine that retrained is gone once a reload swapped it out
+            events = retrainings(server)
             outcome = next(iter(events), None)
             assert outcome in (None, "accepted", "refused"), events
         if outcome == "refused":
@@ -78,3 +78,5 @@ def test_drifting_requests_are_retrained_on_and_an_accepted_version_swapped_in(
         pytest.fail(f"no retraining was judged and deployed within 120 s ({served} requests, {outcome=})")
     log = server.log.read_text()
     assert "retraining learned caches" in log and f"cache retraining {outcome or 'accepted'}" in log
+    if outcome != "refused":  # the engine serving v2 counts the retraining that deployed it, which another engine ran
+        assert retrainings(server).get("accepted", 0) >= 1
