@@ -145,6 +145,11 @@ class EarlyExit:
         description = f"cache set v{cache_set.version} ({exits})"
         return cls(chain, plans, spec.verify_fraction, description, spec.lookup_at, device)
 
+    def seed(self, seed: int) -> None:
+        """Draw the hits that are verified reproducibly from here on, as a benchmark comparing runs on the same rows
+        needs: the draws decide which rows the trigger's verified agreement counts (a server draws afresh)."""
+        self._rng = np.random.default_rng(seed)
+
     def for_worker(self) -> EarlyExit:
         """A copy for one worker thread of a GPU host: the same chain and caches, its own counts and side stream."""
         return EarlyExit(self.chain, self.plans, self.verify_fraction, self.description, self.lookup, self.device)
