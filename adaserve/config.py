@@ -281,6 +281,11 @@ class PackratSpec(Strict):
 ADAPT_EPOCHS, ADAPT_SELECTOR_STEPS = 20, 100
 
 
+#: What GATI's retraining trigger expects of the caches serving (`HitRateMonitor`): their hit rates on the traffic
+#: their last retraining saw, or (the paper's) their composition's on held-out rows.
+Expectation = Literal["traffic", "composition"]
+
+
 class AdaptationSpec(Strict):
     """`caches.adaptation:` — retrain the learned caches online (GATI's cache adaptation service)."""
 
@@ -298,6 +303,12 @@ class AdaptationSpec(Strict):
         default=0.05, ge=0, le=1, description="retrain when an exit's hit rate (or verified agreement) falls this far"
     )
     min_rows: int = Field(default=500, ge=1, description="rows judged at once by the hit-rate trigger")
+    expect: Expectation = Field(
+        default="traffic",
+        description="what the hit-rate trigger expects: 'traffic', the serving caches' hit rates on the window's "
+        "held-out rows when they were last retrained (a build's: its composition's), or 'composition', the paper's, "
+        "the composition's on its held-out rows, which an adapted version on a lasting drift never reaches",
+    )
     min_window_rows: int = Field(default=200, ge=20, description="no retraining before the window holds this many")
     train_rows: int = Field(
         default=500,

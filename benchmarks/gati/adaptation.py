@@ -14,16 +14,19 @@ composed as a worker serves them), as a worker would:
 
 - static: cache set v1, never changed;
 - adapted: the newest version. About 20% of the stream is offered to a `SampleWindow`; after each chunk the
-  `HitRateMonitor` is checked (hit rate below what composition expected, or the period passed), and on a trigger
-  `adapt` retrains the composition's caches on a recency-weighted draw from the window mixed with the validation
-  data; an accepted version is written with `deploy` and loaded through `EarlyExit.load` for the next chunk.
+  `HitRateMonitor` is checked (hit rate below what it expects, or the period passed), and on a trigger `adapt`
+  retrains the composition's caches on a recency-weighted draw from the window mixed with the validation data; an
+  accepted version is written with `deploy` and loaded through `EarlyExit.load` for the next chunk. What the
+  trigger expects (`--expect`) is the server's `caches.adaptation.expect`: `traffic` (the default), the rates the
+  last retraining measured on the window's held-out rows, or `composition`, the paper's, the composition's on its
+  held-out rows (`benchmarks/gati/trigger.py` runs both on one build).
 
 Per chunk: hit rate and agreement with the base model (argmax) of both, and the base model's accuracy on the true
 labels (how hard the drift is). Per retraining: the trigger, the rows, held-out agreement and hit rate before and
 after, accepted or why not, and the time (base model forward pass, and retraining proper); each retraining is also
 run from scratch (no warm start) beside it, to compare. The bar: adapted agreement never below static's, per chunk.
 
-Usage: .venv/bin/python -m benchmarks.gati.adaptation [--quick] [--target 0.98]
+Usage: .venv/bin/python -m benchmarks.gati.adaptation [--quick] [--target 0.98] [--expect composition]
 Writes benchmarks/results/gati_adaptation.json and .png (--quick: under benchmarks/results/tmp/).
 """
 
@@ -33,7 +36,7 @@ import argparse
 import shutil
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import numpy as np
 import torch
@@ -44,7 +47,7 @@ from adaserve.adaptive.gati.cacheset import CacheSet, ChainRecord, write_cache_s
 from adaserve.adaptive.gati.certify import DEFAULT_RISK, accepted, split
 from adaserve.adaptive.gati.explore import build_cache_set, load_build_data
 from adaserve.adaptive.gati.runtime import EarlyExit
-from adaserve.config import LearnedCachesSpec
+from adaserve.config import Expectation, LearnedCachesSpec
 from adaserve.datasets import load_fashion_mnist
 from adaserve.engine.messages import ExitCounts, RowParameters
 from adaserve.repository import ModelSpec, read_artifact
@@ -100,10 +103,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--seed", type=int, default=0, help="the stream's order, its corruptions' randomness and the window's sample"
     )
+    parser.add_argument(
+        "--expect", choices=get_args(Expectation), default="traffic", help="what the retraining trigger expects"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     out = (SCRATCH if args.quick else RESULTS) / "gati_adaptation.json"
-    chunk_rows = 80
+    chunk_rows = CHUNK_ROWS
     plan = schedule(args.quick)
     record: dict[str, Any] = {
         "benchmark": "gati_adaptation",
@@ -122,13 +128,14 @@ def main(argv: list[str] | None = None) -> None:
         },
     }
     with load_window(record):
-        record |= serve_stream(build(args.target, args.quick), args.target, chunk_rows, plan, args.seed)
+        record |= serve_stream(build(args.target, args.quick), args.target, chunk_rows, plan, args.seed, args.expect)
     write_json(record, out)
     plot(record, out.with_suffix(".png"))
     print(f"wrote {out} and {out.with_suffix('.png')}")
 
 
-#: Simulated seconds per chunk, and the monitor's period.
+#: Rows per chunk, simulated seconds per chunk, and the monitor's period.
+CHUNK_ROWS = 80
 CHUNK_S = 60.0
 PERIOD_S = 600.0
 VERIFY_FRACTION = 0.2
@@ -172,9 +179,16 @@ def build(target: float, quick: bool) -> Build:
 
 
 def serve_stream(
-    built: Build, target: float, chunk_rows: int, plan: list[tuple[str, int]], seed: int
+    built: Build,
+    target: float,
+    chunk_rows: int,
+    plan: list[tuple[str, int]],
+    seed: int,
+    expect: Expectation,
+    scratch: bool = True,
 ) -> dict[str, Any]:
-    """The stream through static and adapted caches of a built set (v1; versions after it are written beside)."""
+    """The stream through static and adapted caches of a built set (v1; versions after it are written beside);
+    `scratch`: also run each retraining from scratch, to compare with the warm start."""
     spec, validation_x, images, labels = built.spec, built.validation_x, built.images, built.labels
     stream = built.unused[: len(plan) * chunk_rows].copy()
     rng = np.random.default_rng(seed)
@@ -182,7 +196,9 @@ def serve_stream(
 
     static = load_runtime(spec, target, built.cache_set.version)
     adapted, current = static, built.cache_set
-    monitor = HitRateMonitor(current.composition(target), now=0.0, period_s=PERIOD_S, min_rows=chunk_rows)
+    monitor = HitRateMonitor(
+        current.composition(target), now=0.0, period_s=PERIOD_S, min_rows=chunk_rows, expect=expect
+    )
     window = SampleWindow(int(WINDOW["capacity"]), fraction=WINDOW["fraction"], seed=seed)
     adapt_settings = AdaptSettings()
     chunks, retrains = [], []
@@ -212,22 +228,20 @@ def serve_stream(
             continue
         drawn = window.draw(int(WINDOW["draw"]))
         result = adapt(adapted.chain, current, current.composition(target), drawn, validation_x, adapt_settings)
-        scratch = adapt(
-            adapted.chain,
-            current,
-            current.composition(target),
-            drawn,
-            validation_x,
-            replace(adapt_settings, warm_start=False),
+        retrains.append(
+            {"after_chunk": index, "trigger": reason, "window_rows": len(drawn), "warm": adaptation_record(result)}
         )
+        if scratch:
+            cold = replace(adapt_settings, warm_start=False)
+            retrains[-1]["scratch"] = adaptation_record(
+                adapt(adapted.chain, current, current.composition(target), drawn, validation_x, cold)
+            )
         if result.accepted:
             current = deploy(spec, result)
             adapted = load_runtime(spec, target, "latest")
-        monitor.reset(current.composition(target), now)
-        retrains.append(
-            {"after_chunk": index, "trigger": reason, "window_rows": len(drawn), "new_version": current.version}
-            | {"warm": adaptation_record(result), "scratch": adaptation_record(scratch)}
-        )
+        # As the server's service: a refused retraining's measure of the deployed caches on today's traffic.
+        monitor.reset(current.composition(target), now, None if result.accepted else result.before_window)
+        retrains[-1]["new_version"] = current.version
         print(f"  retrain ({reason}): {retrains[-1]['warm']}", flush=True)
     return {
         "cache_set": summary(built.cache_set, target, built.build_s),
@@ -238,13 +252,13 @@ def serve_stream(
             "min_rows": monitor.min_rows,
             "min_verified": monitor.min_verified,
             "verify_fraction": VERIFY_FRACTION,
+            "expect": expect,
         },
         "adapt_settings": adapt_settings.record(),
         "chunks": chunks,
         "retrains": retrains,
         "bar": bar(chunks),
-        "warm_vs_scratch": warm_vs_scratch(retrains),
-    }
+    } | ({"warm_vs_scratch": warm_vs_scratch(retrains)} if scratch else {})
 
 
 def scratch_model() -> ModelSpec:
@@ -261,11 +275,13 @@ def scratch_model() -> ModelSpec:
 
 def load_runtime(spec: ModelSpec, target: float, version: int | Literal["latest"]) -> EarlyExit:
     """The runtime a worker would load for the model with `caches: {targets: [target], version: version}`; a
-    `VERIFY_FRACTION` of hits also runs to the end, for the monitor (answers are the cache's all the same)."""
+    `VERIFY_FRACTION` of hits also runs to the end, for the monitor (answers are the cache's all the same), drawn
+    from a seeded generator, so that a run repeats and two runs on one stream differ by what they compare only."""
     caches = LearnedCachesSpec(targets=(target,), version=version, verify_fraction=VERIFY_FRACTION)
     config = spec.config.model_copy(update={"caches": caches})
     early_exit = EarlyExit.load(config, spec.artifact, read_artifact(spec.artifact, config.max_batch_size))
     early_exit.start_lookups("inline")
+    early_exit.seed(0)
     return early_exit
 
 
@@ -345,6 +361,17 @@ def warm_vs_scratch(retrains: list[dict[str, Any]]) -> dict[str, Any]:
     return result
 
 
+def outcome_colour(retrain: dict[str, Any]) -> str:
+    """A retraining's mark on the plots: green accepted, red refused."""
+    return "tab:green" if retrain["warm"]["accepted"] else "tab:red"
+
+
+def label_chunks(ax: Any, chunks: list[dict[str, Any]]) -> None:
+    """Name each chunk on the x axis by its corruption and severity."""
+    ax.set_xticks([c["chunk"] for c in chunks], [f"{c['corruption'][:5]}{c['severity'] or ''}" for c in chunks])
+    ax.tick_params(axis="x", labelrotation=60)
+
+
 def plot(record: dict[str, Any], path: Any) -> None:
     chunks, target = record["chunks"], record["settings"]["target"]
     index = [c["chunk"] for c in chunks]
@@ -359,10 +386,9 @@ def plot(record: dict[str, Any], path: Any) -> None:
     axes[2].plot(index, [c["base_accuracy"] for c in chunks], "k^-", markersize=4)
     axes[2].set_ylabel("base model accuracy")
     for retrain in record["retrains"]:
-        colour = "tab:green" if retrain["warm"]["accepted"] else "tab:red"
         for ax in axes:
-            ax.axvline(retrain["after_chunk"] + 0.5, color=colour, alpha=0.4, linewidth=1)
-    axes[2].set_xticks(index, [f"{c['corruption'][:5]}{c['severity'] or ''}" for c in chunks], rotation=60)
+            ax.axvline(retrain["after_chunk"] + 0.5, color=outcome_colour(retrain), alpha=0.4, linewidth=1)
+    label_chunks(axes[2], chunks)
     axes[0].legend(loc="lower left", fontsize=8)
     axes[0].set_title(
         "GATI adaptation on a drifting Fashion-MNIST stream (ResNet-style CNN); "

@@ -73,7 +73,7 @@ from adaserve.adaptive.gati.compose import Candidate, compose, simulate
 from adaserve.adaptive.gati.explore import SPLITS, Fitted, collect_activations, exit_shapes, fit_cache, split_rows
 from adaserve.adaptive.gati.predictors import TrainSettings, VariantSpec, build_predictor
 from adaserve.adaptive.gati.selectors import Selector
-from adaserve.config import ADAPT_EPOCHS, ADAPT_SELECTOR_STEPS
+from adaserve.config import ADAPT_EPOCHS, ADAPT_SELECTOR_STEPS, Expectation
 from adaserve.engine.messages import ExitCounts
 from adaserve.errors import InvalidInputError
 from adaserve.repository import ModelSpec
@@ -153,12 +153,19 @@ class HitRateMonitor:
     """The retraining trigger: live hit rates per exit against the rates the composition expected.
 
     Counts from the runtime (`EarlyExit.take_counts`) are judged in windows of at least `min_rows` rows: when an
-    exit's share of rows falls more than `margin` below its expected share (`evaluate.exit_rates` of the deployed
-    composition), or `period_s` has passed since the last retraining, `check` says why. The paper's trigger alone
-    misses a drift on which the caches keep hitting but answer wrongly (brightened images in
-    `benchmarks/gati/adaptation.py`), so the verified hits (`verify_fraction`) are judged too, once `min_verified`
-    are in: their agreement must not fall more than `margin` below the agreement among hits the composition
-    expected, 1 − (1 − agreement) / hit rate."""
+    exit's share of rows falls more than `margin` below its expected share, or `period_s` has passed since the last
+    retraining, `check` says why. The paper's trigger alone misses a drift on which the caches keep hitting but
+    answer wrongly (brightened images in `benchmarks/gati/adaptation.py`), so the verified hits (`verify_fraction`)
+    are judged too, once `min_verified` are in: their agreement must not fall more than `margin` below the agreement
+    among hits the composition expected, 1 − (1 − agreement) / hit rate (on its held-out rows, `evaluate`).
+
+    The expected shares (`expect`): `composition`, the paper's, are the deployed composition's on its held-out rows
+    (`evaluate`), which are mostly validation rows, even for an adapted version. On a drift that lasts they are out
+    of reach, so the trigger fired again at every judged window after each retraining, and each accepted one
+    reloaded the model: serving the example CNN a brightened, low-contrast stream, ten retrainings in 100 s, five
+    reloads. `traffic`, the default, expects what the retraining last measured on today's traffic, the window's
+    held-out rows: an adapted version's own rates there (`CompositionRecord.window`), or after a refused retraining
+    the deployed caches' (`reset`'s `traffic`); so it fires when the traffic moves again."""
 
     def __init__(
         self,
@@ -169,18 +176,21 @@ class HitRateMonitor:
         margin: float = 0.05,
         min_rows: int = 500,
         min_verified: int = 50,
+        expect: Expectation = "traffic",
     ) -> None:
         self.period_s = period_s
         self.margin = margin
         self.min_rows = min_rows
         self.min_verified = min_verified
+        self.expect = expect
         self.reset(composition, now)
 
-    def reset(self, composition: CompositionRecord, now: float) -> None:
-        """Start over for the composition now deployed (after a retraining, accepted or not)."""
-        self.expected = {
-            e.block: rate for e, rate in zip(composition.exits, composition.evaluate.exit_rates, strict=True)
-        }
+    def reset(self, composition: CompositionRecord, now: float, traffic: ChainRecord | None = None) -> None:
+        """Start over for the composition now deployed (after a retraining, accepted or not); `traffic`: the
+        deployed composition on the window's held-out rows of a refused retraining (`AdaptResult.before_window`)."""
+        measured = (traffic or composition.window) if self.expect == "traffic" else None
+        rates = (measured or composition.evaluate).exit_rates
+        self.expected = {e.block: rate for e, rate in zip(composition.exits, rates, strict=True)}
         hit_rate = sum(composition.evaluate.exit_rates)
         self.hit_agreement = 1 - (1 - composition.evaluate.agreement) / hit_rate if hit_rate else 1.0
         self.since = now
@@ -322,10 +332,15 @@ def adapt(
     )
     retrain_s = time.perf_counter() - began
 
-    new = composed.default_for(composition.target)
-    assert new is not None  # compose makes a default composition for every target
+    composed_new = composed.default_for(composition.target)
+    assert composed_new is not None  # compose makes a default composition for every target
     position = {v.key: i for i, v in enumerate(variants)}
-    after_window = chained([(position[e.key], e.threshold) for e in new.exits], arrays, "evaluate", window_held_out)
+    exits_new = [(position[e.key], e.threshold) for e in composed_new.exits]
+    after_window = chained(exits_new, arrays, "evaluate", window_held_out)
+    new = composed_new.model_copy(update={"window": after_window})
+    composed = composed.model_copy(
+        update={"compositions": tuple(new if c is composed_new else c for c in composed.compositions)}
+    )
     refused = acceptance(before["evaluate"], new.evaluate, composition.target, before_window, after_window)
     record = _settings_record(settings, cache_set.version, counts, retrain_s)
     return AdaptResult(

@@ -120,6 +120,11 @@ class CompositionRecord(_Record):
     risk: float | None = Field(default=None, description="overall: the test's level (chance of missing the target)")
     evaluate: ChainRecord
     default: bool = Field(description="the one a request for this target gets")
+    window: ChainRecord | None = Field(
+        default=None,
+        description="an adapted default composition: on the held-out rows of the window it was retrained on (the "
+        "traffic then), what the retraining trigger expects of it",
+    )
 
     @property
     def meets_target(self) -> bool:

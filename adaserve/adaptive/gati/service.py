@@ -20,12 +20,13 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from adaserve.adaptive.gati.adapt import HitRateMonitor, SampleWindow
-from adaserve.adaptive.gati.cacheset import load_cache_set
+from adaserve.adaptive.gati.cacheset import ChainRecord, load_cache_set
 from adaserve.config import AdaptationSpec
 from adaserve.engine.messages import ExitCounts
 from adaserve.engine.processes import how_it_exited
@@ -33,6 +34,15 @@ from adaserve.engine.stats import RetrainingStats
 from adaserve.repository import ModelSpec
 
 log = logging.getLogger("adaserve.gati")
+
+
+@dataclass(frozen=True)
+class Judged:
+    """A retraining's verdict: deployed or not, and the caches now serving (the new ones when it was deployed) as
+    it measured them on the window's held-out rows, which the trigger expects from then on."""
+
+    accepted: bool
+    traffic: ChainRecord
 
 
 class CacheAdaptation:
@@ -63,6 +73,7 @@ class CacheAdaptation:
             period_s=settings.period_s,
             margin=settings.margin,
             min_rows=settings.min_rows,
+            expect=settings.expect,
         )
         self._process: asyncio.subprocess.Process | None = None  # the retraining running now
         self._closed = False
@@ -97,18 +108,18 @@ class CacheAdaptation:
             enough = min(self.settings.min_window_rows, self.window.capacity)  # the capacity may be cut to window_mb
             if reason is None or len(self.window) < enough or not serving():
                 continue
-            accepted = await self.retrain(reason)
-            self.monitor.reset(self.composition, time.monotonic())
-            if accepted:
+            judged = await self.retrain(reason)
+            if judged is not None and judged.accepted:
                 self.on_deployed()
                 return  # the reloaded model has a service of its own
+            self.monitor.reset(self.composition, time.monotonic(), judged.traffic if judged else None)
             # The trigger that fired will likely fire again on the same stream, and each retraining takes a core for
             # seconds: after one in vain, wait twice as long as after the last, up to the period.
             in_vain = min(in_vain + 1, 32)
             await asyncio.sleep(min(self.settings.period_s, self.settings.check_interval_s * 2**in_vain))
 
-    async def retrain(self, reason: str) -> bool:
-        """One retraining in a child process; True when a new version was deployed."""
+    async def retrain(self, reason: str) -> Judged | None:
+        """One retraining in a child process: its verdict, or None when it failed or was stopped."""
         rows = self.window.draw(self.settings.train_rows)
         extra = {"model": self.model.name, "trigger": reason, "window_rows": len(self.window), "train_rows": len(rows)}
         log.info("retraining learned caches", extra=extra)
@@ -130,16 +141,16 @@ class CacheAdaptation:
             self._process = None
         if self._closed:  # `close` ended it: no failure, and nothing was deployed
             log.info("cache retraining stopped: the model is unloading", extra=extra)
-            return False
+            return None
         try:
             result = json.loads(out.decode().strip().splitlines()[-1])
         except (IndexError, ValueError):
             self.stats.outcomes["failed"] += 1
             ended = f"the retraining process {how_it_exited(returncode)}"
             log.error("cache retraining failed", extra={**extra, "error": f"{ended}; {err.decode()[-2000:]}"})
-            return False
+            return None
         self.stats.last_s = result["retrain_s"]
         outcome = "accepted" if result["accepted"] else "refused"
         self.stats.outcomes[outcome] += 1
         log.info(f"cache retraining {outcome}", extra={**extra, **result})
-        return bool(result["accepted"])
+        return Judged(bool(result["accepted"]), ChainRecord.model_validate(result["traffic"]))
