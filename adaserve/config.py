@@ -305,9 +305,10 @@ class AdaptationSpec(Strict):
     min_rows: int = Field(default=500, ge=1, description="rows judged at once by the hit-rate trigger")
     expect: Expectation = Field(
         default="traffic",
-        description="what the hit-rate trigger expects: 'traffic', the serving caches' hit rates on the window's "
-        "held-out rows when they were last retrained (a build's: its composition's), or 'composition', the paper's, "
-        "the composition's on its held-out rows, which an adapted version on a lasting drift never reaches",
+        description="what the hit-rate trigger expects: 'traffic', an adapted version's hit rates on the held-out "
+        "rows of the window it was retrained on (a build's: its composition's), and after a refused retraining no "
+        "more than the live rates last judged; or 'composition', the paper's, the composition's on its held-out "
+        "rows, which an adapted version on a lasting drift never reaches",
     )
     min_window_rows: int = Field(default=200, ge=20, description="no retraining before the window holds this many")
     train_rows: int = Field(

@@ -17,9 +17,9 @@ composed as a worker serves them), as a worker would:
   `HitRateMonitor` is checked (hit rate below what it expects, or the period passed), and on a trigger `adapt`
   retrains the composition's caches on a recency-weighted draw from the window mixed with the validation data; an
   accepted version is written with `deploy` and loaded through `EarlyExit.load` for the next chunk. What the
-  trigger expects (`--expect`) is the server's `caches.adaptation.expect`: `traffic` (the default), the rates the
-  last retraining measured on the window's held-out rows, or `composition`, the paper's, the composition's on its
-  held-out rows (`benchmarks/gati/trigger.py` runs both on one build).
+  trigger expects (`--expect`) is the server's `caches.adaptation.expect`: `traffic` (the default), an adapted
+  version's rates on its window's held-out rows and after a refusal no more than the live rates, or
+  `composition`, the paper's, the composition's on its held-out rows (`benchmarks/gati/trigger.py` runs both).
 
 Per chunk: hit rate and agreement with the base model (argmax) of both, and the base model's accuracy on the true
 labels (how hard the drift is). Per retraining: the trigger, the rows, held-out agreement and hit rate before and
@@ -239,8 +239,7 @@ def serve_stream(
         if result.accepted:
             current = deploy(spec, result)
             adapted = load_runtime(spec, target, "latest")
-        # As the server's service: a refused retraining's measure of the deployed caches on today's traffic.
-        monitor.reset(current.composition(target), now, None if result.accepted else result.before_window)
+        monitor.reset(current.composition(target), now, settle=not result.accepted)  # as the server's service
         retrains[-1]["new_version"] = current.version
         print(f"  retrain ({reason}): {retrains[-1]['warm']}", flush=True)
     return {

@@ -5,8 +5,7 @@ on the serving event loop; it runs on one intra-op thread, beside the workers ra
 retrains the default composition (the config's first target) of the newest cache set on the window's rows mixed
 with the data the set was built from (`adapt`), deploys the result as the next version when it is accepted (then
 removes the adapted versions beyond `keep_versions`), and prints one JSON line: accepted, reason, the deployed
-version, the versions removed, the caches now serving as measured on the window's held-out rows (`traffic`), the
-timings.
+version, the versions removed, the timings.
 """
 
 from __future__ import annotations
@@ -46,7 +45,6 @@ def retrain(root: Path, name: str, window: Path) -> dict[str, object]:
         "source_version": result.source_version,
         "version": deployed,
         "removed_versions": removed,
-        "traffic": (result.after_window if result.accepted else result.before_window).model_dump(),
         "retrain_s": round(result.retrain_s, 3),
         "forward_s": round(result.forward_s, 3),
     }

@@ -20,13 +20,13 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
 from adaserve.adaptive.gati.adapt import HitRateMonitor, SampleWindow
-from adaserve.adaptive.gati.cacheset import ChainRecord, load_cache_set
+from adaserve.adaptive.gati.cacheset import load_cache_set
 from adaserve.config import AdaptationSpec
 from adaserve.engine.messages import ExitCounts
 from adaserve.engine.processes import how_it_exited
@@ -36,13 +36,8 @@ from adaserve.repository import ModelSpec
 log = logging.getLogger("adaserve.gati")
 
 
-@dataclass(frozen=True)
-class Judged:
-    """A retraining's verdict: deployed or not, and the caches now serving (the new ones when it was deployed) as
-    it measured them on the window's held-out rows, which the trigger expects from then on."""
-
-    accepted: bool
-    traffic: ChainRecord
+#: How a retraining ended: deployed, refused by `acceptance`, failed, or stopped because the model unloads.
+Outcome = Literal["accepted", "refused", "failed", "stopped"]
 
 
 class CacheAdaptation:
@@ -108,18 +103,18 @@ class CacheAdaptation:
             enough = min(self.settings.min_window_rows, self.window.capacity)  # the capacity may be cut to window_mb
             if reason is None or len(self.window) < enough or not serving():
                 continue
-            judged = await self.retrain(reason)
-            if judged is not None and judged.accepted:
+            outcome = await self.retrain(reason)
+            if outcome == "accepted":
                 self.on_deployed()
                 return  # the reloaded model has a service of its own
-            self.monitor.reset(self.composition, time.monotonic(), judged.traffic if judged else None)
+            self.monitor.reset(self.composition, time.monotonic(), settle=outcome == "refused")
             # The trigger that fired will likely fire again on the same stream, and each retraining takes a core for
             # seconds: after one in vain, wait twice as long as after the last, up to the period.
             in_vain = min(in_vain + 1, 32)
             await asyncio.sleep(min(self.settings.period_s, self.settings.check_interval_s * 2**in_vain))
 
-    async def retrain(self, reason: str) -> Judged | None:
-        """One retraining in a child process: its verdict, or None when it failed or was stopped."""
+    async def retrain(self, reason: str) -> Outcome:
+        """One retraining in a child process."""
         rows = self.window.draw(self.settings.train_rows)
         extra = {"model": self.model.name, "trigger": reason, "window_rows": len(self.window), "train_rows": len(rows)}
         log.info("retraining learned caches", extra=extra)
@@ -141,16 +136,16 @@ class CacheAdaptation:
             self._process = None
         if self._closed:  # `close` ended it: no failure, and nothing was deployed
             log.info("cache retraining stopped: the model is unloading", extra=extra)
-            return None
+            return "stopped"
         try:
             result = json.loads(out.decode().strip().splitlines()[-1])
         except (IndexError, ValueError):
             self.stats.outcomes["failed"] += 1
             ended = f"the retraining process {how_it_exited(returncode)}"
             log.error("cache retraining failed", extra={**extra, "error": f"{ended}; {err.decode()[-2000:]}"})
-            return None
+            return "failed"
         self.stats.last_s = result["retrain_s"]
-        outcome = "accepted" if result["accepted"] else "refused"
+        outcome: Outcome = "accepted" if result["accepted"] else "refused"
         self.stats.outcomes[outcome] += 1
         log.info(f"cache retraining {outcome}", extra={**extra, **result})
-        return Judged(bool(result["accepted"]), ChainRecord.model_validate(result["traffic"]))
+        return outcome

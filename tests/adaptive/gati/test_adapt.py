@@ -4,7 +4,6 @@ example CNN — an accepted version that the worker's `EarlyExit.load` serves, a
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import shutil
@@ -35,8 +34,8 @@ from adaserve.adaptive.gati.explore import ExploreSettings, load_build_data, loa
 from adaserve.adaptive.gati.predictors import TrainSettings, VariantSpec
 from adaserve.adaptive.gati.retrain import retrain
 from adaserve.adaptive.gati.runtime import EarlyExit
-from adaserve.adaptive.gati.service import CacheAdaptation, Judged
-from adaserve.config import AdaptationSpec, Expectation, LearnedCachesSpec
+from adaserve.adaptive.gati.service import CacheAdaptation, Outcome
+from adaserve.config import AdaptationSpec, LearnedCachesSpec
 from adaserve.datasets import load_fashion_mnist
 from adaserve.engine.messages import ExitCounts
 from adaserve.errors import InvalidInputError
@@ -177,17 +176,23 @@ def test_the_trigger_expects_the_rates_last_measured_on_todays_traffic() -> None
     monitor = HitRateMonitor(adapted, now=0.0, min_rows=200)
     monitor.observe(drifted)
     assert monitor.check(now=1) is None
-    monitor.observe(counts(200, stage1=40, stage2=20))  # the traffic moves on
+    monitor.observe(counts(200, stage1=40, stage2=24))  # the traffic moves on
     assert monitor.check(now=2) == "hit rate after stage1 0.200 < expected 0.300 − 0.05"
-    # Refused: the deployed caches' rates on the refused retraining's window are expected from then on.
-    monitor.reset(composition(0.5, 0.2), now=2, traffic=chain_record(0.99, 0.2, 0.1))
+    # A retraining could not do better on it: no more than the rates just judged are expected from then on.
+    monitor.reset(adapted, now=2, settle=True)
+    assert monitor.expected == {"stage1": 0.2, "stage2": 0.1}  # stage2's judged 0.12 is above its 0.1
     monitor.observe(counts(200, stage1=40, stage2=20))
     assert monitor.check(now=3) is None
-    monitor.reset(composition(0.5, 0.2), now=3)  # a built version: its composition's rates
+    monitor.reset(adapted, now=3)  # accepted: the new version's own window rates
+    assert monitor.expected == {"stage1": 0.3, "stage2": 0.1}
+    built = composition(0.5, 0.2)  # a built version: its composition's rates
+    monitor.reset(built, now=4)
     monitor.observe(counts(200, stage1=40, stage2=20))
-    assert monitor.check(now=4) == (
+    assert monitor.check(now=5) == (
         "hit rate after stage1 0.200 < expected 0.500 − 0.05, after stage2 0.100 < expected 0.200 − 0.05"
     )
+    paper.reset(adapted, now=1, settle=True)  # the paper's trigger never settles
+    assert paper.expected == {"stage1": 0.5, "stage2": 0.2}
 
 
 def test_the_acceptance_rule() -> None:
@@ -335,9 +340,9 @@ def test_retrainings_in_vain_back_off_up_to_the_period(built: Built, monkeypatch
     retrained: list[str] = []
     waited: list[float] = []
 
-    async def retrain(reason: str) -> None:
+    async def retrain(reason: str) -> Outcome:
         retrained.append(reason)
-        return None  # failed
+        return "failed"
 
     async def sleep(seconds: float) -> None:  # virtual time
         waited.append(seconds)
@@ -348,20 +353,21 @@ def test_retrainings_in_vain_back_off_up_to_the_period(built: Built, monkeypatch
     assert waited == [5, 10, 5, 20, 5, 40, 5, 60, 5, 60, 5, 60]  # a check, then the back-off after each in vain
 
 
-@pytest.mark.parametrize("expect", ["traffic", "composition"])
-def test_after_a_refused_retraining_the_trigger_expects_what_it_measured(
-    built: Built, monkeypatch: pytest.MonkeyPatch, expect: Expectation
+@pytest.mark.parametrize("outcome", ["refused", "failed"])
+def test_after_a_refused_retraining_the_trigger_expects_the_rates_it_judged(
+    built: Built, monkeypatch: pytest.MonkeyPatch, outcome: Outcome
 ) -> None:
-    service = adaptation_service(built, (0.97,), AdaptationSpec(min_window_rows=20, expect=expect))
+    service = adaptation_service(built, (0.97,), AdaptationSpec(min_window_rows=20))
     service.composition = built.cache_set.composition(0.97)
     service.window.offer(built.stream)
     monkeypatch.setattr(service.monitor, "check", lambda now: "always")
-    traffic = chain_record(0.97, *(0.01 * (i + 1) for i in range(len(service.composition.exits))))
+    judged = {e.block: 0.01 * (i + 1) for i, e in enumerate(service.composition.exits)}
+    service.monitor.judged = judged
     retrained: list[str] = []
 
-    async def retrain(reason: str) -> Judged:
+    async def retrain(reason: str) -> Outcome:
         retrained.append(reason)
-        return Judged(accepted=False, traffic=traffic)
+        return outcome
 
     async def sleep(seconds: float) -> None:  # virtual time
         pass
@@ -369,8 +375,9 @@ def test_after_a_refused_retraining_the_trigger_expects_what_it_measured(
     monkeypatch.setattr(service, "retrain", retrain)
     monkeypatch.setattr(service_module, "asyncio", SimpleNamespace(sleep=sleep))
     asyncio.run(service.follow(lambda: not retrained))
-    rates = traffic.exit_rates if expect == "traffic" else service.composition.evaluate.exit_rates
-    assert service.monitor.expected == {e.block: r for e, r in zip(service.composition.exits, rates, strict=True)}
+    exits, rates = service.composition.exits, service.composition.evaluate.exit_rates
+    evaluate = {e.block: rate for e, rate in zip(exits, rates, strict=True)}
+    assert service.monitor.expected == (judged if outcome == "refused" else evaluate)  # a failure says nothing
 
 
 def test_a_window_cut_to_its_bytes_retrains_once_full(built: Built, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -381,9 +388,9 @@ def test_a_window_cut_to_its_bytes_retrains_once_full(built: Built, monkeypatch:
     monkeypatch.setattr(service.monitor, "check", lambda now: "always")
     retrained: list[int] = []
 
-    async def retrain(reason: str) -> None:
+    async def retrain(reason: str) -> Outcome:
         retrained.append(len(service.window))
-        return None
+        return "failed"
 
     async def sleep(seconds: float) -> None:  # virtual time
         pass
@@ -396,10 +403,10 @@ def test_a_window_cut_to_its_bytes_retrains_once_full(built: Built, monkeypatch:
     assert service.window.capacity == 33 and retrained and retrained[0] == 33
 
 
-def retrain_and_kill(service: CacheAdaptation, kill: Callable[[], None]) -> Judged | None:
+def retrain_and_kill(service: CacheAdaptation, kill: Callable[[], None]) -> Outcome:
     """Start a retraining, `kill` it once its process runs, and return what the retraining returned."""
 
-    async def run() -> Judged | None:
+    async def run() -> Outcome:
         retraining = asyncio.get_running_loop().create_task(service.retrain("test"))
         while service._process is None:
             await asyncio.sleep(0.01)
@@ -416,7 +423,7 @@ def test_a_retraining_whose_process_is_killed_fails_saying_how_it_ended(
     that killed the server's children logged failures whose error was an empty string)."""
     service = adaptation_service(built, (0.97,), AdaptationSpec())
     service.window.offer(built.stream)
-    assert retrain_and_kill(service, lambda: os.kill(service._process.pid, signal.SIGKILL)) is None  # type: ignore[union-attr]
+    assert retrain_and_kill(service, lambda: os.kill(service._process.pid, signal.SIGKILL)) == "failed"  # type: ignore[union-attr]
     assert service.stats.outcomes == {"failed": 1}
     (failure,) = [r for r in caplog.records if r.getMessage() == "cache retraining failed"]
     assert failure.error.startswith("the retraining process was killed by SIGKILL")  # type: ignore[attr-defined]
@@ -430,7 +437,7 @@ def test_a_retraining_ended_by_the_model_unloading_is_no_failure(
     caplog.set_level(logging.INFO, logger="adaserve.gati")
     service = adaptation_service(built, (0.97,), AdaptationSpec())
     service.window.offer(built.stream)
-    assert retrain_and_kill(service, service.close) is None
+    assert retrain_and_kill(service, service.close) == "stopped"
     assert service.stats.outcomes == {}
     assert [r.getMessage() for r in caplog.records if r.name == "adaserve.gati"] == [
         "retraining learned caches",
@@ -450,9 +457,7 @@ def test_a_retraining_trains_on_a_draw_of_at_most_train_rows(
 
     async def retraining_process(*args: str, **kwargs: object) -> SimpleNamespace:
         sent.append(np.load(args[-1]).shape)  # the window file, read before the service deletes it
-        reply = json.dumps(
-            {"accepted": False, "reason": "test", "retrain_s": 1.0, "traffic": chain_record(0.9, 0.4).model_dump()}
-        ).encode()
+        reply = b'{"accepted": false, "reason": "test", "retrain_s": 1.0}\n'
 
         async def communicate() -> tuple[bytes, bytes]:
             return reply, b""
@@ -464,7 +469,7 @@ def test_a_retraining_trains_on_a_draw_of_at_most_train_rows(
 
     monkeypatch.setattr(asyncio, "create_subprocess_exec", retraining_process)
     caplog.set_level(logging.INFO, logger="adaserve.gati")
-    assert asyncio.run(service.retrain("test")) == Judged(accepted=False, traffic=chain_record(0.9, 0.4))
+    assert asyncio.run(service.retrain("test")) == "refused"
     assert sent == [(50, *built.stream.shape[1:])]
     (started,) = [r for r in caplog.records if r.getMessage() == "retraining learned caches"]
     assert (started.window_rows, started.train_rows) == (300, 50)  # type: ignore[attr-defined]
@@ -484,7 +489,6 @@ def test_the_retraining_process_deploys_and_keeps_the_newest_adapted_versions(bu
     result = retrain(tmp_path, "cnn", tmp_path / "window.npy")
     assert (result["accepted"], result["source_version"], result["version"]) == (True, 3, 4), result["reason"]
     assert result["removed_versions"] == [2]  # v3 and v4 are kept, and v1, which a build wrote
-    assert result["traffic"] == read_manifest(model / "caches" / "v4").compositions[-1].window.model_dump()  # type: ignore[union-attr]
     assert versions(model) == [1, 3, 4]
     assert read_manifest(model / "caches" / "v4").settings["adapted_from"] == "v3"
 
