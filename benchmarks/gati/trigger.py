@@ -143,7 +143,7 @@ def plot_stream(axes: Any, name: str, sides: dict[str, Any], target: float) -> N
     label_chunks(axes[2], chunks)
     axes[0].legend(loc="lower left", fontsize=8)
     axes[0].set_title(
-        f"GATI's retraining trigger, {name} stream (ResNet-style CNN): what it expects; "
+        f"{name} stream (ResNet-style CNN): what GATI's retraining trigger expects; "
         "retrainings green accepted, red refused",
         fontsize=9,
     )

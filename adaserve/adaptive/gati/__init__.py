@@ -5,7 +5,7 @@
 - `explore`: the exploration phase, `build_cache_set` (`adaserve caches build`);
 - `compose`: the composition phase, the paper's integer program and the overall-target composition;
 - `cacheset`: versioned cache sets on disk and their loading for serving (`load_cache_set`, `LearnedCache`);
-- `cli`: `adaserve caches build | compose`.
+- `cli`: `adaserve caches build | compose | list`.
 
 Nothing is imported here, so the command line stays fast; import the module you need.
 """
