@@ -109,29 +109,25 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     out = (SCRATCH if args.quick else RESULTS) / "gati_adaptation.json"
-    chunk_rows = CHUNK_ROWS
     plan = schedule(args.quick)
-    record: dict[str, Any] = {
-        "benchmark": "gati_adaptation",
-        "command": command_line(),
-        "machine": machine(),
-        "settings": {
-            "quick": args.quick,
-            "target": args.target,
-            "build_rows": BUILD_ROWS,
-            "fit_source": FIT_SOURCE,
-            "chunk_rows": chunk_rows,
-            "chunk_s": CHUNK_S,
-            "seed": args.seed,
-            "severities": SEVERITIES,
-            "threads": 1,
-        },
-    }
+    settings = {"build_rows": BUILD_ROWS, "chunk_rows": CHUNK_ROWS, "chunk_s": CHUNK_S, "seed": args.seed}
+    record = header("gati_adaptation", args.quick, settings | {"severities": SEVERITIES}, args.target)
     with load_window(record):
-        record |= serve_stream(build(args.target, args.quick), args.target, chunk_rows, plan, args.seed, args.expect)
+        record |= serve_stream(build(args.target, args.quick), args.target, CHUNK_ROWS, plan, args.seed, args.expect)
     write_json(record, out)
     plot(record, out.with_suffix(".png"))
     print(f"wrote {out} and {out.with_suffix('.png')}")
+
+
+def header(benchmark: str, quick: bool, settings: dict[str, Any], target: float = TARGET) -> dict[str, Any]:
+    """A record before its run (this benchmark's and the other GATI adaptation benchmarks'): what, where, with which
+    settings."""
+    return {
+        "benchmark": benchmark,
+        "command": command_line(),
+        "machine": machine(),
+        "settings": {"quick": quick, "target": target, "fit_source": FIT_SOURCE} | settings | {"threads": 1},
+    }
 
 
 #: Rows per chunk, simulated seconds per chunk, and the monitor's period.

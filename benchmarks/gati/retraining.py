@@ -29,13 +29,13 @@ import torch
 
 from adaserve.adaptive.gati.adapt import AdaptSettings, adapt
 from adaserve.adaptive.gati.predictors import TrainSettings
-from benchmarks.common import RESULTS, SCRATCH, command_line, figure, load_window, machine, write_json
+from benchmarks.common import RESULTS, SCRATCH, figure, load_window, write_json
 from benchmarks.gati.adaptation import (
-    FIT_SOURCE,
     TARGET,
     adaptation_record,
     build,
     corrupt,
+    header,
     load_runtime,
     serve,
     serve_retrained,
@@ -57,24 +57,13 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     out = (SCRATCH if args.quick else RESULTS) / "gati_retraining.json"
     drifts, windows = (DRIFTS[:2], WINDOWS[1:2]) if args.quick else (DRIFTS, WINDOWS)
-    record = header("gati_retraining", args.quick, {"retrain": {name: s.record() for name, s in SETTINGS.items()}})
+    retrain = {name: s.record() for name, s in SETTINGS.items()}
+    record = header("gati_retraining", args.quick, {"fresh_rows": FRESH_ROWS, "retrain": retrain})
     with load_window(record):
         record |= run(args.quick, drifts, windows)
     write_json(record, out)
     plot(record, out.with_suffix(".png"))
     print(f"wrote {out} and {out.with_suffix('.png')}")
-
-
-def header(benchmark: str, quick: bool, settings: dict[str, Any]) -> dict[str, Any]:
-    """A fresh-row benchmark's record before it runs (this one's and `window_draw`'s): what, where, which settings."""
-    return {
-        "benchmark": benchmark,
-        "command": command_line(),
-        "machine": machine(),
-        "settings": {"quick": quick, "target": TARGET, "fit_source": FIT_SOURCE, "fresh_rows": FRESH_ROWS}
-        | settings
-        | {"threads": 1},
-    }
 
 
 def run(quick: bool, drifts: tuple[tuple[str, int], ...], windows: tuple[int, ...]) -> dict[str, Any]:

@@ -33,17 +33,17 @@ import numpy as np
 import torch
 
 from adaserve.config import Expectation
-from benchmarks.common import RESULTS, SCRATCH, command_line, figure, load_window, machine, write_json
+from benchmarks.common import RESULTS, SCRATCH, figure, load_window, write_json
 from benchmarks.gati.adaptation import (
     CHUNK_ROWS,
     TARGET,
     build,
+    header,
     label_chunks,
     outcome_colour,
     schedule,
     serve_stream,
 )
-from benchmarks.gati.early_exit import FIT_SOURCE
 
 EXPECTATIONS: tuple[Expectation, ...] = get_args(Expectation)
 LASTING = ("contrast", 3)
@@ -62,21 +62,8 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     out = (SCRATCH if args.quick else RESULTS) / "gati_trigger.json"
     streams = plans(args.quick)
-    record: dict[str, Any] = {
-        "benchmark": "gati_trigger",
-        "command": command_line(),
-        "machine": machine(),
-        "settings": {
-            "quick": args.quick,
-            "target": TARGET,
-            "fit_source": FIT_SOURCE,
-            "chunk_rows": CHUNK_ROWS,
-            "seed": 0,
-            "lasting": LASTING,
-            "threads": 1,
-        },
-        "streams": {},
-    }
+    record = header("gati_trigger", args.quick, {"chunk_rows": CHUNK_ROWS, "seed": 0, "lasting": LASTING})
+    record["streams"] = {}
     with load_window(record):
         built = build(TARGET, args.quick)
         for name, plan in streams.items():

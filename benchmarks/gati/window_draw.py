@@ -38,12 +38,13 @@ from benchmarks.gati.adaptation import (
     adaptation_record,
     build,
     corrupt,
+    header,
     load_runtime,
     serve,
     serve_retrained,
     summary,
 )
-from benchmarks.gati.retraining import FRESH_ROWS, bar_offsets, fresh_panels, header
+from benchmarks.gati.retraining import FRESH_ROWS, bar_offsets, fresh_panels
 
 #: (older drift, newer drift), each corruption at `SEVERITY`; "clean" is none.
 PAIRS = (("clean", "brightness"), ("brightness", "contrast"), ("contrast", "blur"), ("blur", "rotation"))
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     out = (SCRATCH if args.quick else RESULTS) / "gati_window_draw.json"
-    settings = {"severity": SEVERITY, "window_rows": WINDOW_ROWS, "draw_rows": DRAW_ROWS}
+    settings = {"fresh_rows": FRESH_ROWS, "severity": SEVERITY, "window_rows": WINDOW_ROWS, "draw_rows": DRAW_ROWS}
     record = header("gati_window_draw", args.quick, settings | {"retrain": AdaptSettings().record()})
     with load_window(record):
         record |= run(args.quick, PAIRS[1:2] if args.quick else PAIRS)
