@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from adaserve.planner.spec import DagConfig
     from adaserve.repository import ModelSpec
     from adaserve.server.dataplane import ModelControlMode
+    from adaserve.server.limits import ClientLimits
     from adaserve.server.tls import TlsSettings
 
 Read = TypeVar("Read")
@@ -61,8 +62,7 @@ def _serve(args: argparse.Namespace) -> int:
         host=args.host,
         http_port=args.http_port,
         grpc_port=args.grpc_port,
-        max_request_bytes=args.max_request_bytes,
-        http_idle_timeout_s=args.http_idle_timeout,
+        limits=_limits(args),
         models=args.model or None,
         cache=cache,
         spare_hosts=args.spare_hosts if args.spare_hosts is not None else int(cache is not None),
@@ -79,6 +79,22 @@ def _serve(args: argparse.Namespace) -> int:
     )
     uvloop.run(serve(options))
     return 0
+
+
+def _limits(args: argparse.Namespace) -> ClientLimits:
+    from adaserve.server.limits import ClientLimits
+
+    try:
+        return ClientLimits(
+            max_body_bytes=args.max_request_bytes,
+            body_budget_bytes=args.max_request_bytes_held or 2 * args.max_request_bytes,
+            max_connections=args.max_connections,
+            idle_timeout_s=args.http_idle_timeout,
+            header_timeout_s=args.http_header_timeout,
+            body_timeout_s=args.http_body_timeout,
+        )
+    except ValueError as exc:
+        raise ConfigError(f"--max-request-bytes, --max-request-bytes-held: {exc}") from None
 
 
 def _tls(protocol: str, args: argparse.Namespace) -> TlsSettings | None:
@@ -134,7 +150,7 @@ def _budget_bytes(budget: Budget, repository: Path) -> int:
 
 def spare_hosts(text: str) -> int:
     """`--spare-hosts`: a count, 0 or more."""
-    if not text.isdigit():
+    if not (text.isascii() and text.isdigit()):
         raise argparse.ArgumentTypeError(f"expected a whole number of host processes, 0 or more; got {text!r}")
     return int(text)
 
@@ -281,7 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
     from adaserve.cache.policies import POLICIES
     from adaserve.cpu.cli import register as register_cpu
     from adaserve.server.content_coding import GRPC_COMPRESSION_LEVELS
-    from adaserve.server.http import IDLE_TIMEOUT_S
+    from adaserve.server.limits import ClientLimits
 
     parser = argparse.ArgumentParser(prog="adaserve", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -291,18 +307,49 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
     serve.add_argument("--http-port", type=int, default=8000)
     serve.add_argument("--grpc-port", type=int, default=8001)
+    limits = ClientLimits()
     serve.add_argument(
         "--max-request-bytes",
-        type=int,
-        default=64 * 1024 * 1024,
-        help="largest inference request accepted (413 / RESOURCE_EXHAUSTED beyond)",
+        type=positive_integer,
+        default=limits.max_body_bytes,
+        help="largest request accepted, once decompressed (413 / RESOURCE_EXHAUSTED beyond); an inference request "
+        "is also held to what its model can take (max_batch_size rows of its inputs as JSON)",
+    )
+    serve.add_argument(
+        "--max-request-bytes-held",
+        type=positive_integer,
+        help="request bodies all HTTP connections may hold in memory at once, arriving, waiting or being answered; "
+        "past it a new body is refused with a 503, and a body over 64 KiB may take 3/4 of it (default: twice "
+        "--max-request-bytes)",
+    )
+    serve.add_argument(
+        "--max-connections",
+        type=positive_integer,
+        default=limits.max_connections,
+        help="open connections each frontend (HTTP, gRPC) takes; past it, HTTP closes the connection quiet longest "
+        "to make room, and refuses the new one (503) when all are busy (default: %(default)s, held to a quarter of "
+        "the open-file limit)",
     )
     serve.add_argument(
         "--http-idle-timeout",
         type=positive_number,
-        default=IDLE_TIMEOUT_S,
-        help=f"seconds an HTTP connection may send nothing while no answer is being computed before it is closed "
-        f"(a 408 if it stopped mid-request; default {IDLE_TIMEOUT_S:g})",
+        default=limits.idle_timeout_s,
+        help="seconds an HTTP connection may stay quiet between requests, or not read its answers, before it is "
+        "closed; gRPC closes a connection with no call for this long (default: %(default)g)",
+    )
+    serve.add_argument(
+        "--http-header-timeout",
+        type=positive_number,
+        default=limits.header_timeout_s,
+        help="seconds a request's URL and headers have to arrive, from its first byte (or the connection's start): "
+        "bytes trickling in do not extend it; a 408 after; gRPC's handshake has as long (default: %(default)g)",
+    )
+    serve.add_argument(
+        "--http-body-timeout",
+        type=positive_number,
+        default=limits.body_timeout_s,
+        help="seconds a request body has to arrive after its headers, plus one more per 64 KiB received: a body "
+        f"slower than {limits.body_min_rate / 1024:.0f} KiB/s past them gets a 408 (default: %(default)g)",
     )
     serve.add_argument("--model", action="append", help="load only this model or DAG query (repeatable; default: all)")
     serve.add_argument(

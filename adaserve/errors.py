@@ -62,6 +62,14 @@ class OverloadedError(AdaserveError):
     grpc_code = grpc.StatusCode.UNAVAILABLE
 
 
+class RequestTooLargeError(AdaserveError):
+    """A request body larger than its model can take, or than the server holds at once: refused before it is read
+    further, decompressed or parsed."""
+
+    http_status = 413
+    grpc_code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
 class InferenceError(AdaserveError):
     """The model raised while computing, or its worker died running the request more than once."""
 

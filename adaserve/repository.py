@@ -14,13 +14,15 @@ from pathlib import Path
 from typing import Any
 
 from adaserve.config import ModelConfig, load_config, load_document
-from adaserve.errors import ConfigError, ModelNotFoundError
+from adaserve.errors import ConfigError, InvalidInputError, ModelNotFoundError
 from adaserve.planner.spec import DagConfig
 
 ARTIFACTS = {"model.pt2": "torch_export", "model.pt": "torchscript"}
 CONFIG_FILE = "config.yaml"
 #: A folder with this file instead of `config.yaml` holds a DAG query (`adaserve.planner`), not a model.
 DAG_FILE = "dag.yaml"
+#: The longest name a model or DAG query can have: its folder's, which Linux file systems cap at 255 bytes.
+MAX_NAME_BYTES = 255
 #: (name, size, modification time) of each file of a folder, by name.
 Files = tuple[tuple[str, int, int], ...]
 #: A model's files that decide how it is served: those at the top of its folder, and each version folder's.
@@ -72,8 +74,9 @@ class ModelRepository:
 
     def _folder(self, name: str, file: str, kind: str) -> Path:
         """`name`'s folder, when `name` is a folder of the repository (no path in it) that holds `file`."""
+        check_name(name)
         directory = self.root / name
-        if "/" in name or name.startswith(".") or not _is_file(directory / file):
+        if not _is_file(directory / file):
             raise ModelNotFoundError(f"no {kind} named '{name}' in repository {self.root}")
         return directory
 
@@ -106,7 +109,7 @@ class ModelRepository:
         directory = self._folder(name, CONFIG_FILE, "model")
         config = load_config(directory / CONFIG_FILE, name=name)
         _check_cpus(config, directory / CONFIG_FILE)
-        versions = tuple(sorted(int(p.name) for p in directory.iterdir() if p.is_dir() and p.name.isdigit()))
+        versions = tuple(sorted(int(p.name) for p in directory.iterdir() if p.is_dir() and is_version(p.name)))
         if not versions:
             raise ConfigError(f"{directory}: no version folder (expected {directory}/1/model.pt2 or model.pt)")
         try:
@@ -138,11 +141,39 @@ class ModelRepository:
             top = _stats(entries)
             if not any(file == CONFIG_FILE for file, _, _ in top):
                 return (top, ()) if any(file == DAG_FILE for file, _, _ in top) else None
-            folders = sorted((p for p in entries if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))
+            folders = sorted((p for p in entries if p.is_dir() and is_version(p.name)), key=lambda p: int(p.name))
             versions = tuple((folder.name, _stats(folder.iterdir())) for folder in folders)
         except OSError:  # gone, or going, as it is read
             return None
         return top, versions
+
+
+def check_name(name: str) -> None:
+    """InvalidInputError (a 400) for a name that no model or DAG query can have, as a request gives it: one folder
+    of the repository, so no '/', no leading '.', no control character (a NUL raised "embedded null byte" from the
+    file system: a 500), at most `MAX_NAME_BYTES` bytes."""
+    if not name:
+        problem = "it is empty"
+    elif "/" in name or name.startswith("."):
+        problem = "a name is one folder of the repository: no '/' and no leading '.'"
+    elif any(ord(c) < 32 or 127 <= ord(c) < 160 for c in name):
+        problem = "it holds a control character"
+    elif len(name.encode("utf-8", "surrogateescape")) > MAX_NAME_BYTES:
+        problem = f"it is longer than {MAX_NAME_BYTES} bytes"
+    else:
+        return
+    raise InvalidInputError(f"{name!r} is not a model name: {problem}")
+
+
+def is_version(text: str) -> bool:
+    """Whether `text` is a version number: ASCII digits only ('²' is a digit to `str.isdigit`, not to `int`)."""
+    return text.isascii() and text.isdigit()
+
+
+def check_version(version: str) -> None:
+    """InvalidInputError (a 400) for a requested version that is neither empty (the newest) nor a number."""
+    if version and not is_version(version):
+        raise InvalidInputError(f"version {version!r} is not a version number (the digits 0-9)")
 
 
 def version_source(fingerprint: Fingerprint, version: int) -> tuple[object, ...]:
@@ -161,10 +192,16 @@ def _read_labels(directory: Path, config: ModelConfig) -> dict[str, tuple[str, .
         if output.label_filename is None:
             continue
         path = directory / output.label_filename
+        where = f"{directory / CONFIG_FILE}: output '{output.name}'"
+        if not path.resolve().is_relative_to(directory.parent.resolve()):
+            # Class names go back to clients: a link to /etc/passwd answered its lines as labels.
+            raise ConfigError(
+                f"{where}: label_filename {output.label_filename} links to {path.resolve()}, outside the model "
+                "repository; class names are read only from files in it"
+            )
         try:
             labels[output.name] = tuple(path.read_text().splitlines())
         except (OSError, UnicodeDecodeError) as exc:
-            where = f"{directory / CONFIG_FILE}: output '{output.name}'"
             raise ConfigError(f"{where}: label_filename {output.label_filename}: {exc}") from None
     return labels
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import ssl
@@ -202,15 +203,15 @@ def write_config(directory: Path, config: dict[str, object]) -> None:
 
 
 def link_example(repository: Path, name: str, as_name: str | None = None, **overrides: object) -> Path:
-    """A model of the example repository in `repository`, its artifacts and other files (labels) linked and its
-    config overridden."""
+    """A model of the example repository in `repository`, its artifacts linked, its other files (labels) copied
+    (the server reads class names only from files inside the repository) and its config overridden."""
     source, target = EXAMPLES / name, repository / (as_name or name)
     config = yaml.safe_load((source / "config.yaml").read_text())
     config.update(overrides, name=as_name or name)
     write_config(target, config)
     for entry in source.iterdir():
         if entry.is_file() and entry.name != "config.yaml":
-            (target / entry.name).symlink_to(entry)
+            shutil.copyfile(entry, target / entry.name)
         elif entry.is_dir():
             (target / entry.name).mkdir(exist_ok=True)
             for artifact in entry.iterdir():

@@ -29,7 +29,7 @@ from adaserve.engine.engine import EngineState, ModelEngine
 from adaserve.engine.processes import HostLauncher
 from adaserve.engine.stats import RetrainingStats
 from adaserve.errors import AdaserveError, ModelNotFoundError, ModelNotReadyError
-from adaserve.repository import ModelRepository, ModelSpec, version_source
+from adaserve.repository import ModelRepository, ModelSpec, is_version, version_source
 
 log = logging.getLogger("adaserve.router")
 
@@ -115,7 +115,7 @@ class ModelRouter:
         newest = self.repository.read(name)
         if not version or version == str(newest.version):
             return newest
-        if not version.isdigit() or int(version) not in newest.versions:
+        if not is_version(version) or int(version) not in newest.versions:
             raise ModelNotFoundError(f"unknown version '{version}' of model '{name}'")
         if int(version) not in newest.served:
             raise ModelNotReadyError(
@@ -272,10 +272,10 @@ class ModelRouter:
             raise ModelNotReadyError(f"model '{name}' is not loaded; load it through the repository API")
         if not version:
             return served[max(served)]
-        engine = served.get(int(version)) if version.isdigit() else None
+        engine = served.get(int(version)) if is_version(version) else None
         if engine is None:
             newest = served[max(served)]
-            if version.isdigit() and int(version) in newest.model.versions:
+            if is_version(version) and int(version) in newest.model.versions:
                 raise ModelNotReadyError(
                     f"model '{name}' version {version} is not loaded (serving versions {sorted(served)}; the "
                     "config's version_policy picks them)"

@@ -7,11 +7,12 @@ SIGINT stop the frontends, let accepted requests finish, then stop the workers.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import resource
 import signal
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
@@ -27,7 +28,8 @@ from adaserve.server.content_coding import GRPC_COMPRESSION_LEVELS
 from adaserve.server.dataplane import DataPlane, ModelControlMode
 from adaserve.server.grpc_service import InferenceServicer
 from adaserve.server.health import HealthService
-from adaserve.server.http import IDLE_TIMEOUT_S, HttpServer
+from adaserve.server.http import LISTEN_BACKLOG, HttpServer
+from adaserve.server.limits import ClientLimits
 from adaserve.server.response_cache import ResponseCache, cache_size_from_config
 from adaserve.server.rest import create_app, error_response
 from adaserve.server.restrictions import GRPC_PREFIX, Restrictions
@@ -43,8 +45,7 @@ class ServeOptions:
     host: str = "127.0.0.1"
     http_port: int = 8000
     grpc_port: int = 8001
-    max_request_bytes: int = 64 * 1024 * 1024
-    http_idle_timeout_s: float = IDLE_TIMEOUT_S
+    limits: ClientLimits = field(default_factory=ClientLimits)  # what clients may hold, and for how long
     models: list[str] | None = None  # None: every model in the repository (none under a memory budget)
     cache: CacheSettings | None = None  # mCache: a memory budget and an eviction policy
     spare_hosts: int = 0  # model host processes started ahead of loads (see HostLauncher)
@@ -71,7 +72,7 @@ def _listen(host: str, port: int) -> socket.socket:
     except OSError as exc:
         sock.close()
         raise ConfigError(f"cannot listen for HTTP on {host}:{port}: {exc.strerror}") from None
-    sock.listen(2048)
+    sock.listen(LISTEN_BACKLOG)
     return sock
 
 
@@ -86,6 +87,20 @@ def raise_open_file_limit() -> int:
     return hard
 
 
+def _within_open_files(limits: ClientLimits, open_files: int) -> ClientLimits:
+    """`limits` with each frontend's connections held to a quarter of the open-file limit, so that the two
+    frontends' clients leave half of it to the workers, model hosts and input pools (past it the server can
+    neither accept nor restart a worker)."""
+    most = max(16, open_files // 4)
+    if limits.max_connections <= most:
+        return limits
+    log.warning(
+        "fewer connections than asked: the open-file limit is low",
+        extra={"asked": limits.max_connections, "allowed": most, "open_files": open_files},
+    )
+    return dataclasses.replace(limits, max_connections=most)
+
+
 async def serve(options: ServeOptions) -> None:
     # Bad settings fail here, before anything starts.
     http_restrictions = Restrictions.parse(options.http_restricted_api, "--http-restricted-api")
@@ -93,22 +108,22 @@ async def serve(options: ServeOptions) -> None:
     tracer = tracer_from_config(options.trace_config)
     cache_bytes = cache_size_from_config(options.cache_config)
     open_files = raise_open_file_limit()
+    limits = _within_open_files(options.limits, open_files)
     kept = keep_freed_memory()
     router = ModelRouter(ModelRepository(options.model_repository), options.cache, spare_hosts=options.spare_hosts)
     response_cache = ResponseCache(cache_bytes) if cache_bytes is not None else None
     plane = DataPlane(router, options.model_control_mode, options.allow_client_shm, tracer, response_cache)
     http_socket = _listen(options.host, options.http_port)
-    http = HttpServer(
-        create_app(plane, http_restrictions),
-        max_body_bytes=options.max_request_bytes,
-        on_error=error_response,
-        idle_timeout_s=options.http_idle_timeout_s,
-    )
+    app = create_app(plane, limits.max_body_bytes, http_restrictions)
+    http = HttpServer(app, on_error=error_response, limits=limits)
     grpc_server = grpc.aio.server(
         options=[
-            ("grpc.max_receive_message_length", options.max_request_bytes),
+            ("grpc.max_receive_message_length", limits.max_body_bytes),
             ("grpc.max_send_message_length", -1),
             ("grpc.so_reuseport", 0),
+            ("grpc.max_allowed_incoming_connections", limits.max_connections),
+            ("grpc.server_handshake_timeout_ms", int(limits.header_timeout_s * 1000)),
+            ("grpc.max_connection_idle_ms", int(limits.idle_timeout_s * 1000)),
             # gRPC picks an algorithm the client accepts for the level, per call
             ("grpc.default_compression_level", GRPC_COMPRESSION_LEVELS.index(options.grpc_compression_level)),
         ]

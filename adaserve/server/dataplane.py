@@ -25,10 +25,10 @@ from adaserve.logs import SWITCHES
 from adaserve.planner.catalog import DagCatalog
 from adaserve.planner.planner import ModelAnswer, PlannerStats
 from adaserve.planner.spec import DagConfig
-from adaserve.repository import ModelSpec
+from adaserve.repository import ModelSpec, check_name, check_version
 from adaserve.server.classification import check_classifiable, top_classes
 from adaserve.server.cuda_ipc import cuda_driver_present
-from adaserve.server.protocol import InferenceRequest, InferenceResponse, RequestedOutput, Tensor
+from adaserve.server.protocol import InferenceRequest, InferenceResponse, RequestedOutput, Tensor, check_input
 from adaserve.server.response_cache import ResponseCache
 from adaserve.server.shared_memory import SharedMemoryRegions
 from adaserve.server.trace import Trace, Tracer, TraceSettings
@@ -101,16 +101,19 @@ class DataPlane:
             return False
         return True
 
-    def check_model(self, name: str, version: str = "") -> None:
-        """Fail fast (404 / 503) before a request body is decoded."""
+    def check_model(self, name: str, version: str = "") -> Interface:
+        """Fail fast (400 / 404 / 503) before a request body is decoded; what the model takes, which the codecs
+        check each input against before converting its data."""
+        _check_names(name, version)
         if self.dags.knows(name):
-            self.dags.planner(name)
-        else:
-            self.router.check_servable(name, version)
+            return self.dags.planner(name).config
+        self.router.check_servable(name, version)
+        return self.router.spec(name, version).config
 
     def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
         """`{"name", "versions", "platform", "inputs": [{"name", "datatype", "shape"}], "outputs": [...]}`."""
         config: Interface
+        _check_names(name, version)
         if self.dags.knows(name):
             config, versions, platform = self.dags.planner(name).config, ["1"], "dag"
         else:
@@ -126,6 +129,7 @@ class DataPlane:
 
     def model_config(self, name: str, version: str = "") -> dict[str, Any]:
         """Triton's model configuration (the `ModelConfig` message as JSON), plus adaserve's worker set."""
+        _check_names(name, version)
         if self.dags.knows(name):
             return dag_config(self.dags.planner(name).config)
         engine = self.router.engine(name, version)
@@ -144,6 +148,7 @@ class DataPlane:
     def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
         """Triton's statistics extension: `{"model_stats": [...]}` for one version of a model, every version it
         serves, or every loaded model."""
+        _check_names(name, version)
         if self.dags.knows(name):
             return {"model_stats": [dag_statistics(name, self.dags.planner(name).stats)]}
         dags = self.dags.planners if not name else {}
@@ -164,6 +169,7 @@ class DataPlane:
         """Triton's repository load. Its parameters send a config or files with the request (`config`,
         `file:<path>`); they are refused, not ignored: a model loads from its directory in the repository."""
         self._check_model_control()
+        check_name(name)
         if parameters:
             raise InvalidInputError(
                 f"load of '{name}': parameters {sorted(parameters)} are not supported; a model loads from its "
@@ -177,6 +183,7 @@ class DataPlane:
     async def unload(self, name: str, parameters: Collection[str] = ()) -> None:
         """Triton's repository unload; `unload_dependents` is accepted (no model here has dependents)."""
         self._check_model_control()
+        check_name(name)
         unknown = sorted(set(parameters) - {"unload_dependents"})
         if unknown:
             raise InvalidInputError(f"unload of '{name}': parameters {unknown} are not supported")
@@ -357,6 +364,13 @@ class DataPlane:
         )
 
 
+def _check_names(name: str, version: str) -> None:
+    """A 400 for a name or version no model can have (`name` empty: every model, where that is asked for)."""
+    if name:
+        check_name(name)
+    check_version(version)
+
+
 def validate_inputs(config: Interface, request: InferenceRequest) -> tuple[list[np.ndarray], int]:
     """The request's inputs in config order, checked for names, datatypes, shapes and batch size."""
     given: dict[str, Tensor] = {}
@@ -364,31 +378,15 @@ def validate_inputs(config: Interface, request: InferenceRequest) -> tuple[list[
         if tensor.name in given:
             raise InvalidInputError(f"input '{tensor.name}' is given twice")
         given[tensor.name] = tensor
-    expected = [spec.name for spec in config.inputs]
-    unknown = sorted(set(given) - set(expected))
-    if unknown:
-        raise InvalidInputError(
-            f"unknown input '{unknown[0]}' for model '{config.name}'; it takes: {', '.join(expected)}"
-        )
+    for tensor in request.inputs:
+        check_input(config, tensor.name, tensor.datatype, tensor.shape)
     arrays: list[np.ndarray] = []
     rows: int | None = None
     for spec in config.inputs:
         if spec.name not in given:
             raise InvalidInputError(f"missing input '{spec.name}' for model '{config.name}'")
         tensor = given[spec.name]
-        if tensor.datatype != spec.datatype:
-            raise InvalidInputError(
-                f"input '{spec.name}': datatype {tensor.datatype} does not match the model's {spec.datatype}"
-            )
-        if len(tensor.shape) != len(spec.shape) or tensor.shape[1:] != spec.row_shape:
-            raise InvalidInputError(
-                f"input '{spec.name}': shape {list(tensor.shape)} does not match the model's {list(spec.shape)}"
-            )
         batch = tensor.shape[0]
-        if not 1 <= batch <= config.max_batch_size:
-            raise InvalidInputError(
-                f"input '{spec.name}': batch size {batch} is outside 1..{config.max_batch_size} (max_batch_size)"
-            )
         if rows is not None and batch != rows:
             raise InvalidInputError(f"inputs have different batch sizes ({rows} and {batch} for '{spec.name}')")
         rows = batch

@@ -19,6 +19,7 @@ import grpc
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
+from adaserve.config import Interface
 from adaserve.errors import AdaserveError, InvalidInputError
 from adaserve.server.dataplane import DataPlane
 from adaserve.server.protocol import (
@@ -28,6 +29,7 @@ from adaserve.server.protocol import (
     Tensor,
     array_from_buffer,
     array_from_values,
+    check_input,
     check_shape,
     class_count,
     refuse_shared_memory,
@@ -259,8 +261,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         """One request; a traced one is stamped as read on arrival here and as sent when its answer is handed back
         (grpc.aio reads and writes the messages itself: those spans are points)."""
         arrived_ns = time.perf_counter_ns()
-        self.plane.check_model(request.model_name, request.model_version)
-        inference = decode_request(request, self.plane.shared_memory)
+        config = self.plane.check_model(request.model_name, request.model_version)
+        inference = decode_request(request, config, self.plane.shared_memory)
         trace = self.plane.tracer.begin(
             request.model_name, inference.id, lambda: dict(context.invocation_metadata() or ())
         )
@@ -278,8 +280,10 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         return response
 
 
-def decode_request(message: Any, regions: SharedMemoryRegions) -> InferenceRequest:
-    """Raw contents, where sent, are positional over the inputs not in shared memory (as tritonclient sends them)."""
+def decode_request(message: Any, config: Interface, regions: SharedMemoryRegions) -> InferenceRequest:
+    """A request for the model (or DAG query) `config` describes, each input checked against it before its data
+    is converted. Raw contents, where sent, are positional over the inputs not in shared memory (as tritonclient
+    sends them)."""
     placed = []  # per input, in order: its shared-memory slice, or None
     for tensor in message.inputs:
         where = f"input '{tensor.name}'"
@@ -296,6 +300,7 @@ def decode_request(message: Any, regions: SharedMemoryRegions) -> InferenceReque
     refuse_shared_memory("request", message.parameters)
     for tensor, ref in zip(message.inputs, placed, strict=True):
         shape = check_shape(tensor.name, list(tensor.shape))
+        check_input(config, tensor.name, tensor.datatype, shape)
         if ref is not None:
             data = array_from_buffer(tensor.name, tensor.datatype, shape, regions.read(ref, f"input '{tensor.name}'"))
         elif message.raw_input_contents:

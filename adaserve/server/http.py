@@ -11,12 +11,14 @@ graceful stop that lets requests in progress finish, and an idle timeout.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import math
 import re
 import socket
 import ssl
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -25,7 +27,8 @@ from urllib.parse import unquote
 
 import httptools
 
-from adaserve.server.content_coding import CodingError, accepted_coding, decode_body, encode_body
+from adaserve.server.content_coding import accepted_coding, encode_body
+from adaserve.server.limits import BodyBudget, ClientLimits
 
 log = logging.getLogger("adaserve.http")
 
@@ -38,9 +41,8 @@ LINGER_S = 2.0
 #: cannot grow the server's memory with headers (the body has its own limit, `max_body_bytes`). Counted in whole
 #: chunks of input, so a request may get up to one chunk past it.
 MAX_HEAD_BYTES = 64 * 1024
-#: A connection that sends nothing for this long while no answer is being computed is closed (nginx's keep-alive
-#: timeout), so idle or abandoned connections cannot pile up; one that stops in the middle of a request gets a 408.
-IDLE_TIMEOUT_S = 75.0
+#: The listen backlog: connections the kernel completes before the server accepts them (capped by somaxconn).
+LISTEN_BACKLOG = 2048
 
 
 @dataclass
@@ -52,6 +54,7 @@ class Request:
     params: dict[str, str] = field(default_factory=dict)  # path parameters filled by the router
     received_ns: int = 0  # its first byte arrived, and its last (CLOCK_MONOTONIC): for traces
     complete_ns: int = 0
+    held: int = 0  # bytes of the server's body budget it holds until it is answered
 
 
 @dataclass
@@ -118,19 +121,12 @@ def render(response: Response, keep_alive: bool, with_body: bool = True) -> byte
 class HttpProtocol(asyncio.Protocol):
     """One client connection: parse requests as bytes arrive, answer them in order."""
 
-    def __init__(
-        self,
-        app: Application,
-        max_body_bytes: int,
-        on_error: Callable[[int, str], Response],
-        connections: set[HttpProtocol],
-        idle_timeout_s: float = IDLE_TIMEOUT_S,
-    ) -> None:
-        self.app = app
-        self.idle_timeout_s = idle_timeout_s
-        self.max_body_bytes = max_body_bytes
-        self.on_error = on_error
-        self.connections = connections
+    def __init__(self, server: HttpServer) -> None:
+        self.app = server.app
+        self.limits = server.limits
+        self.budget = server.budget
+        self.on_error = server.on_error
+        self.server = server
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpRequestParser(self)
         self.pending: deque[tuple[Request | Response, bool]] = deque()  # a request, or an early error response
@@ -143,8 +139,12 @@ class HttpProtocol(asyncio.Protocol):
         self._in_head = True  # the current request's URL and headers are not complete yet
         self._partial = False  # a request has begun and is not whole yet
         self._loop = asyncio.get_running_loop()
-        self._last_input = self._loop.time()  # or the last answer's: what the idle timeout counts from
-        self._idle_timer: asyncio.TimerHandle | None = None
+        self._connected = self._loop.time()
+        self.last_input = self._connected  # or the last answer's: what the idle timeout counts from
+        self._head_started = self._connected  # the current request's first byte (loop time)
+        self._body_started = self._connected  # the end of its headers
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = math.inf  # when it fires (loop time)
         self._reset()
 
     def _reset(self) -> None:
@@ -152,19 +152,32 @@ class HttpProtocol(asyncio.Protocol):
         self._headers: dict[str, str] = {}
         self._body: list[bytes] = []
         self._size = 0
+        self._held = 0  # bytes of the body budget the current request holds
         self._head_size = 0  # bytes of URL and headers received (in chunks that held nothing else)
         self._refused: Response | None = None
 
     # -- asyncio.Protocol ------------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's TCPTransport does not subclass it
-        self.connections.add(self)
-        self._idle_timer = self._loop.call_later(self.idle_timeout_s, self._check_idle)
+        if not self.server.admit(self):
+            refused = self.on_error(503, f"the server has {self.limits.max_connections} connections open; retry")
+            refused.headers["retry-after"] = "1"
+            self.closing = True
+            self.transport.write(render(refused, keep_alive=False))
+            self.transport.close()
+            return
+        self._arm(self._connected + self.limits.header_timeout_s)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.connections.discard(self)
-        if self._idle_timer is not None:
-            self._idle_timer.cancel()
+        self.server.connections.pop(self, None)
+        if self._timer is not None:
+            self._timer.cancel()
+        self.budget.give_back(self._held)  # a body that was arriving
+        self._held = 0
+        for item, _ in self.pending:  # requests that waited their turn
+            if isinstance(item, Request):
+                self.budget.give_back(item.held)
+        self.pending.clear()
         if self.task is not None:
             # The client is gone. Its end-of-file counts as that too, as in nginx and uvicorn: TCP cannot tell a
             # half-close from a close, and a request whose client timed out must not keep its place in the queue.
@@ -176,13 +189,14 @@ class HttpProtocol(asyncio.Protocol):
         """The client is not reading: answer nothing more until it does. The requests left wait, and past
         MAX_PIPELINED reading stops too, so a client that never reads holds a bounded amount of memory."""
         self._can_write.clear()
+        self._arm(self.last_input + self.limits.idle_timeout_s)
 
     def resume_writing(self) -> None:
-        self._last_input = self._loop.time()  # the client read: progress, for the idle timeout
+        self._touch()  # the client read: progress, for the idle timeout
         self._can_write.set()
 
     def data_received(self, data: bytes) -> None:
-        self._last_input = self._loop.time()  # a float per chunk; the timer reads it when it fires
+        self._touch()
         if self.closing or self._head_size > MAX_HEAD_BYTES:
             return
         in_head, message = self._in_head, self._messages
@@ -197,9 +211,19 @@ class HttpProtocol(asyncio.Protocol):
             if self._head_size > MAX_HEAD_BYTES:  # the parser keeps a header until it ends: feed it no more
                 self._fail(431, f"the request's URL and headers exceed the limit of {MAX_HEAD_BYTES} bytes")
 
+    def _touch(self) -> None:
+        """Input arrived, or the client read: the connection is not quiet (for the idle timeout and for choosing
+        which connection makes room for a new one)."""
+        self.last_input = self._loop.time()
+        with contextlib.suppress(KeyError):  # not counted: refused, or closed to make room
+            self.server.connections.move_to_end(self)
+
     # -- httptools callbacks ---------------------------------------------------------------------------------
     def on_message_begin(self) -> None:
         self._received_ns = time.perf_counter_ns()
+        if self._messages:  # the first request's head counts from the connection's start
+            self._head_started = self._loop.time()
+            self._arm(self._head_started + self.limits.header_timeout_s)
         self._messages += 1
         self._partial = True
         self._reset()
@@ -214,9 +238,14 @@ class HttpProtocol(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self._in_head = False
+        self._body_started = self._loop.time()
+        self._arm(self._body_started + self.limits.body_timeout_s)
         declared = self._headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > self.max_body_bytes:
-            self._refuse(f"request body of {declared} bytes exceeds the limit of {self.max_body_bytes}")
+        size = int(declared) if declared.isascii() and declared.isdigit() else 0
+        if size > self.limits.max_body_bytes:
+            self._refuse(413, f"request body of {declared} bytes exceeds the limit of {self.limits.max_body_bytes}")
+        elif size and not self._hold(size, size):
+            return
         elif self._headers.get("expect", "").lower() == "100-continue" and self.transport is not None:
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
@@ -224,8 +253,10 @@ class HttpProtocol(asyncio.Protocol):
         if self._refused is not None:
             return
         self._size += len(body)
-        if self._size > self.max_body_bytes:
-            self._refuse(f"request body exceeds the limit of {self.max_body_bytes} bytes")
+        if self._size > self.limits.max_body_bytes:
+            self._refuse(413, f"request body exceeds the limit of {self.limits.max_body_bytes} bytes")
+            return
+        if self._size > self._held and not self._hold(self._size - self._held, self._size):  # chunked: as it comes
             return
         self._body.append(body)
 
@@ -238,14 +269,33 @@ class HttpProtocol(asyncio.Protocol):
             return
         method = self.parser.get_method().decode("latin-1")
         path = httptools.parse_url(self._url).path.decode("latin-1")
-        request = Request(method, path, self._headers, b"".join(self._body))
+        request = Request(method, path, self._headers, b"".join(self._body), held=self._held)
+        self._held = 0  # the request holds it now, until it is answered
         request.received_ns, request.complete_ns = self._received_ns, time.perf_counter_ns()
         self._enqueue(request, keep_alive)
 
     # -- answering -------------------------------------------------------------------------------------------
-    def _refuse(self, message: str) -> None:
-        """Answer 413 at once and close: the rest of an oversized body is never parsed or kept."""
-        self._refused = self.on_error(413, message)
+    def _hold(self, size: int, body_bytes: int) -> bool:
+        """Take `size` bytes of the body budget for the current request's body; refuse it (503) when the server
+        holds too much already."""
+        if self.budget.take(size, body_bytes):
+            self._held += size
+            return True
+        self._refuse(
+            503,
+            f"the server holds {self.budget.held} bytes of request bodies, too many to take a body of "
+            f"{body_bytes} bytes now; retry later",
+        )
+        return False
+
+    def _refuse(self, status: int, message: str) -> None:
+        """Answer at once and close: the rest of the body is never parsed or kept."""
+        self.budget.give_back(self._held)
+        self._held = 0
+        self._body.clear()
+        self._refused = self.on_error(status, message)
+        if status == 503:
+            self._refused.headers["retry-after"] = "1"
         self._enqueue(self._refused, False)
 
     def _fail(self, status: int, message: str) -> None:
@@ -253,6 +303,8 @@ class HttpProtocol(asyncio.Protocol):
 
     def _enqueue(self, item: Request | Response, keep_alive: bool) -> None:
         if self.pending and self.pending[-1][1] is False:
+            if isinstance(item, Request):
+                self.budget.give_back(item.held)
             return  # the connection is closing after an earlier answer
         self.pending.append((item, keep_alive))
         if self._backlog_full() and self.transport is not None:
@@ -264,7 +316,11 @@ class HttpProtocol(asyncio.Protocol):
         while self.pending and self.transport is not None:
             await self._can_write.wait()
             item, keep_alive = self.pending.popleft()
-            response = item if isinstance(item, Response) else await self._respond(item)
+            try:
+                response = item if isinstance(item, Response) else await self._respond(item)
+            finally:
+                if isinstance(item, Request):
+                    self.budget.give_back(item.held)  # answered (or its client gone): its body is let go
             if self.transport is None:
                 break
             with_body = not (isinstance(item, Request) and item.method == "HEAD")
@@ -272,7 +328,7 @@ class HttpProtocol(asyncio.Protocol):
             self.transport.write(render(response, keep_alive, with_body))
             if response.on_sent is not None:
                 response.on_sent(sending_ns, time.perf_counter_ns())
-            self._last_input = self._loop.time()
+            self.last_input = self._loop.time()
             if not keep_alive:
                 self._linger()
                 break
@@ -281,15 +337,9 @@ class HttpProtocol(asyncio.Protocol):
         self.task = None
 
     async def _respond(self, request: Request) -> Response:
-        """The app's answer to `request`, with its body decoded first and, where the answer is `compressible` and
-        a success, encoded as the client asks (server/content_coding.py)."""
-        try:
-            request.body = await decode_body(request.headers.get("content-encoding"), request.body, self.max_body_bytes)
-        except CodingError as exc:
-            response = self.on_error(exc.status, str(exc))
-            response.headers.update(exc.headers)
-        else:
-            response = await self.app(request)
+        """The app's answer to `request`, encoded as the client asks where it is `compressible` and a success
+        (server/content_coding.py). The app decodes a compressed body, once it knows how much the route takes."""
+        response = await self.app(request)
         accept = request.headers.get("accept-encoding")
         if accept is None or not response.compressible:
             return response
@@ -305,7 +355,8 @@ class HttpProtocol(asyncio.Protocol):
         pipelining large bodies would hold up to 32 of them (2 GiB at the default limit) rather than about two."""
         if len(self.pending) > MAX_PIPELINED:
             return True
-        return sum(len(item.body) for item, _ in self.pending if isinstance(item, Request)) > self.max_body_bytes
+        waiting = sum(len(item.body) for item, _ in self.pending if isinstance(item, Request))
+        return waiting > self.limits.max_body_bytes
 
     def _linger(self) -> None:
         """Half-close and drain for a while: closing with unread input would reset the connection (RST) and could
@@ -317,19 +368,54 @@ class HttpProtocol(asyncio.Protocol):
             self.transport.write_eof()
         asyncio.get_running_loop().call_later(LINGER_S, self.transport.close)
 
-    def _check_idle(self) -> None:
-        """The idle timer fired: close a connection quiet for `idle_timeout_s` (a 408 if it stopped mid-request);
-        otherwise look again when it could first be."""
+    def _deadline(self) -> float | None:
+        """When the connection must next have moved on (loop time), or None while an answer is being computed.
+        A request's head and body have deadlines that bytes trickling in do not move (the body's grows with what
+        has arrived, at `body_min_rate`); a connection between requests, or whose client is not reading its
+        answers, has the idle timeout from the last thing it did."""
+        if self.busy:
+            return None
+        if not self._can_write.is_set():
+            return self.last_input + self.limits.idle_timeout_s
+        if self._partial and self._in_head:
+            return self._head_started + self.limits.header_timeout_s
+        if self._partial:
+            return self._body_started + self.limits.body_time_s(self._size)
+        if not self._messages:  # connected, and not a byte yet
+            return self._connected + self.limits.header_timeout_s
+        return self.last_input + self.limits.idle_timeout_s
+
+    def _arm(self, at: float) -> None:
+        """Have the timer fire by `at` (loop time). A timer set for later is set again; one set for earlier stays,
+        and when it fires sets itself for the deadline then (`_check_deadline`): so requests in a row on one
+        connection rarely touch it."""
+        if at >= self._timer_at:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = at
+        self._timer = self._loop.call_at(at, self._check_deadline)
+
+    def _check_deadline(self) -> None:
+        """The timer fired: close a connection past its deadline (a 408 if a request was arriving); otherwise look
+        again when it could first be."""
+        self._timer, self._timer_at = None, math.inf
         if self.transport is None or self.closing:
             return
-        quiet_s = self._loop.time() - self._last_input
-        if self.busy or quiet_s < self.idle_timeout_s:
-            wait_s = self.idle_timeout_s if self.busy else self.idle_timeout_s - quiet_s
-            self._idle_timer = self._loop.call_later(wait_s, self._check_idle)
+        now, deadline = self._loop.time(), self._deadline()
+        if deadline is None or now < deadline:
+            self._arm(now + self.limits.idle_timeout_s if deadline is None else deadline)
         elif not self._can_write.is_set():
             self.transport.abort()  # it stopped reading its answers: drop them (close would wait to flush them)
+        elif self._partial and self._in_head:
+            self._fail(408, f"the request's URL and headers did not arrive within {self.limits.header_timeout_s:g} s")
         elif self._partial:
-            self._fail(408, f"the request stopped arriving: nothing came for {self.idle_timeout_s:g} s")
+            self._fail(
+                408,
+                f"the request body arrived too slowly: {self._size} bytes in {now - self._body_started:.0f} s "
+                f"(a body has {self.limits.body_timeout_s:g} s, and a second more per "
+                f"{self.limits.body_min_rate:.0f} bytes)",
+            )
         else:
             self.transport.close()
 
@@ -338,33 +424,67 @@ class HttpProtocol(asyncio.Protocol):
         """An answer is being computed (not merely waiting for the client to read)."""
         return self.task is not None and self._can_write.is_set()
 
+    @property
+    def evictable(self) -> bool:
+        """Whether this connection may be closed to make room for a new one: no answer is being computed for it,
+        and for `evict_after_s` or more it has been quiet between requests, or sent no byte, or has been
+        sending one request's URL and headers (a client sends them in one go), or a body slower than
+        `body_min_rate`. Bytes trickling in keep none of these from being chosen."""
+        if self.busy or self.closing:
+            return False
+        now = self._loop.time()
+        if self._partial and self._in_head:
+            return now - self._head_started >= self.limits.evict_after_s
+        if self._partial:
+            elapsed = now - self._body_started
+            return elapsed >= self.limits.evict_after_s and self._size < elapsed * self.limits.body_min_rate
+        since = self._connected if not self._messages else self.last_input
+        return now - since >= self.limits.evict_after_s
+
+    def evict(self) -> None:
+        """Close it for a newer connection: a 408 when a request was arriving, else quietly."""
+        if self.transport is None:
+            return
+        if not self._can_write.is_set():
+            self.transport.abort()  # it is not reading: nothing could be said to it
+        elif self._partial:
+            self._fail(408, "the connection was closed to make room for others: the request stopped arriving")
+        else:
+            self.transport.close()
+        self.server.connections.pop(self, None)
+
 
 class HttpServer:
-    """Listens on a bound socket and serves `app`; `stop()` closes idle connections and waits for busy ones."""
+    """Listens on a bound socket and serves `app` within `limits`; `stop()` closes idle connections and waits for
+    busy ones."""
 
     def __init__(
-        self,
-        app: Application,
-        *,
-        max_body_bytes: int,
-        on_error: Callable[[int, str], Response],
-        idle_timeout_s: float = IDLE_TIMEOUT_S,
+        self, app: Application, *, on_error: Callable[[int, str], Response], limits: ClientLimits | None = None
     ) -> None:
         self.app = app
-        self.max_body_bytes = max_body_bytes
         self.on_error = on_error
-        self.idle_timeout_s = idle_timeout_s
-        self.connections: set[HttpProtocol] = set()
+        self.limits = limits or ClientLimits()
+        self.budget = BodyBudget(self.limits.body_budget_bytes)
+        #: The open connections, the one quiet longest first.
+        self.connections: OrderedDict[HttpProtocol, None] = OrderedDict()
         self._server: asyncio.Server | None = None
 
     async def start(self, sock: socket.socket, tls: ssl.SSLContext | None = None) -> None:
         """Serve on `sock`, over TLS when given a context (server/tls.py)."""
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            lambda: HttpProtocol(self.app, self.max_body_bytes, self.on_error, self.connections, self.idle_timeout_s),
-            sock=sock,
-            ssl=tls,
-        )
+        # backlog: asyncio listens again with its own (100 by default) on a socket it is given
+        self._server = await loop.create_server(lambda: HttpProtocol(self), sock=sock, ssl=tls, backlog=LISTEN_BACKLOG)
+
+    def admit(self, connection: HttpProtocol) -> bool:
+        """Count a new connection in; at `max_connections`, close the one quiet longest to make room, or, when
+        every one is busy or recently active, refuse the new one (False)."""
+        if len(self.connections) >= self.limits.max_connections:
+            victim = next((c for c in self.connections if c.evictable), None)
+            if victim is None:
+                return False
+            victim.evict()
+        self.connections[connection] = None
+        return True
 
     async def stop(self, grace_s: float = 10.0) -> None:
         if self._server is not None:

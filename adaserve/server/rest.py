@@ -9,18 +9,22 @@ keeps serving.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any
 
-from adaserve.errors import AdaserveError, InvalidInputError, ModelNotReadyError
+from adaserve.config import Interface
+from adaserve.errors import AdaserveError, InvalidInputError, ModelNotReadyError, RequestTooLargeError
+from adaserve.server.content_coding import OFFLOAD_BYTES, CodingError, decode_body
 from adaserve.server.dataplane import DataPlane
 from adaserve.server.http import Application, Handler, Request, Response, Routes
 from adaserve.server.kserve_v1 import decode_predict, encode_predict
 from adaserve.server.metrics import render_metrics
-from adaserve.server.protocol import InferenceRequest, InferenceResponse
+from adaserve.server.protocol import InferenceRequest, InferenceResponse, request_bytes_limit
 from adaserve.server.rest_codec import HEADER_LENGTH, decode_json, decode_request, encode_json, encode_response
 from adaserve.server.restrictions import Restrictions
 from adaserve.server.shared_memory import RegionKind
@@ -46,23 +50,42 @@ def health_response(ok: bool, document: dict[str, Any]) -> Response:
     return json_response(document, 200 if ok else 503)
 
 
-def create_app(plane: DataPlane, restrictions: Restrictions | None = None) -> Application:
-    """The application: routes a request to its handler and maps every error to a response. `restrictions`: the
-    API categories that answer only requests with a given header (`--http-restricted-api`)."""
+def create_app(plane: DataPlane, max_body_bytes: int, restrictions: Restrictions | None = None) -> Application:
+    """The application: routes a request to its handler and maps every error to a response. `max_body_bytes`: the
+    most a request body may be once decompressed. `restrictions`: the API categories that answer only requests
+    with a given header (`--http-restricted-api`)."""
     restrictions = restrictions or Restrictions()
 
-    async def infer(request: Request) -> Response:
+    async def body(request: Request, limit: int = max_body_bytes, what: str = "request body") -> bytes:
+        """The request's body with its content codings undone, refused (413) past `limit` bytes before it is
+        decompressed further or parsed; `what` it is, for the message."""
+        if len(request.body) > limit:
+            raise RequestTooLargeError(f"{what} of {len(request.body)} bytes exceeds the limit of {limit} bytes")
+        return await decode_body(request.headers.get("content-encoding"), request.body, limit, what)
+
+    async def inference_body(request: Request) -> tuple[Interface, bytes]:
+        """What the model asked for takes, and the request's body held to the most that can be (a bomb of JSON
+        numbers stops there, not at the server's limit)."""
         name, version = _model(request)
-        plane.check_model(name, version)
-        inference = decode_request(name, version, request.body, request.headers.get(HEADER_LENGTH), plane.shared_memory)
+        config = plane.check_model(name, version)
+        limit = min(request_bytes_limit(config), max_body_bytes)
+        what = f"request body for model '{name}' (at most {config.max_batch_size} rows of its inputs)"
+        return config, await body(request, limit, what)
+
+    async def infer(request: Request) -> Response:
+        config, content = await inference_body(request)
+        decode = functools.partial(
+            decode_request, config, _model(request)[1], content, request.headers.get(HEADER_LENGTH), plane.shared_memory
+        )
+        inference = await asyncio.to_thread(decode) if len(content) > OFFLOAD_BYTES else decode()
         return await answer(request, inference, encode_response)
 
     async def predict(request: Request) -> Response:
         """KServe's V1 protocol (server/kserve_v1.py)."""
         name, version = _model(request)
-        plane.check_model(name, version)
+        _, content = await inference_body(request)
         metadata = plane.model_metadata(name, version)
-        inference, columnar = decode_predict(name, version, decode_json(request.body), metadata)
+        inference, columnar = decode_predict(name, version, decode_json(content), metadata)
         return await answer(request, inference, lambda response: (encode_json(encode_predict(response, columnar)), {}))
 
     async def answer(request: Request, inference: InferenceRequest, encode: Encoder) -> Response:
@@ -125,24 +148,34 @@ def create_app(plane: DataPlane, restrictions: Restrictions | None = None) -> Ap
     async def all_stats(request: Request) -> Response:
         return json_response(plane.statistics())
 
+    async def json_body(request: Request) -> dict[str, Any]:
+        """The body as a JSON object; empty: an empty one."""
+        content = await body(request)
+        if not content.strip():
+            return {}
+        document = decode_json(content)
+        if not isinstance(document, dict):
+            raise InvalidInputError("request body must be a JSON object")
+        return document
+
     async def repository_index(request: Request) -> Response:
-        ready_only = bool(_json_body(request).get("ready", False))
+        ready_only = bool((await json_body(request)).get("ready", False))
         return json_response(plane.repository_index(ready_only=ready_only))
 
     async def load(request: Request) -> Response:
-        await plane.load(request.params["model"], _repository_parameters(request))
+        await plane.load(request.params["model"], _repository_parameters(await json_body(request)))
         return Response(200)
 
     async def unload(request: Request) -> Response:
-        await plane.unload(request.params["model"], _repository_parameters(request))
+        await plane.unload(request.params["model"], _repository_parameters(await json_body(request)))
         return Response(200)
 
     async def trace_settings(request: Request) -> Response:
-        changes = _trace_changes(_json_body(request)) if request.method == "POST" else None
+        changes = _trace_changes(await json_body(request)) if request.method == "POST" else None
         return json_response(plane.trace_settings(request.params.get("model", ""), changes))
 
     async def log_settings(request: Request) -> Response:
-        return json_response(plane.log_settings(_json_body(request) if request.method == "POST" else None))
+        return json_response(plane.log_settings(await json_body(request) if request.method == "POST" else None))
 
     def shared_memory_kind(request: Request) -> RegionKind:
         return "cuda" if request.path.startswith("/v2/cudasharedmemory") else "system"
@@ -151,14 +184,14 @@ def create_app(plane: DataPlane, restrictions: Restrictions | None = None) -> Ap
         return json_response(plane.shared_memory.status(request.params.get("region", ""), shared_memory_kind(request)))
 
     async def shared_memory_register(request: Request) -> Response:
-        body = _json_body(request)
+        body = await json_body(request)
         if "key" not in body or "byte_size" not in body:
             raise InvalidInputError("registering a system shared memory region needs 'key' and 'byte_size'")
         plane.shared_memory.register(request.params["region"], body["key"], body.get("offset", 0), body["byte_size"])
         return Response(200)
 
     async def cuda_shared_memory_register(request: Request) -> Response:
-        body = _json_body(request)
+        body = await json_body(request)
         handle = body.get("raw_handle")
         if not isinstance(handle, dict) or not isinstance(handle.get("b64"), str) or "byte_size" not in body:
             raise InvalidInputError(
@@ -234,6 +267,10 @@ def create_app(plane: DataPlane, restrictions: Restrictions | None = None) -> Ap
             return await handler(request)
         except AdaserveError as exc:
             return error_response(exc.http_status, str(exc))
+        except CodingError as exc:
+            refused = error_response(exc.status, str(exc))
+            refused.headers.update(exc.headers)
+            return refused
         except Exception as exc:
             log.exception("unexpected error", extra={"path": request.path})
             return error_response(500, f"internal error: {type(exc).__name__}: {exc}")
@@ -253,9 +290,9 @@ def _model(request: Request) -> tuple[str, str]:
     return request.params["model"], request.params.get("version", "")
 
 
-def _repository_parameters(request: Request) -> list[str]:
+def _repository_parameters(body: dict[str, Any]) -> list[str]:
     """The names of a repository load's or unload's `parameters`."""
-    parameters = _json_body(request).get("parameters", {})
+    parameters = body.get("parameters", {})
     if not isinstance(parameters, dict):
         raise InvalidInputError("'parameters' must be an object")
     return list(parameters)
@@ -271,12 +308,3 @@ def _trace_changes(body: dict[str, Any]) -> dict[str, list[str] | None]:
             raise InvalidInputError(f"trace setting '{name}' must be a string (or a list of strings), got {value!r}")
         changes[name] = None if value is None else [str(v) for v in values]
     return changes
-
-
-def _json_body(request: Request) -> dict[str, Any]:
-    if not request.body.strip():
-        return {}
-    document = decode_json(request.body)
-    if not isinstance(document, dict):
-        raise InvalidInputError("request body must be a JSON object")
-    return document

@@ -11,6 +11,7 @@ from typing import Any
 
 import msgspec
 
+from adaserve.config import Interface
 from adaserve.errors import InvalidInputError
 from adaserve.server.protocol import (
     InferenceRequest,
@@ -19,6 +20,7 @@ from adaserve.server.protocol import (
     Tensor,
     array_from_buffer,
     array_from_values,
+    check_input,
     check_shape,
     class_count,
     refuse_shared_memory,
@@ -36,8 +38,10 @@ _encode = msgspec.json.Encoder().encode
 
 
 def decode_request(
-    model: str, version: str, body: bytes, header_length: str | None, regions: SharedMemoryRegions
+    config: Interface, version: str, body: bytes, header_length: str | None, regions: SharedMemoryRegions
 ) -> InferenceRequest:
+    """A request for the model (or DAG query) `config` describes, each input checked against it before its data
+    is converted."""
     if header_length is None:
         header, binary = body, memoryview(b"")
     else:
@@ -51,18 +55,18 @@ def decode_request(
     document = decode_json(header)
     if not isinstance(document, dict):
         raise InvalidInputError("request body must be a JSON object with an 'inputs' list")
-    return _request(model, version, document, binary, regions)
+    return _request(config, version, document, binary, regions)
 
 
 def _request(
-    model: str, version: str, document: dict[str, Any], binary: memoryview, regions: SharedMemoryRegions
+    config: Interface, version: str, document: dict[str, Any], binary: memoryview, regions: SharedMemoryRegions
 ) -> InferenceRequest:
     raw_inputs = document.get("inputs")
     if not isinstance(raw_inputs, list) or not raw_inputs:
         raise InvalidInputError("request must have a non-empty 'inputs' list")
     inputs, offset = [], 0
     for raw in raw_inputs:
-        tensor, used = _input(raw, binary[offset:], regions)
+        tensor, used = _input(config, raw, binary[offset:], regions)
         inputs.append(tensor)
         offset += used
     if offset != len(binary):
@@ -77,7 +81,7 @@ def _request(
         outputs = [_requested_output(raw) for raw in raw_outputs]
     request_id = document.get("id", "")
     return InferenceRequest(
-        model_name=model,
+        model_name=config.name,
         model_version=version,
         inputs=inputs,
         outputs=outputs,
@@ -87,7 +91,7 @@ def _request(
     )
 
 
-def _input(raw: Any, binary: memoryview, regions: SharedMemoryRegions) -> tuple[Tensor, int]:
+def _input(config: Interface, raw: Any, binary: memoryview, regions: SharedMemoryRegions) -> tuple[Tensor, int]:
     if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
         raise InvalidInputError("each input must be an object with a 'name'")
     name = raw["name"]
@@ -95,6 +99,7 @@ def _input(raw: Any, binary: memoryview, regions: SharedMemoryRegions) -> tuple[
     if not isinstance(datatype, str):
         raise InvalidInputError(f"input '{name}': missing 'datatype'")
     shape = check_shape(name, raw.get("shape"))
+    check_input(config, name, datatype, shape)
     parameters = checked_parameters(raw.get("parameters"), f"input '{name}'")
     size = parameters.get("binary_data_size")
     placed = shared_memory_ref(f"input '{name}'", parameters)

@@ -26,6 +26,7 @@ import numpy as np
 
 from adaserve.engine.engine import RequestTimes
 from adaserve.errors import ConfigError, InvalidInputError
+from adaserve.repository import is_version
 
 log = logging.getLogger("adaserve.trace")
 
@@ -81,7 +82,7 @@ class Trace:
     def entries(self) -> list[dict[str, Any]]:
         """Its entries in Triton's trace file: the request, its timestamps (in the order stamped), its tensors."""
         head: dict[str, Any] = {"id": self.id, "model_name": self.model_name}
-        if self.model_version.isdigit():
+        if is_version(self.model_version):
             head["model_version"] = int(self.model_version)
         if self.request_id:
             head["request_id"] = self.request_id
@@ -425,6 +426,6 @@ def tracer_from_config(options: Iterable[str]) -> Tracer:
 
 
 def _config_number(option: str, text: str) -> int:
-    if not text.isdigit() or int(text) == 0:
+    if not (text.isascii() and text.isdigit()) or int(text) == 0:
         raise ConfigError(f"--trace-config '{option}': expected a whole number above 0")
     return int(text)

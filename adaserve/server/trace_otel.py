@@ -45,6 +45,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from adaserve.errors import ConfigError
 from adaserve.logs import configure_logging
+from adaserve.repository import is_version
 from adaserve.server.trace import Trace, TraceSettings, _Scope
 
 log = logging.getLogger("adaserve.trace")
@@ -323,7 +324,7 @@ class SpanBuilder:
     def _attributes(self, trace: SpanRecord) -> dict[str, Any]:
         return {
             "model_name": trace.model_name,
-            "model_version": int(trace.model_version) if trace.model_version.isdigit() else -1,
+            "model_version": int(trace.model_version) if is_version(trace.model_version) else -1,
             "request_id": trace.request_id,
             "parent_id": trace.parent_id,
         }

@@ -67,6 +67,20 @@ def test_labels_are_read_at_load_and_a_missing_file_or_an_input_label_is_a_confi
         ModelRepository(root).read("odd")
 
 
+def test_a_label_file_linked_outside_the_repository_is_refused_and_one_linked_inside_is_read(tmp_path: Path) -> None:
+    """Class names go back to clients: `labels.txt -> /etc/passwd` answered that file's lines as labels."""
+    root = tmp_path / "models"
+    link_example(root, "mlp", "leaky")
+    (root / "leaky" / "labels.txt").unlink()
+    (root / "leaky" / "labels.txt").symlink_to("/etc/passwd")
+    with pytest.raises(ConfigError, match=r"label_filename labels.txt links to /etc/passwd, outside the model repo"):
+        ModelRepository(root).read("leaky")
+    link_example(root, "mlp", "shared")
+    (root / "shared" / "labels.txt").unlink()
+    (root / "shared" / "labels.txt").symlink_to("../leaky/config.yaml")  # inside the repository: fine
+    assert ModelRepository(root).read("shared").labels["logits"][0] == "inputs:"
+
+
 # -- a real server -----------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:

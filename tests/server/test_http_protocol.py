@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import time
@@ -11,6 +12,7 @@ import urllib.request
 import numpy as np
 
 from adaserve.server.http import MAX_HEAD_BYTES, HttpServer, Request, Response
+from adaserve.server.limits import ClientLimits
 from tests.conftest import MAX_REQUEST_BYTES
 from tests.server.reference import reference_outputs
 from tests.server_utils import ServerHandle
@@ -216,9 +218,10 @@ def test_idle_connections_are_closed_and_a_stalled_request_gets_a_408() -> None:
             await release.wait()  # a long inference
             return Response(body=b"{}")
 
-        server = HttpServer(
-            app, max_body_bytes=1024, on_error=lambda status, text: Response(status), idle_timeout_s=0.3
+        limits = ClientLimits(
+            max_body_bytes=1024, body_budget_bytes=4096, idle_timeout_s=0.3, header_timeout_s=0.3, body_timeout_s=0.3
         )
+        server = HttpServer(app, on_error=lambda status, text: Response(status), limits=limits)
         listener = socket.create_server(("127.0.0.1", 0))
         await server.start(listener)
         address = listener.getsockname()
@@ -261,7 +264,8 @@ def test_a_client_that_does_not_read_its_answers_gets_no_more_until_it_does() ->
             calls += 1
             return answer
 
-        server = HttpServer(app, max_body_bytes=1024, on_error=lambda status, text: Response(status), idle_timeout_s=3)
+        limits = ClientLimits(max_body_bytes=1024, body_budget_bytes=4096, idle_timeout_s=3)
+        server = HttpServer(app, on_error=lambda status, text: Response(status), limits=limits)
         listener = socket.create_server(("127.0.0.1", 0))
         await server.start(listener)
         client = socket.socket()
@@ -284,7 +288,7 @@ def test_a_client_that_does_not_read_its_answers_gets_no_more_until_it_does() ->
         await asyncio.sleep(0.5)
         assert len(server.connections) == 1
         await asyncio.sleep(4.0)  # past the idle timeout without reading: dropped
-        assert server.connections == set()
+        assert not server.connections
         stalled.close()
         await server.stop(grace_s=1.0)
 
@@ -304,7 +308,8 @@ def test_reading_stops_once_the_waiting_requests_bodies_pass_the_body_limit() ->
             await release.wait()
             return Response(body=b"{}")
 
-        server = HttpServer(app, max_body_bytes=100_000, on_error=lambda status, text: Response(status))
+        limits = ClientLimits(max_body_bytes=100_000, body_budget_bytes=10_000_000)
+        server = HttpServer(app, on_error=lambda status, text: Response(status), limits=limits)
         listener = socket.create_server(("127.0.0.1", 0))
         await server.start(listener)
         reader, writer = await asyncio.open_connection(*listener.getsockname())
@@ -317,6 +322,183 @@ def test_reading_stops_once_the_waiting_requests_bodies_pass_the_body_limit() ->
         for _ in range(requests):
             assert (await asyncio.wait_for(reader.readuntil(b"{}"), 10.0)).startswith(b"HTTP/1.1 200 ")
         writer.close()
+        await server.stop(grace_s=1.0)
+
+    asyncio.run(main())
+
+
+def trickle_server(limits: ClientLimits) -> tuple[HttpServer, list[float]]:
+    """An in-process server whose app answers at once, and the loop times its requests came in at."""
+    served: list[float] = []
+
+    async def app(request: Request) -> Response:
+        served.append(asyncio.get_running_loop().time())
+        return Response(body=b"{}")
+
+    return HttpServer(app, on_error=lambda status, text: Response(status, text.encode()), limits=limits), served
+
+
+async def trickle(address: tuple[str, int], data: bytes, every_s: float, at_once: bytes = b"") -> tuple[bytes, float]:
+    """Send `at_once`, then `data` a byte every `every_s`, and read what comes back; the answer and when the server
+    closed, seconds after the first byte."""
+    reader, writer = await asyncio.open_connection(*address)
+    started = asyncio.get_running_loop().time()
+
+    async def send() -> None:
+        writer.write(at_once)
+        with contextlib.suppress(OSError):  # the server closes while bytes still come
+            for byte in data:
+                writer.write(bytes([byte]))
+                await writer.drain()
+                await asyncio.sleep(every_s)
+
+    sending = asyncio.create_task(send())
+    answer = await asyncio.wait_for(reader.read(), 30.0)
+    closed_after = asyncio.get_running_loop().time() - started
+    sending.cancel()
+    writer.close()
+    return answer, closed_after
+
+
+def test_headers_and_bodies_that_trickle_in_get_a_408_at_their_deadline() -> None:
+    """Slowloris: one header byte every 25 s restarted a 75 s idle timer, so a connection could be held for ever.
+    A head now has `header_timeout_s` from its first byte however its bytes come, and a body `body_timeout_s` plus
+    a second per `body_min_rate` bytes; a connection between requests keeps the idle timeout."""
+    limits = ClientLimits(
+        max_body_bytes=1024,
+        body_budget_bytes=4096,
+        idle_timeout_s=3.0,
+        header_timeout_s=0.5,
+        body_timeout_s=0.5,
+        body_min_rate=100,
+    )
+
+    async def main() -> None:
+        server, served = trickle_server(limits)
+        listener = socket.create_server(("127.0.0.1", 0))
+        await server.start(listener)
+        address = listener.getsockname()
+
+        head = b"GET /x HTTP/1.1\r\nhost: x\r\nx-padding: " + b"a" * 100 + b"\r\n\r\n"
+        answer, after = await trickle(address, head, every_s=0.05)  # 6 s to send it whole
+        assert answer.startswith(b"HTTP/1.1 408 ") and b"did not arrive within 0.5 s" in answer
+        assert after < 3.0  # the head's deadline, not the idle timeout restarted by each byte
+        assert not served
+
+        head = b"POST /x HTTP/1.1\r\nhost: x\r\ncontent-length: 1000\r\n\r\n" + b"b" * 100
+        answer, after = await trickle(address, b"b" * 900, every_s=0.05, at_once=head)  # 20 bytes a second
+        assert answer.startswith(b"HTTP/1.1 408 ") and b"request body arrived too slowly" in answer
+        assert after < 8.0  # 0.5 s, and a second per 100 bytes: about 2 s; sending it whole would take 45 s
+
+        reader, writer = await asyncio.open_connection(*address)
+        writer.write(b"GET /x HTTP/1.1\r\nhost: x\r\n\r\n")
+        assert (await asyncio.wait_for(reader.readuntil(b"{}"), 10.0)).startswith(b"HTTP/1.1 200 ")
+        await asyncio.sleep(1.0)  # between requests: the idle timeout (3 s), not the head's deadline, counts
+        writer.write(b"GET /x HTTP/1.1\r\nhost: x\r\n\r\n")
+        assert (await asyncio.wait_for(reader.readuntil(b"{}"), 10.0)).startswith(b"HTTP/1.1 200 ")
+        writer.close()
+        await server.stop(grace_s=1.0)
+
+    asyncio.run(main())
+
+
+def test_request_bodies_share_one_budget_and_small_ones_always_find_room() -> None:
+    """30 connections each holding 60 MiB of an unfinished body took the server to 2.0 GB. Bodies now take from one
+    budget: a large body that would pass 3/4 of it is refused at once (503), before it is read, while a small
+    request still gets through, and a body let go of makes room again."""
+    limits = ClientLimits(max_body_bytes=1 << 20, body_budget_bytes=2 << 20)
+    large = 700_000
+
+    async def main() -> None:
+        server, served = trickle_server(limits)
+        listener = socket.create_server(("127.0.0.1", 0))
+        await server.start(listener)
+        address = listener.getsockname()
+        head = b"POST /x HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n"
+        holders = []
+        for _ in range(2):  # 1.4 MB of the 1.5 MiB large bodies may hold
+            reader, writer = await asyncio.open_connection(*address)
+            writer.write(head % large + b"h" * (large - 1))  # all but the last byte
+            holders.append((reader, writer))
+        await asyncio.sleep(0.5)
+        assert server.budget.held == 2 * large
+
+        reader, writer = await asyncio.open_connection(*address)
+        writer.write(head % large)
+        answer = await asyncio.wait_for(reader.read(), 10.0)
+        assert answer.startswith(b"HTTP/1.1 503 ") and b"retry-after: 1" in answer
+        assert b"too many to take a body of 700000 bytes" in answer
+        writer.close()
+
+        reader, writer = await asyncio.open_connection(*address)
+        writer.write(head % 1000 + b"s" * 1000)  # small: room is kept for it
+        assert (await asyncio.wait_for(reader.readuntil(b"{}"), 10.0)).startswith(b"HTTP/1.1 200 ")
+        writer.close()
+
+        holders[0][1].close()  # one holder goes: its body is let go of
+        await asyncio.sleep(0.5)
+        assert server.budget.held == large
+        reader, writer = await asyncio.open_connection(*address)
+        writer.write(head % large + b"l" * large)
+        assert (await asyncio.wait_for(reader.readuntil(b"{}"), 10.0)).startswith(b"HTTP/1.1 200 ")
+        writer.close()
+        holders[1][1].close()
+        await asyncio.sleep(0.5)
+        assert server.budget.held == 0
+        assert len(served) == 2
+        await server.stop(grace_s=1.0)
+
+    asyncio.run(main())
+
+
+def test_past_the_connection_limit_the_quietest_connection_makes_room_or_the_new_one_is_refused() -> None:
+    """Held connections exhausted the server's open files. At `max_connections`, a new connection closes the one
+    quiet longest (for `evict_after_s`, here 2 s), or, when every one is active, is refused with a 503."""
+    limits = ClientLimits(max_connections=3, evict_after_s=2.0)
+
+    async def main() -> None:
+        release = asyncio.Event()
+
+        async def app(request: Request) -> Response:
+            if request.path == "/slow":
+                await release.wait()
+            return Response(body=b"{}")
+
+        server = HttpServer(app, on_error=lambda status, text: Response(status, text.encode()), limits=limits)
+        listener = socket.create_server(("127.0.0.1", 0))
+        await server.start(listener)
+        address = listener.getsockname()
+        quiet = [await asyncio.open_connection(*address) for _ in range(3)]
+        await asyncio.sleep(0.1)
+        assert len(server.connections) == 3
+        reader, writer = await asyncio.open_connection(*address)
+        answer = await asyncio.wait_for(reader.read(), 10.0)  # all three started less than 2 s ago
+        assert answer.startswith(b"HTTP/1.1 503 ") and b"the server has 3 connections open" in answer
+        writer.close()
+
+        await asyncio.sleep(2.5)
+        quiet[1][1].write(b"GET /x HTTP/1.1\r\nhost: x\r\n\r\n")  # the second is active again
+        await asyncio.wait_for(quiet[1][0].readuntil(b"{}"), 10.0)
+        reader, writer = await asyncio.open_connection(*address)
+        writer.write(b"GET /x HTTP/1.1\r\nhost: x\r\n\r\n")
+        assert (await asyncio.wait_for(reader.readuntil(b"{}"), 10.0)).startswith(b"HTTP/1.1 200 ")
+        assert await asyncio.wait_for(quiet[0][0].read(), 10.0) == b""  # the quietest made room
+        assert len(server.connections) == 3
+        for _, each in [*quiet, (reader, writer)]:
+            each.close()
+
+        await asyncio.sleep(0.2)
+        busy = [await asyncio.open_connection(*address) for _ in range(3)]
+        for _, each in busy:
+            each.write(b"GET /slow HTTP/1.1\r\nhost: x\r\n\r\n")
+        await asyncio.sleep(2.5)  # quiet, but their answers are being computed: none makes room
+        reader, writer = await asyncio.open_connection(*address)
+        assert (await asyncio.wait_for(reader.read(), 10.0)).startswith(b"HTTP/1.1 503 ")
+        writer.close()
+        release.set()
+        for each_reader, each_writer in busy:
+            assert (await asyncio.wait_for(each_reader.readuntil(b"{}"), 10.0)).startswith(b"HTTP/1.1 200 ")
+            each_writer.close()
         await server.stop(grace_s=1.0)
 
     asyncio.run(main())
