@@ -7,6 +7,7 @@ bounds on their latency are generous, so that a busy machine does not fail them.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gzip
 import json
@@ -27,6 +28,7 @@ import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
+from adaserve.server.grpc_service import STREAM_WINDOW, InferenceServicer
 from tests.server.reference import reference_outputs
 from tests.server_utils import ServerHandle, link_example, running_server
 
@@ -275,3 +277,33 @@ def test_a_label_file_linked_outside_the_repository_is_never_read(tmp_path: Path
         assert row["state"] == "UNAVAILABLE" and "links to /etc/passwd, outside the model repository" in row["reason"]
         status, answer = request(server, "/v2/models/mlp/infer", infer_body(np.zeros((1, 784), np.float32)))
         assert status == 503 and "root:" not in json.dumps(answer)
+
+
+# -- a gRPC stream whose client never reads its answers -----------------------------------------------------------
+def test_a_stream_whose_client_takes_no_answers_is_read_no_further_than_its_window() -> None:
+    """A `ModelStreamInfer` call read every request its client sent and queued every answer the client did not
+    take (1.5 KB each: 115 to 374 MB in 60 s). It now reads at most `STREAM_WINDOW` requests ahead of the answers
+    taken, so gRPC's flow control holds the client's sends back; every request is still answered, once."""
+    pulled = 0
+
+    async def requests() -> Any:
+        nonlocal pulled
+        for index in range(1000):
+            pulled += 1
+            yield service_pb2.ModelInferRequest(model_name="mlp", id=str(index))
+
+    async def answer(request: Any, context: Any) -> Any:
+        return service_pb2.ModelInferResponse(model_name="mlp", id=request.id)
+
+    servicer = InferenceServicer(plane=None)  # type: ignore[arg-type]  # no request reaches the data plane
+    servicer._infer = answer  # type: ignore[method-assign]
+
+    async def main() -> None:
+        stream = servicer.ModelStreamInfer(requests(), context=None)  # type: ignore[arg-type]
+        first = await anext(stream)
+        await asyncio.sleep(0.5)  # the reader goes as far as it may
+        assert pulled <= STREAM_WINDOW + 2
+        answers = [first] + [each async for each in stream]
+        assert sorted(int(each.infer_response.id) for each in answers) == list(range(1000))
+
+    asyncio.run(main())
