@@ -4,12 +4,15 @@ created and names them in a request, instead of sending their bytes.
 The client registers a region by name, giving the key of its shared-memory object (`/dev/shm/<key>`, what
 `shm_open` and `tritonclient.utils.shared_memory` create), an offset into it and a byte size. An input or a
 requested output then names a slice of a region in its parameters (`shared_memory_region`, `shared_memory_byte_size`,
-`shared_memory_offset`). An input is read in place from the mapping, so its one copy is the engine's copy into the
-input pool on arrival (Ebird's), where otherwise it travels socket → request body → pool; an output is written into
-the client's slice and the response names it without data.
+`shared_memory_offset`). An input is read from the object with `preadv`, then copied into the input pool on arrival
+(Ebird's), where otherwise it travels socket → request body → pool; an output is written into the client's slice
+with `pwrite` and the response names it without data. The server reads and writes through the file, not a mapping:
+a client that shrinks its object after registering (`ftruncate`) gets an error for its request, where a mapping
+killed the whole server with SIGBUS.
 
-The server maps what the client registered and never creates, resizes or removes a shared-memory object. A region
-unregistered while a request still reads it stays mapped until that request lets go of it. Registering is off unless
+The server keeps the object open while the region is registered, and never creates, resizes or removes one; a
+request read its input when it was decoded, so unregistering cannot pull it from under the request. Registering is
+off unless
 the server starts with `--allow-client-shm` (as in Triton since 24.10): a client could otherwise have the server
 read and write any shared-memory object the server may open, which the client itself may not. The server's own
 input pools are anonymous (`memfd`), so no key reaches them.
@@ -23,11 +26,10 @@ the request, as with Triton. System and CUDA regions are one namespace, as in Tr
 
 from __future__ import annotations
 
-import contextlib
-import mmap
 import os
 import re
 import stat
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -42,6 +44,8 @@ from adaserve.server.protocol import SharedMemoryRef
 RegionKind = Literal["system", "cuda"]
 #: Where Linux keeps POSIX shared-memory objects: `shm_open("/name")` is the file `/dev/shm/name`.
 SHM_ROOT = Path("/dev/shm")
+#: The most regions registered at once: each holds a file descriptor of the server's.
+MAX_REGIONS = 1024
 #: A POSIX shared-memory name: an optional leading slash, then one path component.
 _KEY = re.compile(r"/?[^/\x00]+")
 
@@ -52,8 +56,7 @@ class _Region:
     key: str
     offset: int
     byte_size: int
-    memory: mmap.mmap
-    start: int  # where the region begins in `memory`, which starts at the page boundary at or below `offset`
+    descriptor: int  # the client's object, open for reading and writing until the region is unregistered
 
     kind = "system"
 
@@ -61,16 +64,29 @@ class _Region:
         return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
 
     def read(self, offset: int, size: int) -> memoryview:
-        """In place: a view of the mapping."""
-        return memoryview(self.memory)[self.start + offset : self.start + offset + size]
+        """A copy, read with `preadv`: a file the client shrank since it registered gives fewer bytes, an error
+        for this request. Read through a mapping, the same shrunk file killed the whole server with SIGBUS."""
+        buffer = np.empty(size, np.uint8)  # not zeroed first, as a bytearray would be: 257 against 516 µs a 3 MiB
+        got = os.preadv(self.descriptor, [buffer.data], self.offset + offset)
+        if got != size:
+            raise InvalidInputError(
+                f"shared memory region '{self.name}': key '{self.key}' now holds fewer bytes than the region names "
+                f"(read {got} of {size} at offset {self.offset + offset}); was it truncated after registering?"
+            )
+        return buffer.data
 
     def write(self, offset: int, data: np.ndarray) -> None:
-        target = np.frombuffer(self.memory, np.uint8, count=data.nbytes, offset=self.start + offset)
-        target[:] = data.reshape(-1).view(np.uint8)
+        """With `pwrite`, which never faults on a file the client shrank (a mapping would: SIGBUS)."""
+        if os.fstat(self.descriptor).st_size < self.offset + offset + data.nbytes:
+            raise InvalidInputError(
+                f"shared memory region '{self.name}': key '{self.key}' now holds fewer bytes than the region names; "
+                "was it truncated after registering?"
+            )
+        written = os.pwrite(self.descriptor, data.reshape(-1).view(np.uint8).data, self.offset + offset)
+        assert written == data.nbytes  # a regular file in memory takes a whole write
 
     def close(self) -> None:
-        with contextlib.suppress(BufferError):  # a request still reads a view of it: unmapped when that view goes
-            self.memory.close()
+        os.close(self.descriptor)
 
 
 @dataclass
@@ -103,6 +119,7 @@ class SharedMemoryRegions:
         self.allowed = allowed
         self.root = root
         self._regions: dict[str, _Region | _CudaRegion] = {}
+        self._lock = threading.Lock()  # reads may come from a decoding thread; everything else from the loop
         self._driver: CudaDriver | None = None  # loaded at the first CUDA registration
 
     def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
@@ -129,11 +146,10 @@ class SharedMemoryRegions:
                     f"{where}: key '{key}' holds {info.st_size} bytes, fewer than offset {offset} + byte_size "
                     f"{byte_size}"
                 )
-            page_start = offset - offset % mmap.ALLOCATIONGRANULARITY
-            memory = mmap.mmap(descriptor, byte_size + offset - page_start, offset=page_start)
-        finally:
+        except InvalidInputError:
             os.close(descriptor)
-        self._regions[name] = _Region(name, key, offset, byte_size, memory, offset - page_start)
+            raise
+        self._regions[name] = _Region(name, key, offset, byte_size, descriptor)
 
     def register_cuda(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
         """A client's GPU memory, by its CUDA IPC handle, on device `device_id`, `byte_size` bytes long."""
@@ -155,11 +171,12 @@ class SharedMemoryRegions:
     def unregister(self, name: str = "", kind: RegionKind = "system") -> None:
         """One region of `kind` (system or cuda), or every one of that kind when `name` is empty; a name not
         registered as that kind is not an error (Triton's)."""
-        for each in [name] if name else list(self._regions):
-            region = self._regions.get(each)
-            if region is not None and region.kind == kind:
-                del self._regions[each]
-                region.close()
+        with self._lock:
+            for each in [name] if name else list(self._regions):
+                region = self._regions.get(each)
+                if region is not None and region.kind == kind:
+                    del self._regions[each]
+                    region.close()
 
     def status(self, name: str = "", kind: RegionKind = "system") -> list[dict[str, Any]]:
         """The status of one region of `kind`, or of every one when `name` is empty: system `{"name", "key",
@@ -172,8 +189,10 @@ class SharedMemoryRegions:
         return [region.status()]
 
     def read(self, ref: SharedMemoryRef, where: str) -> memoryview:
-        """The bytes an input's parameters name: in place from system shared memory, copied from a GPU's."""
-        return self._slice(ref, where).read(ref.offset, ref.byte_size)
+        """A copy of the bytes an input's parameters name, from system shared memory or a GPU's. Safe from a
+        worker thread (a large request is decoded on one) while the event loop unregisters regions."""
+        with self._lock:
+            return self._slice(ref, where).read(ref.offset, ref.byte_size)
 
     def write(self, ref: SharedMemoryRef, array: np.ndarray, where: str) -> int:
         """Write an output into the slice its parameters name, little-endian; the number of bytes written."""
@@ -184,13 +203,15 @@ class SharedMemoryRegions:
                 f"{where}: shared_memory_byte_size {ref.byte_size} is too small for the {data.nbytes} bytes of the "
                 f"output (shape {list(array.shape)})"
             )
-        region.write(ref.offset, data)
+        with self._lock:
+            region.write(ref.offset, data)
         return data.nbytes
 
     def close(self) -> None:
-        for region in self._regions.values():
-            region.close()
-        self._regions.clear()
+        with self._lock:
+            for region in self._regions.values():
+                region.close()
+            self._regions.clear()
 
     def _check_new(self, name: str, where: str) -> None:
         if not self.allowed:
@@ -201,6 +222,10 @@ class SharedMemoryRegions:
             raise InvalidInputError(f"{where}: a region needs a name")
         if name in self._regions:
             raise InvalidInputError(f"{where} is already registered; unregister it first")
+        if len(self._regions) >= MAX_REGIONS:
+            raise InvalidInputError(
+                f"{where}: {MAX_REGIONS} regions are registered, the most there may be; unregister some first"
+            )
 
     def _region(self, name: str, where: str) -> _Region | _CudaRegion:
         region = self._regions.get(name)

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import gzip
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -20,6 +21,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from multiprocessing import shared_memory
 from pathlib import Path
 from typing import Any
 
@@ -307,3 +309,30 @@ def test_a_stream_whose_client_takes_no_answers_is_read_no_further_than_its_wind
         assert sorted(int(each.infer_response.id) for each in answers) == list(range(1000))
 
     asyncio.run(main())
+
+
+# -- client shared memory truncated after registering ------------------------------------------------------------
+def test_an_input_region_truncated_after_registering_is_a_400_and_the_server_lives(server: ServerHandle) -> None:
+    """Register a region, shrink its file, infer from it: read through a mapping, that killed the whole server,
+    its hosts and workers with it (SIGBUS, exit 135)."""
+    block = shared_memory.SharedMemory(name=f"adaserve_hardening_{os.getpid()}", create=True, size=1 << 16)
+    region = f"shrunk_{os.getpid()}"
+    try:
+        register = {"key": block.name, "offset": 0, "byte_size": 784 * 4 * 4}
+        path = f"/v2/systemsharedmemory/region/{region}/register"
+        assert request(server, path, json.dumps(register).encode())[0] == 200
+        descriptor = os.open(f"/dev/shm/{block.name}", os.O_RDWR)
+        try:
+            os.ftruncate(descriptor, 100)
+        finally:
+            os.close(descriptor)
+        placed = {"shared_memory_region": region, "shared_memory_byte_size": 784 * 4}
+        document = {"inputs": [{"name": "image", "datatype": "FP32", "shape": [1, 784], "parameters": placed}]}
+        with served_alongside(server):
+            for protocol_path in ("/v2/models/mlp/infer", "/v2/models/mlp/versions/1/infer"):
+                status, answer = request(server, protocol_path, json.dumps(document).encode())
+                assert status == 400 and "now holds fewer bytes than the region names" in answer["error"]
+    finally:
+        request(server, f"/v2/systemsharedmemory/region/{region}/unregister", b"")
+        block.close()
+        block.unlink()

@@ -5,6 +5,7 @@ and names them in requests; inputs are read from it and outputs written into it.
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 from multiprocessing import shared_memory
@@ -197,13 +198,31 @@ def test_registering_is_refused_unless_the_server_allows_client_shared_memory(
     assert build_parser().parse_args(["serve", "--allow-client-shm=false"]).allow_client_shm is False
 
 
-def test_a_region_unregistered_while_a_request_reads_it_stays_mapped_until_the_request_lets_go(
-    memory: shared_memory.SharedMemory,
-) -> None:
+def test_an_input_read_from_a_region_is_the_requests_own_copy(memory: shared_memory.SharedMemory) -> None:
+    """Read when the request is decoded: unregistering the region, or the client writing it again, leaves it."""
     regions = SharedMemoryRegions(allowed=True)
     put(memory, np.arange(4, dtype=np.float32))
     regions.register("r", memory.name, 0, 16)  # a key with or without its leading slash
     held = np.frombuffer(regions.read(SharedMemoryRef("r", 16), "input 'x'"), np.float32)
+    put(memory, np.zeros(4, dtype=np.float32))
     regions.unregister("r")
     np.testing.assert_array_equal(held, [0, 1, 2, 3])
     assert regions.status() == []
+
+
+def test_a_region_whose_object_shrank_is_an_error_for_the_request_not_a_crash(
+    memory: shared_memory.SharedMemory,
+) -> None:
+    """Read through a mapping, a client's object truncated after registering killed the server with SIGBUS."""
+    regions = SharedMemoryRegions(allowed=True)
+    regions.register("r", memory.name, 4096, 8192)
+    descriptor = os.open(f"/dev/shm/{memory.name}", os.O_RDWR)
+    try:
+        os.ftruncate(descriptor, 6000)
+    finally:
+        os.close(descriptor)
+    with pytest.raises(InvalidInputError, match=r"key '.*' now holds fewer bytes .*read 1904 of 4096.*truncated"):
+        regions.read(SharedMemoryRef("r", 4096, 0), "input 'x'")
+    with pytest.raises(InvalidInputError, match=r"now holds fewer bytes than the region names; was it truncated"):
+        regions.write(SharedMemoryRef("r", 40, 2000), np.ones(10, np.float32), "output 'y'")
+    regions.close()
