@@ -58,8 +58,14 @@ log = logging.getLogger("adaserve.engine")
 #: A request runs at most this many times: once its rows were held by this many workers that died, it is answered
 #: with an error instead of running again.
 MAX_RUNS = 2
-#: Consecutive failed starts of a replacement worker before the engine gives up restarting.
+#: Failed starts of replacement workers in a row, with no worker of the model left serving, before the model is
+#: reported unavailable (its queued requests answered so); it keeps trying, and is ready again once one starts.
 MAX_START_FAILURES = 3
+#: A replacement worker that could not be started is tried again after this, doubling up to the most, so that a
+#: passing shortage (open files, memory) heals by itself: before, one failed restart left the model unavailable
+#: for good with 5 of its 6 workers alive.
+RESTART_BACKOFF_S = 0.5
+RESTART_BACKOFF_MAX_S = 30.0
 
 
 class EngineState(Enum):
@@ -198,7 +204,8 @@ class ModelEngine:
         self._readers: dict[int, FrameReader] = {}
         self._starting: dict[int, asyncio.Future[None]] = {}
         self._start_errors: dict[int, str] = {}
-        self._start_failures = 0
+        self._start_failures = 0  # in a row, of replacement workers
+        self._unavailable = ""  # why, while the state says so
         self._waiting: deque[tuple[int, asyncio.Future[int]]] = deque()  # (rows, future of a start slot)
         self._waiting_rows = 0
         self._arrived_rows = 0  # accepted so far: Packrat's arrival rate
@@ -260,7 +267,12 @@ class ModelEngine:
         self.adaptation = await self._loop.run_in_executor(
             None, _adaptation_service, self.model, settings, reload, self.retrainings
         )
-        self._keep(self._loop.create_task(self.adaptation.follow(lambda: self.state is EngineState.READY)))
+        self._keep(self._loop.create_task(self.adaptation.follow(lambda: self.loaded)))
+
+    @property
+    def loaded(self) -> bool:
+        """Started and not unloading: ready, or unavailable while its workers cannot be restarted."""
+        return self.state in (EngineState.READY, EngineState.UNAVAILABLE)
 
     @property
     def memory_bytes(self) -> int:
@@ -314,7 +326,7 @@ class ModelEngine:
     # -- changing the worker set (Packrat) -------------------------------------------------------------------
     async def _follow_load(self, interval_s: float) -> None:
         """Report the queue depth to the worker-set planner; switch sets when it answers with a new one."""
-        while self.state is EngineState.READY:
+        while self.loaded:
             await asyncio.sleep(interval_s)
             depth = self.scheduler.ready + self.scheduler.inflight
             choice = self.planner.observe(depth, self._arrived_rows, time.monotonic())
@@ -358,7 +370,7 @@ class ModelEngine:
         self.scheduler.max_inflight = self.model.config.inflight_limit_for(choice.workers)
         for worker_id, spec in new.items():
             if worker_id not in self._processes:
-                self._respawn(spec, set_id)  # died after it was ready: start another, so the new set is not one short
+                self._respawn(spec)  # died after it was ready: start another, so the new set is not one short
                 continue
             self.scheduler.add_worker(WorkerSlot(worker_id, spec.batch, spec.threads))
         self.worker_set = choice
@@ -426,7 +438,8 @@ class ModelEngine:
     async def infer(self, inputs: list[np.ndarray], rows: int, parameters: dict[str, Any]) -> EngineResult:
         """Run `rows` rows (inputs already validated against the config) and return the outputs."""
         if self.state is not EngineState.READY:
-            raise ModelNotReadyError(f"model '{self.model.name}' is {self.state.value.lower()}")
+            why = f": {self._unavailable}" if self.state is EngineState.UNAVAILABLE else ""
+            raise ModelNotReadyError(f"model '{self.model.name}' is {self.state.value.lower()}{why}")
         if parameters:
             check_parameters(parameters)
         if self.model.config.activator is not None:
@@ -640,6 +653,9 @@ class ModelEngine:
         elif worker_set < self._active_set and process.id not in self._retiring:
             self._retire(process.id, idle=True)  # a replacement forked for a set that was switched away meanwhile
         self._start_failures = 0
+        if self.state is EngineState.UNAVAILABLE and worker_set == self._active_set:
+            self.state, self._unavailable = EngineState.READY, ""
+            log.info("a worker restarted; model ready again", extra={"model": self.model.name})
         self._starting.pop(process.id).set_result(None)
         self._pump()
 
@@ -703,44 +719,65 @@ class ModelEngine:
             started.set_exception(ConfigError(f"model '{self.model.name}': worker could not start: {error}"))
             started.exception()  # retrieved here; start() re-raises it when it is waiting for this worker
             self._start_failures += 1
+            self._check_serving(error)
         if not self._processes:
             self._gone.set()
         # Only the active set's workers are replaced: a standby worker that dies fails its set's switch (see
         # switch_workers), and an old set's is not needed.
         active = self._set_of.pop(process.id) == self._active_set
         self._retiring.discard(process.id)
-        if self.state is EngineState.READY and active:
+        if self.loaded and active:
             self._replace(process)
         self.scheduler.cores.pump()
 
     def _replace(self, process: WorkerProcess) -> None:
-        if self._start_failures >= MAX_START_FAILURES:
-            log.error("worker restarts keep failing; model unavailable", extra={"model": self.model.name})
-            self.state = EngineState.UNAVAILABLE
-            if not self._processes:
-                self._fail_everything("no worker of this model could be restarted")
-            return
+        """Start a worker in place of one that exited: at once, or, after starts that failed in a row, once their
+        backoff has passed."""
         self.stats.worker_restarts += 1
         log.warning(
             "worker exited; restarting",
             extra={"model": self.model.name, "pid": process.pid, "batch": process.spec.batch},
         )
-        self._respawn(process.spec, self._active_set)
+        self._respawn(process.spec)
 
-    def _respawn(self, spec: WorkerSpec, set_id: int) -> None:
-        task = self._loop.create_task(self._spawn(spec, set_id))
+    def _respawn(self, spec: WorkerSpec) -> None:
+        delay_s = 0.0 if not self._start_failures else RESTART_BACKOFF_S * 2 ** (self._start_failures - 1)
+        delay_s = min(delay_s, RESTART_BACKOFF_MAX_S)
+        task = self._loop.create_task(self._spawn_after(delay_s, spec, self._active_set))
         self._keep(task)
-        task.add_done_callback(self._restarted)
+        task.add_done_callback(lambda done: self._restarted(done, spec))
 
-    def _restarted(self, task: asyncio.Task[tuple[int, asyncio.Future[None]]]) -> None:
+    async def _spawn_after(self, delay_s: float, spec: WorkerSpec, set_id: int) -> None:
+        """A replacement for a worker of set `set_id`, unless the model is unloading or another set took over by
+        then (that set has its own workers)."""
+        await asyncio.sleep(delay_s)
+        if self.loaded and set_id == self._active_set:
+            await self._spawn(spec, set_id)
+
+    def _restarted(self, task: asyncio.Task[None], spec: WorkerSpec) -> None:
         if task.cancelled():
             return
         error = task.exception()
-        if error is not None:
-            log.error("cannot restart worker", extra={"model": self.model.name, "error": str(error)})
-            self.state = EngineState.UNAVAILABLE
-            if not self._processes:
-                self._fail_everything(f"no worker can be started: {error}")
+        if error is None or not self.loaded:
+            return
+        self._start_failures += 1
+        log.error(
+            "cannot restart worker; trying again",
+            extra={"model": self.model.name, "error": str(error), "failures_in_a_row": self._start_failures},
+        )
+        self._check_serving(str(error))
+        self._respawn(spec)
+
+    def _check_serving(self, error: str) -> None:
+        """After a failed start: with no worker of the active set serving and starts failing in a row, the model
+        cannot serve at all, and says so (its queued requests are answered with why)."""
+        serving = any(self._set_of.get(worker) == self._active_set for worker in self.workers)
+        if serving or self._start_failures < MAX_START_FAILURES or self.state is not EngineState.READY:
+            return
+        self._unavailable = f"no worker could be started ({self._start_failures} tries in a row: {error}); retrying"
+        log.error("no worker serves; model unavailable", extra={"model": self.model.name, "error": error})
+        self.state = EngineState.UNAVAILABLE
+        self._fail_everything(self._unavailable)
 
     def _recover(self, batch: Batch, pid: int) -> None:
         """Rows of a batch whose worker died: run them again, or fail requests that already killed a worker."""

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from adaserve.config import WorkerSpec
-from adaserve.engine.engine import ModelEngine, PendingRequest, idle_spin_in_force
+from adaserve.engine.engine import EngineState, ModelEngine, PendingRequest, idle_spin_in_force
 from adaserve.engine.worker_sets import WorkerSetChoice
-from adaserve.errors import InvalidInputError, OverloadedError
+from adaserve.errors import InvalidInputError, ModelNotReadyError, OverloadedError
 from adaserve.repository import ModelRepository
 from benchmarks.common import tree_cpu_s
 from tests.engine.engines import live_children, run_engine
@@ -387,6 +387,24 @@ def test_a_host_that_died_is_started_again_when_a_worker_must_be_replaced(tmp_pa
     run_engine(tmp_path, body)
 
 
+def test_a_host_that_dies_is_reaped_at_once_and_its_workers_serve_on(tmp_path: Path) -> None:
+    """A killed host stayed a zombie until the next worker death restarted it; it is reaped as it exits now."""
+    link_example(tmp_path, "mlp", workers=ONE_WORKER)
+
+    async def body(engine: ModelEngine) -> None:
+        assert engine._host is not None
+        host = engine._host.process.pid
+        os.kill(host, signal.SIGKILL)  # our own host, by its PID
+        deadline = time.monotonic() + 30.0
+        while Path(f"/proc/{host}").exists() and time.monotonic() < deadline:  # a zombie keeps its /proc entry
+            await asyncio.sleep(0.01)
+        assert not Path(f"/proc/{host}").exists()
+        result: Any = await engine.infer([np.zeros((2, 784), np.float32)], 2, {})
+        assert result.outputs[0].shape == (2, 10) and engine.stats.host_restarts == 0
+
+    run_engine(tmp_path, body)
+
+
 def test_rows_sent_to_workers_already_dead_are_run_again_without_counting_a_death(tmp_path: Path) -> None:
     """Workers that die together (on CUDA, every worker of a host that dies) are seen to exit one by one, and the
     rows of the first are handed to the next before its exit is seen: a batch that never reached its worker is no
@@ -440,3 +458,78 @@ def test_a_request_keeps_one_report_per_row_when_its_rows_run_again_split_differ
         assert pending.parts == {10: (4, {"exited_rows": 3}), 14: (2, {"exited_rows": 2})}
     finally:
         loop.close()
+
+
+def fail_spawns(engine: ModelEngine, times: int) -> list[float]:
+    """Make the engine's next `times` worker starts fail as when the server's open files are exhausted; the
+    loop times at which starts were tried."""
+    original, tried = engine._spawn, []
+
+    async def spawn(spec: WorkerSpec, set_id: int) -> tuple[int, asyncio.Future[None]]:
+        tried.append(asyncio.get_running_loop().time())
+        if len(tried) <= times:
+            raise OSError(24, "Too many open files")
+        return await original(spec, set_id)
+
+    engine._spawn = spawn  # type: ignore[method-assign]
+    return tried
+
+
+async def kill_a_worker(engine: ModelEngine, batch: int) -> None:
+    worker = next(w for w in engine.workers.values() if w.batch == batch)
+    os.kill(worker.pid, signal.SIGKILL)  # our own worker, by its PID
+    while worker.id in engine.workers:
+        await asyncio.sleep(0.01)
+
+
+async def wait_for_workers(engine: ModelEngine, batches: list[int], timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s  # a restart forks and warms up a worker: slow on a busy machine
+    while sorted(w.batch for w in engine.workers.values()) != batches and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    assert sorted(w.batch for w in engine.workers.values()) == batches
+
+
+def test_a_worker_that_cannot_be_restarted_is_tried_again_with_backoff_while_the_others_serve(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker killed while the server's open files were exhausted: 'cannot restart worker: [Errno 24]', and the
+    model stayed unavailable for good with 5 of its 6 workers alive. Now it stays ready, its other worker serves,
+    and the restart is tried again after 0.05, then 0.1 s, until it starts."""
+    monkeypatch.setattr("adaserve.engine.engine.RESTART_BACKOFF_S", 0.05)
+    link_example(tmp_path, "mlp", workers=[{"batch": 1, "threads": 1}, {"batch": 2, "threads": 1}])
+
+    async def body(engine: ModelEngine) -> None:
+        tried = fail_spawns(engine, times=2)
+        await kill_a_worker(engine, batch=1)
+        result: Any = await engine.infer([np.zeros((1, 784), np.float32)], 1, {})  # the batch-2 worker serves
+        assert result.outputs[0].shape == (1, 10) and engine.state is EngineState.READY
+        await wait_for_workers(engine, [1, 2])
+        assert len(tried) == 3 and tried[2] - tried[1] >= 0.1 - 0.01 and tried[1] - tried[0] >= 0.05 - 0.01
+        assert engine.stats.worker_restarts == 1
+
+    run_engine(tmp_path, body)
+
+
+def test_a_model_none_of_whose_workers_can_start_is_unavailable_until_one_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With its only worker gone and three starts failed in a row, the model cannot serve at all: its requests get
+    a 503 that says why. It keeps trying, and is ready again once a worker starts."""
+    monkeypatch.setattr("adaserve.engine.engine.RESTART_BACKOFF_S", 0.05)
+    link_example(tmp_path, "mlp", workers=[{"batch": 1, "threads": 1}])
+
+    async def body(engine: ModelEngine) -> None:
+        tried = fail_spawns(engine, times=4)
+        await kill_a_worker(engine, batch=1)
+        while len(tried) < 3:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.01)
+        assert engine.state is EngineState.UNAVAILABLE
+        with pytest.raises(ModelNotReadyError, match=r"no worker could be started \(3 tries in a row: .*retrying"):
+            await engine.infer([np.zeros((1, 784), np.float32)], 1, {})
+        await wait_for_workers(engine, [1])
+        assert engine.state is EngineState.READY and len(tried) == 5
+        result: Any = await engine.infer([np.zeros((1, 784), np.float32)], 1, {})
+        assert result.outputs[0].shape == (1, 10)
+
+    run_engine(tmp_path, body)
