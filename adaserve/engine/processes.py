@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import socket
@@ -30,6 +31,8 @@ from adaserve.engine.messages import (
 )
 from adaserve.errors import ConfigError
 from adaserve.repository import ModelSpec
+
+log = logging.getLogger("adaserve.engine")
 
 
 class WorkerProcess:
@@ -85,6 +88,27 @@ class ModelHost:
         self._control.setblocking(False)
         # One exchange at a time; `stop` takes it too, since a socket closed under a pending receive never wakes it.
         self._lock = asyncio.Lock()
+        self._stopping = False
+        self._loop = asyncio.get_running_loop()
+        # Readable once the process has exited, whenever that is: then it is reaped at once. A host killed from
+        # outside stayed a zombie until a worker died and its restart found the host gone.
+        self._exit_fd: int | None = os.pidfd_open(process.pid)
+        self._loop.add_reader(self._exit_fd, self._exited)
+
+    def _exited(self) -> None:
+        self._unwatch()
+        code = self.process.poll()  # reaps it
+        if not self._stopping:
+            log.warning(
+                "model host exited; its workers serve on, and the next worker to start starts another host",
+                extra={"model": self.model.name, "pid": self.process.pid, "how": how_it_exited(code or 0)},
+            )
+
+    def _unwatch(self) -> None:
+        if self._exit_fd is not None:
+            self._loop.remove_reader(self._exit_fd)
+            os.close(self._exit_fd)
+            self._exit_fd = None
 
     async def ready(self) -> HostReady:
         """Wait until the model is loaded; ConfigError with the host's reason when it cannot be."""
@@ -137,9 +161,11 @@ class ModelHost:
     async def stop(self) -> None:
         """Close the control socket, after the exchange under way; the host exits at once (workers are stopped
         separately)."""
+        self._stopping = True
         async with self._lock:
             self._control.close()
         await _wait_or_kill(self.process)
+        self._unwatch()
 
 
 class HostLauncher:

@@ -10,9 +10,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gzip
+import http.client
 import json
 import os
+import resource
 import shutil
+import signal
 import socket
 import subprocess
 import threading
@@ -336,3 +339,64 @@ def test_an_input_region_truncated_after_registering_is_a_400_and_the_server_liv
         request(server, f"/v2/systemsharedmemory/region/{region}/unregister", b"")
         block.close()
         block.unlink()
+
+
+# -- a worker killed while the server has no open file to spare ---------------------------------------------------
+def test_a_worker_killed_while_open_files_are_exhausted_is_restarted_once_they_are_not(tmp_path: Path) -> None:
+    """Killed while the server's open files were exhausted, a worker could not be restarted ([Errno 24]) and the
+    model stayed unavailable for good with its other workers alive. The server is held here to the open files it
+    has, one worker is killed: the other serves, the restart is tried again with backoff, and once files are
+    allowed again the model has both workers back, with no manual load."""
+    root = tmp_path / "models"
+    link_example(root, "mlp", workers=[{"batch": 1}, {"batch": 2}])
+    with running_server(root) as server:
+        connection = http.client.HTTPConnection(*server.http_url.split(":"), timeout=30)  # opened before the cap
+        rows = np.zeros((1, 784), np.float32)
+
+        def infer() -> int:
+            connection.request("POST", "/v2/models/mlp/infer", infer_body(rows))
+            answer = connection.getresponse()
+            answer.read()
+            return answer.status
+
+        def workers() -> list[int]:
+            connection.request("GET", "/v2/models/mlp/config")
+            config = json.loads(connection.getresponse().read())
+            return sorted(w["pid"] for w in json.loads(config["parameters"]["workers"]["string_value"]))
+
+        assert infer() == 200
+        pids = workers()
+        soft, hard = resource.prlimit(server.pid, resource.RLIMIT_NOFILE)
+        in_use = len(list(Path(f"/proc/{server.pid}/fd").iterdir()))
+        resource.prlimit(server.pid, resource.RLIMIT_NOFILE, (in_use, hard))
+        try:
+            os.kill(pids[0], signal.SIGKILL)  # a worker this test's server started, by its PID
+            deadline = time.monotonic() + 60.0
+            while "cannot restart worker; trying again" not in server.log.read_text():
+                assert time.monotonic() < deadline, server.log.read_text()[-2000:]
+                time.sleep(0.1)
+            assert infer() == 200  # the other worker serves: the model is not unavailable
+        finally:
+            resource.prlimit(server.pid, resource.RLIMIT_NOFILE, (soft, hard))
+        while len(workers()) < 2:
+            assert time.monotonic() < deadline + 60.0, server.log.read_text()[-2000:]
+            time.sleep(0.1)
+        assert infer() == 200 and pids[0] not in workers()
+        connection.close()
+
+
+# -- a model host killed from outside --------------------------------------------------------------------------
+def test_a_killed_model_host_is_reaped_at_once_and_the_model_serves_on(limited: ServerHandle) -> None:
+    """A killed host stayed a zombie until the next worker death restarted it."""
+    _, config = request(limited, "/v2/models/mlp/config")
+    workers = [w["pid"] for w in json.loads(config["parameters"]["workers"]["string_value"])]
+    host = int(Path(f"/proc/{workers[0]}/stat").read_text().rsplit(")", 1)[1].split()[1])  # the worker's parent
+    assert host not in (limited.pid, *workers)
+    os.kill(host, signal.SIGKILL)  # the host of this test's server's model, by its PID
+    deadline = time.monotonic() + 30.0
+    while Path(f"/proc/{host}").exists():  # a zombie keeps its /proc entry until it is reaped
+        assert time.monotonic() < deadline, "the killed host was not reaped"
+        time.sleep(0.05)
+    with served_alongside(limited):
+        pass
+    assert "model host exited; its workers serve on" in limited.log.read_text()
