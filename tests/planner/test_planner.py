@@ -9,9 +9,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from adaserve.adaptive.parameters import latency_target_ms
 from adaserve.errors import InferenceError, InvalidInputError
 from adaserve.planner.latency import LatencyBook
-from adaserve.planner.planner import ModelAnswer, QueryPlanner
+from adaserve.planner.planner import SPENT_BUDGET_MS, ModelAnswer, QueryPlanner
 from adaserve.planner.spec import DagConfig
 from tests.planner.dags import chain, fork
 
@@ -94,6 +95,20 @@ def test_when_no_option_fits_the_fastest_runs_and_a_late_answer_counts_as_a_miss
     answer = run(planner, ROWS[:1], {"latency_ms": 10})
     assert [model for model, _, _ in models.calls] == ["base", "small"]
     assert answer.choices["refine"].estimate_ms == 50.0
+    assert planner.stats.slo_missed == 1 and planner.stats.success.count == 1
+
+
+def test_a_budget_spent_before_a_node_runs_asks_it_for_its_fastest_answer_not_a_negative_target() -> None:
+    """A 0.5 ms SLO over two nodes: the second node's budget was spent (negative) when it ran, and its request
+    carried that as `latency_ms`, which the model refused as the client's error (13 of 40 queries failed with a
+    400). It now runs the fastest option with a target nothing meets, and the query counts as a missed SLO."""
+    models = Models({"base": 0.005})
+    planner = planner_with(chain(), models, LATENCY)
+    answer = run(planner, ROWS[:1], {"latency_ms": 0.5})
+    assert [model for model, _, _ in models.calls] == ["base", "small"]
+    assert answer.choices["refine"].budget_ms is not None and answer.choices["refine"].budget_ms < 0
+    assert [parameters["latency_ms"] for _, _, parameters in models.calls][1] == SPENT_BUDGET_MS
+    assert latency_target_ms(models.calls[1][2]) == SPENT_BUDGET_MS  # what the node's model reads: no 400
     assert planner.stats.slo_missed == 1 and planner.stats.success.count == 1
 
 

@@ -8,12 +8,14 @@ import json
 import shutil
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+import yaml
 from tritonclient.utils import InferenceServerException
 
 from adaserve.adaptive.activator.build import DEFAULT_GRID, BuildData, BuildOptions, build_activator
@@ -50,8 +52,33 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
         meta_file = target / "activator" / "1" / "activator.json"
         meta = json.loads(meta_file.read_text())
         meta_file.write_text(json.dumps({**meta, "model_version": 2}))  # built "for another version"
+    write_slo_chain(root)
     with running_server(root) as handle:
         yield handle
+
+
+def write_slo_chain(root: Path) -> None:
+    """A DAG query of two nodes in a row, each `mlp_slo` on the image (the second after the first, on every row):
+    a tight SLO is spent before the second runs, and its model reads the budget left as its `latency_ms`."""
+    image = {"name": "image", "datatype": "FP32", "shape": [-1, 784]}
+    every_class = {"source": "first.logits", "argmax_in": list(range(10))}
+    document = {
+        "max_batch_size": 4,
+        "inputs": [image],
+        "outputs": [{"name": "logits", "datatype": "FP32", "shape": [-1, 10]}],
+        "nodes": [
+            {"name": "first", "options": [{"model": "mlp_slo", "accuracy": 0.9}], "inputs": {"image": "image"}},
+            {
+                "name": "second",
+                "when": every_class,
+                "options": [{"model": "mlp_slo", "accuracy": 0.9}],
+                "inputs": {"image": "image"},
+            },
+        ],
+        "results": {"logits": ["second.logits", "first.logits"]},
+    }
+    (root / "slo_chain").mkdir()
+    (root / "slo_chain" / "dag.yaml").write_text(yaml.safe_dump(document))
 
 
 def _infer(server: ServerHandle, model: str, rows: np.ndarray, parameters: dict[str, Any] | None = None
@@ -152,3 +179,12 @@ def test_an_activator_for_another_version_falls_back_to_dense_or_fails_the_load(
         _infer(server, "mlp_strict", images[:1])
     assert caught.value.status() == "503"
     _infer(server, "mlp", images[:1])  # the server keeps serving the others
+
+
+def test_a_dag_budget_spent_before_its_second_node_is_no_400(server: ServerHandle, images: np.ndarray) -> None:
+    """A 0.5 ms SLO over two nodes: the second node's request carried the spent, negative budget as its
+    `latency_ms`, and `mlp_slo` refused it as the client's error (13 of 40 queries failed with a 400). The node
+    now asks its model for its fastest answer, and the query counts as a missed SLO."""
+    for index in range(40):
+        logits, parameters = _infer(server, "slo_chain", images[index % 8 : index % 8 + 1], {"latency_ms": 0.5})
+        assert logits.shape == (1, 10) and parameters["dag_plan"] == "first=mlp_slo,second=mlp_slo"
