@@ -71,6 +71,7 @@ def _serve(args: argparse.Namespace) -> int:
         allow_client_shm=args.allow_client_shm,
         trace_config=tuple(args.trace_config),
         cache_config=tuple(args.cache_config),
+        restricted_api=tuple(args.restricted_api),
         http_restricted_api=tuple(args.http_restricted_api),
         grpc_restricted_protocol=tuple(args.grpc_restricted_protocol),
         http_tls=_tls("http", args),
@@ -298,6 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
     from adaserve.cpu.cli import register as register_cpu
     from adaserve.server.content_coding import GRPC_COMPRESSION_LEVELS
     from adaserve.server.limits import ClientLimits
+    from adaserve.server.restrictions import CATEGORIES
 
     parser = argparse.ArgumentParser(prog="adaserve", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -417,18 +419,18 @@ def build_parser() -> argparse.ArgumentParser:
         "algorithm; a message that compression would not shrink is sent as is); HTTP answers are compressed for "
         "clients that ask with Accept-Encoding, whatever this says",
     )
-    for flag, header in (
-        ("--http-restricted-api", "the header KEY"),
-        ("--grpc-restricted-protocol", "the metadata key triton-grpc-protocol-KEY"),
+    for flag, whose, header in (
+        ("--restricted-api", "on both frontends", "header (gRPC: metadata key) KEY"),
+        ("--http-restricted-api", "Triton's, on REST", "header KEY"),
+        ("--grpc-restricted-protocol", "Triton's, on gRPC", "metadata key triton-grpc-protocol-KEY"),
     ):
         serve.add_argument(
             flag,
             action="append",
             default=[],
             metavar="CATEGORY[,CATEGORY...]:KEY=VALUE",
-            help=f"Triton's: these API categories answer only requests whose {header} is VALUE (categories: health, "
-            "metadata, inference, shared-memory, model-config, model-repository, statistics, trace, logging); "
-            "repeat for groups with other keys",
+            help=f"{whose}: these API categories answer only requests whose {header} is VALUE (categories: "
+            f"{', '.join(CATEGORIES)}; metrics is REST's /metrics); repeat for groups with other keys",
         )
     for protocol, whose in (("grpc", "Triton's"), ("http", "as Triton's gRPC flags")):
         _add_switch(

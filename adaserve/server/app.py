@@ -32,7 +32,7 @@ from adaserve.server.http import LISTEN_BACKLOG, HttpServer
 from adaserve.server.limits import ClientLimits
 from adaserve.server.response_cache import ResponseCache, cache_size_from_config
 from adaserve.server.rest import create_app, error_response
-from adaserve.server.restrictions import GRPC_PREFIX, Restrictions
+from adaserve.server.restrictions import frontend_restrictions
 from adaserve.server.tls import TlsSettings
 from adaserve.server.trace import tracer_from_config
 
@@ -54,7 +54,8 @@ class ServeOptions:
     allow_client_shm: bool = False  # Triton's: may clients register system shared memory for their tensors
     trace_config: tuple[str, ...] = ()  # Triton's --trace-config settings (server/trace.py)
     cache_config: tuple[str, ...] = ()  # Triton's --cache-config: the response cache (server/response_cache.py)
-    http_restricted_api: tuple[str, ...] = ()  # Triton's: API categories that need a header (server/restrictions.py)
+    restricted_api: tuple[str, ...] = ()  # API categories that need a header, on both frontends (restrictions.py)
+    http_restricted_api: tuple[str, ...] = ()  # Triton's: the same on one frontend
     grpc_restricted_protocol: tuple[str, ...] = ()
     http_tls: TlsSettings | None = None  # TLS on a frontend (server/tls.py); None: plain
     grpc_tls: TlsSettings | None = None
@@ -103,8 +104,9 @@ def _within_open_files(limits: ClientLimits, open_files: int) -> ClientLimits:
 
 async def serve(options: ServeOptions) -> None:
     # Bad settings fail here, before anything starts.
-    http_restrictions = Restrictions.parse(options.http_restricted_api, "--http-restricted-api")
-    grpc_restrictions = Restrictions.parse(options.grpc_restricted_protocol, "--grpc-restricted-protocol", GRPC_PREFIX)
+    http_restrictions, grpc_restrictions = frontend_restrictions(
+        options.restricted_api, options.http_restricted_api, options.grpc_restricted_protocol
+    )
     tracer = tracer_from_config(options.trace_config)
     cache_bytes = cache_size_from_config(options.cache_config)
     open_files = raise_open_file_limit()

@@ -252,7 +252,7 @@ def create_app(plane: DataPlane, max_body_bytes: int, restrictions: Restrictions
             add("POST", f"{prefix}/unregister", "shared-memory", shared_memory_unregister)
     add("POST", "/v2/systemsharedmemory/region/{region}/register", "shared-memory", shared_memory_register)
     add("POST", "/v2/cudasharedmemory/region/{region}/register", "shared-memory", cuda_shared_memory_register)
-    routes.add("GET", "/metrics", metrics)  # Prometheus scrapes: in no category, as Triton's metrics port
+    add("GET", "/metrics", "metrics", metrics)  # Prometheus scrapes
 
     async def app(request: Request) -> Response:
         resolved = routes.resolve(request.method, request.path)

@@ -1,10 +1,11 @@
-"""Triton's endpoint restrictions: groups of APIs that answer only requests carrying a header with a given value.
+"""Endpoint restrictions: groups of APIs that answer only requests carrying a header with a given value.
 
-`--http-restricted-api=model-repository,trace:admin-key=SECRET` makes the REST model repository and trace APIs
-require the header `admin-key: SECRET`; `--grpc-restricted-protocol=...` does the same for gRPC, where the header
-is the metadata key `triton-grpc-protocol-admin-key` (Triton's names and forms, so tritonclient users pass
-`headers=` as they would to Triton). A typical use: inference open to every client, model control and the server's
-switches to the operator only.
+`--restricted-api=model-repository,trace,metrics:admin-key=SECRET` makes the model repository and trace APIs of
+both frontends, and REST's `/metrics`, require the header `admin-key: SECRET` (gRPC metadata are its headers, so
+tritonclient's `headers=` works the same on both). Triton's own flags restrict one frontend each:
+`--http-restricted-api=...` for REST, `--grpc-restricted-protocol=...` for gRPC, where the header is then the
+metadata key `triton-grpc-protocol-admin-key`, as Triton has it. A typical use: inference open to every client,
+model control, the server's switches and its metrics to the operator only.
 """
 
 from __future__ import annotations
@@ -28,7 +29,10 @@ CATEGORIES = (
     "statistics",
     "trace",
     "logging",
+    "metrics",
 )
+#: Categories with no gRPC call: `/metrics` is REST's alone.
+REST_ONLY = frozenset({"metrics"})
 #: gRPC metadata keys of restrictions carry this prefix, as in Triton.
 GRPC_PREFIX = "triton-grpc-protocol-"
 
@@ -60,6 +64,8 @@ class Restrictions:
                     raise ConfigError(
                         f"{flag} '{option}': unknown category '{category}'; the categories are: {', '.join(CATEGORIES)}"
                     )
+                if prefix and category in REST_ONLY:
+                    raise ConfigError(f"{flag} '{option}': category '{category}' has no gRPC call (REST's /metrics)")
                 if category in required:
                     raise ConfigError(f"{flag}: category '{category}' is in more than one group")
                 required[category] = Header(prefix + key.lower(), value)
@@ -80,3 +86,23 @@ class Restrictions:
     def check_call(self, category: str, context: grpc.aio.ServicerContext) -> None:
         """`check` for a gRPC call, whose metadata are its headers."""
         self.check(category, lambda: dict(context.invocation_metadata() or ()))
+
+
+def frontend_restrictions(
+    shared: Iterable[str], http: Iterable[str], grpc: Iterable[str]
+) -> tuple[Restrictions, Restrictions]:
+    """The REST and the gRPC frontend's restrictions: `shared` (`--restricted-api`) on both, with the same header
+    name on each, and each one's Triton flag (`--http-restricted-api`, `--grpc-restricted-protocol`); ConfigError
+    for a category restricted twice on one frontend."""
+    shared = list(shared)
+    both = Restrictions.parse(shared, "--restricted-api")
+    rest = _joined(both, Restrictions.parse(http, "--http-restricted-api"), "--http-restricted-api", "API")
+    on_grpc = Restrictions.parse(grpc, "--grpc-restricted-protocol", GRPC_PREFIX)
+    return rest, _joined(both, on_grpc, "--grpc-restricted-protocol", "protocol")
+
+
+def _joined(shared: Restrictions, own: Restrictions, flag: str, what: str) -> Restrictions:
+    twice = sorted(shared.required.keys() & own.required.keys())
+    if twice:
+        raise ConfigError(f"--restricted-api and {flag}: category '{twice[0]}' is restricted by both")
+    return Restrictions({**shared.required, **own.required}, what)

@@ -53,7 +53,8 @@ def request(
             content = answer.read()
             return answer.status, json.loads(content) if content else None
     except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read())
+        with error:
+            return error.code, json.loads(error.read())
 
 
 def infer_body(rows: np.ndarray) -> bytes:

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import contextlib
 import queue
+import re
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +24,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from adaserve.errors import ConfigError, NotAllowedError
-from adaserve.server.restrictions import GRPC_PREFIX, Header, Restrictions
+from adaserve.server.restrictions import GRPC_PREFIX, Header, Restrictions, frontend_restrictions
 from tests.server_utils import Clients, ServerHandle, link_example, logged_errors, running_server
 
 ADMIN = ("model-repository,trace,logging", "admin-key", "s3cret")
@@ -176,3 +179,49 @@ def test_a_server_with_a_bad_restriction_does_not_start(tmp_path: Path) -> None:
     command = [sys.executable, "-m", "adaserve", "serve", "--model-repository", str(tmp_path), "--http-port", "1"]
     done = subprocess.run([*command, "--http-restricted-api=infer:k=v"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "unknown category 'infer'" in done.stderr, done.stderr
+
+
+@pytest.fixture(scope="module")
+def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
+    """`--restricted-api` for model control and /metrics on both frontends, and REST's inference behind its own."""
+    root = tmp_path_factory.mktemp("shared") / "models"
+    link_example(root, "mlp")
+    options = ["--restricted-api=model-repository,metrics:admin-key=s3cret", "--http-restricted-api=inference:k=v"]
+    with running_server(root, *options) as handle:
+        yield handle
+
+
+def test_one_setting_restricts_both_frontends_and_the_metrics(shared_server: ServerHandle, clients: Clients) -> None:
+    """`--http-restricted-api` did not reach gRPC (it has its own flag), and /metrics could not be restricted."""
+    admin = {"admin-key": "s3cret"}
+    for protocol in PROTOCOLS:
+        client = clients.of(shared_server, protocol)
+        with pytest.raises(InferenceServerException, match="restricted, expecting header 'admin-key'") as refused:
+            client.load_model("mlp")
+        assert refused.value.status() == PROTOCOLS[protocol][2]
+        client.load_model("mlp", headers=admin)  # the same header on both
+    url = f"http://{shared_server.http_url}/metrics"
+    with pytest.raises(urllib.error.HTTPError) as refused_metrics:
+        urllib.request.urlopen(url, timeout=30)
+    assert refused_metrics.value.code == 403
+    refused_metrics.value.close()
+    with urllib.request.urlopen(urllib.request.Request(url, headers=admin), timeout=30) as answer:
+        assert b"adaserve_" in answer.read()
+    with pytest.raises(InferenceServerException, match="expecting header 'k'"):
+        clients.http(shared_server.http_url).infer("mlp", [image("http")])  # REST's own restriction
+    assert clients.grpc(shared_server.grpc_url).infer("mlp", [image("grpc")]).as_numpy("logits").shape == (1, 10)
+
+
+@pytest.mark.parametrize(
+    ("shared", "http", "grpc_options", "message"),
+    [
+        (["trace:a=1"], ["trace:b=2"], [], "--restricted-api and --http-restricted-api: category 'trace'"),
+        (["logging:a=1"], [], ["logging:b=2"], "--restricted-api and --grpc-restricted-protocol: category 'log"),
+        ([], [], ["metrics:a=1"], "category 'metrics' has no gRPC call (REST's /metrics)"),
+    ],
+)
+def test_a_category_restricted_twice_on_a_frontend_is_refused(
+    shared: list[str], http: list[str], grpc_options: list[str], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        frontend_restrictions(shared, http, grpc_options)
