@@ -67,7 +67,9 @@ class SpareCores:
             while len(self._samples) > 2 and now - self._samples[1][0] >= 1.0:
                 self._samples.popleft()
             (then, used_then), (at, used_now) = self._samples[0], self._samples[-1]
-            self.spare = len(self._cpus) - max(0.0, used_now - used_then) / (at - then)
+            # /proc/stat counts in ticks: on CPUs busy throughout, a window can read a little over its length
+            busy = min(float(len(self._cpus)), max(0.0, used_now - used_then) / (at - then))
+            self.spare = len(self._cpus) - busy
         return self.spare
 
     def _sample(self, now: float) -> tuple[float, float]:

@@ -57,15 +57,26 @@ def test_another_program_on_the_cores_counts() -> None:
     assert spare < CPUS - 0.6
 
 
-@needs_two_cores
 def test_the_servers_own_workers_do_not_count() -> None:
-    """A worker's batches and polling are counted by the scheduler itself (busy threads and pollers)."""
-    cores = Cores()
+    """A worker's batches and polling are counted by the scheduler itself (busy threads and pollers): the cores
+    spare with a busy process as the server's worker exceed those without by just what it used, whatever else the
+    machine runs (an absolute bound failed beside a busy neighbour: 0.96 spare where above 1.55 was expected)."""
+    as_worker, as_other = Cores(), Cores()
     with busy_process() as pid:
-        cores.connect(model(cores, (1, 1)), pump=lambda: None, rest=lambda worker: None, worker_pids=lambda: [pid])
+        as_worker.connect(
+            model(as_worker, (1, 1)), pump=lambda: None, rest=lambda worker: None, worker_pids=lambda: [pid]
+        )
         time.sleep(0.2)
-        spare = spare_after(cores, 0.5)
-    assert spare > CPUS - 0.45
+        start, used = time.monotonic(), process_cpu_s(pid)
+        as_worker.measure(start)
+        as_other.measure(start)
+        time.sleep(0.5)
+        end = time.monotonic()
+        as_worker.measure(end)
+        as_other.measure(end)
+        worker_cores = (process_cpu_s(pid) - used) / (end - start)
+    assert worker_cores > 0.1  # it ran
+    assert as_worker.spare_cores - as_other.spare_cores == pytest.approx(worker_cores, abs=0.1)
 
 
 def test_spare_cores_stay_within_the_cpus_when_a_worker_exits() -> None:
@@ -87,8 +98,8 @@ def test_the_machines_cpu_time_is_the_sum_over_its_cpus() -> None:
 
 
 def test_a_processes_cpu_time_grows_as_it_runs() -> None:
-    before = process_cpu_s(os.getpid())
-    start = time.monotonic()
-    while time.monotonic() - start < 0.1:
+    """By the CPU this process used, not the time that passed: on a busy machine 0.1 s of wall time gave 0.03 s."""
+    before, start = process_cpu_s(os.getpid()), time.process_time()
+    while time.process_time() - start < 0.1:
         pass
     assert process_cpu_s(os.getpid()) - before > 0.05
