@@ -4,8 +4,10 @@ Why not uvicorn + Starlette: on this project's 2-core VM a request's cost is dom
 and by syscalls that wake another process. uvicorn writes a response's headers and body with two sends, and the
 ASGI layers cost about 140 µs of CPU per request; this server parses with httptools, routes with one table, and
 answers with a single write. It does what the REST frontend needs: keep-alive, pipelined requests answered in
-order, chunked request bodies, `Expect: 100-continue`, a body limit enforced before the body is read, and a
-graceful stop that lets requests in progress finish, and an idle timeout.
+order, chunked request bodies, `Expect: 100-continue`, and a graceful stop that lets requests in progress finish;
+and it holds every client to `ClientLimits` (`server/limits.py`): a body limit enforced before the body is read,
+one budget for the bodies of all connections, deadlines for a request's head and body that trickling bytes do not
+move, an idle timeout, and a cap on connections.
 """
 
 from __future__ import annotations

@@ -401,3 +401,19 @@ def test_a_killed_model_host_is_reaped_at_once_and_the_model_serves_on(limited: 
     with served_alongside(limited):
         pass
     assert "model host exited; its workers serve on" in limited.log.read_text()
+
+
+def test_grpc_takes_no_more_connections_than_the_limit(limited: ServerHandle) -> None:
+    """gRPC's core holds its connections to `--max-connections` too (40 here): the 41st is not taken."""
+    with contextlib.ExitStack() as stack:
+        own = [("grpc.use_local_subchannel_pool", 1)]  # a connection each, not one shared by all
+        channels = [stack.enter_context(grpc.insecure_channel(limited.grpc_url, options=own)) for _ in range(41)]
+        ready = []
+        for channel in channels:
+            try:
+                grpc.channel_ready_future(channel).result(timeout=3)
+                stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+                ready.append(stub.ServerLive(service_pb2.ServerLiveRequest(), timeout=3).live)
+            except (grpc.FutureTimeoutError, grpc.RpcError):
+                ready.append(False)
+    assert ready.count(True) == 40, ready
