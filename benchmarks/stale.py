@@ -61,10 +61,11 @@ def _subject(path: str) -> bool:
 
 def check(root: Path) -> list[Verdict]:
     """A verdict for each result file under `root`'s benchmarks/results/, by name."""
-    return [_verdict(root, path) for path in sorted((root / "benchmarks" / "results").glob("*.json"))]
+    return [verdict(root, path) for path in sorted((root / "benchmarks" / "results").glob("*.json"))]
 
 
-def _verdict(root: Path, path: Path) -> Verdict:
+def verdict(root: Path, path: Path) -> Verdict:
+    """The verdict on one result file under `root`."""
     record = json.loads(path.read_text())
     name = path.relative_to(root).as_posix()
     found = _MODULE.search(str(record.get("command", "")))
