@@ -158,14 +158,16 @@ def headline(results: Path = RESULTS) -> str:
 
 
 #: Where the README holds the headline table; `with_headline` rewrites what lies between.
-README_FIGURES = re.compile(r"(<!-- figures: python -m benchmarks.tables --readme -->\n).*?(\n<!-- /figures -->)", re.S)
+README_FIGURES = re.compile(
+    r"(<!-- figures: python -m benchmarks.tables --readme -->\n)(?:.*?\n)?(<!-- /figures -->)", re.S
+)
 
 
 def with_headline(readme: str, results: Path = RESULTS) -> str:
     """The README's text with its figures table rendered afresh from the committed results."""
     if not README_FIGURES.search(readme):
         raise ValueError("the README has no figures markers")
-    return README_FIGURES.sub(lambda match: match.group(1) + headline(results) + match.group(2), readme)
+    return README_FIGURES.sub(lambda match: match.group(1) + headline(results) + "\n" + match.group(2), readme)
 
 
 __all__ = ["RENDERERS", "bars_table", "headline", "printed", "provenance", "render_result", "with_headline"]
