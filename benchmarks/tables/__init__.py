@@ -18,7 +18,7 @@ from typing import Any
 
 from benchmarks import stale
 from benchmarks.tables import summaries
-from benchmarks.tables.serving import bars_table, elastic_batching, serving_overhead
+from benchmarks.tables.serving import elastic_batching, serving_overhead
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -62,7 +62,9 @@ def _per_model(module: str) -> Renderer:
 
     def render(report: dict[str, Any]) -> str:
         show = importlib.import_module(module).print_model
-        return printed(lambda: [show(name, result) for name, result in report["models"].items()])
+        text = printed(lambda: [show(name, result) for name, result in report["models"].items()])
+        bars = report.get("bars")
+        return text + "\n\n" + summaries.listed_bars(bars) if isinstance(bars, list) else text
 
     return render
 
@@ -170,4 +172,4 @@ def with_headline(readme: str, results: Path = RESULTS) -> str:
     return README_FIGURES.sub(lambda match: match.group(1) + headline(results) + "\n" + match.group(2), readme)
 
 
-__all__ = ["RENDERERS", "bars_table", "headline", "printed", "provenance", "render_result", "with_headline"]
+__all__ = ["RENDERERS", "headline", "printed", "provenance", "render_result", "with_headline"]

@@ -24,11 +24,11 @@ def _verdict(passed: bool) -> str:
 
 
 def listed_bars(bars: list[dict[str, Any]]) -> str:
-    """Bars kept as a list of {bar, target, measured, pass} (mCache's, GATI's)."""
-    return table(
-        ["bar", "target", "measured", "result"],
-        [[b["bar"], b.get("target", ""), b["measured"], _verdict(b["pass"])] for b in bars],
-    )
+    """Bars kept as a list of {bar, target (some), measured, pass} (mCache's, GATI's)."""
+    if any("target" in bar for bar in bars):
+        rows = [[b["bar"], b.get("target", ""), b["measured"], _verdict(b["pass"])] for b in bars]
+        return table(["bar", "target", "measured", "result"], rows)
+    return table(["bar", "measured", "result"], [[b["bar"], b["measured"], _verdict(b["pass"])] for b in bars])
 
 
 def gati_gpu(report: dict[str, Any]) -> str:
