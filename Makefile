@@ -23,7 +23,7 @@ lint: install
 	$(BIN)/mypy adaserve
 
 docs: install
-	$(BIN)/mkdocs build --strict --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site  # the variable quiets Material's notice of its successor
 
 test: lint docs
 	$(BIN)/pytest -q
