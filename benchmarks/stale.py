@@ -10,7 +10,8 @@ measures is
 
 adaserve's top-level modules (`config.py`, `zoo.py`, `export.py`, ...) describe models for every benchmark and do
 not count, nor does code a benchmark reaches only through a server it starts (the frontend and engine): counting
-them would mark every result stale at each change.
+them would mark every result stale at each change. Nor does a package's command line (its `cli.py`), which no
+benchmark runs in its process.
 
 A result is *stale* when its subject changed in a commit after the one it ran at (`machine.commit`, recorded since
 results carry it) or, for a result without one (or with one this clone does not have), after the last commit of the
@@ -136,7 +137,11 @@ def _package(root: Path, module: str) -> str | None:
 
 def _changed(root: Path, since: str, measured: list[str]) -> tuple[str, ...]:
     """The measured paths with a file whose code differs between `since` and HEAD."""
-    files = _git(root, "diff", "--name-only", since, "HEAD", "--", *measured).splitlines()
+    files = [
+        file
+        for file in _git(root, "diff", "--name-only", since, "HEAD", "--", *measured).splitlines()
+        if not (file.startswith("adaserve/") and file.endswith("/cli.py"))
+    ]
     return tuple(
         path
         for path in measured

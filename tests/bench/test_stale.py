@@ -75,6 +75,7 @@ def test_a_result_is_current_until_the_code_it_measures_changes(repo: Path) -> N
     _commit(repo, {"adaserve/technique/core.py": CORE.replace("The technique.", "The technique, said better.")}, "doc")
     _commit(repo, {"adaserve/technique/core.py": CORE.replace("x + 1", "x + 1  # one more")}, "comment")
     _commit(repo, {"adaserve/zoo.py": "WIDTH = 8\n", "adaserve/other/__init__.py": "X = 2\n"}, "elsewhere")
+    _commit(repo, {"adaserve/technique/cli.py": "def register() -> None: ...\n"}, "its command line")
     assert _verdict(repo).changed == ()
 
     _commit(repo, {"adaserve/technique/core.py": CORE.replace("x + 1", "x + 2")}, "the technique changes")
