@@ -3,7 +3,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 DATASET := /usr/share/datasets/fashion-mnist
 
-.PHONY: install serve test lint
+.PHONY: install serve test lint docs
 
 install: $(VENV)/.installed
 
@@ -11,16 +11,19 @@ $(VENV)/.installed: pyproject.toml
 	@test -d $(DATASET) || { apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist; }
 	@command -v openssl >/dev/null || { apt-get update -qq && apt-get install -y -qq openssl; }  # the TLS tests' certificates
 	python3 -m venv $(VENV)
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[test,docs]'
 	touch $@
 
 serve: install
 	$(BIN)/adaserve serve
 
 lint: install
-	$(BIN)/ruff check adaserve tests benchmarks examples
-	$(BIN)/ruff format --check adaserve tests benchmarks examples
+	$(BIN)/ruff check adaserve tests benchmarks examples docs
+	$(BIN)/ruff format --check adaserve tests benchmarks examples docs
 	$(BIN)/mypy adaserve
 
-test: lint
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site  # the variable quiets Material's notice of its successor
+
+test: lint docs
 	$(BIN)/pytest -q

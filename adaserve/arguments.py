@@ -5,8 +5,23 @@ from __future__ import annotations
 
 import argparse
 import math
+from pathlib import Path
 
-__all__ = ["positive_integer", "positive_number"]
+__all__ = ["EXAMPLE_REPOSITORY", "add_model_repository", "positive_integer", "positive_number"]
+
+#: The example repository shipped in the source tree; `adaserve serve` with no arguments serves it.
+EXAMPLE_REPOSITORY = Path(__file__).resolve().parent.parent / "examples" / "models"
+
+
+def add_model_repository(parser: argparse.ArgumentParser) -> None:
+    """`--model-repository DIR`, the example repository unless given."""
+    parser.add_argument(
+        "--model-repository",
+        type=Path,
+        default=EXAMPLE_REPOSITORY,
+        metavar="DIR",
+        help="the model repository: a folder per model or DAG query (default: the example repository, examples/models)",
+    )
 
 
 def positive_integer(text: str) -> int:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from tritonclient.utils import InferenceServerException
 
-from adaserve.arguments import positive_integer, positive_number
+from adaserve.arguments import add_model_repository, positive_integer, positive_number
 from adaserve.errors import AdaserveError, ConfigError
 
 if TYPE_CHECKING:
@@ -31,8 +31,6 @@ if TYPE_CHECKING:
 
 Read = TypeVar("Read")
 
-#: The example repository shipped in the source tree; `adaserve serve` with no arguments serves it.
-EXAMPLE_REPOSITORY = Path(__file__).resolve().parent.parent / "examples" / "models"
 #: Triton's default `--repository-poll-secs` in poll mode.
 DEFAULT_POLL_S = 15.0
 
@@ -305,10 +303,10 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="serve a model repository over REST and gRPC")
-    serve.add_argument("--model-repository", type=Path, default=EXAMPLE_REPOSITORY)
+    add_model_repository(serve)
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
-    serve.add_argument("--http-port", type=int, default=8000)
-    serve.add_argument("--grpc-port", type=int, default=8001)
+    serve.add_argument("--http-port", type=int, default=8000, help="port of the REST frontend (default 8000)")
+    serve.add_argument("--grpc-port", type=int, default=8001, help="port of the gRPC frontend (default 8001)")
     limits = ClientLimits()
     serve.add_argument(
         "--max-request-bytes",
@@ -449,7 +447,12 @@ def build_parser() -> argparse.ArgumentParser:
             ("root-cert", "the CA that signs clients' certificates"),
         ):
             serve.add_argument(f"--{protocol}-{name}", type=Path, metavar="PEM", help=f"{whose}: {what}, a PEM file")
-    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="the least level logged (default info); the logging extension changes it at run time",
+    )
     serve.set_defaults(func=_serve)
 
     models = commands.add_parser("models", help="inspect a model repository")
@@ -457,11 +460,11 @@ def build_parser() -> argparse.ArgumentParser:
     listing = models_commands.add_parser(
         "list", help="list the models (versions, configs) and DAG queries (nodes, options) of a repository"
     )
-    listing.add_argument("--model-repository", type=Path, default=EXAMPLE_REPOSITORY)
+    add_model_repository(listing)
     listing.set_defaults(func=_models_list)
 
     infer = commands.add_parser("infer", help="send one .npy tensor to a running server and print the outputs")
-    infer.add_argument("model")
+    infer.add_argument("model", help="the model (or DAG query) to ask")
     infer.add_argument("--input", type=npy_array, required=True, help=".npy file (with or without the batch dimension)")
     infer.add_argument("--url", default="127.0.0.1:8000", help="host:port, or https://host:port for TLS")
     add_client_tls_arguments(infer)

@@ -50,9 +50,14 @@ Document = TypeVar("Document", bound=BaseModel)
 class TensorSpec(Strict):
     """One input or output: `{name: image, datatype: FP32, shape: [-1, 784]}`; -1 marks the batch dimension."""
 
-    name: str = Field(min_length=1)
-    datatype: str
-    shape: tuple[int, ...]
+    name: str = Field(min_length=1, description="the tensor's name, as requests and responses carry it")
+    datatype: str = Field(
+        description="an Open Inference Protocol datatype the engine carries: BOOL, UINT8 to UINT64, INT8 to INT64, "
+        "FP16, FP32 or FP64"
+    )
+    shape: tuple[int, ...] = Field(
+        description="-1 first for the batch dimension, then fixed sizes (the input pool holds fixed-size slots)"
+    )
     label_filename: str | None = Field(
         default=None,
         description="outputs only (Triton's): a file in the model's folder, one class name a line, which the "
@@ -220,7 +225,7 @@ class ResponseCacheSpec(Strict):
     """Triton's `response_cache`: this model's answers are kept in the server's response cache (`--cache-config`),
     and a repeated request is answered from it without running the model."""
 
-    enable: bool = False
+    enable: bool = Field(default=False, description="keep this model's answers in the server's response cache")
 
 
 class VersionPolicySpec(Strict):
@@ -443,10 +448,10 @@ class Interface(Strict):
     """What a client sees of anything it can send a request to: a model (`ModelConfig`) or a DAG query
     (`adaserve.planner.spec.DagConfig`). The data plane checks requests against these fields alone."""
 
-    name: str = Field(min_length=1)
-    max_batch_size: int = Field(default=16, ge=1)
-    inputs: tuple[TensorSpec, ...] = Field(min_length=1)
-    outputs: tuple[TensorSpec, ...] = Field(min_length=1)
+    name: str = Field(min_length=1, description="optional in the file: its folder's name, which it must equal")
+    max_batch_size: int = Field(default=16, ge=1, description="rows one request, and one batch, may carry")
+    inputs: tuple[TensorSpec, ...] = Field(min_length=1, description="the tensors a request sends")
+    outputs: tuple[TensorSpec, ...] = Field(min_length=1, description="the tensors a response carries")
     parameters: dict[str, Any] = Field(default_factory=dict, description="defaults for per-request parameters")
 
     @field_validator("inputs")
@@ -481,13 +486,13 @@ class ModelConfig(Interface):
     max_queue_size: int = Field(
         default=1024, ge=1, description="rows waiting in the input pool before new requests get 503"
     )
-    batching: BatchingSpec = BatchingSpec()
+    batching: BatchingSpec = Field(default=BatchingSpec(), description="how ready requests become batches")
     workers: tuple[WorkerSpec, ...] | Literal["auto"] | None = Field(
         default=None,
         description="the worker set; 'auto' lets Packrat choose it; default: Ebird's granularities capped at "
         "max_batch_size",
     )
-    packrat: PackratSpec = PackratSpec()
+    packrat: PackratSpec = Field(default=PackratSpec(), description="Packrat's settings, read only with workers: auto")
     activator: ActivatorSpec | None = Field(default=None, description="SLO-NNs node activator; none by default")
     caches: LearnedCachesSpec | None = Field(
         default=None, description="GATI learned caches (early exit); absent: the model always runs whole"

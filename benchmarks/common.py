@@ -34,7 +34,8 @@ ROWS = {"mlp": (784,), "cnn": (1, 28, 28)}
 
 
 def machine() -> dict[str, Any]:
-    """CPU model, cores, kernel and the software versions that shape the figures."""
+    """CPU model, cores, kernel and the software versions that shape the figures, this code's among them: the commit
+    it ran at and whether the tree differed from it (`code_version`)."""
     import torch
 
     cpu_model = platform.processor() or platform.machine()
@@ -61,7 +62,24 @@ def machine() -> dict[str, Any]:
         "torch": torch.__version__,
         # A benchmark's CUDA side runs on this GPU; a CPU-only run records None.
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        **code_version(),
     }
+
+
+def code_version() -> dict[str, Any]:
+    """`commit`: the commit checked out (`git rev-parse HEAD`); `dirty`: whether the tree had changes against it,
+    results under `benchmarks/results/` aside (an earlier run's result, not yet committed, changes no figure). Both
+    None outside a git checkout. `python -m benchmarks.stale` reads them."""
+    try:
+        commit = _git("rev-parse", "HEAD")
+        changes = _git("status", "--porcelain", "--", ".", ":(exclude)benchmarks/results")
+    except (OSError, subprocess.CalledProcessError):
+        return {"commit": None, "dirty": None}
+    return {"commit": commit, "dirty": bool(changes)}
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
 
 
 def command_line() -> str:

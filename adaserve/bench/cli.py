@@ -71,7 +71,7 @@ def add_client_tls_arguments(parser: argparse.ArgumentParser | argparse._Argumen
 def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
     target = parser.add_argument_group("target")
     target.add_argument("--url", help="server endpoint host:port (the HTTP or the gRPC port)")
-    target.add_argument("--protocol", choices=["http", "grpc"], default="http")
+    target.add_argument("--protocol", choices=["http", "grpc"], default="http", help="the protocol (default http)")
     target.add_argument(
         "--tls", action="store_true", help="connect over TLS, trusting the system's CAs (an https:// URL implies it)"
     )

@@ -12,10 +12,9 @@ import argparse
 import json
 import math
 import sys
-from pathlib import Path
 from typing import Any
 
-from adaserve.arguments import positive_integer
+from adaserve.arguments import add_model_repository, positive_integer
 from adaserve.cpu.profiler import (
     AutoPlanner,
     ProfileError,
@@ -36,16 +35,14 @@ __all__ = ["format_plan", "format_profile", "plan_command", "profile_command", "
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `profile` and `plan` to the `adaserve` command line."""
-    from adaserve.cli import EXAMPLE_REPOSITORY
-
     profile = subparsers.add_parser(
         "profile",
         help="measure a model's latency for every ⟨threads, batch⟩ on this machine (Packrat profile)",
         description="Time one worker pinned to t cores with t threads for t = 1..T and b = 1, 2, 4, .. up to "
         "max_batch_size; store the grid in <model dir>/profile.json under this machine's fingerprint.",
     )
-    profile.add_argument("model")
-    profile.add_argument("--model-repository", type=Path, default=EXAMPLE_REPOSITORY)
+    profile.add_argument("model", help="a model of the repository")
+    add_model_repository(profile)
     profile.add_argument("--threads", type=positive_integer, help="T: profile t = 1..T (default: every usable CPU)")
     profile.add_argument("--quick", action="store_true", help="fewer, shorter timings (seconds, not minutes)")
     profile.add_argument("--repeats", type=positive_integer, help="timed runs per cell, at least (default 30, quick 5)")
@@ -59,9 +56,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Solve Packrat's 2-D knapsack over the stored profile for ⟨T, B⟩ and print the workers, "
         "their cores, the expected batch latency and the fat instance ⟨1, T, B⟩ for comparison.",
     )
-    plan.add_argument("model")
+    plan.add_argument("model", help="a model of the repository with a profile of this machine")
     plan.add_argument("--batch", type=positive_integer, required=True, help="B: rows per aggregated batch")
-    plan.add_argument("--model-repository", type=Path, default=EXAMPLE_REPOSITORY)
+    add_model_repository(plan)
     plan.add_argument("--threads", type=positive_integer, help="T: threads to plan for (default: every usable CPU)")
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
     plan.set_defaults(func=plan_command)

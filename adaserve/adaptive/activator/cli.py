@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from adaserve.arguments import add_model_repository
 from adaserve.errors import ConfigError
 
 if TYPE_CHECKING:  # the build imports numba and torch; the command line imports them only when it builds
@@ -28,8 +29,6 @@ FASHION_MNIST_CALIBRATION = 5000
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `activator build` to the `adaserve` command line."""
-    from adaserve.cli import EXAMPLE_REPOSITORY
-
     activator = subparsers.add_parser("activator", help="SLO-NNs node activators (per-request dynamic dropout)")
     commands = activator.add_subparsers(dest="activator_command", required=True)
     build = commands.add_parser(
@@ -39,9 +38,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(Linear + ReLU layers), "
         "calibrate the confidence threshold on held-out data, and profile T(k, β) on this machine.",
     )
-    build.add_argument("model")
+    build.add_argument("model", help="a model of the repository: an MLP, or a model ending in an MLP head")
     build.add_argument("--data", required=True, help=f"'{FASHION_MNIST}' or an .npz with arrays x and y")
-    build.add_argument("--model-repository", type=Path, default=EXAMPLE_REPOSITORY)
+    add_model_repository(build)
     build.add_argument("--bits", type=int, default=8, help="K: bits per LSH key (default 8)")
     build.add_argument("--tables", type=int, default=16, help="L: LSH tables per layer (default 16)")
     build.add_argument("--held-out", type=float, default=0.2, help=".npz data: share held out for calibration")

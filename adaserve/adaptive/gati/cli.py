@@ -12,10 +12,9 @@ from __future__ import annotations
 import argparse
 import time
 from dataclasses import replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from adaserve.arguments import positive_integer, positive_number
+from adaserve.arguments import add_model_repository, positive_integer, positive_number
 from adaserve.config import ModelConfig
 from adaserve.repository import ModelRepository
 
@@ -47,8 +46,6 @@ def _variants(text: str) -> tuple[Any, ...]:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `caches build`, `caches compose` and `caches list` to the `adaserve` command line."""
-    from adaserve.cli import EXAMPLE_REPOSITORY
-
     caches = subparsers.add_parser("caches", help="GATI learned caches: build, compose and list a model's cache sets")
     commands = caches.add_subparsers(dest="caches_command", required=True)
 
@@ -59,7 +56,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "after every candidate block, measure hit rate, agreement, lookup latency and memory, compose for each "
         "target, and save <model dir>/caches/v<N>/.",
     )
-    build.add_argument("model")
+    build.add_argument("model", help="a model of the repository")
     build.add_argument("--data", required=True, help="fashion-mnist (its test split) or an .npz with x (and y)")
     build.add_argument(
         "--fit-data",
@@ -75,7 +72,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     build.add_argument(
         "--threads", type=positive_integer, default=1, help="torch threads for training and timing (default 1)"
     )
-    build.add_argument("--seed", type=int, default=0)
+    build.add_argument("--seed", type=int, default=0, help="seed of the splits and the training (default 0)")
     build.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
     _composition_arguments(build)
     build.set_defaults(func=build_command)
@@ -86,7 +83,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Choose caches and thresholds again from the per-row scores a build stored, and rewrite the "
         "set's manifest; nothing is retrained.",
     )
-    recompose.add_argument("model")
+    recompose.add_argument("model", help="a model of the repository with a built cache set")
     recompose.add_argument("--version", type=positive_integer, help="cache set version (default: the newest)")
     _composition_arguments(recompose)
     recompose.set_defaults(func=compose_command)
@@ -98,10 +95,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "its size on disk, and per target its default composition's exits, agreement and hit rate on held-out rows "
         "and expected speedup; a version built for another artifact is marked stale.",
     )
-    listing.add_argument("model")
+    listing.add_argument("model", help="a model of the repository")
     listing.set_defaults(func=list_command)
     for parser in (build, recompose, listing):
-        parser.add_argument("--model-repository", type=Path, default=EXAMPLE_REPOSITORY)
+        add_model_repository(parser)
 
 
 def _composition_arguments(parser: argparse.ArgumentParser) -> None:

@@ -1,27 +1,10 @@
-"""Markdown tables of the latest results, for benchmarks/README.md: `python -m benchmarks.tables [RESULT.json ...]`.
-
-With no arguments it reads `benchmarks/results/serving_overhead.json` and `benchmarks/results/elastic_batching.json`;
-each file is recognised by its `benchmark` field.
-"""
+"""The serving-overhead and elastic-batching results' own tables: per case, per batching policy, and their bars."""
 
 from __future__ import annotations
 
-import json
-import sys
-from pathlib import Path
 from typing import Any
 
-from benchmarks.common import RESULTS, ms_text
-
-
-def main(argv: list[str]) -> int:
-    paths = [Path(p) for p in argv] or [RESULTS / "serving_overhead.json", RESULTS / "elastic_batching.json"]
-    for path in paths:
-        report = json.loads(path.read_text())
-        print(f"<!-- from {path.name}, {report['started_at']} -->")
-        print(serving_overhead(report) if report["benchmark"] == "serving_overhead" else elastic_batching(report))
-        print()
-    return 0
+from benchmarks.common import ms_text
 
 
 def serving_overhead(report: dict[str, Any]) -> str:
@@ -52,7 +35,7 @@ def serving_overhead(report: dict[str, Any]) -> str:
             f"| in-process, {paced['idle_between_calls_s'] * 1e3:g} ms idle before each call | | {paced['p50_ms']:.3f} "
             f"| {paced['p90_ms']:.3f} | {paced['p99_ms']:.3f} | | | | | |"
         )
-    return "\n".join(lines) + "\n\n" + _bars(report["bars"])
+    return "\n".join(lines) + "\n\n" + bars_table(report["bars"])
 
 
 def elastic_batching(report: dict[str, Any]) -> str:
@@ -89,10 +72,10 @@ def elastic_batching(report: dict[str, Any]) -> str:
             f"| {_pct(phases['step_high']['mean_reduction'])} | {_pct(phases['trace']['mean_reduction'])} "
             f"| {'-' if ratio is None else f'{ratio:.2f}×'} |"
         )
-    return "\n".join(lines) + "\n\n" + _bars(report["bars"])
+    return "\n".join(lines) + "\n\n" + bars_table(report["bars"])
 
 
-def _bars(bars: dict[str, Any]) -> str:
+def bars_table(bars: dict[str, Any]) -> str:
     lines = ["| bar | target | measured | result |", "|---|---|---|---|"]
     for name, bar in bars.items():
         if isinstance(bar, dict):
@@ -122,7 +105,3 @@ def _pair(phase: dict[str, Any]) -> str:
 
 def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value:+.1%}"
-
-
-if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))
