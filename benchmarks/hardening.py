@@ -365,7 +365,8 @@ def plot(report: dict[str, Any], path: Path) -> None:
     names = list(report["attacks"])
     ratios = [report["attacks"][name]["p99_ratio"] for name in names]
     growth = [report["attacks"][name]["rss_growth_bytes"] / 2**20 for name in names]
-    fig, (left, right) = figure(11, 4.5).subplots(1, 2)
+    fig = figure(11, 4.5)
+    left, right = fig.subplots(1, 2)
     left.barh(names, ratios, color=["tab:green" if r <= P99_BAR else "tab:red" for r in ratios])
     left.axvline(P99_BAR, color="black", linestyle="--", linewidth=1)
     left.set_xlabel("normal client's p99, attack / alone (bar: 2x)")
@@ -378,9 +379,24 @@ def plot(report: dict[str, Any], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-def show(report: dict[str, Any], path: Path) -> None:
+def _print(report: dict[str, Any], path: Path) -> None:
+    """The result as a Markdown table: each attack's normal p99 alone and during it, the server's RSS growth."""
+    print(
+        "| attack | p99 alone (ms) | p99 during (ms) | ratio | peak RSS growth (MiB) | normal requests failed | bar |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for name, row in report["attacks"].items():
+        alone, during = row["alone"], row["attack"]
+        print(
+            f"| {name} | {alone['p99_ms']:.2f} | {during['p99_ms']:.2f} | {row['p99_ratio']:.2f}x | "
+            f"{row['rss_growth_bytes'] / 2**20:.1f} | {during['failed']} of {during['requests']} | "
+            f"{'holds' if row['bar_holds'] else '**missed**'} |"
+        )
     held = sum(row["bar_holds"] for row in report["attacks"].values())
-    print(f"bar holds for {held} of {len(report['attacks'])} attacks; {path}")
+    print(
+        f"\nbar (p99 within 2x of alone, RSS within 200 MB, none failed) holds for {held} of {len(report['attacks'])}"
+    )
+    print(f"wrote {path}")
 
 
 def main() -> int:
@@ -402,7 +418,7 @@ def main() -> int:
         "hardening", {"attacks": attacks, "phase_s": seconds, "normal_every_s": NORMAL_EVERY_S, "model": "mlp"}
     )
     report["attacks"] = run(attacks, seconds, work / str(os.getpid()))
-    return finish_report(report, output, plot, show)
+    return finish_report(report, output, plot, _print)
 
 
 if __name__ == "__main__":

@@ -102,6 +102,7 @@ RENDERERS: dict[str, Renderer] = {
             "versus_torchserve",
             "http_compression",
             "shared_cores",
+            "hardening",
         )
     },
     "packrat_reconfiguration": _module_printer("benchmarks.packrat.reconfiguration"),
