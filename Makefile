@@ -3,7 +3,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 DATASET := /usr/share/datasets/fashion-mnist
 
-.PHONY: install serve test lint
+.PHONY: install serve test lint protos
 
 install: $(VENV)/.installed
 
@@ -24,3 +24,12 @@ lint: install
 
 test: lint
 	$(BIN)/pytest -q
+
+# The gRPC protocol's Python modules, generated from the vendored .proto files and committed. grpcio-tools is pinned
+# in the test extra: its protoc 25 writes modules with no runtime-version check, which load on protobuf 4.25 (where
+# tritonclient 2.48 in the test extra holds it) through 7. protoc writes top-level imports; sed makes them absolute.
+PROTOS := adaserve/server/protos
+protos: install
+	cd $(PROTOS) && $(abspath $(BIN))/python -m grpc_tools.protoc -I. --python_out=. *.proto
+	cd $(PROTOS) && $(abspath $(BIN))/python -m grpc_tools.protoc -I. --grpc_python_out=. grpc_service.proto
+	sed -i 's/^import \([a-z_]*_pb2\) as /from adaserve.server.protos import \1 as /' $(PROTOS)/*_pb2*.py
