@@ -1,4 +1,5 @@
-# The two commands a newcomer needs: `make serve` and `make test`. Both install everything first.
+# The two commands a newcomer needs: `make serve` and `make test`. Each installs what it needs first: `serve` the
+# server and `adaserve infer`'s client, `test` (`install`) everything, the test tools and reference models too.
 VENV ?= .venv
 BIN := $(VENV)/bin
 DATASET := /usr/share/datasets/fashion-mnist
@@ -14,7 +15,12 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install -q -e '.[test]'
 	touch $@
 
-serve: install
+$(VENV)/.served: pyproject.toml
+	python3 -m venv $(VENV)
+	$(BIN)/pip install -q -e '.[client]'
+	touch $@
+
+serve: $(VENV)/.served
 	$(BIN)/adaserve serve
 
 lint: install
