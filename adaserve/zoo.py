@@ -15,6 +15,7 @@ from itertools import pairwise
 import torch
 from torch import nn
 
+from adaserve.export import LogitsOf
 from adaserve.extras import needs_extra
 
 #: VGG-16's layer configuration ("D" in Simonyan & Zisserman): output channels of 3×3 convs, "M" a 2×2 max-pool.
@@ -250,22 +251,6 @@ def inception_style(num_classes: int = 1000, in_channels: int = 3) -> nn.Sequent
 
 
 # -- transformers (built from `transformers` configs with random weights; imported only when one is built) ---------
-
-
-class LogitsOf(nn.Module):
-    """`input_ids` (INT64 [B, seq]) → the logits of a `transformers` model, one tensor in and one out, as the
-    server's config and `torch.export` want; `last_position` keeps a causal LM's next-token logits only."""
-
-    def __init__(self, model: nn.Module, *, last_position: bool = False) -> None:
-        super().__init__()
-        self.model = model
-        self.last_position = last_position
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        if self.last_position:
-            logits: torch.Tensor = self.model(input_ids=input_ids, use_cache=False, logits_to_keep=1).logits
-            return logits[:, -1]
-        return self.model(input_ids=input_ids).logits
 
 
 def bert_base_style(
