@@ -1,9 +1,10 @@
-# The two commands a newcomer needs: `make serve` and `make test`. Both install everything first.
+# The two commands a newcomer needs: `make serve` and `make test`. Each installs what it needs first: `serve` the
+# server and `adaserve infer`'s client, `test` (`install`) everything, the test tools and reference models too.
 VENV ?= .venv
 BIN := $(VENV)/bin
 DATASET := /usr/share/datasets/fashion-mnist
 
-.PHONY: install serve test lint docs
+.PHONY: install serve test lint docs protos
 
 install: $(VENV)/.installed
 
@@ -14,7 +15,12 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install -q -e '.[test,docs]'
 	touch $@
 
-serve: install
+$(VENV)/.served: pyproject.toml
+	python3 -m venv $(VENV)
+	$(BIN)/pip install -q -e '.[client]'
+	touch $@
+
+serve: $(VENV)/.served
 	$(BIN)/adaserve serve
 
 lint: install
@@ -27,3 +33,12 @@ docs: install
 
 test: lint docs
 	$(BIN)/pytest -q
+
+# The gRPC protocol's Python modules, generated from the vendored .proto files and committed. grpcio-tools is pinned
+# in the test extra: its protoc 25 writes modules with no runtime-version check, which load on protobuf 4.25 (where
+# tritonclient 2.48 in the test extra holds it) through 7. protoc writes top-level imports; sed makes them absolute.
+PROTOS := adaserve/server/protos
+protos: install
+	cd $(PROTOS) && $(abspath $(BIN))/python -m grpc_tools.protoc -I. --python_out=. *.proto
+	cd $(PROTOS) && $(abspath $(BIN))/python -m grpc_tools.protoc -I. --grpc_python_out=. grpc_service.proto
+	sed -i 's/^import \([a-z_]*_pb2\) as /from adaserve.server.protos import \1 as /' $(PROTOS)/*_pb2*.py

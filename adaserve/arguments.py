@@ -5,10 +5,28 @@ from __future__ import annotations
 
 import argparse
 import math
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
-__all__ = ["EXAMPLE_REPOSITORY", "add_model_repository", "positive_integer", "positive_number"]
+__all__ = [
+    "DEFAULT_GRPC_PORT",
+    "DEFAULT_HOST",
+    "DEFAULT_HTTP_PORT",
+    "EXAMPLE_REPOSITORY",
+    "InputFile",
+    "add_model_repository",
+    "add_url_argument",
+    "input_file",
+    "positive_integer",
+    "positive_number",
+    "server_url",
+]
 
+#: Where `adaserve serve` listens unless told otherwise, and so where the client commands look for it.
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_HTTP_PORT = 8000
+DEFAULT_GRPC_PORT = 8001
 #: The example repository shipped in the source tree; `adaserve serve` with no arguments serves it.
 EXAMPLE_REPOSITORY = Path(__file__).resolve().parent.parent / "examples" / "models"
 
@@ -44,3 +62,38 @@ def positive_number(text: str) -> float:
     if not 0 < value < math.inf:
         raise argparse.ArgumentTypeError(f"expected a number above 0; got {text!r}")
     return value
+
+
+@dataclass(frozen=True)
+class InputFile:
+    """`--input NAME=FILE.npy`: the array in FILE for the input NAME; `--input FILE.npy` (no name) for the model's
+    only input."""
+
+    name: str | None
+    path: Path
+
+
+def input_file(text: str) -> InputFile:
+    """`--input`: NAME=FILE.npy, or FILE.npy alone."""
+    name, sep, path = text.partition("=")
+    if not sep:
+        return InputFile(None, Path(text))
+    if not name or not path:
+        raise argparse.ArgumentTypeError(f"expected NAME=FILE.npy (or FILE.npy for a model's only input); got {text!r}")
+    return InputFile(name, Path(path))
+
+
+def add_url_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup, what: str) -> None:
+    """`--url` of a client command (`infer`, `bench`); `server_url` reads it."""
+    parser.add_argument(
+        "--url",
+        help=f"{what} (default: where `adaserve serve` listens by default, {DEFAULT_HOST}:{DEFAULT_HTTP_PORT} over "
+        f"HTTP, {DEFAULT_HOST}:{DEFAULT_GRPC_PORT} over gRPC)",
+    )
+
+
+def server_url(url: str | None, protocol: Literal["http", "grpc"] = "http") -> str:
+    """`--url`, or the address `adaserve serve` listens on by default for `protocol`."""
+    if url:
+        return url
+    return f"{DEFAULT_HOST}:{DEFAULT_HTTP_PORT if protocol == 'http' else DEFAULT_GRPC_PORT}"

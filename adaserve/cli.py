@@ -1,6 +1,5 @@
-"""The `adaserve` command line: serve, models, infer, bench, profile, plan.
-
-Every subcommand is a function taking the parsed arguments and returning the exit code.
+"""The `adaserve` command line. Every subcommand is a function taking the parsed arguments and returning the exit
+code; `build_parser` lists them in the order a user meets them, and says so in `adaserve --help`.
 """
 
 from __future__ import annotations
@@ -11,12 +10,22 @@ import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from tritonclient.utils import InferenceServerException
-
-from adaserve.arguments import add_model_repository, positive_integer, positive_number
+from adaserve.arguments import (
+    DEFAULT_GRPC_PORT,
+    DEFAULT_HOST,
+    DEFAULT_HTTP_PORT,
+    InputFile,
+    add_model_repository,
+    add_url_argument,
+    input_file,
+    positive_integer,
+    positive_number,
+    server_url,
+)
 from adaserve.errors import AdaserveError, ConfigError
+from adaserve.extras import needs_extra
 
 if TYPE_CHECKING:
     import numpy as np
@@ -33,6 +42,21 @@ Read = TypeVar("Read")
 
 #: Triton's default `--repository-poll-secs` in poll mode.
 DEFAULT_POLL_S = 15.0
+
+DESCRIPTION = """\
+adaserve serves PyTorch models (torch.export or TorchScript, in a Triton-style model repository) over the Open
+Inference Protocol: REST and gRPC, so tritonclient, the KServe client and curl work unmodified. Start a server
+with `adaserve serve`, send it a tensor with `adaserve infer`, measure it with `adaserve bench`; the other
+commands prepare what the serving techniques use (profiles, learned caches, node activators)."""
+
+EPILOG = """\
+exit codes: 0 done; 1 a server or file that could not be reached; 2 bad input or configuration; 130 interrupted
+(Ctrl-C). `adaserve bench` has its own: see `adaserve bench --help`. `adaserve COMMAND --help` tells more."""
+
+
+class Unreachable(Exception):
+    """A server that could not be reached, or that refused a client command's request (exit 1); the message names
+    the address tried."""
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -165,14 +189,14 @@ def json_object(text: str) -> dict[str, object]:
     return value
 
 
-def npy_array(text: str) -> np.ndarray:
-    """`--input`: a .npy file's array (never pickled objects)."""
+def _read_npy(path: Path) -> np.ndarray:
+    """An `--input` file's array (never pickled objects)."""
     import numpy as np
 
     try:
-        return np.load(text, allow_pickle=False)
+        return np.load(path, allow_pickle=False)
     except (OSError, ValueError) as exc:
-        raise argparse.ArgumentTypeError(f"cannot read {text} as a .npy array: {exc}") from None
+        raise ConfigError(f"--input: cannot read {path} as a .npy array: {exc}") from None
 
 
 def _trace_summary(args: argparse.Namespace) -> int:
@@ -215,8 +239,8 @@ def _dag_line(dag: DagConfig) -> str:
     return f"dag\tmax_batch={dag.max_batch_size}\tbudget_policy={dag.budget_policy}\tnodes={nodes}"
 
 
-def _http_client(args: argparse.Namespace) -> InferenceServerClient:
-    """tritonclient's HTTP client for `--url`: over TLS for an https:// URL or a TLS file (checked first)."""
+def _http_client(url: str, args: argparse.Namespace) -> InferenceServerClient:
+    """tritonclient's HTTP client for `url`: over TLS for an https:// URL or a TLS file (checked first)."""
     import gevent.ssl
     import tritonclient.http as httpclient
     from pydantic import ValidationError
@@ -224,7 +248,7 @@ def _http_client(args: argparse.Namespace) -> InferenceServerClient:
     from adaserve.bench.client import client_tls
 
     _ctrl_c_reaches_gevent()
-    url = args.url.removeprefix("http://")
+    url = url.removeprefix("http://")
     try:
         tls = client_tls(url.startswith("https://"), args.ca_cert, args.client_cert, args.client_key)
     except ValidationError as exc:
@@ -250,41 +274,73 @@ def _ctrl_c_reaches_gevent() -> None:
 
 
 def _infer(args: argparse.Namespace) -> int:
-    import tritonclient.http as httpclient
-
-    array = args.input
-    with _http_client(args) as client:
-        metadata = client.get_model_metadata(args.model)
-        spec = metadata["inputs"][0]
-        if len(metadata["inputs"]) != 1:
-            raise AdaserveError(f"model '{args.model}' takes {len(metadata['inputs'])} inputs; --input gives one")
-        if array.ndim == len(spec["shape"]) - 1:
-            array = array[None]
-        tensor = httpclient.InferInput(spec["name"], list(array.shape), spec["datatype"])
-        tensor.set_data_from_numpy(array.astype(httpclient.triton_to_np_dtype(spec["datatype"])))
-        outputs = None
-        if args.classes:
-            names = [output["name"] for output in metadata["outputs"]]
-            outputs = [
-                httpclient.InferRequestedOutput(name, binary_data=False, class_count=args.classes) for name in names
-            ]
-        result = client.infer(
-            args.model,
-            [tensor],
-            parameters=args.parameters,
-            outputs=outputs,
-            request_compression_algorithm=args.compression,
-            response_compression_algorithm=args.compression,
-        )
-        response = result.get_response()
-        for output in response["outputs"]:
-            values = result.as_numpy(output["name"])
-            print(json.dumps({"name": output["name"], "shape": list(values.shape), "data": values.tolist()}))
-            if values.ndim == 2 and values.shape[1] > 1 and values.dtype != object:
-                print(json.dumps({"argmax": values.argmax(axis=1).tolist()}))
-        if response.get("parameters"):
-            print(json.dumps({"parameters": response["parameters"]}))
+    inputs = [(item, _read_npy(item.path)) for item in args.input]  # a bad file is bad input, before any connection
+    url = server_url(args.url)
+    with needs_extra("client", "adaserve infer"):
+        import tritonclient.http as httpclient
+        from tritonclient.utils import InferenceServerException
+    try:
+        with _http_client(url, args) as client:
+            metadata = client.get_model_metadata(args.model)
+            tensors = []
+            for spec, array in _match_inputs(args.model, metadata["inputs"], inputs):
+                if array.ndim == len(spec["shape"]) - 1:
+                    array = array[None]
+                tensor = httpclient.InferInput(spec["name"], list(array.shape), spec["datatype"])
+                tensor.set_data_from_numpy(array.astype(httpclient.triton_to_np_dtype(spec["datatype"])))
+                tensors.append(tensor)
+            outputs = None
+            if args.classes:
+                outputs = [
+                    httpclient.InferRequestedOutput(output["name"], binary_data=False, class_count=args.classes)
+                    for output in metadata["outputs"]
+                ]
+            result = client.infer(
+                args.model,
+                tensors,
+                parameters=args.parameters,
+                outputs=outputs,
+                request_compression_algorithm=args.compression,
+                response_compression_algorithm=args.compression,
+            )
+    except InferenceServerException as exc:
+        raise Unreachable(f"the server at {url} refused the request: {exc}") from None
+    except OSError as exc:
+        raise Unreachable(f"cannot reach a server at {url} (is `adaserve serve` running there?): {exc}") from None
+    response = result.get_response()
+    for output in response["outputs"]:
+        values = result.as_numpy(output["name"])
+        print(json.dumps({"name": output["name"], "shape": list(values.shape), "data": values.tolist()}))
+        if values.ndim == 2 and values.shape[1] > 1 and values.dtype != object:
+            print(json.dumps({"argmax": values.argmax(axis=1).tolist()}))
+    if response.get("parameters"):
+        print(json.dumps({"parameters": response["parameters"]}))
     return 0
+
+
+def _match_inputs(
+    model: str, specs: list[dict[str, Any]], inputs: list[tuple[InputFile, np.ndarray]]
+) -> list[tuple[dict[str, Any], np.ndarray]]:
+    """Each `--input` with the model input it is for: by name, or the model's only input for a file without one."""
+    by_name = {spec["name"]: spec for spec in specs}
+    names = ", ".join(by_name)
+    if any(item.name is None for item, _ in inputs):
+        if len(inputs) > 1 or len(specs) != 1:
+            raise ConfigError(
+                f"an --input without a name is for a model with one input; model '{model}' takes {names}: "
+                "give each as --input NAME=FILE.npy"
+            )
+        return [(specs[0], inputs[0][1])]
+    given = [item.name for item, _ in inputs]
+    for name in given:
+        if name not in by_name:
+            raise ConfigError(f"model '{model}' has no input '{name}'; its inputs are {names}")
+        if given.count(name) > 1:
+            raise ConfigError(f"--input {name}=... is given {given.count(name)} times")
+    missing = [name for name in by_name if name not in given]
+    if missing:
+        raise ConfigError(f"model '{model}' also takes {', '.join(missing)}: add --input NAME=FILE.npy for each")
+    return [(by_name[item.name], array) for item, array in inputs if item.name is not None]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -299,14 +355,22 @@ def build_parser() -> argparse.ArgumentParser:
     from adaserve.server.limits import ClientLimits
     from adaserve.server.restrictions import CATEGORIES
 
-    parser = argparse.ArgumentParser(prog="adaserve", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(
+        prog="adaserve", description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    commands = parser.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
 
-    serve = commands.add_parser("serve", help="serve a model repository over REST and gRPC")
+    serve = commands.add_parser(
+        "serve", help="serve a model repository over REST and gRPC (the example repository unless told another)"
+    )
     add_model_repository(serve)
-    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
-    serve.add_argument("--http-port", type=int, default=8000, help="port of the REST frontend (default 8000)")
-    serve.add_argument("--grpc-port", type=int, default=8001, help="port of the gRPC frontend (default 8001)")
+    serve.add_argument("--host", default=DEFAULT_HOST, help="address to listen on (default: loopback only)")
+    serve.add_argument(
+        "--http-port", type=int, default=DEFAULT_HTTP_PORT, help="port of the REST frontend (default %(default)s)"
+    )
+    serve.add_argument(
+        "--grpc-port", type=int, default=DEFAULT_GRPC_PORT, help="port of the gRPC frontend (default %(default)s)"
+    )
     limits = ClientLimits()
     serve.add_argument(
         "--max-request-bytes",
@@ -455,18 +519,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.set_defaults(func=_serve)
 
-    models = commands.add_parser("models", help="inspect a model repository")
-    models_commands = models.add_subparsers(dest="models_command", required=True)
-    listing = models_commands.add_parser(
-        "list", help="list the models (versions, configs) and DAG queries (nodes, options) of a repository"
+    infer = commands.add_parser(
+        "infer", help="send tensors from .npy files to a running server and print the outputs it answers"
     )
-    add_model_repository(listing)
-    listing.set_defaults(func=_models_list)
-
-    infer = commands.add_parser("infer", help="send one .npy tensor to a running server and print the outputs")
     infer.add_argument("model", help="the model (or DAG query) to ask")
-    infer.add_argument("--input", type=npy_array, required=True, help=".npy file (with or without the batch dimension)")
-    infer.add_argument("--url", default="127.0.0.1:8000", help="host:port, or https://host:port for TLS")
+    infer.add_argument(
+        "--input",
+        type=input_file,
+        action="append",
+        required=True,
+        metavar="[NAME=]FILE.npy",
+        help="an input's tensor, with or without the batch dimension (repeat for each input; a model with one input "
+        "takes the file alone)",
+    )
+    add_url_argument(infer, "the server's HTTP port, host:port, or https://host:port for TLS")
     add_client_tls_arguments(infer)
     infer.add_argument("--parameters", type=json_object, help="request parameters as JSON, e.g. '{\"latency_ms\": 5}'")
     infer.add_argument(
@@ -482,7 +548,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     infer.set_defaults(func=_infer)
 
-    trace = commands.add_parser("trace", help="read trace files the server wrote (--trace-config)")
+    models = commands.add_parser("models", help="list a model repository's models and say which configs are invalid")
+    models_commands = models.add_subparsers(dest="models_command", required=True)
+    listing = models_commands.add_parser(
+        "list", help="list the models (versions, configs) and DAG queries (nodes, options) of a repository"
+    )
+    add_model_repository(listing)
+    listing.set_defaults(func=_models_list)
+
+    register_bench(commands)
+
+    trace = commands.add_parser("trace", help="summarize where traced requests' time went (serve --trace-config)")
     trace_commands = trace.add_subparsers(dest="trace_command", required=True)
     summary = trace_commands.add_parser(
         "summary", help="where traced requests' time went: each span's median and 90th percentile, per model"
@@ -491,11 +567,10 @@ def build_parser() -> argparse.ArgumentParser:
     summary.add_argument("--json", action="store_true", help="print the summary as JSON")
     summary.set_defaults(func=_trace_summary)
 
-    register_bench(commands)
-    register_cache(commands)
     register_cpu(commands)
     register_caches(commands)
     register_activator(commands)
+    register_cache(commands)
     return parser
 
 
@@ -506,7 +581,7 @@ def main(argv: list[str] | None = None) -> None:
     except AdaserveError as exc:
         print(f"adaserve: error: {exc}", file=sys.stderr)
         code = 2
-    except (OSError, InferenceServerException) as exc:  # e.g. a refused connection: say it plainly
+    except (OSError, Unreachable) as exc:  # e.g. a refused connection: say it plainly
         print(f"adaserve: error: {exc}", file=sys.stderr)
         code = 1
     except KeyboardInterrupt:  # Ctrl-C in a command that does not handle it itself (serve and bench do)

@@ -642,10 +642,10 @@ def load_document(path: Path, schema: type[Document], *, name: str | None = None
     try:
         return schema.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError(_describe(path, exc)) from None
+        raise ConfigError(describe_validation(str(path), exc)) from None
 
 
-def _describe(path: Path, exc: ValidationError) -> str:
+def describe_validation(source: str, exc: ValidationError) -> str:
     """One line naming each field and its problem. For a union (`workers: [...] | auto`) pydantic reports every
     alternative under a type-named path part; those parts are dropped, and the `auto` alternative's complaint too
     when the list form explains the problem."""
@@ -660,4 +660,4 @@ def _describe(path: Path, exc: ValidationError) -> str:
         if error["type"] == "extra_forbidden":
             message = "unknown field"
         problems.append(f"field '{field}': {message}")
-    return f"{path}: " + "; ".join(problems)
+    return f"{source}: " + "; ".join(problems)

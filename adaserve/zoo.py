@@ -15,6 +15,9 @@ from itertools import pairwise
 import torch
 from torch import nn
 
+from adaserve.export import LogitsOf
+from adaserve.extras import needs_extra
+
 #: VGG-16's layer configuration ("D" in Simonyan & Zisserman): output channels of 3×3 convs, "M" a 2×2 max-pool.
 VGG16_CFG: tuple[int | str, ...] = (
     64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M",
@@ -250,22 +253,6 @@ def inception_style(num_classes: int = 1000, in_channels: int = 3) -> nn.Sequent
 # -- transformers (built from `transformers` configs with random weights; imported only when one is built) ---------
 
 
-class LogitsOf(nn.Module):
-    """`input_ids` (INT64 [B, seq]) → the logits of a `transformers` model, one tensor in and one out, as the
-    server's config and `torch.export` want; `last_position` keeps a causal LM's next-token logits only."""
-
-    def __init__(self, model: nn.Module, *, last_position: bool = False) -> None:
-        super().__init__()
-        self.model = model
-        self.last_position = last_position
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        if self.last_position:
-            logits: torch.Tensor = self.model(input_ids=input_ids, use_cache=False, logits_to_keep=1).logits
-            return logits[:, -1]
-        return self.model(input_ids=input_ids).logits
-
-
 def bert_base_style(
     *,
     layers: int = 12,
@@ -277,7 +264,8 @@ def bert_base_style(
 ) -> LogitsOf:
     """BERT (base by default: 12 layers, 768 hidden, 12 heads; 109.5M parameters) with a sequence-classification
     head and random weights, for `input_ids` of up to `max_positions` tokens; `heads` defaults to hidden / 64."""
-    from transformers import BertConfig, BertForSequenceClassification
+    with needs_extra("zoo", "the BERT reference model"):
+        from transformers import BertConfig, BertForSequenceClassification
 
     config = BertConfig(
         vocab_size=vocab_size,
@@ -302,7 +290,8 @@ def gpt2_style(
     """A GPT-2 (default: GPT-2 small's width with 6 of its 12 layers, 81.9M parameters) with random weights that
     returns the next-token logits at the last position ([B, vocab_size]) for `input_ids` of up to `max_positions`
     tokens; `heads` defaults to hidden / 64."""
-    from transformers import GPT2Config, GPT2LMHeadModel
+    with needs_extra("zoo", "the GPT-2 reference model"):
+        from transformers import GPT2Config, GPT2LMHeadModel
 
     config = GPT2Config(
         vocab_size=vocab_size,

@@ -125,12 +125,28 @@ def free_port() -> int:
     return free_ports(1)[0]
 
 
+def without_packages(directory: Path, *names: str) -> dict[str, str]:
+    """An environment for a subprocess (and every process it starts) in which importing any of the top-level
+    packages `names` fails as it does when they are not installed: stand-ins that raise, first on PYTHONPATH."""
+    for name in names:
+        (directory / name).mkdir(parents=True, exist_ok=True)
+        (directory / name / "__init__.py").write_text(
+            f"raise ModuleNotFoundError({f'No module named {name!r} (blocked by the test)'!r}, name={name!r})\n"
+        )
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(directory), str(ROOT)])}
+
+
 @contextlib.contextmanager
 def running_server(
-    repository: Path, *extra_args: str, ready_timeout_s: float = 180.0, https: ssl.SSLContext | None = None
+    repository: Path,
+    *extra_args: str,
+    ready_timeout_s: float = 180.0,
+    https: ssl.SSLContext | None = None,
+    env: dict[str, str] | None = None,
 ) -> Iterator[ServerHandle]:
     """Start `adaserve serve` on `repository`, wait until it is ready, stop it (SIGTERM, then SIGKILL) after.
-    `https`: the server's HTTP is TLS, and readiness is asked with this client context."""
+    `https`: the server's HTTP is TLS, and readiness is asked with this client context; `env`: the server's
+    environment (default: this process's)."""
     http_port, grpc_port = free_ports(2)
     log = repository.parent / f"server-{http_port}.log"
     command = [
@@ -149,7 +165,7 @@ def running_server(
         *extra_args,
     ]
     with log.open("wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
     handle = ServerHandle(f"127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}", process.pid, log)
     try:
         _wait_ready(handle, process, ready_timeout_s, https)

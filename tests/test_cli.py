@@ -19,11 +19,43 @@ import pytest
 from adaserve.datasets import FASHION_MNIST_CLASSES, load_fashion_mnist
 from tests.server.test_compression import ByteCounter
 from tests.server.test_dag import write_dag
-from tests.server_utils import EXAMPLES, ServerHandle, process_stat
+from tests.server_utils import EXAMPLES, ServerHandle, process_stat, without_packages
 
 
-def adaserve(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "adaserve", *args], capture_output=True, text=True, timeout=120)
+def adaserve(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "adaserve", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
+
+
+def test_help_says_what_each_command_is_for_most_common_first() -> None:
+    run = adaserve("--help")
+    assert run.returncode == 0
+    commands = [line.split()[0] for line in run.stdout.split("commands:")[1].splitlines()[2:] if line[4:5].isalpha()]
+    assert commands[:4] == ["serve", "infer", "models", "bench"], run.stdout
+    assert "adaserve serves PyTorch models" in run.stdout and "exit codes: 0 done" in run.stdout
+
+
+def test_infer_matches_each_file_to_a_named_input(server: ServerHandle, tmp_path: Path) -> None:
+    np.save(tmp_path / "x.npy", np.zeros((2, 784), dtype=np.float32))
+    x = str(tmp_path / "x.npy")
+    named = adaserve("infer", "mlp", "--input", f"image={x}", "--url", server.http_url)
+    assert named.returncode == 0, named.stderr
+    assert named.stdout == adaserve("infer", "mlp", "--input", x, "--url", server.http_url).stdout
+    for inputs, message in (
+        (["--input", f"pixels={x}"], "model 'mlp' has no input 'pixels'; its inputs are image"),
+        (["--input", x, "--input", x], "an --input without a name is for a model with one input"),
+        (["--input", f"image={x}", "--input", f"image={x}"], "--input image=... is given 2 times"),
+        (["--input", "=x.npy"], "expected NAME=FILE.npy (or FILE.npy for a model's only input)"),
+    ):
+        refused = adaserve("infer", "mlp", *inputs, "--url", server.http_url)
+        assert refused.returncode == 2 and message in refused.stderr, refused.stderr
+
+
+def test_infer_without_its_client_says_which_extra_to_install(tmp_path: Path) -> None:
+    np.save(tmp_path / "x.npy", np.zeros((784,), dtype=np.float32))
+    env = without_packages(tmp_path / "blocked", "tritonclient")
+    run = adaserve("infer", "mlp", "--input", str(tmp_path / "x.npy"), env=env)
+    assert run.returncode == 2 and "pip install 'adaserve[client]'" in run.stderr and "Traceback" not in run.stderr
 
 
 def test_models_list_shows_the_example_repository() -> None:
@@ -92,7 +124,7 @@ def test_errors_are_plain_and_exit_non_zero(tmp_path: Path) -> None:
     assert missing.returncode == 2 and "model repository is not a directory" in missing.stderr
     np.save(tmp_path / "x.npy", np.zeros((784,), dtype=np.float32))
     refused = adaserve("infer", "mlp", "--input", str(tmp_path / "x.npy"), "--url", "127.0.0.1:1")
-    assert refused.returncode == 1 and "adaserve: error:" in refused.stderr
+    assert refused.returncode == 1 and "adaserve: error: cannot reach a server at 127.0.0.1:1" in refused.stderr
     (tmp_path / "text.npy").write_text("hello")
     for input_file, parameters, message in (
         (tmp_path / "text.npy", "{}", f"--input: cannot read {tmp_path / 'text.npy'} as a .npy array"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +16,7 @@ from torch import nn
 from adaserve import zoo
 from adaserve.config import ModelConfig, TensorSpec, load_config
 from adaserve.datasets import load_fashion_mnist
+from adaserve.errors import ConfigError
 from adaserve.export import ArtifactFormat, write_model
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "models"
@@ -133,6 +135,40 @@ def test_mismatched_config_is_refused(tmp_path: Path, config: ModelConfig, examp
     with pytest.raises(ValueError, match=message):
         write_model(tmp_path, config, zoo.mlp([6, 3]), (example,))
     assert not (tmp_path / "tiny" / "config.yaml").exists()
+
+
+def test_plain_objects_describe_the_model(tmp_path: Path) -> None:
+    """A str repository, the config as a mapping or as keywords (overriding it), the name apart, one tensor."""
+    module = zoo.mlp([6, 3])
+    fields = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 6]}], "max_batch_size": MAX_BATCH}
+    outputs = [{"name": "y", "datatype": "FP32", "shape": [-1, 3]}]
+    written = [
+        write_model(str(tmp_path / "a"), {**fields, "outputs": outputs}, module, torch.randn(2, 6), name="tiny"),
+        write_model(tmp_path / "b", None, module, torch.randn(2, 6), name="tiny", outputs=outputs, **fields),
+        write_model(
+            tmp_path / "c", {**fields, "name": "tiny", "outputs": []}, module, torch.randn(2, 6), outputs=outputs
+        ),
+    ]
+    for path in written:
+        assert path == path.parents[2] / "tiny" / "1" / "model.pt2"
+        assert load_config(path.parents[1] / "config.yaml", name="tiny") == mlp_config()
+
+
+@pytest.mark.parametrize(
+    ("config", "name", "message"),
+    [
+        ({"inputs": [], "outputs": []}, None, "the model needs a name"),
+        ({"name": "tiny"}, "other", "name='other' but the config's name is 'tiny'"),
+        ({"name": "tiny", "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, 3]}]}, None, "field 'inputs'"),
+        ({"name": "tiny", "inputs": [], "outputs": [], "max_bach_size": 4}, None, "field 'max_bach_size': unknown"),
+    ],
+)
+def test_a_config_that_is_not_one_is_named(
+    tmp_path: Path, config: dict[str, object], name: str | None, message: str
+) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        write_model(tmp_path, config, zoo.mlp([6, 3]), torch.randn(2, 6), name=name)
+    assert not list(tmp_path.iterdir())
 
 
 @pytest.fixture(scope="module")

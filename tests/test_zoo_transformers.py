@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,6 +15,7 @@ from adaserve import zoo
 from adaserve.config import ModelConfig
 from adaserve.export import write_model
 from adaserve.repository import load_artifact
+from tests.server_utils import without_packages
 
 SEQ = 16
 VOCAB = 64
@@ -56,3 +59,10 @@ def test_default_sizes() -> None:
         bert, gpt2 = zoo.bert_base_style(), zoo.gpt2_style()
     assert sum(p.numel() for p in bert.parameters()) == 109_483_778
     assert sum(p.numel() for p in gpt2.parameters()) == 81_912_576
+
+
+def test_without_transformers_the_zoo_names_the_extra(tmp_path: Path) -> None:
+    code = "from adaserve import zoo; zoo.bert_base_style(layers=1, hidden=32)"
+    env = without_packages(tmp_path / "blocked", "transformers")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert done.returncode == 1 and "pip install 'adaserve[zoo]'" in done.stderr, done.stderr

@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from adaserve.arguments import add_url_argument, input_file, server_url
 from adaserve.bench.client import client_tls
 from adaserve.bench.compare import compare, format_comparison, workload_differences
 from adaserve.bench.plots import plot_all
@@ -45,7 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `bench` (with a nested `compare`) to the `adaserve` command line."""
     parser = subparsers.add_parser(
         "bench",
-        help="measure a running server: open or closed loop, JSON + PNG report",
+        help="measure a running server's latency and throughput under a load you choose (JSON + PNG report)",
         description="Send a bounded workload to a KServe V2 server and report every request. "
         "Exit codes: 0 valid run, 1 run not valid, 2 bad input, 3 server or model unreachable.",
     )
@@ -70,7 +71,7 @@ def add_client_tls_arguments(parser: argparse.ArgumentParser | argparse._Argumen
 
 def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
     target = parser.add_argument_group("target")
-    target.add_argument("--url", help="server endpoint host:port (the HTTP or the gRPC port)")
+    add_url_argument(target, "the server: host:port of its HTTP or gRPC port, or https://host:port")
     target.add_argument("--protocol", choices=["http", "grpc"], default="http", help="the protocol (default http)")
     target.add_argument(
         "--tls", action="store_true", help="connect over TLS, trusting the system's CAs (an https:// URL implies it)"
@@ -88,7 +89,9 @@ def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument(
         "--sequence", type=Path, help="CSV of time_s,model rows: request i goes to model i (then --model is optional)"
     )
-    what.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy", help="input from .npy")
+    what.add_argument(
+        "--input", action="append", default=[], type=input_file, metavar="NAME=FILE.npy", help="input from .npy"
+    )
     what.add_argument("--rows", type=int, help="with --input: send this many rows per request, cycling the file")
     what.add_argument(
         "--shape", action="append", default=[], metavar="NAME=D1,D2", help="random input of this full shape"
@@ -162,8 +165,6 @@ def compare_command(args: argparse.Namespace) -> int:
 
 def build_config(args: argparse.Namespace) -> BenchConfig:
     """The run the flags describe; raises UsageError or WorkloadError."""
-    if not args.url:
-        raise UsageError("--url is required")
     if args.workload is not None:
         if args.model or args.input or args.shape or args.param:
             raise UsageError("give the requests in --workload or with --model/--input/--shape/--param, not both")
@@ -190,7 +191,7 @@ def build_config(args: argparse.Namespace) -> BenchConfig:
             data[key] = value
     workload = parse_workload(data, base=base, source=str(args.workload or "flags"))
     return BenchConfig(
-        url=args.url,
+        url=server_url(args.url, args.protocol),
         protocol=args.protocol,
         workload=workload,
         timeout_s=args.timeout,
@@ -205,8 +206,9 @@ def build_config(args: argparse.Namespace) -> BenchConfig:
 def _request(args: argparse.Namespace, model: str) -> dict[str, Any]:
     inputs: list[dict[str, Any]] = []
     for item in args.input:
-        name, path = _split(item, "--input", "NAME=FILE.npy")
-        inputs.append({"name": name, "npy": path, **({"rows": args.rows} if args.rows else {})})
+        if item.name is None:
+            raise UsageError(f"--input {str(item.path)!r}: expected NAME=FILE.npy")
+        inputs.append({"name": item.name, "npy": str(item.path), **({"rows": args.rows} if args.rows else {})})
     for item in args.shape:
         name, dims = _split(item, "--shape", "NAME=D1,D2")
         inputs.append({"name": name, "shape": _numbers(dims, "--shape", int)})

@@ -25,7 +25,6 @@ from urllib.parse import quote, urlsplit
 import grpc
 import msgspec
 from pydantic import BaseModel, ConfigDict, model_validator
-from tritonclient.grpc import service_pb2
 
 from adaserve.bench.codec import (
     HEADER_LENGTH,
@@ -42,6 +41,7 @@ from adaserve.bench.codec import (
 )
 from adaserve.bench.http1 import ConnectFailed, ConnectionPool
 from adaserve.server.content_coding import CODINGS, CodingError, compress, decompress
+from adaserve.server.protos import grpc_service_pb2 as service_pb2
 
 Protocol = Literal["http", "grpc"]
 Compression = Literal["gzip", "deflate"]

@@ -12,9 +12,9 @@ from typing import Any
 
 import msgspec
 import numpy as np
-from tritonclient.grpc import service_pb2
 
 from adaserve.server.protocol import Tensor
+from adaserve.server.protos import grpc_service_pb2 as service_pb2
 
 #: HTTP header that gives the JSON part's length in a binary-tensor body (Triton's binary data extension).
 HEADER_LENGTH = "Inference-Header-Content-Length"

@@ -42,7 +42,7 @@ def _names(choices: tuple[str, ...]) -> Any:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `model-cache simulate` to the `adaserve` command line."""
-    cache = subparsers.add_parser("model-cache", help="mCache: models kept resident under a memory budget")
+    cache = subparsers.add_parser("model-cache", help="replay a workload through mCache's eviction policies, no server")
     commands = cache.add_subparsers(dest="cache_command", required=True)
     run = commands.add_parser(
         "simulate",

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2_grpc
-from tritonclient.grpc import service_pb2_grpc
 
 from adaserve.engine.poller import RepositoryPoller
 from adaserve.engine.router import CacheSettings, ModelRouter
@@ -30,6 +29,7 @@ from adaserve.server.grpc_service import InferenceServicer
 from adaserve.server.health import HealthService
 from adaserve.server.http import LISTEN_BACKLOG, HttpServer
 from adaserve.server.limits import ClientLimits
+from adaserve.server.protos import grpc_service_pb2_grpc as service_pb2_grpc
 from adaserve.server.response_cache import ResponseCache, cache_size_from_config
 from adaserve.server.rest import create_app, error_response
 from adaserve.server.restrictions import frontend_restrictions

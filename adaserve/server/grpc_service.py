@@ -1,6 +1,6 @@
 """The gRPC adapter: `inference.GRPCInferenceService` over the data plane.
 
-The service is Triton's `grpc_service.proto`, taken from the `tritonclient` wheel's generated modules. Its core
+The service is Triton's `grpc_service.proto`, vendored in `adaserve/server/protos/` (r24.07). Its core
 RPCs (ServerLive … ModelInfer) are KServe's `grpc_predict_v2.proto` message for message and field for field, so
 clients built from either proto work; the rest are Triton's extensions (config, statistics, repository, logging,
 system shared memory).
@@ -17,7 +17,6 @@ from typing import Any, TypeVar
 
 import grpc
 from google.protobuf import json_format
-from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from adaserve.config import Interface
 from adaserve.errors import AdaserveError, InvalidInputError
@@ -37,6 +36,9 @@ from adaserve.server.protocol import (
     shared_memory_ref,
     tensor_bytes,
 )
+from adaserve.server.protos import grpc_service_pb2 as service_pb2
+from adaserve.server.protos import grpc_service_pb2_grpc as service_pb2_grpc
+from adaserve.server.protos import model_config_pb2
 from adaserve.server.restrictions import Restrictions
 from adaserve.server.shared_memory import RegionKind, SharedMemoryRegions
 

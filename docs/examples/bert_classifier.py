@@ -1,51 +1,47 @@
-"""A BERT sentence classifier from `transformers`, built from a config with random weights (no download), written
-as `model.pt2`: `HF_HUB_OFFLINE=1 python bert_classifier.py models`."""
+"""A BERT sentence classifier from `transformers`, built from a config with random weights (nothing is downloaded),
+written with its labels by `write_sequence_classifier`: `HF_HUB_OFFLINE=1 python bert_classifier.py models`.
+`tokenize` is the client's side: it pads every text to `SEQUENCE` tokens and saves the two inputs as .npy files."""
 
 import sys
 from pathlib import Path
 
+import numpy as np
 import torch
-from torch import nn
-from transformers import BertConfig, BertForSequenceClassification
+from transformers import BertConfig, BertForSequenceClassification, BertTokenizer
 
-from adaserve.config import ModelConfig
-from adaserve.export import write_model
+from adaserve.export import write_sequence_classifier
 
-TOKENS = 32  # every request carries this many token ids a row (pad shorter sentences)
-
-CONFIG = ModelConfig.model_validate(
-    {
-        "name": "sentiment",
-        "max_batch_size": 4,
-        "inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [-1, TOKENS]}],
-        "outputs": [{"name": "logits", "datatype": "FP32", "shape": [-1, 2]}],
-    }
-)
+WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "film", "was", "good", "bad", "not", "at", "all"]
+SEQUENCE = 12  # every request carries this many token ids a row: the tokenizer pads to it
 
 
-class Logits(nn.Module):
-    """input_ids in, logits out: one tensor each way, as the server and torch.export want."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids=input_ids).logits
-
-
-def build() -> nn.Module:
+def build() -> BertForSequenceClassification:
     torch.manual_seed(0)
     config = BertConfig(
-        vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128
+        vocab_size=len(WORDS),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=SEQUENCE,
+        id2label={0: "negative", 1: "positive"},
     )
-    config.num_labels = 2
     # With trained weights: BertForSequenceClassification.from_pretrained(a local folder) instead.
-    return Logits(BertForSequenceClassification(config).eval())
+    return BertForSequenceClassification(config).eval()
+
+
+def tokenize(texts: list[str], folder: Path) -> dict[str, np.ndarray]:
+    """The client's side: token ids and attention mask, padded to SEQUENCE, saved as input_ids.npy and
+    attention_mask.npy in `folder`."""
+    tokenizer = BertTokenizer(vocab={word: index for index, word in enumerate(WORDS)})
+    batch = tokenizer(texts, padding="max_length", truncation=True, max_length=SEQUENCE, return_tensors="np")
+    for name in ("input_ids", "attention_mask"):
+        np.save(folder / f"{name}.npy", batch[name])
+    return {name: batch[name] for name in ("input_ids", "attention_mask")}
 
 
 if __name__ == "__main__":
     repository = Path(sys.argv[1] if len(sys.argv) > 1 else "models")
-    example = torch.randint(0, 1000, (2, TOKENS))
-    artifact = write_model(repository, CONFIG, build(), (example,))
+    artifact = write_sequence_classifier(repository, build(), name="sentiment", sequence_length=SEQUENCE)
     print(f"wrote {artifact}")
+    tokenize(["the film was good", "not good at all", "bad"], Path("."))

@@ -6,17 +6,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from adaserve.config import ModelConfig
 from adaserve.export import write_model
 
-CONFIG = ModelConfig.model_validate(
-    {
-        "name": "scorer",
-        "max_batch_size": 8,  # the exported program takes batches of 1 to 8 rows
-        "inputs": [{"name": "features", "datatype": "FP32", "shape": [-1, 4]}],
-        "outputs": [{"name": "scores", "datatype": "FP32", "shape": [-1, 3]}],
-    }
-)
+CONFIG = {  # what config.yaml holds; write_model also takes keyword arguments, or an adaserve.config.ModelConfig
+    "max_batch_size": 8,  # the exported program takes batches of 1 to 8 rows
+    "inputs": [{"name": "features", "datatype": "FP32", "shape": [-1, 4]}],
+    "outputs": [{"name": "scores", "datatype": "FP32", "shape": [-1, 3]}],
+}
 
 
 def build() -> nn.Module:
@@ -26,5 +22,5 @@ def build() -> nn.Module:
 
 if __name__ == "__main__":
     repository = Path(sys.argv[1] if len(sys.argv) > 1 else "models")
-    artifact = write_model(repository, CONFIG, build(), (torch.randn(2, 4),))
+    artifact = write_model(repository, CONFIG, build(), torch.randn(2, 4), name="scorer")
     print(f"wrote {artifact}")

@@ -24,7 +24,7 @@ def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--model", "m", "--rate", "1", "--duration", "1"], "--url is required"),
+        (["--url", "h:1", "--model", "m", "--input", "x.npy", "--rate", "1", "--duration", "1"], "NAME=FILE.npy"),
         (["--url", "h:1", "--rate", "1", "--duration", "1"], "--model (or --workload) is required"),
         (["--url", "h:1", "--model", "m", "--duration", "1"], "say how to send"),
         (["--url", "h:1", "--model", "m", "--rate", "1"], "needs a bound"),
@@ -57,6 +57,13 @@ def test_argument_errors_exit_2_with_a_message(
     code, _, err = _run(capsys, "bench", *argv)
     assert code == ExitCode.BAD_INPUT
     assert err.startswith("adaserve bench: error: ") and message in err
+
+
+def test_the_url_defaults_to_where_serve_listens_by_default() -> None:
+    """As `adaserve infer`'s does: the HTTP port, or the gRPC one with --protocol grpc."""
+    base = ["bench", "--model", "m", "--rate", "1", "--duration", "1"]
+    assert build_config(parse_cli(*base)).url == "127.0.0.1:8000"
+    assert build_config(parse_cli(*base, "--protocol", "grpc")).url == "127.0.0.1:8001"
 
 
 def test_flags_build_each_load() -> None:
