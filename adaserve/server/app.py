@@ -25,11 +25,10 @@ from adaserve.malloc import keep_freed_memory
 from adaserve.repository import ModelRepository
 from adaserve.server.content_coding import GRPC_COMPRESSION_LEVELS
 from adaserve.server.dataplane import DataPlane, ModelControlMode
-from adaserve.server.grpc_service import InferenceServicer
+from adaserve.server.grpc_service import InferenceServicer, add_to_server
 from adaserve.server.health import HealthService
 from adaserve.server.http import LISTEN_BACKLOG, HttpServer
 from adaserve.server.limits import ClientLimits
-from adaserve.server.protos import grpc_service_pb2_grpc as service_pb2_grpc
 from adaserve.server.response_cache import ResponseCache, cache_size_from_config
 from adaserve.server.rest import create_app, error_response
 from adaserve.server.restrictions import frontend_restrictions
@@ -130,8 +129,7 @@ async def serve(options: ServeOptions) -> None:
             ("grpc.default_compression_level", GRPC_COMPRESSION_LEVELS.index(options.grpc_compression_level)),
         ]
     )
-    servicer = InferenceServicer(plane, grpc_restrictions)
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, grpc_server)
+    add_to_server(InferenceServicer(plane, grpc_restrictions), grpc_server)
     health_pb2_grpc.add_HealthServicer_to_server(HealthService(plane, grpc_restrictions), grpc_server)
     grpc_address = f"{options.host}:{options.grpc_port}"
     try:  # grpcio raises when the port is taken, with no reason: only its C core logs one

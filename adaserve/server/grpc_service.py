@@ -17,9 +17,11 @@ from typing import Any, TypeVar
 
 import grpc
 from google.protobuf import json_format
+from google.protobuf.message import DecodeError
 
 from adaserve.config import Interface
-from adaserve.errors import AdaserveError, InvalidInputError
+from adaserve.errors import AdaserveError, InvalidInputError, RequestTooLargeError
+from adaserve.server.content_coding import OFFLOAD_BYTES
 from adaserve.server.dataplane import DataPlane
 from adaserve.server.protocol import (
     InferenceRequest,
@@ -31,6 +33,7 @@ from adaserve.server.protocol import (
     check_input,
     check_shape,
     class_count,
+    grpc_bytes_limit,
     refuse_shared_memory,
     refuse_unsupported,
     shared_memory_ref,
@@ -81,7 +84,12 @@ def _rpc(category: str) -> Callable[[Method[Message]], Method[Message]]:
                 self.restrictions.check_call(category, context)
                 return await method(self, request, context)
             except Exception as exc:
-                await context.abort(*_status(exc, method.__name__))
+                status = _status(exc, method.__name__)
+            # Aborted outside the handler, with the request let go of: the exception `abort` raises keeps this frame,
+            # and it kept the failed request's traceback with it, frames, message and all, until the cyclic garbage
+            # collector ran (refused 60 MB messages grew the server by 60 MB each, to 800 MB).
+            del request
+            await context.abort(*status)
             raise AssertionError("unreachable: context.abort raises")
 
         return wrapper
@@ -217,8 +225,10 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         return service_pb2.RepositoryModelUnloadResponse()
 
     @_rpc("inference")
-    async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await self._infer(request, context)
+    async def ModelInfer(self, raw: bytes, context: grpc.aio.ServicerContext) -> Any:
+        """The request comes as its bytes (`add_to_server`): `_parsed` checks them against the model first."""
+        arrived_ns = time.perf_counter_ns()
+        return await self._infer(*await self._parsed(raw), context, arrived_ns)
 
     async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
         """Triton's streaming inference (tritonclient's `start_stream` / `async_stream_infer`), for models that
@@ -234,13 +244,18 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         running: set[asyncio.Task[None]] = set()
         room = asyncio.Semaphore(STREAM_WINDOW)  # taken by each request read, given back as its answer is sent
 
-        async def answer(request: Any) -> None:
+        async def answer(raw: bytes) -> None:
+            arrived_ns = time.perf_counter_ns()
+            request = None
             try:
-                response = service_pb2.ModelStreamInferResponse(infer_response=await self._infer(request, context))
+                request, config = await self._parsed(raw)
+                answered = await self._infer(request, config, context, arrived_ns)
+                response = service_pb2.ModelStreamInferResponse(infer_response=answered)
             except Exception as exc:
                 _, message = _status(exc, "ModelStreamInfer")
+                model_name, model_version = peek_model(raw) or ("", "")
                 named = service_pb2.ModelInferResponse(
-                    model_name=request.model_name, model_version=request.model_version, id=request.id
+                    model_name=model_name, model_version=model_version, id=request.id if request is not None else ""
                 )
                 response = service_pb2.ModelStreamInferResponse(error_message=message, infer_response=named)
             answers.put_nowait(response)
@@ -268,11 +283,30 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             for task in running:
                 task.cancel()
 
-    async def _infer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        """One request; a traced one is stamped as read on arrival here and as sent when its answer is handed back
-        (grpc.aio reads and writes the messages itself: those spans are points)."""
-        arrived_ns = time.perf_counter_ns()
-        config = self.plane.check_model(request.model_name, request.model_version)
+    async def _parsed(self, raw: bytes) -> tuple[Any, Interface]:
+        """A request's message out of its bytes, and what its model takes. The model is read from the message's
+        first fields (`peek_model`), and a message larger than it can take is refused before it is parsed
+        (RESOURCE_EXHAUSTED); one over `OFFLOAD_BYTES` is parsed off the event loop. grpc.aio parsed every message
+        on the loop before any check: 60 MB of typed values for a 16-row model cost the other clients 50-100 ms a
+        message, and a few hundred MB while they were parsed."""
+        named = peek_model(raw)
+        config = None
+        if named is not None:
+            config = self.plane.check_model(*named)
+            limit = grpc_bytes_limit(config)
+            if len(raw) > limit:
+                raise RequestTooLargeError(
+                    f"request for model '{named[0]}' of {len(raw)} bytes exceeds the {limit} bytes that "
+                    f"{config.max_batch_size} rows of its inputs can take"
+                )
+        message = await asyncio.to_thread(_parse, raw) if len(raw) > OFFLOAD_BYTES else _parse(raw)
+        if config is None:  # the model named after the tensors, which no serializer writes: checked once parsed
+            config = self.plane.check_model(message.model_name, message.model_version)
+        return message, config
+
+    async def _infer(self, request: Any, config: Interface, context: grpc.aio.ServicerContext, arrived_ns: int) -> Any:
+        """One request; a traced one is stamped as read on arrival (`arrived_ns`) and as sent when its answer is
+        handed back (grpc.aio reads and writes the messages itself: those spans are points)."""
         inference = decode_request(request, config, self.plane.shared_memory)
         trace = self.plane.tracer.begin(
             request.model_name, inference.id, lambda: dict(context.invocation_metadata() or ())
@@ -373,3 +407,74 @@ def _to_parameter(value: Any) -> Any:
     if isinstance(value, float):
         return service_pb2.InferParameter(double_param=value)
     return service_pb2.InferParameter(string_param=str(value))
+
+
+#: The service's full name, as its RPCs' paths begin.
+SERVICE = "inference.GRPCInferenceService"
+#: The fields of a request read for its model's name before the message is parsed (`peek_model`).
+PEEK_FIELDS = 8
+
+
+def add_to_server(servicer: InferenceServicer, server: grpc.aio.Server) -> None:
+    """The service on `server`. Its inference RPCs take each request's bytes as they came, which the servicer
+    parses once it knows what the model takes; registered first, these handlers answer those two RPCs, and the
+    generated ones every other."""
+    raw = {
+        "ModelInfer": grpc.unary_unary_rpc_method_handler(
+            servicer.ModelInfer, response_serializer=service_pb2.ModelInferResponse.SerializeToString
+        ),
+        "ModelStreamInfer": grpc.stream_stream_rpc_method_handler(
+            servicer.ModelStreamInfer, response_serializer=service_pb2.ModelStreamInferResponse.SerializeToString
+        ),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, raw),))
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
+
+
+def peek_model(raw: bytes) -> tuple[str, str] | None:
+    """The model name and version a serialized `ModelInferRequest` names (its fields 1 and 2, which serializers
+    write first), read from its first `PEEK_FIELDS` fields without parsing the rest; None when the name is not
+    among them or the bytes are not protobuf's."""
+    name, version, position = None, "", 0
+    try:
+        for _ in range(PEEK_FIELDS):
+            if position >= len(raw):
+                break
+            key, position = _varint(raw, position)
+            field, wire = key >> 3, key & 7
+            if wire == 2:
+                size, position = _varint(raw, position)
+                if field in (1, 2):
+                    text = raw[position : position + size].decode()
+                    name, version = (text, version) if field == 1 else (name, text)
+                position += size
+            elif wire == 0:
+                _, position = _varint(raw, position)
+            elif wire in (1, 5):
+                position += 8 if wire == 1 else 4
+            else:
+                return None
+    except (IndexError, UnicodeDecodeError):
+        return None
+    return None if name is None else (name, version)
+
+
+def _varint(raw: bytes, position: int) -> tuple[int, int]:
+    """A base-128 varint at `position`, and the position after it; IndexError past the end."""
+    value = shift = 0
+    while True:
+        byte = raw[position]
+        position += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, position
+        shift += 7
+        if shift > 63:
+            raise IndexError("a varint longer than 10 bytes")
+
+
+def _parse(raw: bytes) -> Any:
+    try:
+        return service_pb2.ModelInferRequest.FromString(raw)
+    except DecodeError:
+        raise InvalidInputError("the request is not a ModelInferRequest message") from None

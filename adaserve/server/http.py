@@ -134,8 +134,8 @@ class HttpProtocol(asyncio.Protocol):
         self.pending: deque[tuple[Request | Response, bool]] = deque()  # a request, or an early error response
         self.task: asyncio.Task[None] | None = None
         self.closing = False  # the last answer is written; input is drained and discarded until close
-        self._can_write = asyncio.Event()  # cleared while the client is not reading what was written
-        self._can_write.set()
+        self._can_write = True  # False while the client is not reading what was written
+        self._writable: asyncio.Future[None] | None = None  # what answering waits on meanwhile
         self._messages = 0  # requests begun on this connection
         self._received_ns = 0  # when the current one began to arrive
         self._in_head = True  # the current request's URL and headers are not complete yet
@@ -190,12 +190,14 @@ class HttpProtocol(asyncio.Protocol):
     def pause_writing(self) -> None:
         """The client is not reading: answer nothing more until it does. The requests left wait, and past
         MAX_PIPELINED reading stops too, so a client that never reads holds a bounded amount of memory."""
-        self._can_write.clear()
+        self._can_write = False
         self._arm(self.last_input + self.limits.idle_timeout_s)
 
     def resume_writing(self) -> None:
         self._touch()  # the client read: progress, for the idle timeout
-        self._can_write.set()
+        self._can_write = True
+        if self._writable is not None and not self._writable.done():
+            self._writable.set_result(None)
 
     def data_received(self, data: bytes) -> None:
         self._touch()
@@ -316,7 +318,9 @@ class HttpProtocol(asyncio.Protocol):
 
     async def _answer_all(self) -> None:
         while self.pending and self.transport is not None:
-            await self._can_write.wait()
+            if not self._can_write:
+                self._writable = self._loop.create_future()
+                await self._writable
             item, keep_alive = self.pending.popleft()
             try:
                 response = item if isinstance(item, Response) else await self._respond(item)
@@ -377,7 +381,7 @@ class HttpProtocol(asyncio.Protocol):
         answers, has the idle timeout from the last thing it did."""
         if self.busy:
             return None
-        if not self._can_write.is_set():
+        if not self._can_write:
             return self.last_input + self.limits.idle_timeout_s
         if self._partial and self._in_head:
             return self._head_started + self.limits.header_timeout_s
@@ -407,7 +411,7 @@ class HttpProtocol(asyncio.Protocol):
         now, deadline = self._loop.time(), self._deadline()
         if deadline is None or now < deadline:
             self._arm(now + self.limits.idle_timeout_s if deadline is None else deadline)
-        elif not self._can_write.is_set():
+        elif not self._can_write:
             self.transport.abort()  # it stopped reading its answers: drop them (close would wait to flush them)
         elif self._partial and self._in_head:
             self._fail(408, f"the request's URL and headers did not arrive within {self.limits.header_timeout_s:g} s")
@@ -424,7 +428,7 @@ class HttpProtocol(asyncio.Protocol):
     @property
     def busy(self) -> bool:
         """An answer is being computed (not merely waiting for the client to read)."""
-        return self.task is not None and self._can_write.is_set()
+        return self.task is not None and self._can_write
 
     @property
     def evictable(self) -> bool:
@@ -447,7 +451,7 @@ class HttpProtocol(asyncio.Protocol):
         """Close it for a newer connection: a 408 when a request was arriving, else quietly."""
         if self.transport is None:
             return
-        if not self._can_write.is_set():
+        if not self._can_write:
             self.transport.abort()  # it is not reading: nothing could be said to it
         elif self._partial:
             self._fail(408, "the connection was closed to make room for others: the request stopped arriving")

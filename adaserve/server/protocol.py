@@ -239,8 +239,23 @@ def request_bytes_limit(config: Interface) -> int:
     data takes less), with room for the rest. A larger body is refused before it is decompressed or parsed: a
     64 KB gzip body that inflated to 63 MiB of JSON numbers stalled the event loop for 3 s to be parsed, then
     refused for its shape."""
-    values = sum(config.max_batch_size * math.prod(spec.row_shape) for spec in config.inputs)
-    return values * JSON_BYTES_PER_VALUE + REQUEST_OVERHEAD_BYTES
+    return most_values(config) * JSON_BYTES_PER_VALUE + REQUEST_OVERHEAD_BYTES
+
+
+def most_values(config: Interface) -> int:
+    """The values a request for `config` holds at most: every input at `max_batch_size` rows."""
+    return sum(config.max_batch_size * math.prod(spec.row_shape) for spec in config.inputs)
+
+
+#: The most a tensor's value takes in a gRPC request: an INT64 as a negative varint in typed contents (raw
+#: contents take the datatype's size, less).
+GRPC_BYTES_PER_VALUE = 10
+
+
+def grpc_bytes_limit(config: Interface) -> int:
+    """The largest gRPC request `config` can take: every input at `max_batch_size` rows, as typed contents, with
+    room for the rest (`request_bytes_limit`'s, for JSON)."""
+    return most_values(config) * GRPC_BYTES_PER_VALUE + REQUEST_OVERHEAD_BYTES
 
 
 def check_shape(name: str, shape: Any) -> tuple[int, ...]:

@@ -66,6 +66,8 @@ def test_request_bodies_are_decoded_in_every_coding_and_order() -> None:
     assert decode("gzip", gzip.compress(data)) == decode("deflate", zlib.compress(data)) == data
     assert decode("deflate, gzip", gzip.compress(zlib.compress(data))) == data  # the last coding listed is undone first
     assert decode("gzip", gzip.compress(data[:700]) + gzip.compress(data[700:])) == data  # gzip members in a row
+    pieces = [data[i : i + 20] for i in range(0, 1280, 20)]
+    assert decode("gzip", b"".join(gzip.compress(piece) for piece in pieces)) == data[:1280]  # 64 members
     assert decode("gzip", b"") == b""
 
 
@@ -78,6 +80,7 @@ def test_request_bodies_are_decoded_in_every_coding_and_order() -> None:
         ("gzip", gzip.compress(b"{}" * 1000)[:-20], 400, "ends before its end marker"),
         ("deflate", zlib.compress(b"{}") + b"junk", 400, "4 bytes after the end of its deflate data"),
         ("gzip", gzip.compress(bytes(5000)), 413, "exceeds the limit of 4096 bytes once decompressed (gzip)"),
+        ("gzip", gzip.compress(b"") * 65, 400, "request body has more than 64 gzip members"),
     ],
 )
 def test_bodies_that_cannot_be_decoded_are_refused_by_name(header: str, body: bytes, status: int, words: str) -> None:
