@@ -107,10 +107,12 @@ def _serve(args: argparse.Namespace) -> int:
 def _limits(args: argparse.Namespace) -> ClientLimits:
     from adaserve.server.limits import ClientLimits
 
+    largest = args.max_request_bytes or ClientLimits.max_body_bytes
     try:
         return ClientLimits(
-            max_body_bytes=args.max_request_bytes,
-            body_budget_bytes=args.max_request_bytes_held or 2 * args.max_request_bytes,
+            max_body_bytes=largest,
+            body_budget_bytes=args.max_request_bytes_held or 2 * largest,
+            grpc_message_bytes=args.max_request_bytes,
             max_connections=args.max_connections,
             idle_timeout_s=args.http_idle_timeout,
             header_timeout_s=args.http_header_timeout,
@@ -375,9 +377,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--max-request-bytes",
         type=positive_integer,
-        default=limits.max_body_bytes,
         help="largest request accepted, once decompressed (413 / RESOURCE_EXHAUSTED beyond); an inference request "
-        "is also held to what its model can take (max_batch_size rows of its inputs as JSON)",
+        "is also held to what its model can take (max_batch_size rows of its inputs as JSON). Default: "
+        f"{limits.max_body_bytes} over HTTP; over gRPC the largest request the repository's models take at start "
+        "(at least gRPC's own 4 MiB), so a larger message is refused before it is received",
     )
     serve.add_argument(
         "--max-request-bytes-held",

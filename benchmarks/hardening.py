@@ -109,14 +109,16 @@ def gzip_members(server: ServerHandle, until: float) -> None:
 
 
 def held_bodies(server: ServerHandle, until: float) -> None:
-    """Row 3: 30 connections at once, each sending all but the last byte of a 60 MiB body, then holding it."""
+    """Row 3: 30 connections at once, each sending all but the last byte of a 60 MiB body, then holding it; to a
+    route the server's limit holds (64 MiB), as an inference route refuses what its model cannot take at once."""
     host, port = server.http_url.split(":")
     size, chunk = 60 << 20, b"1" * (1 << 20)
 
     def hold() -> None:
         with socket.create_connection((host, int(port)), timeout=5) as sock:
             try:
-                sock.sendall(f"POST {INFER} HTTP/1.1\r\nhost: x\r\ncontent-length: {size}\r\n\r\n".encode())
+                head = f"POST /v2/repository/index HTTP/1.1\r\nhost: x\r\ncontent-length: {size}\r\n\r\n"
+                sock.sendall(head.encode())
                 for _ in range(size // len(chunk) - 1):
                     sock.sendall(chunk)
                 sock.sendall(chunk[:-1])

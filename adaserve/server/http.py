@@ -103,6 +103,9 @@ class Routes:
 
 
 Application = Callable[[Request], Awaitable[Response]]
+#: The most bytes a request body to (method, path) may be, and what that limit is, for the refusal; None for the
+#: server's `max_body_bytes` (the REST app's `body_limit`: an inference route's model's).
+BodyLimit = Callable[[str, str], tuple[int, str] | None]
 
 
 def render(response: Response, keep_alive: bool, with_body: bool = True) -> bytes:
@@ -154,6 +157,7 @@ class HttpProtocol(asyncio.Protocol):
         self._headers: dict[str, str] = {}
         self._body: list[bytes] = []
         self._size = 0
+        self._limit, self._limit_what = self.limits.max_body_bytes, "request body"  # set at the headers' end
         self._held = 0  # bytes of the body budget the current request holds
         self._head_size = 0  # bytes of URL and headers received (in chunks that held nothing else)
         self._refused: Response | None = None
@@ -246,8 +250,10 @@ class HttpProtocol(asyncio.Protocol):
         self._arm(self._body_started + self.limits.body_timeout_s)
         declared = self._headers.get("content-length", "")
         size = int(declared) if declared.isascii() and declared.isdigit() else 0
-        if size > self.limits.max_body_bytes:
-            self._refuse(413, f"request body of {declared} bytes exceeds the limit of {self.limits.max_body_bytes}")
+        if size or self._headers.get("transfer-encoding"):
+            self._body_limit()
+        if size > self._limit:
+            self._refuse(413, f"{self._limit_what} of {declared} bytes exceeds the limit of {self._limit} bytes")
         elif size and not self._hold(size, size):
             return
         elif self._headers.get("expect", "").lower() == "100-continue" and self.transport is not None:
@@ -257,8 +263,8 @@ class HttpProtocol(asyncio.Protocol):
         if self._refused is not None:
             return
         self._size += len(body)
-        if self._size > self.limits.max_body_bytes:
-            self._refuse(413, f"request body exceeds the limit of {self.limits.max_body_bytes} bytes")
+        if self._size > self._limit:
+            self._refuse(413, f"{self._limit_what} exceeds the limit of {self._limit} bytes")
             return
         if self._size > self._held and not self._hold(self._size - self._held, self._size):  # chunked: as it comes
             return
@@ -277,6 +283,18 @@ class HttpProtocol(asyncio.Protocol):
         self._held = 0  # the request holds it now, until it is answered
         request.received_ns, request.complete_ns = self._received_ns, time.perf_counter_ns()
         self._enqueue(request, keep_alive)
+
+    def _body_limit(self) -> None:
+        """The most this request's body may be: its route's limit where the app has one, else the server's."""
+        if self.server.body_limit is None:
+            return
+        try:
+            path = httptools.parse_url(self._url).path.decode("latin-1")
+        except httptools.HttpParserInvalidURLError:
+            return  # answered as a malformed request at its end
+        limited = self.server.body_limit(self.parser.get_method().decode("latin-1"), path)
+        if limited is not None:
+            self._limit, self._limit_what = min(limited[0], self.limits.max_body_bytes), limited[1]
 
     # -- answering -------------------------------------------------------------------------------------------
     def _hold(self, size: int, body_bytes: int) -> bool:
@@ -465,10 +483,16 @@ class HttpServer:
     busy ones."""
 
     def __init__(
-        self, app: Application, *, on_error: Callable[[int, str], Response], limits: ClientLimits | None = None
+        self,
+        app: Application,
+        *,
+        on_error: Callable[[int, str], Response],
+        limits: ClientLimits | None = None,
+        body_limit: BodyLimit | None = None,
     ) -> None:
         self.app = app
         self.on_error = on_error
+        self.body_limit = body_limit
         self.limits = limits or ClientLimits()
         self.budget = BodyBudget(self.limits.body_budget_bytes)
         #: The open connections, the one quiet longest first.

@@ -39,10 +39,13 @@ class ClientLimits:
     #: A connection younger than this in what it is doing is not closed to make room for a new one
     #: (`HttpProtocol.evictable`): at the limit with every connection that young, the new one is refused.
     evict_after_s: float = 0.25
+    #: The largest gRPC message received; None: what the repository's models take at start
+    #: (`server/app.py`'s `grpc_message_bytes`).
+    grpc_message_bytes: int | None = None
 
     def __post_init__(self) -> None:
         for name, value in self.__dict__.items():
-            if value <= 0:
+            if value is not None and value <= 0:
                 raise ValueError(f"limit {name} must be above 0, got {value}")
         if self.body_budget_bytes * LARGE_SHARE < self.max_body_bytes:
             raise ValueError(

@@ -21,7 +21,7 @@ from adaserve.config import Interface
 from adaserve.errors import AdaserveError, InvalidInputError, ModelNotReadyError, RequestTooLargeError
 from adaserve.server.content_coding import OFFLOAD_BYTES, CodingError, decode_body
 from adaserve.server.dataplane import DataPlane
-from adaserve.server.http import Application, Handler, Request, Response, Routes
+from adaserve.server.http import Application, BodyLimit, Handler, Request, Response, Routes
 from adaserve.server.kserve_v1 import decode_predict, encode_predict
 from adaserve.server.metrics import render_metrics
 from adaserve.server.protocol import InferenceRequest, InferenceResponse, request_bytes_limit
@@ -50,10 +50,12 @@ def health_response(ok: bool, document: dict[str, Any]) -> Response:
     return json_response(document, 200 if ok else 503)
 
 
-def create_app(plane: DataPlane, max_body_bytes: int, restrictions: Restrictions | None = None) -> Application:
-    """The application: routes a request to its handler and maps every error to a response. `max_body_bytes`: the
-    most a request body may be once decompressed. `restrictions`: the API categories that answer only requests
-    with a given header (`--http-restricted-api`)."""
+def create_app(
+    plane: DataPlane, max_body_bytes: int, restrictions: Restrictions | None = None
+) -> tuple[Application, BodyLimit]:
+    """The application, which routes a request to its handler and maps every error to a response, and the limit on
+    each route's body (`body_limit`). `max_body_bytes`: the most a request body may be once decompressed.
+    `restrictions`: the API categories that answer only requests with a given header (`--restricted-api`)."""
     restrictions = restrictions or Restrictions()
 
     async def body(request: Request, limit: int = max_body_bytes, what: str = "request body") -> bytes:
@@ -63,14 +65,17 @@ def create_app(plane: DataPlane, max_body_bytes: int, restrictions: Restrictions
             raise RequestTooLargeError(f"{what} of {len(request.body)} bytes exceeds the limit of {limit} bytes")
         return await decode_body(request.headers.get("content-encoding"), request.body, limit, what)
 
+    def model_limit(name: str, config: Interface) -> tuple[int, str]:
+        """The most bytes a request body for model `name` may be, and what that is, for a refusal's message."""
+        limit = min(request_bytes_limit(config), max_body_bytes)
+        return limit, f"request body for model '{name}' (at most {config.max_batch_size} rows of its inputs)"
+
     async def inference_body(request: Request) -> tuple[Interface, bytes]:
         """What the model asked for takes, and the request's body held to the most that can be (a bomb of JSON
         numbers stops there, not at the server's limit)."""
         name, version = _model(request)
         config = plane.check_model(name, version)
-        limit = min(request_bytes_limit(config), max_body_bytes)
-        what = f"request body for model '{name}' (at most {config.max_batch_size} rows of its inputs)"
-        return config, await body(request, limit, what)
+        return config, await body(request, *model_limit(name, config))
 
     async def infer(request: Request) -> Response:
         config, content = await inference_body(request)
@@ -215,10 +220,14 @@ def create_app(plane: DataPlane, max_body_bytes: int, restrictions: Restrictions
 
     routes = Routes()
 
+    inference_handlers: set[Handler] = set()  # as routed (guarded, where restricted), for `body_limit`
+
     def add(method: str, template: str, category: str, handler: Handler) -> None:
         """A route in one of Triton's API categories, which `restrictions` may guard with a header."""
         if restrictions.restricts(category):
             handler = _guarded(restrictions, category, handler)
+        if category == "inference":
+            inference_handlers.add(handler)
         routes.add(method, template, handler)
 
     for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
@@ -275,7 +284,20 @@ def create_app(plane: DataPlane, max_body_bytes: int, restrictions: Restrictions
             log.exception("unexpected error", extra={"path": request.path})
             return error_response(500, f"internal error: {type(exc).__name__}: {exc}")
 
-    return app
+    def body_limit(method: str, path: str) -> tuple[int, str] | None:
+        """The most a body may be for an inference route, and what that is: what its model can take, so the HTTP
+        layer refuses a larger body at its headers, before reading it (30 connections sent 60 MiB each to a
+        16-row model). None for any other route, and where the handler will refuse the request anyway."""
+        resolved = routes.resolve(method, path)
+        if not isinstance(resolved, tuple) or resolved[0] not in inference_handlers:
+            return None
+        name, version = resolved[1]["model"], resolved[1].get("version", "")
+        try:
+            return model_limit(name, plane.check_model(name, version))
+        except AdaserveError:
+            return None  # an unknown model, say: its handler answers that, naming it
+
+    return app, body_limit
 
 
 def _guarded(restrictions: Restrictions, category: str, handler: Handler) -> Handler:

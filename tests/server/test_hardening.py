@@ -33,9 +33,11 @@ import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
+from adaserve.repository import ModelRepository
+from adaserve.server.app import GRPC_DEFAULT_MESSAGE_BYTES, grpc_message_bytes
 from adaserve.server.grpc_service import STREAM_WINDOW, InferenceServicer, peek_model
 from tests.server.reference import reference_outputs
-from tests.server_utils import ServerHandle, link_example, running_server
+from tests.server_utils import ServerHandle, link_example, running_server, write_config
 
 #: A normal client's request during an attack is answered within this (on a quiet machine, milliseconds): before,
 #: 16 gzip bombs in parallel made one wait 55 s.
@@ -238,10 +240,12 @@ def rss_bytes(pid: int) -> int:
 
 def test_unfinished_bodies_on_many_connections_hold_no_more_than_the_budget(limited: ServerHandle) -> None:
     """30 connections each holding 60 MiB of an unfinished body took the server from 174 MB to 2.0 GB. Here 30
-    hold 3.9 MB each (117 MB): the server takes two, refuses the rest at once, and serves a normal client."""
+    hold 3.9 MB each (117 MB) on a route the server's limit holds them to (an inference route refuses a body its
+    model cannot take at its headers): the server takes one, refuses the rest at once, and serves a normal
+    client."""
     host, port = limited.http_url.split(":")
     before = rss_bytes(limited.pid)
-    head = b"POST /v2/models/mlp/infer HTTP/1.1\r\nhost: x\r\ncontent-length: 3900000\r\n\r\n"
+    head = b"POST /v2/repository/index HTTP/1.1\r\nhost: x\r\ncontent-length: 3900000\r\n\r\n"
     refused = 0
     with contextlib.ExitStack() as holders, served_alongside(limited):
         for _ in range(30):
@@ -445,3 +449,17 @@ def test_grpc_takes_no_more_connections_than_the_limit(limited: ServerHandle) ->
             except (grpc.FutureTimeoutError, grpc.RpcError):
                 ready.append(False)
     assert ready.count(True) == 40, ready
+
+
+def test_grpc_receives_no_larger_message_than_the_repository_takes(tmp_path: Path) -> None:
+    """gRPC's core refuses a message longer than its limit before receiving it; with --max-request-bytes unset the
+    limit is the largest request the repository's models can take at start, at least gRPC's own 4 MiB."""
+    root = tmp_path / "models"
+    link_example(root, "mlp")
+    repository = ModelRepository(root)
+    assert grpc_message_bytes(repository, 64 << 20) == GRPC_DEFAULT_MESSAGE_BYTES  # 16 rows of 784 values: 190 KB
+    image = {"name": "image", "datatype": "FP32", "shape": [-1, 3, 224, 224]}
+    link_example(root, "mlp", "wide", inputs=[image])  # its config alone is read: the artifact does not matter
+    write_config(root / "broken", {"inputs": "not a list"})
+    assert grpc_message_bytes(repository, 64 << 20) == 16 * 3 * 224 * 224 * 10 + 64 * 1024
+    assert grpc_message_bytes(repository, 10 << 20) == 10 << 20  # never past --max-request-bytes

@@ -10,6 +10,7 @@ import time
 import urllib.request
 
 import numpy as np
+import pytest
 
 from adaserve.server.http import MAX_HEAD_BYTES, HttpServer, Request, Response
 from adaserve.server.limits import ClientLimits
@@ -108,13 +109,36 @@ def test_chunked_body_and_expect_continue(server: ServerHandle) -> None:
     assert status == 200 and json.loads(answer)["outputs"][0]["shape"] == [1, 10]
 
 
-def test_an_oversized_chunked_body_is_refused_and_the_connection_closed(server: ServerHandle) -> None:
+@pytest.mark.parametrize(
+    ("path", "error"),
+    [
+        ("/v2/repository/index", f"request body exceeds the limit of {MAX_REQUEST_BYTES} bytes"),
+        (  # an inference route: what its model can take, once that many bytes are in
+            "/v2/models/mlp/infer",
+            "request body for model 'mlp' (at most 16 rows of its inputs) exceeds the limit of 868352 bytes",
+        ),
+    ],
+)
+def test_an_oversized_chunked_body_is_refused_and_the_connection_closed(
+    server: ServerHandle, path: str, error: str
+) -> None:
     piece = b"x" * 65536
-    head = b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
+    head = f"POST {path} HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n".encode()
     chunk = b"%x\r\n%s\r\n" % (len(piece), piece)
     status, headers, body = refused_after(server, head, chunk, MAX_REQUEST_BYTES // len(piece) + 2)
     assert status == 413 and headers["connection"] == "close"
-    assert json.loads(body)["error"] == f"request body exceeds the limit of {MAX_REQUEST_BYTES} bytes"
+    assert json.loads(body)["error"] == error
+
+
+def test_a_body_larger_than_its_model_takes_is_refused_at_its_headers(server: ServerHandle) -> None:
+    """30 connections sent 60 MiB bodies to a 16-row model, and each was read whole before it was refused."""
+    head = post("/v2/models/mlp/infer", b"")[: -len("\r\n")].replace(b"Content-Length: 0", b"Content-Length: 900000")
+    with connect(server) as sock:
+        sock.sendall(head + b"\r\n")  # the headers alone: the answer comes before any of the body
+        status, headers, body = read_response(sock, bytearray())
+    assert status == 413 and headers["connection"] == "close"
+    words = "request body for model 'mlp' (at most 16 rows of its inputs) of 900000 bytes exceeds the limit of 868352"
+    assert words in json.loads(body)["error"]
 
 
 def test_malformed_requests_and_unknown_routes(server: ServerHandle) -> None:
