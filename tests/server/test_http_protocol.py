@@ -12,7 +12,7 @@ import urllib.request
 import numpy as np
 import pytest
 
-from adaserve.server.http import MAX_HEAD_BYTES, HttpServer, Request, Response
+from adaserve.server.http import LINGER_BYTES, MAX_HEAD_BYTES, HttpServer, Request, Response
 from adaserve.server.limits import ClientLimits
 from tests.conftest import MAX_REQUEST_BYTES
 from tests.server.reference import reference_outputs
@@ -523,6 +523,32 @@ def test_past_the_connection_limit_the_quietest_connection_makes_room_or_the_new
         for each_reader, each_writer in busy:
             assert (await asyncio.wait_for(each_reader.readuntil(b"{}"), 10.0)).startswith(b"HTTP/1.1 200 ")
             each_writer.close()
+        await server.stop(grace_s=1.0)
+
+    asyncio.run(main())
+
+
+def test_a_client_that_keeps_sending_after_its_refusal_is_drained_only_so_far() -> None:
+    """After a last answer the server drains unread input for a while, so as not to reset the answer away; it
+    drained all of it for 2 s, and 29 clients refused at their headers sending 60 MiB each cost the others 4.6x
+    their p99. Past `LINGER_BYTES` the connection is reset now."""
+    limits = ClientLimits(max_body_bytes=1000, body_budget_bytes=4000)
+
+    async def main() -> None:
+        server, _ = trickle_server(limits)
+        listener = socket.create_server(("127.0.0.1", 0))
+        await server.start(listener)
+        reader, writer = await asyncio.open_connection(*listener.getsockname())
+        writer.write(b"POST /x HTTP/1.1\r\nhost: x\r\ncontent-length: 100000000\r\n\r\n")
+        assert (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10.0)).startswith(b"HTTP/1.1 413 ")
+        sent = 0
+        with contextlib.suppress(ConnectionError):
+            while sent < 256 << 20:  # drained for 2 s, this all went: loopback takes it in well under that
+                writer.write(b"x" * 65536)
+                await asyncio.wait_for(writer.drain(), 10.0)
+                sent += 65536
+        assert sent < 3 * LINGER_BYTES  # reset once the server had thrown away its fill (and the buffers theirs)
+        writer.close()
         await server.stop(grace_s=1.0)
 
     asyncio.run(main())

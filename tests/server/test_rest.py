@@ -280,19 +280,22 @@ def test_missing_input_and_unknown_output(server: ServerHandle) -> None:
 
 
 def test_payload_over_the_limit_is_refused(server: ServerHandle) -> None:
-    """Refused on the declared length, before the body is read (so the test sends only the headers)."""
+    """Refused on the declared length, before the body is read (so the test sends only the headers): over the
+    server's limit, or over what the model asked for can take."""
     host, port = server.http_url.split(":")
-    connection = http.client.HTTPConnection(host, int(port), timeout=30)
-    connection.putrequest("POST", "/v2/models/mlp/infer")
-    connection.putheader("Content-Length", str(MAX_REQUEST_BYTES + 1))
-    connection.endheaders()
-    response = connection.getresponse()
-    document = json.loads(response.read())
-    connection.close()
-    assert response.status == 413
-    assert (
-        document["error"] == f"request body of {MAX_REQUEST_BYTES + 1} bytes exceeds the limit of {MAX_REQUEST_BYTES}"
-    )
+    for path, limit, what in (
+        ("/v2/repository/index", MAX_REQUEST_BYTES, "request body"),
+        ("/v2/models/mlp/infer", 868_352, "request body for model 'mlp' (at most 16 rows of its inputs)"),
+    ):
+        connection = http.client.HTTPConnection(host, int(port), timeout=30)
+        connection.putrequest("POST", path)
+        connection.putheader("Content-Length", str(MAX_REQUEST_BYTES + 1))
+        connection.endheaders()
+        response = connection.getresponse()
+        document = json.loads(response.read())
+        connection.close()
+        assert response.status == 413
+        assert document["error"] == f"{what} of {MAX_REQUEST_BYTES + 1} bytes exceeds the limit of {limit} bytes"
 
 
 def test_overload_is_refused_and_nothing_accepted_is_lost(server: ServerHandle) -> None:
