@@ -30,7 +30,7 @@ from urllib.parse import unquote
 import httptools
 
 from adaserve.server.content_coding import accepted_coding, encode_body
-from adaserve.server.limits import BodyBudget, ClientLimits
+from adaserve.server.limits import SMALL_BODY_BYTES, BodyBudget, ClientLimits
 
 log = logging.getLogger("adaserve.http")
 
@@ -259,8 +259,8 @@ class HttpProtocol(asyncio.Protocol):
         self._arm(self._body_started + self.limits.body_timeout_s)
         declared = self._headers.get("content-length", "")
         size = int(declared) if declared.isascii() and declared.isdigit() else 0
-        if size or self._headers.get("transfer-encoding"):
-            self._body_limit()
+        if size > SMALL_BODY_BYTES or self._headers.get("transfer-encoding"):
+            self._body_limit()  # a small body is held to its route's limit by the app alone: no second lookup
         if size > self._limit:
             self._refuse(413, f"{self._limit_what} of {declared} bytes exceeds the limit of {self._limit} bytes")
         elif size and not self._hold(size, size):
