@@ -12,7 +12,7 @@ import torch
 import yaml
 from torch import nn
 
-from adaserve.errors import ConfigError, ModelNotFoundError
+from adaserve.errors import ConfigError, InvalidInputError, ModelNotFoundError
 from adaserve.repository import ModelRepository, load_artifact
 
 MAX_BATCH = 8
@@ -129,13 +129,30 @@ def test_configured_platform_picks_its_artifact(root: Path) -> None:
 # -- errors ----------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["absent", "../models", "a/b", ".hidden", "not_a_model", "m" * 3000])
+@pytest.mark.parametrize("name", ["absent", "not_a_model", "m" * 255])
 def test_unknown_model(root: Path, name: str) -> None:
-    add_model(root, ".hidden")
     (root / "not_a_model").mkdir()
     with pytest.raises(
         ModelNotFoundError, match=rf"^no model named '{re.escape(name)}' in repository {escaped(root)}$"
     ):
+        ModelRepository(root).read(name)
+
+
+@pytest.mark.parametrize(
+    ("name", "problem"),
+    [
+        ("../models", "a name is one folder of the repository"),
+        ("a/b", "a name is one folder of the repository"),
+        (".hidden", "a name is one folder of the repository: no '/' and no leading '.'"),
+        ("m" * 3000, "it is longer than 255 bytes"),
+        ("\x00", "it holds a control character"),
+        ("", "it is empty"),
+    ],
+)
+def test_a_name_no_model_can_have_is_the_clients_error(root: Path, name: str, problem: str) -> None:
+    """A 400, not a 404 or (a NUL reaching the file system) a 500."""
+    add_model(root, ".hidden")
+    with pytest.raises(InvalidInputError, match=re.escape(f"{name!r} is not a model name: {problem}")):
         ModelRepository(root).read(name)
 
 

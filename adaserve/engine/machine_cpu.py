@@ -57,13 +57,19 @@ class SpareCores:
         self._worker_cpu: dict[int, float] = {}  # each worker's CPU seconds at the last sample
         self._workers_s = 0.0  # the workers' CPU seconds summed over samples (a worker that exits keeps its share)
         # (monotonic time, the CPU seconds the machine used less the workers')
-        self._samples: deque[tuple[float, float]] = deque([self._sample(time.monotonic())])
+        self._samples: deque[tuple[float, float]] = deque()
         self.spare = float(len(self._cpus))
+        self.update(time.monotonic())
 
     def update(self, now: float) -> float:
         """The spare cores at `now` (monotonic): a new sample once 0.1 s have passed since the last."""
-        if now - self._samples[-1][0] >= 0.1:
-            self._samples.append(self._sample(now))
+        if not self._samples or now - self._samples[-1][0] >= 0.1:
+            try:
+                self._samples.append(self._sample(now))
+            except OSError:
+                return self.spare  # /proc unreadable now (the open files exhausted, say): the last figure stands
+            if len(self._samples) < 2:
+                return self.spare
             while len(self._samples) > 2 and now - self._samples[1][0] >= 1.0:
                 self._samples.popleft()
             (then, used_then), (at, used_now) = self._samples[0], self._samples[-1]

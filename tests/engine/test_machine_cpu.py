@@ -103,3 +103,19 @@ def test_a_processes_cpu_time_grows_as_it_runs() -> None:
     while time.process_time() - start < 0.1:
         pass
     assert process_cpu_s(os.getpid()) - before > 0.05
+
+
+def test_spare_cores_keep_their_last_figure_while_proc_cannot_be_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the server's open files exhausted /proc/stat could not be opened, and the error, raised in a batch's
+    completion, left its requests unanswered for good."""
+    meter = SpareCores(list)
+    start = time.monotonic()
+    meter.update(start + 0.2)
+    before = meter.spare
+
+    def exhausted(cpus: object = None) -> float:
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr("adaserve.engine.machine_cpu.machine_busy_s", exhausted)
+    assert meter.update(start + 0.4) == before
+    assert SpareCores(list).update(start + 0.6) == CPUS  # made while it cannot read: all spare until it can

@@ -382,8 +382,12 @@ def test_a_worker_killed_while_open_files_are_exhausted_is_restarted_once_they_a
     allowed again the model has both workers back, with no manual load."""
     root = tmp_path / "models"
     link_example(root, "mlp", workers=[{"batch": 1}, {"batch": 2}])
-    with running_server(root) as server:
-        connection = http.client.HTTPConnection(*server.http_url.split(":"), timeout=30)  # opened before the cap
+    with (
+        running_server(root) as server,
+        contextlib.closing(
+            http.client.HTTPConnection(*server.http_url.split(":"), timeout=30)  # opened before the cap
+        ) as connection,
+    ):
         rows = np.zeros((1, 784), np.float32)
 
         def infer() -> int:
@@ -415,7 +419,6 @@ def test_a_worker_killed_while_open_files_are_exhausted_is_restarted_once_they_a
             assert time.monotonic() < deadline + 60.0, server.log.read_text()[-2000:]
             time.sleep(0.1)
         assert infer() == 200 and pids[0] not in workers()
-        connection.close()
 
 
 # -- a model host killed from outside --------------------------------------------------------------------------
