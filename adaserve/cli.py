@@ -66,6 +66,11 @@ def _serve(args: argparse.Namespace) -> int:
     from adaserve.server.app import ServeOptions, serve
 
     configure_logging(args.log_level)
+    if args.ray is not None:
+        from adaserve.distributed.cli import cluster_settings
+        from adaserve.distributed.launch import run
+
+        return run(cluster_settings(args, port_stride=0, host_from_ray=args.host == DEFAULT_HOST), address=args.ray)
     cache = None
     if args.model_memory_budget is not None:
         from adaserve.engine.router import CacheSettings
@@ -99,6 +104,8 @@ def _serve(args: argparse.Namespace) -> int:
         http_tls=_tls("http", args),
         grpc_tls=_tls("grpc", args),
         grpc_compression_level=args.grpc_infer_response_compression_level,
+        cluster_control=args.cluster_control,
+        cluster_node=args.cluster_node,
     )
     uvloop.run(serve(options))
     return 0
@@ -353,6 +360,8 @@ def build_parser() -> argparse.ArgumentParser:
     from adaserve.cache.cli import register as register_cache
     from adaserve.cache.policies import POLICIES
     from adaserve.cpu.cli import register as register_cpu
+    from adaserve.distributed.cli import add_cluster_arguments
+    from adaserve.distributed.cli import register as register_cluster
     from adaserve.server.content_coding import GRPC_COMPRESSION_LEVELS
     from adaserve.server.limits import ClientLimits
     from adaserve.server.restrictions import CATEGORIES
@@ -419,6 +428,24 @@ def build_parser() -> argparse.ArgumentParser:
         f"slower than {limits.body_min_rate / 1024:.0f} KiB/s past them gets a 408 (default: %(default)g)",
     )
     serve.add_argument("--model", action="append", help="load only this model or DAG query (repeatable; default: all)")
+    serve.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="join the Ray cluster at ADDRESS (host:port of its head, or auto): a node server on each of its nodes, "
+        "every one answering for every model, which a placement controller places across them under "
+        "--node-memory-budget (on its nodes' addresses unless --host names one)",
+    )
+    add_cluster_arguments(serve, memory_budget)
+    serve.add_argument(
+        "--cluster-control",
+        type=int,
+        metavar="FD",
+        help="on a cluster, set by adaserve's node actor (not for direct use): the inherited socket on which the "
+        "node actor sends the routing table and load orders; requests for models held elsewhere are forwarded",
+    )
+    serve.add_argument(
+        "--cluster-node", default="", help="on a cluster, set by adaserve's node actor: this node's name there"
+    )
     serve.add_argument(
         "--model-memory-budget",
         type=memory_budget,
@@ -574,6 +601,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_caches(commands)
     register_activator(commands)
     register_cache(commands)
+    register_cluster(commands)
     return parser
 
 

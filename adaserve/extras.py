@@ -1,7 +1,8 @@
 """Optional dependencies: what each of adaserve's extras installs, and the error that names the one missing.
 
 The server needs none of them. `pip install 'adaserve[client]'` brings tritonclient's HTTP client for
-`adaserve infer`; `pip install 'adaserve[zoo]'` brings `transformers` for the BERT and GPT-2 reference models.
+`adaserve infer`; `pip install 'adaserve[zoo]'` brings `transformers` for the BERT and GPT-2 reference models;
+`pip install 'adaserve[cluster]'` brings Ray for `adaserve cluster up` and `serve --ray`.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from contextlib import contextmanager
 from adaserve.errors import AdaserveError
 
 #: The top-level modules each extra installs, as an import names them.
-EXTRAS = {"client": ("tritonclient", "gevent", "geventhttpclient"), "zoo": ("transformers",)}
+EXTRAS = {"client": ("tritonclient", "gevent", "geventhttpclient"), "zoo": ("transformers",), "cluster": ("ray",)}
 
 
 class MissingExtraError(AdaserveError):

@@ -72,6 +72,14 @@ class ModelRepository:
     def _holding(self, file: str) -> list[str]:
         return sorted(p.name for p in self.root.iterdir() if (p / file).is_file())
 
+    def holds(self, name: str) -> bool:
+        """Whether `name` is a model of the repository: one stat, for the request path (`names` lists them all)."""
+        try:
+            self._folder(name, CONFIG_FILE, "model")
+        except (ModelNotFoundError, InvalidInputError):
+            return False
+        return True
+
     def _folder(self, name: str, file: str, kind: str) -> Path:
         """`name`'s folder, when `name` is a folder of the repository (no path in it) that holds `file`."""
         check_name(name)

@@ -143,10 +143,11 @@ def running_server(
     ready_timeout_s: float = 180.0,
     https: ssl.SSLContext | None = None,
     env: dict[str, str] | None = None,
+    pass_fds: tuple[int, ...] = (),
 ) -> Iterator[ServerHandle]:
     """Start `adaserve serve` on `repository`, wait until it is ready, stop it (SIGTERM, then SIGKILL) after.
     `https`: the server's HTTP is TLS, and readiness is asked with this client context; `env`: the server's
-    environment (default: this process's)."""
+    environment (default: this process's); `pass_fds`: descriptors it inherits."""
     http_port, grpc_port = free_ports(2)
     log = repository.parent / f"server-{http_port}.log"
     command = [
@@ -165,7 +166,9 @@ def running_server(
         *extra_args,
     ]
     with log.open("wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+        process = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, pass_fds=pass_fds
+        )
     handle = ServerHandle(f"127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}", process.pid, log)
     try:
         _wait_ready(handle, process, ready_timeout_s, https)

@@ -5,9 +5,6 @@ it, on a kept-alive connection to the other node (`adaserve.bench.http1`'s pool:
 comes back as it left that node. gRPC: the request's bytes as they were received (the inference RPCs take raw
 bytes, `server/grpc_service.py`) on one channel per node, the answer's bytes relayed as they are. Nothing is decoded
 and encoded again: forwarding costs the copies and a hop, not the tensors' conversion.
-
-A request whose connection to the other node fails before an answer is sent again once, to another node holding
-the model if there is one (inference is idempotent); then the client gets a 503 naming the node.
 """
 
 from __future__ import annotations
@@ -19,18 +16,26 @@ import grpc
 
 from adaserve.bench.http1 import ConnectionPool
 from adaserve.distributed.messages import NodeAddress
-from adaserve.errors import ModelNotReadyError
+from adaserve.errors import AdaserveError, ModelNotReadyError
 
-#: The request headers that travel with a forwarded body, and the answer headers that come back.
+#: The request headers that travel with a forwarded body.
 FORWARDED_HEADERS = ("content-type", "content-encoding", "inference-header-content-length", "accept-encoding")
 #: How long a forwarded request may take end to end.
 FORWARD_TIMEOUT_S = 300.0
-#: gRPC's inference RPCs, as forwarded.
-MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
+#: gRPC metadata that is the transport's, not the caller's: not forwarded.
+_TRANSPORT_METADATA = ("user-agent", "content-type", "te", "grpc-accept-encoding", "grpc-encoding", "grpc-timeout")
 
 
 class ForwardFailed(ModelNotReadyError):
     """The node a request was forwarded to did not answer (a 503 / UNAVAILABLE that names it)."""
+
+
+class RemoteError(AdaserveError):
+    """The node a gRPC request was forwarded to answered it with an error: passed on with its code and message."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.grpc_code = code
 
 
 class Forwarder:
@@ -42,14 +47,15 @@ class Forwarder:
         self._max_message_bytes = max_message_bytes
 
     async def http(
-        self, node: NodeAddress, method: str, path: str, headers: Mapping[str, str], body: bytes
+        self, node: NodeAddress, method: str, path: str, headers: Mapping[str, str], body: bytes, extra: str
     ) -> tuple[int, dict[str, str], bytes]:
-        """Send the request to `node` as it came; its answer's status, headers (lower-case) and body."""
+        """Send the request to `node` as it came, with the header lines `extra`; its answer's status, headers
+        (lower-case) and body."""
         pool = self._pools.get(node.http)
         if pool is None:
             host, port = node.http.rsplit(":", 1)
             pool = self._pools[node.http] = ConnectionPool(host, int(port), FORWARD_TIMEOUT_S)
-        lines = [f"{method} {path} HTTP/1.1", f"host: {node.http}", f"content-length: {len(body)}"]
+        lines = [f"{method} {path} HTTP/1.1", f"host: {node.http}", f"content-length: {len(body)}", extra]
         lines += [f"{name}: {headers[name]}" for name in FORWARDED_HEADERS if name in headers]
         try:
             answer = await pool.request(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
@@ -57,13 +63,20 @@ class Forwarder:
             raise ForwardFailed(f"node {node.http} did not answer the forwarded request: {exc}") from None
         out = {"content-type": "application/json"}
         if answer.header_length is not None:
-            out = {"content-type": "application/octet-stream", "inference-header-content-length": str(answer.header_length)}
+            out = {
+                "content-type": "application/octet-stream",
+                "inference-header-content-length": str(answer.header_length),
+            }
         if answer.content_encoding is not None:
             out["content-encoding"] = answer.content_encoding
         return answer.status, out, answer.body
 
-    async def grpc_infer(self, node: NodeAddress, raw: bytes, metadata: tuple[tuple[str, str], ...]) -> bytes:
-        """A ModelInfer request's bytes to `node`; its answer's bytes. gRPC errors come back as they were raised."""
+    async def grpc(
+        self, node: NodeAddress, method: str, raw: bytes, metadata: tuple[tuple[str, str | bytes], ...]
+    ) -> bytes:
+        """A unary call's request bytes to `node`'s `method` (its full path); the answer's bytes. An error the node
+        answers is raised as a RemoteError with its code and message; a node that cannot be reached is a
+        ForwardFailed."""
         channel = self._channels.get(node.grpc)
         if channel is None:
             options = [
@@ -71,13 +84,14 @@ class Forwarder:
                 ("grpc.max_receive_message_length", -1),
             ]
             channel = self._channels[node.grpc] = grpc.aio.insecure_channel(node.grpc, options=options)
-        call = channel.unary_unary(MODEL_INFER, request_serializer=None, response_deserializer=None)
+        call = channel.unary_unary(method, request_serializer=None, response_deserializer=None)
+        sent = tuple((key, value) for key, value in metadata if key not in _TRANSPORT_METADATA)
         try:
-            answer: bytes = await call(raw, metadata=metadata, timeout=FORWARD_TIMEOUT_S)
+            answer: bytes = await call(raw, metadata=sent, timeout=FORWARD_TIMEOUT_S)
         except grpc.aio.AioRpcError as exc:
-            if exc.code() == grpc.StatusCode.UNAVAILABLE:
+            if exc.code() == grpc.StatusCode.UNAVAILABLE:  # unreachable, or not ready there: another replica may be
                 raise ForwardFailed(f"node {node.grpc} did not answer the forwarded request: {exc.details()}") from None
-            raise
+            raise RemoteError(exc.code(), exc.details() or exc.code().name) from None
         return answer
 
     async def close(self) -> None:

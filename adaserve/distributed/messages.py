@@ -1,6 +1,6 @@
-"""Typed messages between a node server and the node actor that supervises it, on the socket pair it inherits
-(`adaserve serve --cluster-control FD`): the routing table and load orders down, placement requests and load
-reports up. Framed as the engine's messages are (`adaserve.engine.messages.frame`)."""
+"""Typed messages between a node server and the node actor that supervises it, on the socket pair the server
+inherits (`adaserve serve --cluster-control FD`): the routing table and load orders down, placement requests, load
+reports and request counts up. Each is msgpack behind a 4-byte length (`control.py`)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ class NodeAddress(msgspec.Struct, frozen=True):
 
 
 class Routes(msgspec.Struct, frozen=True, tag="routes"):
-    """The routing table: which nodes hold each model (its replicas), and where each node answers. `version` grows
-    with every change, so a node never takes an older table for a newer one."""
+    """The routing table: which nodes hold each model (its replicas, loaded and ready), and where each node answers.
+    `version` grows with every change, so a node never takes an older table for a newer one."""
 
     version: int
     nodes: dict[str, NodeAddress]
@@ -24,28 +24,66 @@ class Routes(msgspec.Struct, frozen=True, tag="routes"):
 
 
 class Load(msgspec.Struct, frozen=True, tag="load"):
-    """Load `model` on this node (the controller placed a replica here)."""
+    """Load `model` on this node: the controller placed a replica here."""
 
     model: str
 
 
 class Unload(msgspec.Struct, frozen=True, tag="unload"):
+    """Unload `model` from this node: the controller evicted it here (the table already sends its requests
+    elsewhere)."""
+
     model: str
+
+
+class Report(msgspec.Struct, frozen=True, tag="report"):
+    """Say what is resident here (`Resident`): a restarted controller rebuilds its state from the nodes."""
+
+
+class Refused(msgspec.Struct, frozen=True, tag="refused"):
+    """The controller cannot place `model` (too large for any node's budget, or its load failed): requests waiting
+    for it are answered 503 with `reason`."""
+
+    model: str
+    reason: str
 
 
 class Place(msgspec.Struct, frozen=True, tag="place"):
-    """A request arrived for `model`, which no node holds: the controller is to place it."""
+    """A request arrived for `model`, which no node in the table holds, or none outside `avoid` (nodes a forwarded
+    request just failed on): the controller is to place it. `size_bytes`: its size as far as this node can tell
+    before a load (its artifact's bytes)."""
 
     model: str
+    size_bytes: int
+    avoid: list[str] = []
 
 
 class Loaded(msgspec.Struct, frozen=True, tag="loaded"):
-    """The outcome of a `Load`: `error` is empty when the model is ready here."""
+    """The outcome of a `Load`: `error` is empty when the model is ready here, and `size_bytes` is then what it
+    holds (its engines' memory, as the single-node cache counts it); `load_s` is how long the load took."""
 
     model: str
     error: str = ""
-    bytes: int = 0
+    size_bytes: int = 0
+    load_s: float = 0.0
 
 
-ToNode = Routes | Load | Unload
-FromNode = Place | Loaded
+class Unloaded(msgspec.Struct, frozen=True, tag="unloaded"):
+    model: str
+
+
+class Resident(msgspec.Struct, frozen=True, tag="resident"):
+    """The models this node holds, ready, with their bytes."""
+
+    models: dict[str, int]
+
+
+class Requests(msgspec.Struct, frozen=True, tag="requests"):
+    """Requests that arrived at this node from clients since the last count, per model (forwarded ones are counted
+    where they arrived, once): what the controller's eviction policy learns request rates from."""
+
+    counts: dict[str, int]
+
+
+ToNode = Routes | Load | Unload | Report | Refused
+FromNode = Place | Loaded | Unloaded | Resident | Requests

@@ -1,32 +1,33 @@
 """A node server's view of the cluster: the routing table the controller last sent, and where a request goes.
 
-A request for a model this node holds is served here; one for a model other nodes hold goes to one of them, in
-turn; one for a model no node holds waits for the controller to place it, and every request for it that arrives
-meanwhile waits for the same placement (one `Place` is sent, never a second load).
+A request for a model other nodes hold goes to one of them, in turn; one for a model no node holds (or none but
+nodes a forwarded request just failed on) waits for the controller to place it, and every request for it that
+arrives meanwhile waits for the same placement: one `Place` is sent, never a second load.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from adaserve.distributed.messages import NodeAddress, Routes
 from adaserve.errors import ModelNotReadyError
 
-#: How long a request waits for the controller to place a model no node holds before it is answered 503.
+#: How long a request waits for the controller to place a model before it is answered 503.
 PLACE_TIMEOUT_S = 120.0
 
 
 class ClusterRoutes:
-    """The table as this node (`node`) has it; `ask_to_place(model)` tells the controller a model is wanted."""
+    """The table as node `node` has it; `ask_to_place(model, avoid)` tells the controller a model is wanted."""
 
-    def __init__(self, node: str, ask_to_place: Callable[[str], None]) -> None:
+    def __init__(self, node: str, ask_to_place: Callable[[str, list[str]], None]) -> None:
         self.node = node
         self.table = Routes(version=0, nodes={}, replicas={})
         self._ask_to_place = ask_to_place
         self._turns: dict[str, itertools.count[int]] = {}
-        self._waiting: dict[str, asyncio.Future[None]] = {}  # models asked to be placed, until a table has them
+        # (model, nodes to avoid) asked to be placed, until a table has a replica outside them
+        self._waiting: dict[tuple[str, frozenset[str]], asyncio.Future[None]] = {}
 
     def update(self, table: Routes) -> None:
         """Take a newer table (an older one, arriving late, is ignored); wake the requests waiting for a model it
@@ -34,37 +35,50 @@ class ClusterRoutes:
         if table.version <= self.table.version:
             return
         self.table = table
-        for model in [m for m in self._waiting if table.replicas.get(m)]:
-            waiting = self._waiting.pop(model)
+        for key in [key for key in self._waiting if self._holders(*key)]:
+            waiting = self._waiting.pop(key)
             if not waiting.done():
                 waiting.set_result(None)
 
     def holders(self, model: str) -> list[str]:
         return list(self.table.replicas.get(model, ()))
 
-    async def target(self, model: str) -> NodeAddress | None:
-        """Where a request for `model` goes: None to serve it here (this node holds it); else the node, in turn
-        among those that hold it. A model no node holds is placed first (ModelNotReadyError when that takes longer
-        than PLACE_TIMEOUT_S)."""
-        holders = self.holders(model)
-        if not holders:
-            await self._placed(model)
-            holders = self.holders(model)
-        if self.node in holders:
-            return None
-        turn = next(self._turns.setdefault(model, itertools.count()))
-        return self.table.nodes[holders[turn % len(holders)]]
+    def _holders(self, model: str, avoid: Collection[str]) -> list[str]:
+        return [node for node in self.table.replicas.get(model, ()) if node not in avoid]
 
-    async def _placed(self, model: str) -> None:
-        waiting = self._waiting.get(model)
+    async def target(self, model: str, avoid: Collection[str] = ()) -> tuple[str, NodeAddress]:
+        """The node a request for `model` goes to (this one among them), in turn among those that hold it outside
+        `avoid`. A model held nowhere is placed first: ModelNotReadyError when that takes longer than
+        PLACE_TIMEOUT_S."""
+        holders = self._holders(model, avoid)
+        if not holders:
+            await self._placed(model, frozenset(avoid))
+            holders = self._holders(model, avoid)
+        if self.node in holders:
+            return self.node, self.table.nodes[self.node]
+        turn = next(self._turns.setdefault(model, itertools.count()))
+        node = holders[turn % len(holders)]
+        return node, self.table.nodes[node]
+
+    async def _placed(self, model: str, avoid: frozenset[str]) -> None:
+        key = (model, avoid)
+        waiting = self._waiting.get(key)
         if waiting is None:
-            waiting = self._waiting[model] = asyncio.get_running_loop().create_future()
-            self._ask_to_place(model)
+            waiting = self._waiting[key] = asyncio.get_running_loop().create_future()
+            self._ask_to_place(model, sorted(avoid))
         try:
             await asyncio.wait_for(asyncio.shield(waiting), PLACE_TIMEOUT_S)
         except TimeoutError:
-            self._waiting.pop(model, None)
+            self._waiting.pop(key, None)
             raise ModelNotReadyError(
                 f"model '{model}' is held by no node, and the placement controller placed it nowhere within "
                 f"{PLACE_TIMEOUT_S:g} s"
             ) from None
+
+    def refused(self, model: str, reason: str) -> None:
+        """The controller could not place `model` (too large for every node, say): the requests waiting for it get
+        a 503 that says why."""
+        for key in [key for key in self._waiting if key[0] == model]:
+            waiting = self._waiting.pop(key)
+            if not waiting.done():
+                waiting.set_exception(ModelNotReadyError(f"model '{model}' cannot be placed: {reason}"))

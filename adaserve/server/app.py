@@ -62,6 +62,8 @@ class ServeOptions:
     http_tls: TlsSettings | None = None  # TLS on a frontend (server/tls.py); None: plain
     grpc_tls: TlsSettings | None = None
     grpc_compression_level: str = "none"  # Triton's --grpc-infer-response-compression-level
+    cluster_control: int | None = None  # on a cluster: the node actor's control channel (adaserve.distributed)
+    cluster_node: str = ""  # ... and the node's name there
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -141,10 +143,18 @@ async def serve(options: ServeOptions) -> None:
     router = ModelRouter(ModelRepository(options.model_repository), options.cache, spare_hosts=options.spare_hosts)
     response_cache = ResponseCache(cache_bytes) if cache_bytes is not None else None
     plane = DataPlane(router, options.model_control_mode, options.allow_client_shm, tracer, response_cache)
-    http_socket = _listen(options.host, options.http_port)
-    app, body_limit = create_app(plane, limits.max_body_bytes, http_restrictions)
-    http = HttpServer(app, on_error=error_response, limits=limits, body_limit=body_limit)
     grpc_bytes = limits.grpc_message_bytes or grpc_message_bytes(router.repository, limits.max_body_bytes)
+    member = None
+    if options.cluster_control is not None:
+        from adaserve.distributed.forward import Forwarder
+        from adaserve.distributed.member import ClusterMember
+
+        member = ClusterMember(options.cluster_node, plane, Forwarder(grpc_bytes))
+    http_socket = _listen(options.host, options.http_port)
+    app, body_limit = create_app(
+        plane, limits.max_body_bytes, http_restrictions, member.rest_route if member is not None else None
+    )
+    http = HttpServer(app, on_error=error_response, limits=limits, body_limit=body_limit)
     grpc_server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", grpc_bytes),
@@ -157,7 +167,8 @@ async def serve(options: ServeOptions) -> None:
             ("grpc.default_compression_level", GRPC_COMPRESSION_LEVELS.index(options.grpc_compression_level)),
         ]
     )
-    add_to_server(InferenceServicer(plane, grpc_restrictions), grpc_server)
+    relay = member.grpc_relay if member is not None else None
+    add_to_server(InferenceServicer(plane, grpc_restrictions, relay), grpc_server)
     health_pb2_grpc.add_HealthServicer_to_server(HealthService(plane, grpc_restrictions), grpc_server)
     grpc_address = f"{options.host}:{options.grpc_port}"
     try:  # grpcio raises when the port is taken, with no reason: only its C core logs one
@@ -176,6 +187,8 @@ async def serve(options: ServeOptions) -> None:
 
     await grpc_server.start()
     await http.start(http_socket, options.http_tls.ssl_context() if options.http_tls is not None else None)
+    if member is not None and options.cluster_control is not None:
+        await member.start(options.cluster_control, on_end=stopping.set)  # the node actor gone: this server stops
     log.info(
         "listening",
         extra={
@@ -188,7 +201,8 @@ async def serve(options: ServeOptions) -> None:
         },
     )
     dags = set(router.repository.dag_names())
-    await router.load_all(None if options.models is None else [n for n in options.models if n not in dags])
+    if member is None:  # on a cluster the controller places the models
+        await router.load_all(None if options.models is None else [n for n in options.models if n not in dags])
     await plane.dags.load_all(options.models)  # after the models: loading a DAG query times its models
     plane.started = True
     log.info("serving", extra={"models": [e.name for e in router.index() if e.state == "READY"]})
@@ -202,6 +216,8 @@ async def serve(options: ServeOptions) -> None:
     if polling is not None:
         polling.cancel()  # no load may start now; one under way is the router's, which close() ends
     await asyncio.gather(http.stop(grace_s=5.0), grpc_server.stop(grace=5.0))
+    if member is not None:
+        await member.close()
     await router.close()
     plane.shared_memory.close()
     tracer.close()

@@ -72,6 +72,10 @@ Message = TypeVar("Message")
 
 Method = Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[Message]]
 
+#: On a cluster, where a call that names a model goes (`adaserve.distributed.member`): given the RPC's name, the
+#: model, the request's bytes and the call, the answer's bytes from the node that served it, or None to serve it here.
+Relay = Callable[[str, str, bytes, grpc.aio.ServicerContext], Awaitable[bytes | None]]
+
 
 def _rpc(category: str) -> Callable[[Method[Message]], Method[Message]]:
     """A unary RPC in one of Triton's API categories (`restrictions`): refused without the category's header, if it
@@ -111,11 +115,25 @@ _SETTING_KINDS = {bool: "bool_param", int: "uint32_param", str: "string_param"}
 
 
 class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, plane: DataPlane, restrictions: Restrictions | None = None) -> None:
+    def __init__(self, plane: DataPlane, restrictions: Restrictions | None = None, relay: Relay | None = None) -> None:
         """`restrictions`: the RPC categories that answer only calls with a given metadata key
-        (`--grpc-restricted-protocol`)."""
+        (`--grpc-restricted-protocol`). `relay`: on a cluster, sends the calls for models held elsewhere there."""
         self.plane = plane
         self.restrictions = restrictions or Restrictions()
+        self.relay = relay
+
+    async def _relayed(self, rpc: str, name: str, request: Any, context: grpc.aio.ServicerContext) -> bytes | None:
+        """The answer's bytes from the node that holds model `name`, or None to serve the call here."""
+        if self.relay is None or not name:
+            return None
+        return await self.relay(rpc, name, request.SerializeToString(), context)
+
+    async def _relayed_infer(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes | None:
+        """An inference request's answer from the node that holds its model, or None to serve it here."""
+        named = peek_model(raw) if self.relay is not None else None
+        if self.relay is None or named is None:
+            return None
+        return await self.relay("ModelInfer", named[0], raw, context)
 
     @_rpc("health")
     async def ServerLive(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -127,6 +145,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @_rpc("health")
     async def ModelReady(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if (answer := await self._relayed("ModelReady", request.name, request, context)) is not None:
+            return service_pb2.ModelReadyResponse.FromString(answer)
         return service_pb2.ModelReadyResponse(ready=self.plane.model_ready(request.name, request.version))
 
     @_rpc("metadata")
@@ -135,11 +155,15 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @_rpc("metadata")
     async def ModelMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if (answer := await self._relayed("ModelMetadata", request.name, request, context)) is not None:
+            return service_pb2.ModelMetadataResponse.FromString(answer)
         document = self.plane.model_metadata(request.name, request.version)
         return json_format.ParseDict(document, service_pb2.ModelMetadataResponse())
 
     @_rpc("model-config")
     async def ModelConfig(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if (answer := await self._relayed("ModelConfig", request.name, request, context)) is not None:
+            return service_pb2.ModelConfigResponse.FromString(answer)
         config = json_format.ParseDict(
             self.plane.model_config(request.name, request.version), model_config_pb2.ModelConfig()
         )
@@ -147,6 +171,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @_rpc("statistics")
     async def ModelStatistics(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if (answer := await self._relayed("ModelStatistics", request.name, request, context)) is not None:
+            return service_pb2.ModelStatisticsResponse.FromString(answer)
         document = self.plane.statistics(request.name, request.version)
         return json_format.ParseDict(document, service_pb2.ModelStatisticsResponse())
 
@@ -226,8 +252,12 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @_rpc("inference")
     async def ModelInfer(self, raw: bytes, context: grpc.aio.ServicerContext) -> Any:
-        """The request comes as its bytes (`add_to_server`): `_parsed` checks them against the model first."""
+        """The request comes as its bytes (`add_to_server`): `_parsed` checks them against the model first. On a
+        cluster, a request for a model held elsewhere is relayed as its bytes, and answered with the bytes that
+        come back."""
         arrived_ns = time.perf_counter_ns()
+        if (answer := await self._relayed_infer(raw, context)) is not None:
+            return answer
         return await self._infer(*await self._parsed(raw), context, arrived_ns)
 
     async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
@@ -248,6 +278,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             arrived_ns = time.perf_counter_ns()
             request = None
             try:
+                if (relayed := await self._relayed_infer(raw, context)) is not None:
+                    answers.put_nowait(_stream_answer(relayed))
+                    return
                 request, config = await self._parsed(raw)
                 answered = await self._infer(request, config, context, arrived_ns)
                 response = service_pb2.ModelStreamInferResponse(infer_response=answered)
@@ -420,15 +453,29 @@ def add_to_server(servicer: InferenceServicer, server: grpc.aio.Server) -> None:
     parses once it knows what the model takes; registered first, these handlers answer those two RPCs, and the
     generated ones every other."""
     raw = {
-        "ModelInfer": grpc.unary_unary_rpc_method_handler(
-            servicer.ModelInfer, response_serializer=service_pb2.ModelInferResponse.SerializeToString
-        ),
+        "ModelInfer": grpc.unary_unary_rpc_method_handler(servicer.ModelInfer, response_serializer=_serialize),
         "ModelStreamInfer": grpc.stream_stream_rpc_method_handler(
-            servicer.ModelStreamInfer, response_serializer=service_pb2.ModelStreamInferResponse.SerializeToString
+            servicer.ModelStreamInfer, response_serializer=_serialize
         ),
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, raw),))
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
+
+
+def _serialize(answer: Any) -> bytes:
+    """An answer's bytes: a message serialized, or bytes relayed from another node as they are."""
+    return answer if isinstance(answer, bytes) else answer.SerializeToString()
+
+
+def _stream_answer(infer_response: bytes) -> bytes:
+    """A `ModelStreamInferResponse` holding a relayed `ModelInferResponse`'s bytes (its field 2), built without
+    parsing them."""
+    size, head = len(infer_response), bytearray(b"\x12")
+    while size >= 0x80:
+        head.append(size & 0x7F | 0x80)
+        size >>= 7
+    head.append(size)
+    return bytes(head) + infer_response
 
 
 def peek_model(raw: bytes) -> tuple[str, str] | None:

@@ -1,0 +1,85 @@
+"""`adaserve cluster up`: a local Ray cluster of N nodes on this machine, a node server on each (for trying the
+cluster and for tests); and the settings `adaserve serve --ray ADDRESS` shares with it."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from adaserve.distributed.controller import ClusterSettings
+from adaserve.distributed.node import NodeSettings
+
+#: On one machine, node i listens on the first node's ports plus i times this.
+LOCAL_PORT_STRIDE = 2
+PLACEMENTS = ("iam", "lru", "random")
+
+
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from adaserve.arguments import DEFAULT_HOST, add_model_repository, positive_integer
+    from adaserve.cache.policies import POLICIES
+    from adaserve.cli import memory_budget
+
+    cluster = commands.add_parser("cluster", help="run adaserve on a Ray cluster of several nodes")
+    cluster_commands = cluster.add_subparsers(dest="cluster_command", required=True)
+    up = cluster_commands.add_parser(
+        "up",
+        help="start a local Ray cluster of N nodes on this machine with a node server on each (node i on the first "
+        f"node's ports plus {LOCAL_PORT_STRIDE}i); serves until SIGTERM or Ctrl-C. Ray listens on every interface "
+        "whatever it is told: run it in a loopback-only network namespace or behind a firewall",
+    )
+    add_model_repository(up)
+    up.add_argument("--nodes", type=positive_integer, default=3, help="Ray nodes (default: %(default)s)")
+    up.add_argument("--host", default=DEFAULT_HOST, help="address the node servers listen on (default: loopback)")
+    up.add_argument("--http-port", type=int, default=8000, help="the first node's REST port (default: %(default)s)")
+    up.add_argument("--grpc-port", type=int, default=8001, help="the first node's gRPC port (default: %(default)s)")
+    add_cluster_arguments(up, memory_budget)
+    up.add_argument(
+        "--cache-policy",
+        default="iam",
+        choices=[name for name, policy in POLICIES.items() if not policy.needs_future],
+        help="the eviction policy on each node (default: iam, mCache's importance-aware policy)",
+    )
+    up.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    up.set_defaults(func=_up)
+
+
+def add_cluster_arguments(parser: argparse.ArgumentParser, budget: object) -> None:
+    """The placement flags `cluster up` and `serve --ray` share."""
+    parser.add_argument(
+        "--node-memory-budget",
+        type=budget,  # type: ignore[arg-type]
+        help="bytes (2GiB, 500MB) or a percentage of memory each node's models may hold together; the controller "
+        "evicts by --cache-policy to stay under it (default: the memory Ray counts on each node)",
+    )
+    parser.add_argument(
+        "--placement",
+        default="iam",
+        choices=PLACEMENTS,
+        help="which node gets a new replica: iam (where making room costs the least importance), lru (ModelMesh's: "
+        "the node whose least recently used model is oldest) or random (default: %(default)s)",
+    )
+
+
+def cluster_settings(args: argparse.Namespace, *, port_stride: int, host_from_ray: bool) -> ClusterSettings:
+    from adaserve.cli import _budget_bytes
+
+    repository: Path = args.model_repository
+    budget = None
+    if args.node_memory_budget is not None:
+        budget = _budget_bytes(args.node_memory_budget, repository)
+    serve_args = ("--log-level", args.log_level) if getattr(args, "log_level", None) else ()
+    node = NodeSettings(str(repository.resolve()), args.host, args.http_port, args.grpc_port, serve_args)
+    return ClusterSettings(
+        node,
+        budget,
+        port_stride=port_stride,
+        eviction=getattr(args, "cache_policy", "iam"),
+        placement=args.placement,
+        host_from_ray=host_from_ray,
+    )
+
+
+def _up(args: argparse.Namespace) -> int:
+    from adaserve.distributed.launch import run
+
+    return run(cluster_settings(args, port_stride=LOCAL_PORT_STRIDE, host_from_ray=False), nodes=args.nodes)

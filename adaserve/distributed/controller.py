@@ -1,0 +1,307 @@
+"""The placement controller: one Ray actor that decides which models are resident on which nodes.
+
+It keeps the cluster's books in `Placement` (`placement.py`: one resident set per node under its memory budget,
+the policy that picks a node for a new replica, and mCache's eviction policies choosing victims), the same objects
+the fleet-scale simulator replays traces through. It follows Ray's membership (a node server for each node that
+joins, its replicas written off when it leaves), places a model on its first request, evicts to make room, and
+sends every node the routing table whenever it changes. It is restartable: its state is rebuilt from what the
+node servers hold, and while it is away the nodes keep routing by the last table they have.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from adaserve.distributed.messages import NodeAddress, Routes
+from adaserve.distributed.node import NodeServer, NodeSettings
+from adaserve.distributed.placement import Placement
+from adaserve.errors import CacheBusyError, ModelTooLargeError
+
+log = logging.getLogger("adaserve.cluster")
+
+#: The Ray namespace adaserve's actors live in, and their names there.
+NAMESPACE = "adaserve"
+CONTROLLER = "adaserve-controller"
+NODE_PREFIX = "adaserve-node-"
+#: How often Ray's membership is read.
+MEMBERSHIP_EVERY_S = 1.0
+#: How long a placement waits for room (models in the way still loading) before the request is refused.
+PLACE_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class ClusterSettings:
+    """The cluster's node servers: how each starts (`node`: its ports are the first node's, plus `port_stride`
+    times its index, so several nodes on one machine do not collide; 0 on real machines, one node each), each
+    node's model-memory budget, and the policies (`eviction`: mCache's, per node; `placement`: which node)."""
+
+    node: NodeSettings
+    budget_bytes: int | None = None  # None: the memory Ray counts on each node
+    port_stride: int = 0
+    eviction: str = "iam"
+    placement: str = "iam"
+    host_from_ray: bool = False  # listen on the address Ray knows each node by (real machines), not node.host
+
+
+class Controller:
+    """The placement controller actor."""
+
+    def __init__(self, settings: ClusterSettings) -> None:
+        self.settings = settings
+        self.placement = Placement(settings.eviction, settings.placement)
+        self.nodes: dict[str, Any] = {}  # node name → its NodeServer actor handle
+        self.addresses: dict[str, NodeAddress] = {}
+        self.pids: dict[str, int] = {}
+        self.budgets: dict[str, int] = {}
+        self.decisions = {"placed": 0, "evicted": 0, "failed": 0, "lost": 0}
+        self._version = 0
+        self._placing: dict[str, asyncio.Task[None]] = {}
+        self._ports: dict[str, int] = {}  # node name → its index (its ports are the first node's plus a stride)
+        self._membership: asyncio.Task[None] | None = None
+
+    # -- start, membership -------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Rebuild the books from the node servers already running (a restart), then follow the membership."""
+        if self._membership is not None:
+            return
+        await self._adopt_running_nodes()
+        await self._follow_membership_once()
+        self._membership = asyncio.get_running_loop().create_task(self._follow_membership())
+
+    async def _adopt_running_nodes(self) -> None:
+        import ray
+
+        ray_nodes = {node["NodeID"]: node for node in ray.nodes() if node["Alive"]}
+        for entry in ray.util.list_named_actors(all_namespaces=True):
+            if entry["namespace"] != NAMESPACE or not entry["name"].startswith(NODE_PREFIX):
+                continue
+            name = entry["name"].removeprefix(NODE_PREFIX)
+            handle = ray.get_actor(entry["name"], namespace=NAMESPACE)
+            try:
+                address, pid = await handle.info.remote()
+                resident = await handle.resident.remote()
+            except Exception as exc:  # a node actor that cannot answer is left to the membership loop
+                log.warning("could not adopt a node", extra={"node": name, "error": str(exc)})
+                continue
+            self._join(name, handle, address, pid, resident, self._budget(ray_nodes.get(name, {})))
+            stride = self.settings.port_stride
+            self._ports[name] = (
+                (int(address.http.rsplit(":", 1)[1]) - self.settings.node.http_port) // stride if stride else 0
+            )
+        if self.nodes:
+            log.info("rebuilt from the nodes", extra={"nodes": sorted(self.nodes)})
+            await self._broadcast()
+
+    async def _follow_membership(self) -> None:
+        while True:
+            await asyncio.sleep(MEMBERSHIP_EVERY_S)
+            try:
+                await self._follow_membership_once()
+            except Exception:
+                log.exception("membership check failed")
+
+    async def _follow_membership_once(self) -> None:
+        import ray
+
+        alive = {node["NodeID"]: node for node in ray.nodes() if node["Alive"]}
+        for name in [name for name in self.nodes if name not in alive]:
+            await self._lose(name, "its Ray node left the cluster")
+            handle = self.nodes.pop(name)
+            self._ports.pop(name, None)
+            ray.kill(handle, no_restart=True)
+        joined = [
+            (node_id, node)
+            for node_id, node in alive.items()
+            if node_id not in self.nodes and node_id not in self._ports and node.get("Resources", {}).get("CPU", 0) > 0
+        ]
+        await asyncio.gather(*(self._add(node_id, node) for node_id, node in joined))
+
+    async def _add(self, node_id: str, node: dict[str, Any]) -> None:
+        """A node server on a node that joined: started, then given models as requests need them."""
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        index = self._ports[node_id] = self._free_index()  # taken before the start, which others wait beside
+        base = self.settings.node
+        host = node["NodeManagerAddress"] if self.settings.host_from_ray else base.host
+        settings = NodeSettings(
+            repository=base.repository,
+            host=host,
+            http_port=base.http_port + index * self.settings.port_stride,
+            grpc_port=base.grpc_port + index * self.settings.port_stride,
+            serve_args=base.serve_args,
+        )
+        actor = ray.remote(NodeServer).options(
+            name=NODE_PREFIX + node_id,
+            namespace=NAMESPACE,
+            lifetime="detached",
+            get_if_exists=True,
+            max_restarts=0,
+            num_cpus=node["Resources"]["CPU"],  # the node's cores are its server's: Packrat plans them
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+        )
+        handle: Any = actor.remote(node_id, settings, CONTROLLER, NAMESPACE)
+        try:
+            address, pid = await handle.start.remote()
+        except Exception as exc:
+            log.error("node server did not start", extra={"node": node_id, "error": str(exc)})
+            ray.kill(handle, no_restart=True)
+            del self._ports[node_id]
+            return
+        self._join(node_id, handle, address, pid, {}, self._budget(node))
+        log.info("node joined", extra={"node": node_id, "http": address.http, "grpc": address.grpc})
+        await self._broadcast()
+
+    def _index_of(self, address: NodeAddress) -> int:
+        """A running node's index, from its REST port."""
+        stride = self.settings.port_stride
+        return (int(address.http.rsplit(":", 1)[1]) - self.settings.node.http_port) // stride if stride else 0
+
+    def _free_index(self) -> int:
+        used = set(self._ports.values())
+        return next(index for index in range(len(used) + 1) if index not in used)
+
+    def _budget(self, node: dict[str, Any]) -> int:
+        """A node's model-memory budget: the configured one, else the memory Ray counts on it."""
+        if self.settings.budget_bytes is not None:
+            return self.settings.budget_bytes
+        return int(node.get("Resources", {}).get("memory", 0)) or 1 << 30
+
+    def _join(
+        self, name: str, handle: Any, address: NodeAddress, pid: int, resident: dict[str, int], budget_bytes: int
+    ) -> None:
+        self.nodes[name] = handle
+        self.addresses[name] = address
+        self.pids[name] = pid
+        self.budgets[name] = budget_bytes
+        self.placement.add_node(name, budget_bytes)
+        now = time.monotonic()
+        for model, size in resident.items():  # held already (a restarted controller, or server): on the books as is
+            self.placement.place(model, size, now, exclude=[node for node in self.placement.nodes() if node != name])
+            self.placement.loaded(name, model, size, now)
+
+    async def _lose(self, name: str, reason: str) -> None:
+        lost = self.placement.remove_node(name) if name in self.placement.nodes() else []
+        self.addresses.pop(name, None)
+        self.pids.pop(name, None)
+        self.decisions["lost"] += 1
+        log.warning("node lost", extra={"node": name, "reason": reason, "models": lost})
+        await self._broadcast()
+
+    # -- called by the node actors ----------------------------------------------------------------------------
+    async def node_lost(self, name: str, reason: str) -> None:
+        """A node's server died (its actor starts it again): its replicas are gone."""
+        await self._lose(name, reason)
+
+    async def node_ready(self, name: str, address: NodeAddress, pid: int, resident: dict[str, int]) -> None:
+        """A node's server started again, holding `resident`."""
+        if name in self.nodes:
+            self._join(name, self.nodes[name], address, pid, resident, self.budgets[name])
+            await self._broadcast()
+
+    async def requests(self, counts: dict[str, int]) -> None:
+        self.placement.requests(counts, time.monotonic())
+
+    async def place(self, asking: str, model: str, size_bytes: int, avoid: list[str]) -> None:
+        """Node `asking` has a request for `model` that no node outside `avoid` holds: place it, once. Every node
+        gets the table with the new replica; a model that cannot be placed is refused to every node."""
+        holders = [n for n in self.placement.replicas(model) if n not in avoid]
+        if holders:
+            await self._send_table(asking)  # its table is behind
+            return
+        if model in self._placing:
+            return  # a load under way: the table that has it reaches every node
+        task = asyncio.get_running_loop().create_task(self._place(model, size_bytes, avoid))
+        self._placing[model] = task
+        task.add_done_callback(lambda _: self._placing.pop(model, None))
+
+    async def _place(self, model: str, size_bytes: int, avoid: list[str]) -> None:
+        deadline = time.monotonic() + PLACE_TIMEOUT_S
+        while True:
+            try:
+                decision = self.placement.place(model, size_bytes, time.monotonic(), exclude=avoid)
+                break
+            except ModelTooLargeError as exc:
+                return await self._refuse(model, str(exc))
+            except CacheBusyError as exc:
+                if time.monotonic() > deadline:
+                    return await self._refuse(model, str(exc))
+                await asyncio.sleep(0.5)
+        node = decision.node
+        await self._evict(node, decision.evict)
+        try:
+            loaded = await self.nodes[node].load.remote(model)
+        except Exception as exc:
+            self.placement.failed(node, model)
+            return await self._refuse(model, f"its load on node {node} failed: {exc}")
+        if loaded.error:
+            self.placement.failed(node, model)
+            return await self._refuse(model, loaded.error)
+        victims = self.placement.loaded(node, model, loaded.size_bytes, time.monotonic())
+        self.decisions["placed"] += 1
+        log.info("placed", extra={"model": model, "node": node, "bytes": loaded.size_bytes, "load_s": loaded.load_s})
+        await self._broadcast()
+        await self._evict(node, victims)
+
+    async def _evict(self, node: str, victims: list[str]) -> None:
+        """Unload `victims` from `node`, after every node has a table that sends their requests elsewhere."""
+        if not victims:
+            return
+        self.decisions["evicted"] += len(victims)
+        log.info("evicting", extra={"node": node, "models": victims})
+        await self._broadcast()
+        await asyncio.gather(*(self.nodes[node].unload.remote(model) for model in victims), return_exceptions=True)
+
+    async def _refuse(self, model: str, reason: str) -> None:
+        self.decisions["failed"] += 1
+        log.warning("cannot place", extra={"model": model, "reason": reason})
+        await asyncio.gather(*(h.refused.remote(model, reason) for h in self.nodes.values()), return_exceptions=True)
+
+    # -- the routing table ---------------------------------------------------------------------------------------
+    def table(self) -> Routes:
+        """The routing table: every node's address, and where each model is loaded."""
+        self._version = max(self._version + 1, time.time_ns() // 1000)  # grows across restarts too
+        snapshot = self.placement.snapshot()
+        replicas: dict[str, list[str]] = {}
+        for node, state in snapshot["nodes"].items():
+            for model, resident in state["residents"].items():
+                if resident["state"] == "LOADED" and node in self.addresses:
+                    replicas.setdefault(model, []).append(node)
+        return Routes(self._version, dict(self.addresses), replicas)
+
+    async def _broadcast(self) -> None:
+        table = self.table()
+        await asyncio.gather(*(h.routes.remote(table) for h in self.nodes.values()), return_exceptions=True)
+
+    async def _send_table(self, node: str) -> None:
+        if node in self.nodes:
+            await self.nodes[node].routes.remote(self.table())
+
+    # -- what it knows -----------------------------------------------------------------------------------------
+    async def snapshot(self) -> dict[str, Any]:
+        """The nodes (address, process id, budget, residents) and the decisions so far: for `models list
+        --cluster`, the node servers' metrics, and tests."""
+        books = self.placement.snapshot()
+        return {
+            "nodes": {
+                name: {"http": address.http, "grpc": address.grpc, "pid": self.pids.get(name), **books["nodes"][name]}
+                for name, address in self.addresses.items()
+                if name in books["nodes"]
+            },
+            "decisions": dict(self.decisions),
+        }
+
+    async def stop(self) -> None:
+        """Stop every node server (the cluster is going down)."""
+        import ray
+
+        if self._membership is not None:
+            self._membership.cancel()
+        await asyncio.gather(*(h.stop.remote() for h in self.nodes.values()), return_exceptions=True)
+        for handle in self.nodes.values():
+            ray.kill(handle, no_restart=True)
+        self.nodes.clear()

@@ -1,0 +1,87 @@
+"""Starting adaserve on a Ray cluster: `adaserve cluster up --nodes N` (a local cluster of N Ray nodes on this
+machine, for trying it and for tests) and `adaserve serve --ray ADDRESS` (an existing cluster, one node server on
+each of its machines). Either way this process is Ray's driver: it starts the placement controller, prints each
+node server's address as it comes up, and on SIGTERM or SIGINT stops the node servers and leaves."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+from adaserve.distributed.controller import CONTROLLER, NAMESPACE, ClusterSettings, Controller
+from adaserve.extras import needs_extra
+
+#: Each local Ray node's object store: adaserve passes no data through it, so the least Ray accepts.
+OBJECT_STORE_BYTES = 80 * 1024 * 1024
+#: How long `cluster up` waits for every node server to answer.
+UP_TIMEOUT_S = 300.0
+
+
+def run(settings: ClusterSettings, *, nodes: int | None = None, address: str | None = None) -> int:
+    """Serve on the cluster until SIGTERM or SIGINT: a local one of `nodes` Ray nodes, or the one at `address`."""
+    with needs_extra("cluster", "running on a Ray cluster"):
+        import ray
+
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})  # taken by sigwait below
+    cluster = None
+    if nodes is not None:
+        from ray.cluster_utils import Cluster
+
+        cpus = max(1, len(os.sched_getaffinity(0)) // nodes)
+        node_args: dict[str, Any] = {"num_cpus": cpus, "object_store_memory": OBJECT_STORE_BYTES}
+        cluster = Cluster(initialize_head=True, head_node_args={**node_args, "include_dashboard": False})
+        for _ in range(nodes - 1):
+            cluster.add_node(**node_args)
+        cluster.wait_for_nodes()
+        address = cluster.address
+    ray.init(address=address, namespace=NAMESPACE, logging_level=logging.WARNING)
+    controller: Any = (
+        ray.remote(Controller)
+        .options(
+            name=CONTROLLER,
+            namespace=NAMESPACE,
+            lifetime="detached",
+            get_if_exists=True,
+            max_restarts=-1,
+            max_task_retries=-1,
+            num_cpus=0,
+        )
+        .remote(settings)
+    )
+    try:
+        ray.get(controller.start.remote())
+        _announce(controller, nodes)
+        signal.sigwait({signal.SIGTERM, signal.SIGINT})
+    finally:
+        ray.get(controller.stop.remote())
+        ray.kill(controller, no_restart=True)
+        ray.shutdown()
+        if cluster is not None:
+            cluster.shutdown()
+    return 0
+
+
+def _announce(controller: Any, expected: int | None) -> None:
+    """Print each node server as it answers (a JSON line: node, http, grpc, pid), then `ready` once `expected`
+    are up (a local cluster) or once the first is (an existing one, which may grow)."""
+    import ray
+
+    deadline = time.monotonic() + UP_TIMEOUT_S
+    announced: set[str] = set()
+    while time.monotonic() < deadline:
+        nodes = ray.get(controller.snapshot.remote())["nodes"]
+        for name, node in sorted(nodes.items()):
+            if name not in announced:
+                announced.add(name)
+                print(json.dumps({"node": name, "http": node["http"], "grpc": node["grpc"], "pid": node["pid"]}))
+        if announced and len(announced) >= (expected or 1):
+            print(json.dumps({"ready": sorted(announced)}), flush=True)
+            return
+        sys.stdout.flush()
+        time.sleep(0.5)
+    raise TimeoutError(f"the node servers did not all start within {UP_TIMEOUT_S:g} s")

@@ -1,0 +1,231 @@
+"""A node server's part in the cluster, inside `adaserve serve --cluster-control FD`.
+
+It carries out what the node actor sends on the control channel (load and unload models, take a new routing
+table, report what is resident) and decides, for each request that names a model, where it is served: here when
+this node has the model loaded and ready, else on a node the table says holds it (forwarded, its bytes unchanged),
+else wherever the controller places it. Requests are counted per model where they arrive and reported every
+second: the controller's eviction policy learns request rates from them.
+
+The engine does not know it is in a cluster: a request served here takes the single-node path unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Collection
+from typing import TypeVar
+
+import grpc
+
+from adaserve.distributed.control import Channel
+from adaserve.distributed.forward import Forwarder, ForwardFailed
+from adaserve.distributed.messages import (
+    Load,
+    Loaded,
+    NodeAddress,
+    Place,
+    Refused,
+    Report,
+    Requests,
+    Resident,
+    Routes,
+    ToNode,
+    Unload,
+    Unloaded,
+)
+from adaserve.distributed.routes import ClusterRoutes
+from adaserve.engine.engine import EngineState
+from adaserve.errors import AdaserveError
+from adaserve.server.dataplane import DataPlane
+from adaserve.server.http import Handler, Request, Response
+
+log = logging.getLogger("adaserve.cluster")
+
+#: The header (REST) and metadata key (gRPC) a forwarded request carries: how many times it was forwarded. A
+#: request forwarded twice is served where it lands, so a table that changes under a request cannot send it round.
+HOPS = "adaserve-forwarded"
+MAX_HOPS = 2
+#: How often request counts go up to the controller.
+REPORT_EVERY_S = 1.0
+#: The gRPC service whose calls are relayed.
+SERVICE = "/inference.GRPCInferenceService/"
+
+Answer = TypeVar("Answer")
+
+
+class ClusterMember:
+    """This node server (named `node`, as the controller calls it) in the cluster, over `plane`'s models."""
+
+    def __init__(self, node: str, plane: DataPlane, forwarder: Forwarder) -> None:
+        self.node = node
+        self.plane = plane
+        self.forwarder = forwarder
+        self.routes = ClusterRoutes(node, self._ask_to_place)
+        self.forwards: Counter[tuple[str, str]] = Counter()  # (model, node) → requests forwarded there
+        self.retries: Counter[str] = Counter()  # model → forwarded requests sent again after a node failed
+        self._channel: Channel[ToNode] | None = None
+        self._counts: Counter[str] = Counter()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self, control_fd: int, on_end: Callable[[], None]) -> None:
+        """Take the control channel inherited as `control_fd` and follow it; `on_end` is called when it closes (the
+        node actor is gone, so this server stops: no orphan keeps serving)."""
+        sock = socket.socket(fileno=control_fd)
+        os.set_inheritable(sock.fileno(), False)  # workers and hosts must not hold the node actor's channel open
+        self._channel = await Channel[ToNode].open(sock, ToNode)
+        self._spawn(self._follow(on_end))
+        self._spawn(self._report_counts())
+
+    def _spawn(self, work: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._channel is not None:
+            self._channel.close()
+        await self.forwarder.close()
+
+    # -- the control channel ------------------------------------------------------------------------------------
+    def _send(self, message: Place | Loaded | Unloaded | Resident | Requests) -> None:
+        assert self._channel is not None
+        self._channel.send(message)
+
+    async def _follow(self, on_end: Callable[[], None]) -> None:
+        assert self._channel is not None
+        while (message := await self._channel.receive()) is not None:
+            match message:
+                case Routes():
+                    self.routes.update(message)
+                case Load(model):
+                    self._spawn(self._load(model))
+                case Unload(model):
+                    self._spawn(self._unload(model))
+                case Report():
+                    self._send(Resident(self.resident()))
+                case Refused(model, reason):
+                    self.routes.refused(model, reason)
+        log.warning("the node actor is gone: stopping")
+        on_end()
+
+    async def _load(self, model: str) -> None:
+        started = time.perf_counter()
+        try:
+            await self.plane.router.load(model)
+            size = sum(engine.memory_bytes for engine in self.plane.router.served_engines(model))
+        except AdaserveError as exc:
+            self._send(Loaded(model, error=str(exc)))
+            return
+        self._send(Loaded(model, size_bytes=size, load_s=time.perf_counter() - started))
+
+    async def _unload(self, model: str) -> None:
+        try:
+            await self.plane.router.unload(model)
+        except AdaserveError as exc:
+            log.warning("unload failed", extra={"model": model, "error": str(exc)})
+        self._send(Unloaded(model))
+
+    def resident(self) -> dict[str, int]:
+        """The models loaded and ready here, with their bytes."""
+        router = self.plane.router
+        return {
+            name: sum(e.memory_bytes for e in router.served_engines(name))
+            for name, engine in router.engines.items()
+            if engine.state is EngineState.READY
+        }
+
+    async def _report_counts(self) -> None:
+        while True:
+            await asyncio.sleep(REPORT_EVERY_S)
+            if self._counts:
+                counts, self._counts = dict(self._counts), Counter()
+                self._send(Requests(counts))
+
+    def _ask_to_place(self, model: str, avoid: list[str]) -> None:
+        try:
+            size = self.plane.router.repository.read(model).artifact.stat().st_size
+        except (AdaserveError, OSError):
+            size = 0  # a model the repository cannot read: the node it is placed on says why
+        self._send(Place(model, size, avoid))
+
+    # -- where a request goes -------------------------------------------------------------------------------------
+    def _here(self, model: str, hops: int) -> bool:
+        """Serve it here: the model is loaded and ready on this node; or it was forwarded as often as a request may
+        be; or the repository has no such model (this node's answer names the problem: a 404, or a 400 for a name
+        no model can have)."""
+        engine = self.plane.router.engines.get(model)
+        if engine is not None and engine.state is EngineState.READY:
+            return True
+        return hops >= MAX_HOPS or (not self.routes.holders(model) and not self.plane.router.repository.holds(model))
+
+    async def relay(self, model: str, hops: int, send: Callable[[NodeAddress], Awaitable[Answer]]) -> Answer | None:
+        """Send a request for `model` to where it is served, with `send` (which forwards it to a node), and return
+        its answer; None when it is to be served here. A node that does not answer (its server died, or its
+        machine) is avoided and the request is sent once more, to another replica or wherever the controller
+        places the model then (inference is idempotent); a second failure is a 503 naming both nodes."""
+        if hops == 0:
+            self._counts[model] += 1
+        if self._here(model, hops):
+            return None
+        avoid: list[str] = []
+        while True:
+            node, address = await self.routes.target(model, avoid)
+            if node == self.node:
+                return None
+            self.forwards[(model, node)] += 1
+            try:
+                return await send(address)
+            except ForwardFailed:
+                avoid.append(node)
+                if len(avoid) > 1:
+                    raise
+                self.retries[model] += 1
+                log.warning("forwarded request failed: sending it again", extra={"model": model, "node": node})
+
+    # -- the frontends' hooks ---------------------------------------------------------------------------------
+    def rest_route(self, handler: Handler) -> Handler:
+        """`handler`, for a route that names a model, behind the cluster's routing: a request for a model held
+        elsewhere is forwarded and answered with what comes back (`create_app`'s `model_routes`)."""
+
+        async def routed(request: Request) -> Response:
+            if request.method == "HEAD":  # an answer without its body: nothing to forward
+                return await handler(request)
+            hops = _hops(request.headers.get(HOPS))
+            extra = f"{HOPS}: {hops + 1}"
+
+            async def send(node: NodeAddress) -> tuple[int, dict[str, str], bytes]:
+                return await self.forwarder.http(
+                    node, request.method, request.path, request.headers, request.body, extra
+                )
+
+            answer = await self.relay(request.params["model"], hops, send)
+            if answer is None:
+                return await handler(request)
+            status, headers, body = answer
+            return Response(status, body, headers.pop("content-type"), headers)
+
+        return routed
+
+    async def grpc_relay(self, rpc: str, model: str, raw: bytes, context: grpc.aio.ServicerContext) -> bytes | None:
+        """The gRPC servicer's `relay`: a call for a model held elsewhere, sent there as its bytes."""
+        metadata = [(key, value) for key, value in context.invocation_metadata() or () if key != HOPS]
+        hops = _hops(next((str(v) for k, v in context.invocation_metadata() or () if k == HOPS), None))
+        sent = (*metadata, (HOPS, str(hops + 1)))
+        return await self.relay(model, hops, lambda node: self.forwarder.grpc(node, SERVICE + rpc, raw, sent))
+
+    def placed(self, models: Collection[str]) -> dict[str, list[str]]:
+        """Where the table says each of `models` is held."""
+        return {model: self.routes.holders(model) for model in models}
+
+
+def _hops(value: str | None) -> int:
+    """A forwarded request's hop count (0 for a client's)."""
+    return int(value) if value is not None and value.isdigit() else 0

@@ -1,0 +1,282 @@
+"""Two real node servers (`adaserve serve --cluster-control FD`) with this test as their node actor: it sends the
+routing tables and load orders a controller would, over the same channel, and checks that a request for a model
+held on the other node is forwarded there, its answer unchanged, over REST and gRPC; that a model held nowhere is
+placed once for concurrent requests; that a request caught by a dead node is sent again elsewhere; and that a node
+server whose actor goes away stops. No Ray: the cluster's data path alone."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import signal
+import socket
+import struct
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from pathlib import Path
+
+import msgspec
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from adaserve.distributed.messages import (
+    FromNode,
+    Load,
+    Loaded,
+    NodeAddress,
+    Place,
+    Report,
+    Requests,
+    Resident,
+    Routes,
+    ToNode,
+    Unload,
+    Unloaded,
+)
+from tests.server_utils import Clients, ServerHandle, link_example, running_server
+
+_LENGTH = struct.Struct("<I")
+
+
+class FakeActor:
+    """This test's end of one node server's control channel: sends orders, collects what the server reports."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.reports: queue.Queue[FromNode] = queue.Queue()
+        self._decoder = msgspec.msgpack.Decoder(FromNode)
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def send(self, message: ToNode) -> None:
+        body = msgspec.msgpack.encode(message)
+        self.sock.sendall(_LENGTH.pack(len(body)) + body)
+
+    def _read(self) -> None:
+        with self.sock.makefile("rb") as stream:
+            while head := stream.read(_LENGTH.size):
+                self.reports.put(self._decoder.decode(stream.read(_LENGTH.unpack(head)[0])))
+
+    def expect(self, kind: type, timeout_s: float = 120.0) -> FromNode:
+        """The next report of `kind` (request counts, which come every second, are skipped)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            report = self.reports.get(timeout=max(0.1, deadline - time.monotonic()))
+            if isinstance(report, kind):
+                return report
+            assert isinstance(report, Requests), f"expected {kind.__name__}, got {report}"
+
+    def close(self) -> None:
+        """Close the channel, as an actor's exit does (shut down first: the reader's file holds the socket open)."""
+        self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
+
+    def load(self, model: str) -> Loaded:
+        self.send(Load(model))
+        loaded = self.expect(Loaded)
+        assert isinstance(loaded, Loaded) and loaded.model == model and not loaded.error, loaded
+        return loaded
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("cluster") / "models"
+    root.mkdir()
+    for name in ("mlp", "cnn"):
+        link_example(root, name, workers=[{"batch": 1}, {"batch": 4}])
+    return root
+
+
+def _node(stack: ExitStack, repository: Path, name: str) -> tuple[ServerHandle, FakeActor]:
+    ours, theirs = socket.socketpair()
+    args = ("--cluster-node", name, "--cluster-control", str(theirs.fileno()))
+    handle = stack.enter_context(running_server(repository, *args, pass_fds=(theirs.fileno(),)))
+    theirs.close()
+    actor = FakeActor(ours)
+    actor.send(Report())
+    assert actor.expect(Resident) == Resident({})  # nothing is loaded before the controller says so
+    return handle, actor
+
+
+@pytest.fixture(scope="module")
+def nodes(repository: Path) -> Iterator[dict[str, tuple[ServerHandle, FakeActor]]]:
+    with ExitStack() as stack:
+        started = {name: _node(stack, repository, name) for name in ("a", "b")}
+        yield started
+        for _, actor in started.values():
+            actor.close()
+
+
+def _table(
+    nodes: dict[str, tuple[ServerHandle, FakeActor]], version: int, replicas: dict[str, list[str]], to: str = "ab"
+) -> None:
+    """Send the routing table to the nodes named in `to`."""
+    addresses = {name: NodeAddress(handle.http_url, handle.grpc_url) for name, (handle, _) in nodes.items()}
+    for name in to:
+        nodes[name][1].send(Routes(version, addresses, replicas))
+
+
+def _same(actual: np.ndarray, expected: np.ndarray) -> None:
+    """Equal answers, up to what batching the rows differently changes (a few ulp)."""
+    np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-5)
+
+
+def _image(seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).random((3, 784), dtype=np.float32)
+
+
+def _http_infer(url: str, model: str, image: np.ndarray, binary: bool = True) -> np.ndarray:
+    with Clients() as clients:
+        tensor = httpclient.InferInput("image", list(image.shape), "FP32")
+        tensor.set_data_from_numpy(image, binary_data=binary)
+        answer = clients.http(url).infer(model, [tensor])
+        return answer.as_numpy("logits")
+
+
+def _grpc_infer(url: str, model: str, image: np.ndarray) -> np.ndarray:
+    with Clients() as clients:
+        tensor = grpcclient.InferInput("image", list(image.shape), "FP32")
+        tensor.set_data_from_numpy(image)
+        return clients.grpc(url).infer(model, [tensor]).as_numpy("logits")
+
+
+def test_forwarded_requests_are_answered_as_the_holder_answers(nodes: dict[str, tuple[ServerHandle, FakeActor]]) -> None:
+    (a, _), (b, b_actor) = nodes["a"], nodes["b"]
+    loaded = b_actor.load("mlp")
+    assert loaded.size_bytes > 0
+    _table(nodes, 1, {"mlp": ["b"]})
+    image = _image(0)
+    direct = _http_infer(b.http_url, "mlp", image)
+    _same(_http_infer(a.http_url, "mlp", image), direct)
+    _same(_http_infer(a.http_url, "mlp", image, binary=False), direct)
+    _same(_grpc_infer(a.grpc_url, "mlp", image), direct)
+    with Clients() as clients:
+        # metadata, config and statistics of a model held elsewhere come from its holder
+        assert clients.http(a.http_url).get_model_metadata("mlp")["inputs"][0]["name"] == "image"
+        assert clients.grpc(a.grpc_url).get_model_config("mlp").config.name == "mlp"
+        stats = clients.http(a.http_url).get_inference_statistics("mlp")["model_stats"][0]
+        assert stats["inference_stats"]["success"]["count"] >= 4  # counted on b, which served all four
+        # ... while node a itself holds nothing
+        assert [row for row in clients.http(a.http_url).get_model_repository_index() if row.get("state") == "READY"] == []
+
+
+def test_a_forwarded_stream_is_answered_request_by_request(nodes: dict[str, tuple[ServerHandle, FakeActor]]) -> None:
+    (a, _), (b, b_actor) = nodes["a"], nodes["b"]
+    b_actor.send(Report())
+    assert "mlp" in b_actor.expect(Resident).models  # type: ignore[union-attr]
+    answers: queue.Queue[object] = queue.Queue()
+    images = [_image(seed) for seed in range(5)]
+    with Clients() as clients:
+        client = clients.grpc(a.grpc_url)
+        client.start_stream(callback=lambda result, error: answers.put(error or result))
+        for index, image in enumerate(images):
+            tensor = grpcclient.InferInput("image", list(image.shape), "FP32")
+            tensor.set_data_from_numpy(image)
+            client.async_stream_infer("mlp", [tensor], request_id=str(index))
+        got = {}
+        for _ in images:
+            result = answers.get(timeout=60)
+            assert isinstance(result, grpcclient.InferResult), result
+            got[result.get_response().id] = result.as_numpy("logits")
+        client.stop_stream()
+    for index, image in enumerate(images):
+        _same(got[str(index)], _http_infer(b.http_url, "mlp", image))
+
+
+def test_bad_input_is_refused_by_the_holder_with_its_message(nodes: dict[str, tuple[ServerHandle, FakeActor]]) -> None:
+    a, _ = nodes["a"]
+    with Clients() as clients:
+        wrong = httpclient.InferInput("pixels", [1, 784], "FP32")
+        wrong.set_data_from_numpy(np.zeros((1, 784), dtype=np.float32))
+        with pytest.raises(InferenceServerException, match="unknown input 'pixels'") as refused:
+            clients.http(a.http_url).infer("mlp", [wrong])
+        assert refused.value.status() == "400"
+        wrong_grpc = grpcclient.InferInput("pixels", [1, 784], "FP32")
+        wrong_grpc.set_data_from_numpy(np.zeros((1, 784), dtype=np.float32))
+        with pytest.raises(InferenceServerException, match="unknown input 'pixels'") as refused:
+            clients.grpc(a.grpc_url).infer("mlp", [wrong_grpc])
+        assert refused.value.status() == "StatusCode.INVALID_ARGUMENT"
+        with pytest.raises(InferenceServerException, match="unknown model 'nope'"):
+            clients.http(a.http_url).infer("nope", [wrong])
+
+
+def test_a_model_held_nowhere_is_placed_once_for_concurrent_requests(
+    nodes: dict[str, tuple[ServerHandle, FakeActor]],
+) -> None:
+    (a, a_actor), (_, b_actor) = nodes["a"], nodes["b"]
+    image = np.random.default_rng(1).random((2, 1, 28, 28), dtype=np.float32)
+
+    def ask() -> np.ndarray:
+        with Clients() as clients:
+            tensor = httpclient.InferInput("image", list(image.shape), "FP32")
+            tensor.set_data_from_numpy(image)
+            return clients.http(a.http_url).infer("cnn", [tensor]).as_numpy("logits")
+
+    with ThreadPoolExecutor(4) as pool:
+        waiting = [pool.submit(ask) for _ in range(4)]
+        place = a_actor.expect(Place)
+        assert isinstance(place, Place) and place.model == "cnn" and place.avoid == [] and place.size_bytes > 0
+        b_actor.load("cnn")
+        _table(nodes, 2, {"mlp": ["b"], "cnn": ["b"]})
+        answers = [future.result(timeout=120) for future in waiting]
+    for answer in answers:
+        _same(answer, answers[0])
+    # one placement for all four; the four counted where they arrived, once (b, which served them, counts none)
+    counted = 0
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        with contextlib.suppress(queue.Empty):
+            report = a_actor.reports.get(timeout=0.2)
+            assert not isinstance(report, Place), report
+            counted += report.counts.get("cnn", 0) if isinstance(report, Requests) else 0
+    assert counted == 4
+    assert all(not (isinstance(r, Requests) and "cnn" in r.counts) for r in list(b_actor.reports.queue))
+
+
+def test_a_request_caught_by_a_dead_node_is_sent_again_where_it_is_placed(
+    nodes: dict[str, tuple[ServerHandle, FakeActor]],
+) -> None:
+    (a, a_actor), (b, b_actor) = nodes["a"], nodes["b"]
+    b_actor.send(Unload("cnn"))
+    assert b_actor.expect(Unloaded) == Unloaded("cnn")
+    os.kill(b.pid, signal.SIGKILL)  # the table still sends mlp's requests to b
+    image = _image(2)
+    with ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(_http_infer, a.http_url, "mlp", image)
+        place = a_actor.expect(Place)
+        assert isinstance(place, Place) and place.model == "mlp" and place.avoid == ["b"]
+        a_actor.load("mlp")
+        _table(nodes, 3, {"mlp": ["a", "b"]}, to="a")
+        served = answer.result(timeout=120)
+    _same(served, _http_infer(a.http_url, "mlp", image))
+
+
+def test_a_node_server_whose_actor_is_gone_stops(repository: Path) -> None:
+    with ExitStack() as stack:
+        handle, actor = _node(stack, repository, "c")
+        actor.close()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                os.kill(handle.pid, 0)
+            except ProcessLookupError:
+                break
+            if _exited(handle.pid):
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("the node server kept running without its actor")
+
+
+def _exited(pid: int) -> bool:
+    try:
+        finished, _ = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return True
+    return finished == pid
