@@ -4,6 +4,7 @@ cluster and for tests); and the settings `adaserve serve --ray ADDRESS` shares w
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from adaserve.distributed.controller import ClusterSettings
@@ -49,7 +50,8 @@ def add_cluster_arguments(parser: argparse.ArgumentParser, budget: object) -> No
         "--node-memory-budget",
         type=budget,  # type: ignore[arg-type]
         help="bytes (2GiB, 500MB) or a percentage of memory each node's models may hold together; the controller "
-        "evicts by --cache-policy to stay under it (default: the memory Ray counts on each node)",
+        "evicts by --cache-policy to stay under it (default: the memory Ray counts on each node; with cluster up, "
+        "half this machine's memory shared equally)",
     )
     parser.add_argument(
         "--placement",
@@ -60,14 +62,20 @@ def add_cluster_arguments(parser: argparse.ArgumentParser, budget: object) -> No
     )
 
 
-def cluster_settings(args: argparse.Namespace, *, port_stride: int, host_from_ray: bool) -> ClusterSettings:
+def cluster_settings(
+    args: argparse.Namespace, *, port_stride: int, host_from_ray: bool, nodes_here: int | None = None
+) -> ClusterSettings:
+    """The cluster's settings from the command line; `nodes_here`: that many nodes share this machine."""
     from adaserve.cli import _budget_bytes
 
     repository: Path = args.model_repository
     budget = None
     if args.node_memory_budget is not None:
         budget = _budget_bytes(args.node_memory_budget, repository)
-    serve_args = ("--log-level", args.log_level) if getattr(args, "log_level", None) else ()
+    elif nodes_here is not None:  # the nodes share this machine: half its memory, in equal parts
+        budget = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (2 * nodes_here)
+    log_level = getattr(args, "log_level", None) or "info"
+    serve_args = ("--log-level", log_level)
     node = NodeSettings(str(repository.resolve()), args.host, args.http_port, args.grpc_port, serve_args)
     return ClusterSettings(
         node,
@@ -76,10 +84,12 @@ def cluster_settings(args: argparse.Namespace, *, port_stride: int, host_from_ra
         eviction=getattr(args, "cache_policy", "iam"),
         placement=args.placement,
         host_from_ray=host_from_ray,
+        log_level=log_level,
     )
 
 
 def _up(args: argparse.Namespace) -> int:
     from adaserve.distributed.launch import run
 
-    return run(cluster_settings(args, port_stride=LOCAL_PORT_STRIDE, host_from_ray=False), nodes=args.nodes)
+    settings = cluster_settings(args, port_stride=LOCAL_PORT_STRIDE, host_from_ray=False, nodes_here=args.nodes)
+    return run(settings, nodes=args.nodes)

@@ -45,12 +45,16 @@ class ClusterSettings:
     eviction: str = "iam"
     placement: str = "iam"
     host_from_ray: bool = False  # listen on the address Ray knows each node by (real machines), not node.host
+    log_level: str = "info"
 
 
 class Controller:
     """The placement controller actor."""
 
     def __init__(self, settings: ClusterSettings) -> None:
+        from adaserve.logs import configure_logging
+
+        configure_logging(settings.log_level)
         self.settings = settings
         self.placement = Placement(settings.eviction, settings.placement)
         self.nodes: dict[str, Any] = {}  # node name → its NodeServer actor handle
@@ -62,12 +66,18 @@ class Controller:
         self._placing: dict[str, asyncio.Task[None]] = {}
         self._ports: dict[str, int] = {}  # node name → its index (its ports are the first node's plus a stride)
         self._membership: asyncio.Task[None] | None = None
+        self._starting: asyncio.Future[None] | None = None
 
     # -- start, membership -------------------------------------------------------------------------------------
     async def start(self) -> None:
-        """Rebuild the books from the node servers already running (a restart), then follow the membership."""
-        if self._membership is not None:
-            return
+        """Rebuild the books from the node servers already running (after a restart), then follow the membership.
+        Every call to the controller starts it first: Ray restarts an actor without calling anything, and the first
+        node to report (or the driver's ping) brings it back."""
+        if self._starting is None:
+            self._starting = asyncio.ensure_future(self._start())
+        await asyncio.shield(self._starting)
+
+    async def _start(self) -> None:
         await self._adopt_running_nodes()
         await self._follow_membership_once()
         self._membership = asyncio.get_running_loop().create_task(self._follow_membership())
@@ -144,7 +154,7 @@ class Controller:
             num_cpus=node["Resources"]["CPU"],  # the node's cores are its server's: Packrat plans them
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
         )
-        handle: Any = actor.remote(node_id, settings, CONTROLLER, NAMESPACE)
+        handle: Any = actor.remote(node_id, settings, CONTROLLER, NAMESPACE, self.settings.log_level)
         try:
             address, pid = await handle.start.remote()
         except Exception as exc:
@@ -195,20 +205,30 @@ class Controller:
     # -- called by the node actors ----------------------------------------------------------------------------
     async def node_lost(self, name: str, reason: str) -> None:
         """A node's server died (its actor starts it again): its replicas are gone."""
+        await self.start()
         await self._lose(name, reason)
 
     async def node_ready(self, name: str, address: NodeAddress, pid: int, resident: dict[str, int]) -> None:
         """A node's server started again, holding `resident`."""
+        await self.start()
         if name in self.nodes:
             self._join(name, self.nodes[name], address, pid, resident, self.budgets[name])
             await self._broadcast()
 
+    async def unloaded(self, node: str, model: str) -> None:
+        """Node `node` no longer holds `model` though no eviction said so: off the books, and off the table."""
+        await self.start()
+        self.placement.unloaded(node, model)
+        await self._broadcast()
+
     async def requests(self, counts: dict[str, int]) -> None:
+        await self.start()
         self.placement.requests(counts, time.monotonic())
 
     async def place(self, asking: str, model: str, size_bytes: int, avoid: list[str]) -> None:
         """Node `asking` has a request for `model` that no node outside `avoid` holds: place it, once. Every node
         gets the table with the new replica; a model that cannot be placed is refused to every node."""
+        await self.start()
         holders = [n for n in self.placement.replicas(model) if n not in avoid]
         if holders:
             await self._send_table(asking)  # its table is behind
@@ -285,6 +305,7 @@ class Controller:
     async def snapshot(self) -> dict[str, Any]:
         """The nodes (address, process id, budget, residents) and the decisions so far: for `models list
         --cluster`, the node servers' metrics, and tests."""
+        await self.start()
         books = self.placement.snapshot()
         return {
             "nodes": {

@@ -18,6 +18,8 @@ from adaserve.extras import needs_extra
 
 #: Each local Ray node's object store: adaserve passes no data through it, so the least Ray accepts.
 OBJECT_STORE_BYTES = 80 * 1024 * 1024
+#: How often the driver calls the controller (which brings a restarted one back at once).
+PING_EVERY_S = 2.0
 #: How long `cluster up` waits for every node server to answer.
 UP_TIMEOUT_S = 300.0
 
@@ -27,7 +29,8 @@ def run(settings: ClusterSettings, *, nodes: int | None = None, address: str | N
     with needs_extra("cluster", "running on a Ray cluster"):
         import ray
 
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})  # taken by sigwait below
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})  # taken by sigtimedwait below
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")  # the node servers' log lines are distinct events, not repeats
     cluster = None
     if nodes is not None:
         from ray.cluster_utils import Cluster
@@ -55,8 +58,13 @@ def run(settings: ClusterSettings, *, nodes: int | None = None, address: str | N
     )
     try:
         ray.get(controller.start.remote())
+        print(json.dumps({"ray": ray.get_runtime_context().gcs_address}), flush=True)
         _announce(controller, nodes)
-        signal.sigwait({signal.SIGTERM, signal.SIGINT})
+        while signal.sigtimedwait({signal.SIGTERM, signal.SIGINT}, PING_EVERY_S) is None:
+            try:  # a controller Ray restarted starts again on its first call: this one, if no node calls first
+                ray.get(controller.start.remote(), timeout=60)
+            except (ray.exceptions.RayError, TimeoutError):
+                continue
     finally:
         ray.get(controller.stop.remote())
         ray.kill(controller, no_restart=True)

@@ -70,6 +70,7 @@ class ClusterMember:
         self.retries: Counter[str] = Counter()  # model → forwarded requests sent again after a node failed
         self._channel: Channel[ToNode] | None = None
         self._counts: Counter[str] = Counter()
+        self._gone: set[str] = set()  # models the table places here that this node no longer holds (reported)
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def start(self, control_fd: int, on_end: Callable[[], None]) -> None:
@@ -105,6 +106,7 @@ class ClusterMember:
             match message:
                 case Routes():
                     self.routes.update(message)
+                    self._gone = {model for model in self._gone if self.node in self.routes.holders(model)}
                 case Load(model):
                     self._spawn(self._load(model))
                 case Unload(model):
@@ -176,6 +178,12 @@ class ClusterMember:
         if self._here(model, hops):
             return None
         avoid: list[str] = []
+        failures = 0
+        if self.node in self.routes.holders(model):  # the table says here, but it is gone (unloaded by hand, failed)
+            avoid.append(self.node)
+            if model not in self._gone:
+                self._gone.add(model)
+                self._send(Unloaded(model))  # the controller takes it off its books and places it again
         while True:
             node, address = await self.routes.target(model, avoid)
             if node == self.node:
@@ -184,9 +192,10 @@ class ClusterMember:
             try:
                 return await send(address)
             except ForwardFailed:
-                avoid.append(node)
-                if len(avoid) > 1:
+                failures += 1
+                if failures > 1:
                     raise
+                avoid.append(node)
                 self.retries[model] += 1
                 log.warning("forwarded request failed: sending it again", extra={"model": model, "node": node})
 

@@ -63,7 +63,10 @@ class NodeSettings:
 class NodeServer:
     """The Ray actor (made with `ray.remote` by the controller) that runs node `name`'s server."""
 
-    def __init__(self, name: str, settings: NodeSettings, controller: str, namespace: str) -> None:
+    def __init__(self, name: str, settings: NodeSettings, controller: str, namespace: str, log_level: str) -> None:
+        from adaserve.logs import configure_logging
+
+        configure_logging(log_level)
         self.name = name
         self.settings = settings
         self._controller_name, self._namespace = controller, namespace
@@ -189,7 +192,10 @@ class NodeServer:
                     if (future := self._loads.pop(model, None)) is not None and not future.done():
                         future.set_result(message)
                 case Unloaded(model):
-                    if (done := self._unloads.pop(model, None)) is not None and not done.done():
+                    done = self._unloads.pop(model, None)
+                    if done is None:  # not ordered: the server lost it (unloaded through its API, say)
+                        self._controller().unloaded.remote(self.name, model)
+                    elif not done.done():
                         done.set_result(None)
                 case Resident(models):
                     if self._resident is not None and not self._resident.done():

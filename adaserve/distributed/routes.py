@@ -16,6 +16,9 @@ from adaserve.errors import ModelNotReadyError
 
 #: How long a request waits for the controller to place a model before it is answered 503.
 PLACE_TIMEOUT_S = 120.0
+#: How often a placement not answered is asked again (a controller that restarted lost the question; asking twice
+#: places nothing twice: the controller places a model once).
+ASK_AGAIN_S = 5.0
 
 
 class ClusterRoutes:
@@ -28,6 +31,7 @@ class ClusterRoutes:
         self._turns: dict[str, itertools.count[int]] = {}
         # (model, nodes to avoid) asked to be placed, until a table has a replica outside them
         self._waiting: dict[tuple[str, frozenset[str]], asyncio.Future[None]] = {}
+        self._asked: dict[tuple[str, frozenset[str]], float] = {}  # when each was last asked (the loop's clock)
 
     def update(self, table: Routes) -> None:
         """Take a newer table (an older one, arriving late, is ignored); wake the requests waiting for a model it
@@ -36,6 +40,7 @@ class ClusterRoutes:
             return
         self.table = table
         for key in [key for key in self._waiting if self._holders(*key)]:
+            self._asked.pop(key, None)
             waiting = self._waiting.pop(key)
             if not waiting.done():
                 waiting.set_result(None)
@@ -62,23 +67,32 @@ class ClusterRoutes:
 
     async def _placed(self, model: str, avoid: frozenset[str]) -> None:
         key = (model, avoid)
+        loop = asyncio.get_running_loop()
         waiting = self._waiting.get(key)
         if waiting is None:
-            waiting = self._waiting[key] = asyncio.get_running_loop().create_future()
-            self._ask_to_place(model, sorted(avoid))
-        try:
-            await asyncio.wait_for(asyncio.shield(waiting), PLACE_TIMEOUT_S)
-        except TimeoutError:
-            self._waiting.pop(key, None)
-            raise ModelNotReadyError(
-                f"model '{model}' is held by no node, and the placement controller placed it nowhere within "
-                f"{PLACE_TIMEOUT_S:g} s"
-            ) from None
+            waiting = self._waiting[key] = loop.create_future()
+        deadline = loop.time() + PLACE_TIMEOUT_S
+        while loop.time() < deadline:
+            if loop.time() - self._asked.get(key, -ASK_AGAIN_S) >= ASK_AGAIN_S:  # first, or unanswered for a while:
+                self._asked[key] = loop.time()  # a restarted controller lost the question
+                self._ask_to_place(model, sorted(avoid))
+            try:
+                await asyncio.wait_for(asyncio.shield(waiting), min(ASK_AGAIN_S, deadline - loop.time()))
+                return
+            except TimeoutError:
+                continue
+        self._waiting.pop(key, None)
+        self._asked.pop(key, None)
+        raise ModelNotReadyError(
+            f"model '{model}' is held by no node, and the placement controller placed it nowhere within "
+            f"{PLACE_TIMEOUT_S:g} s"
+        ) from None
 
     def refused(self, model: str, reason: str) -> None:
         """The controller could not place `model` (too large for every node, say): the requests waiting for it get
         a 503 that says why."""
         for key in [key for key in self._waiting if key[0] == model]:
+            self._asked.pop(key, None)
             waiting = self._waiting.pop(key)
             if not waiting.done():
                 waiting.set_exception(ModelNotReadyError(f"model '{model}' cannot be placed: {reason}"))

@@ -146,7 +146,9 @@ def _grpc_infer(url: str, model: str, image: np.ndarray) -> np.ndarray:
         return clients.grpc(url).infer(model, [tensor]).as_numpy("logits")
 
 
-def test_forwarded_requests_are_answered_as_the_holder_answers(nodes: dict[str, tuple[ServerHandle, FakeActor]]) -> None:
+def test_forwarded_requests_are_answered_as_the_holder_answers(
+    nodes: dict[str, tuple[ServerHandle, FakeActor]],
+) -> None:
     (a, _), (b, b_actor) = nodes["a"], nodes["b"]
     loaded = b_actor.load("mlp")
     assert loaded.size_bytes > 0
@@ -163,7 +165,9 @@ def test_forwarded_requests_are_answered_as_the_holder_answers(nodes: dict[str, 
         stats = clients.http(a.http_url).get_inference_statistics("mlp")["model_stats"][0]
         assert stats["inference_stats"]["success"]["count"] >= 4  # counted on b, which served all four
         # ... while node a itself holds nothing
-        assert [row for row in clients.http(a.http_url).get_model_repository_index() if row.get("state") == "READY"] == []
+        assert [
+            row for row in clients.http(a.http_url).get_model_repository_index() if row.get("state") == "READY"
+        ] == []
 
 
 def test_a_forwarded_stream_is_answered_request_by_request(nodes: dict[str, tuple[ServerHandle, FakeActor]]) -> None:

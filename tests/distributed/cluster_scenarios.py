@@ -1,0 +1,232 @@
+"""Scenarios on a real 3-node Ray cluster (`adaserve cluster up --nodes 3`), run by `test_cluster.py` inside a
+loopback-only network namespace: every node answers for every model, as the model run directly does; a model
+resident on one node answers through the others; concurrent load with several models; a node server killed by its
+PID under load loses no request; the controller killed, routing goes on and placement resumes; bad input is
+answered as on one node."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests.server.reference import MODEL_INPUT_SHAPES, reference_outputs
+from tests.server_utils import Clients, link_example
+
+if os.environ.get("ADASERVE_IN_NAMESPACE") != "1":
+    pytest.skip("run by test_cluster.py inside a loopback-only network namespace", allow_module_level=True)
+
+MODELS = ("mlp", "cnn", "mlp_torchscript")
+
+
+@dataclass
+class Node:
+    name: str
+    http: str
+    grpc: str
+    pid: int
+
+
+@dataclass
+class Cluster:
+    process: subprocess.Popen[str]
+    ray_address: str
+    nodes: list[Node]
+    log: Path
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    root = tmp_path_factory.mktemp("cluster")
+    repository = root / "models"
+    repository.mkdir()
+    for name in MODELS:
+        link_example(repository, name, workers=[{"batch": 1}, {"batch": 4}])
+    link_example(repository, "mlp", "mlp_later", workers=[{"batch": 1}])  # asked for once the controller restarted
+    log = root / "cluster.log"
+    command = [sys.executable, "-m", "adaserve", "cluster", "up", "--nodes", "3", "--model-repository", str(repository)]
+    with log.open("w") as errors:
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=errors, text=True)
+    assert process.stdout is not None
+    nodes, ray_address = [], ""
+    try:
+        for line in process.stdout:
+            announced = json.loads(line)
+            if "ray" in announced:
+                ray_address = announced["ray"]
+            elif "node" in announced:
+                nodes.append(Node(announced["node"], announced["http"], announced["grpc"], announced["pid"]))
+            elif "ready" in announced:
+                break
+        assert len(nodes) == 3, log.read_text()[-5000:]
+        yield Cluster(process, ray_address, nodes, log)
+    finally:
+        process.stdout.close()
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _rows(model: str, seed: int, count: int = 3) -> np.ndarray:
+    return np.random.default_rng(seed).random((count, *MODEL_INPUT_SHAPES[model]), dtype=np.float32)
+
+
+def _infer(clients: Clients, node: Node, protocol: str, model: str, rows: np.ndarray) -> np.ndarray:
+    if protocol == "http":
+        tensor: Any = httpclient.InferInput("image", list(rows.shape), "FP32")
+        tensor.set_data_from_numpy(rows)
+        answer: Any = clients.http(node.http, network_timeout=120.0).infer(model, [tensor])
+    else:
+        tensor = grpcclient.InferInput("image", list(rows.shape), "FP32")
+        tensor.set_data_from_numpy(rows)
+        answer = clients.grpc(node.grpc).infer(model, [tensor], client_timeout=120)
+    return answer.as_numpy("logits")  # type: ignore[no-any-return]
+
+
+def _ready_on(clients: Clients, node: Node) -> set[str]:
+    """The models node `node` holds itself (its own repository index, asked as a forwarded request would)."""
+    index = clients.http(node.http).get_model_repository_index()
+    return {row["name"] for row in index if row.get("state") == "READY"}
+
+
+def _close(actual: np.ndarray, expected: np.ndarray) -> None:
+    np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_every_node_answers_for_every_model_as_the_model_does(cluster: Cluster) -> None:
+    with Clients() as clients:
+        for model in MODELS:
+            rows = _rows(model, 0)
+            expected = reference_outputs(model, rows)
+            for node in cluster.nodes:
+                for protocol in ("http", "grpc"):
+                    _close(_infer(clients, node, protocol, model, rows), expected)
+        holders = {model: [n.name for n in cluster.nodes if model in _ready_on(clients, n)] for model in MODELS}
+    assert all(len(nodes) == 1 for nodes in holders.values()), holders  # placed once, answered everywhere
+
+
+def test_concurrent_load_over_several_models(cluster: Cluster) -> None:
+    picks = random.Random(1)
+    jobs = [
+        (picks.choice(cluster.nodes), picks.choice(("http", "grpc")), picks.choice(MODELS), seed) for seed in range(90)
+    ]
+
+    def run(job: tuple[Node, str, str, int]) -> None:
+        node, protocol, model, seed = job
+        rows = _rows(model, seed, count=1 + seed % 4)
+        with Clients() as clients:
+            _close(_infer(clients, node, protocol, model, rows), reference_outputs(model, rows))
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(run, jobs))
+
+
+def test_bad_input_is_answered_as_on_one_node(cluster: Cluster) -> None:
+    with Clients() as clients:
+        for node in cluster.nodes:
+            wrong = httpclient.InferInput("pixels", [1, 784], "FP32")
+            wrong.set_data_from_numpy(np.zeros((1, 784), dtype=np.float32))
+            with pytest.raises(InferenceServerException, match="unknown input 'pixels'"):
+                clients.http(node.http).infer("mlp", [wrong])
+            with pytest.raises(InferenceServerException, match="unknown model 'nope'"):
+                clients.http(node.http).infer("nope", [wrong])
+            short = grpcclient.InferInput("image", [1, 3], "FP32")
+            short.set_data_from_numpy(np.zeros((1, 3), dtype=np.float32))
+            with pytest.raises(InferenceServerException) as refused:
+                clients.grpc(node.grpc).infer("mlp", [short])
+            assert refused.value.status() == "StatusCode.INVALID_ARGUMENT"
+
+
+def test_a_node_server_killed_under_load_loses_no_request(cluster: Cluster) -> None:
+    with Clients() as clients:
+        holder = next(n for n in cluster.nodes if "mlp" in _ready_on(clients, n))
+    others = [n for n in cluster.nodes if n is not holder]
+    outcomes: list[str] = []
+
+    def send(seed: int) -> None:
+        node = others[seed % 2]
+        rows = _rows("mlp", seed)
+        with Clients() as clients:
+            try:
+                _close(
+                    _infer(clients, node, "http" if seed % 3 else "grpc", "mlp", rows), reference_outputs("mlp", rows)
+                )
+                outcomes.append("answered")
+            except InferenceServerException as exc:  # a 503 that names why, never a silent loss
+                assert "503" in str(exc.status()) or "UNAVAILABLE" in str(exc.status()), exc
+                assert "node" in str(exc) or "placed" in str(exc), exc
+                outcomes.append("refused")
+
+    with ThreadPoolExecutor(4) as pool:
+        running = [pool.submit(send, seed) for seed in range(40)]
+        time.sleep(0.3)
+        os.kill(holder.pid, signal.SIGKILL)
+        running += [pool.submit(send, seed) for seed in range(40, 120)]
+        for future in running:
+            future.result(timeout=300)
+    assert len(outcomes) == 120
+    assert outcomes.count("answered") >= 100, outcomes  # a retry elsewhere answers nearly all of them
+    with Clients() as clients:  # mlp is served again, and the dead node's server was restarted and answers
+        rows = _rows("mlp", 7)
+        _close(_infer(clients, others[0], "http", "mlp", rows), reference_outputs("mlp", rows))
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if clients.http(holder.http).is_server_live():
+                    break
+            except (InferenceServerException, OSError):
+                time.sleep(0.5)
+        _close(_infer(clients, holder, "http", "mlp", rows), reference_outputs("mlp", rows))
+
+
+def test_routing_goes_on_while_the_controller_restarts_and_placement_resumes(cluster: Cluster) -> None:
+    import ray
+
+    ray.init(address=cluster.ray_address, namespace="adaserve", logging_level=logging.ERROR)
+    try:
+        controller = ray.get_actor("adaserve-controller")
+        before: dict[str, Any] = ray.get(controller.snapshot.remote())
+        ray.kill(controller, no_restart=False)  # Ray restarts it; it rebuilds its books from the nodes
+        with Clients() as clients:  # routing goes on by the tables the nodes hold
+            for node in cluster.nodes:
+                rows = _rows("cnn", 3)
+                _close(_infer(clients, node, "grpc", "cnn", rows), reference_outputs("cnn", rows))
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                after = ray.get(ray.get_actor("adaserve-controller").snapshot.remote(), timeout=10)
+                if len(after["nodes"]) == 3:
+                    break
+            except Exception:
+                time.sleep(0.5)
+        resident = {name: set(node["residents"]) for name, node in after["nodes"].items()}
+        assert resident == {name: set(node["residents"]) for name, node in before["nodes"].items()}
+        with Clients() as clients:  # placement resumes: a model unloaded by hand is placed again on its request
+            holder = next(n for n in cluster.nodes if "mlp_torchscript" in _ready_on(clients, n))
+            clients.http(holder.http).unload_model("mlp_torchscript")
+            rows = _rows("mlp_torchscript", 4)
+            _close(
+                _infer(clients, cluster.nodes[0], "http", "mlp_torchscript", rows),
+                reference_outputs("mlp_torchscript", rows),
+            )
+    finally:
+        ray.shutdown()
