@@ -291,7 +291,7 @@ class Controller:
             for model, resident in state["residents"].items():
                 if resident["state"] == "LOADED" and node in self.addresses:
                     replicas.setdefault(model, []).append(node)
-        return Routes(self._version, dict(self.addresses), replicas)
+        return Routes(self._version, dict(self.addresses), replicas, dict(self.decisions))
 
     async def _broadcast(self) -> None:
         table = self.table()

@@ -17,10 +17,11 @@ import os
 import socket
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Iterator
 from typing import TypeVar
 
 import grpc
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from adaserve.distributed.control import Channel
 from adaserve.distributed.forward import Forwarder, ForwardFailed
@@ -64,6 +65,7 @@ class ClusterMember:
     def __init__(self, node: str, plane: DataPlane, forwarder: Forwarder) -> None:
         self.node = node
         self.plane = plane
+        plane.cluster = self  # the repository index and /metrics speak for the cluster
         self.forwarder = forwarder
         self.routes = ClusterRoutes(node, self._ask_to_place)
         self.forwards: Counter[tuple[str, str]] = Counter()  # (model, node) → requests forwarded there
@@ -230,9 +232,73 @@ class ClusterMember:
         sent = (*metadata, (HOPS, str(hops + 1)))
         return await self.relay(model, hops, lambda node: self.forwarder.grpc(node, SERVICE + rpc, raw, sent))
 
-    def placed(self, models: Collection[str]) -> dict[str, list[str]]:
-        """Where the table says each of `models` is held."""
-        return {model: self.routes.holders(model) for model in models}
+    # -- what the node server says of the cluster ---------------------------------------------------------------
+    def held_elsewhere(self) -> dict[str, list[str]]:
+        return {
+            model: [node for node in nodes if node != self.node]
+            for model, nodes in self.routes.table.replicas.items()
+            if any(node != self.node for node in nodes)
+        }
+
+    def collect(self) -> Iterator[Metric]:
+        """Prometheus families: this node's forwards and retries, and the cluster as its table has it."""
+        table = self.routes.table
+        held = Counter(node for nodes in table.replicas.values() for node in nodes)
+        yield _family(
+            CounterMetricFamily,
+            "adaserve_cluster_forwarded_requests",
+            "Requests forwarded to the node holding their model",
+            ["model", "node"],
+            {(model, node): count for (model, node), count in self.forwards.items()},
+        )
+        yield _family(
+            CounterMetricFamily,
+            "adaserve_cluster_forward_retries",
+            "Forwarded requests sent again after their node failed",
+            ["model"],
+            {(model,): count for model, count in self.retries.items()},
+        )
+        yield _family(
+            GaugeMetricFamily,
+            "adaserve_cluster_replicas",
+            "Nodes holding each model",
+            ["model"],
+            {(model,): len(nodes) for model, nodes in table.replicas.items()},
+        )
+        yield _family(
+            GaugeMetricFamily,
+            "adaserve_cluster_resident_models",
+            "Models each node holds",
+            ["node"],
+            {(node,): held[node] for node in table.nodes},
+        )
+        yield _family(
+            CounterMetricFamily,
+            "adaserve_cluster_placement_decisions",
+            "The placement controller's decisions: models placed, evicted, refused (failed), nodes lost",
+            ["decision"],
+            {(kind,): count for kind, count in table.decisions.items()},
+        )
+        yield _family(
+            GaugeMetricFamily,
+            "adaserve_cluster_routing_table_version",
+            "The routing table this node has",
+            [],
+            {(): table.version},
+        )
+
+
+def _family(
+    kind: type[CounterMetricFamily] | type[GaugeMetricFamily],
+    name: str,
+    text: str,
+    labels: list[str],
+    values: dict[tuple[str, ...], float],
+) -> Metric:
+    family = kind(name, text, labels=labels)
+    for key, value in sorted(values.items()):
+        family.add_metric(list(key), value)
+    return family
 
 
 def _hops(value: str | None) -> int:

@@ -21,6 +21,7 @@ class Routes(msgspec.Struct, frozen=True, tag="routes"):
     version: int
     nodes: dict[str, NodeAddress]
     replicas: dict[str, list[str]]
+    decisions: dict[str, int] = {}  # the controller's placement decisions so far, by kind (for every node's metrics)
 
 
 class Load(msgspec.Struct, frozen=True, tag="load"):

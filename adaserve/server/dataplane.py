@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import Collection, Mapping, Sequence
 from contextvars import ContextVar
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
@@ -54,6 +54,19 @@ _dag_trace: ContextVar[Trace | None] = ContextVar("dag_trace", default=None)
 ModelControlMode = Literal["none", "poll", "explicit"]
 
 
+class ClusterView(Protocol):
+    """What a node server on a cluster knows of the other nodes (`adaserve.distributed.member`), for the answers
+    that speak for the whole cluster: the repository index, and `/metrics`."""
+
+    def held_elsewhere(self) -> dict[str, list[str]]:
+        """Each model other nodes hold and this one does not, with those nodes."""
+        ...
+
+    def collect(self) -> Any:
+        """The cluster's Prometheus metric families (forwards, retries, replicas, placement decisions)."""
+        ...
+
+
 class DataPlane:
     def __init__(
         self,
@@ -77,6 +90,7 @@ class DataPlane:
         self.shared_memory = SharedMemoryRegions(allow_client_shm)  # the client's regions inputs and outputs name
         self.started = False  # set once the models named at start have been loaded (or failed)
         self.stopping = False  # set when the server begins to stop: not ready from then on
+        self.cluster: ClusterView | None = None  # set on a cluster: the index and metrics then speak for it
 
     # -- health and metadata ---------------------------------------------------------------------------------
     def live(self) -> bool:
@@ -162,7 +176,13 @@ class DataPlane:
         return {"model_stats": stats + [dag_statistics(dag, planner.stats) for dag, planner in dags.items()]}
 
     def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
-        rows = [entry.__dict__ for entry in sorted(self.router.index() + self.dags.index(), key=lambda e: e.name)]
+        """Triton's repository index; on a cluster, a model another node holds is READY, its reason naming where."""
+        rows = [dict(e.__dict__) for e in sorted(self.router.index() + self.dags.index(), key=lambda e: e.name)]
+        elsewhere = self.cluster.held_elsewhere() if self.cluster is not None else {}
+        for row in rows:
+            if row["state"] != "READY" and row["name"] in elsewhere:
+                nodes = elsewhere[row["name"]]
+                row.update(state="READY", reason=f"held on {len(nodes)} other node(s): {', '.join(nodes)}")
         return [row for row in rows if row["state"] == "READY"] if ready_only else rows
 
     async def load(self, name: str, parameters: Collection[str] = ()) -> None:

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
 
 from adaserve.cache import ModelCache
 from adaserve.engine.processes import HostLauncher
@@ -333,9 +334,16 @@ def _buckets(histogram: Histogram) -> list[tuple[str, float]]:
 
 
 def render_metrics(
-    router: ModelRouter, dags: DagCatalog, tracer: Tracer, response_cache: ResponseCache | None
+    router: ModelRouter,
+    dags: DagCatalog,
+    tracer: Tracer,
+    response_cache: ResponseCache | None,
+    cluster: Collector | None = None,
 ) -> tuple[bytes, str]:
+    """The server's metrics; `cluster`: on a cluster, the node's view of it (`adaserve.distributed.member`)."""
     registry = CollectorRegistry(auto_describe=False)
+    if cluster is not None:
+        registry.register(cluster)
     registry.register(EngineCollector(router))
     registry.register(DagCollector(dags))
     registry.register(HostCollector(router.hosts))

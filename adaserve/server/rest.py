@@ -220,7 +220,9 @@ def create_app(
         return Response(200)
 
     async def metrics(request: Request) -> Response:
-        content, media_type = render_metrics(plane.router, plane.dags, plane.tracer, plane.response_cache)
+        content, media_type = render_metrics(
+            plane.router, plane.dags, plane.tracer, plane.response_cache, plane.cluster
+        )
         return Response(200, content, media_type, compressible=True)  # Prometheus asks for gzip
 
     routes = Routes()

@@ -103,9 +103,9 @@ def _infer(clients: Clients, node: Node, protocol: str, model: str, rows: np.nda
 
 
 def _ready_on(clients: Clients, node: Node) -> set[str]:
-    """The models node `node` holds itself (its own repository index, asked as a forwarded request would)."""
+    """The models node `node` holds itself (its repository index says READY, and not held elsewhere)."""
     index = clients.http(node.http).get_model_repository_index()
-    return {row["name"] for row in index if row.get("state") == "READY"}
+    return {row["name"] for row in index if row.get("state") == "READY" and not row.get("reason")}
 
 
 def _close(actual: np.ndarray, expected: np.ndarray) -> None:

@@ -14,6 +14,7 @@ import socket
 import struct
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
@@ -40,6 +41,7 @@ from adaserve.distributed.messages import (
     Unload,
     Unloaded,
 )
+from adaserve.distributed.routes import ASK_AGAIN_S
 from tests.server_utils import Clients, ServerHandle, link_example, running_server
 
 _LENGTH = struct.Struct("<I")
@@ -71,6 +73,12 @@ class FakeActor:
             if isinstance(report, kind):
                 return report
             assert isinstance(report, Requests), f"expected {kind.__name__}, got {report}"
+
+    def drain(self) -> None:
+        """Forget the reports so far (a placement asked again, request counts)."""
+        with contextlib.suppress(queue.Empty):
+            while True:
+                self.reports.get_nowait()
 
     def close(self) -> None:
         """Close the channel, as an actor's exit does (shut down first: the reader's file holds the socket open)."""
@@ -164,10 +172,16 @@ def test_forwarded_requests_are_answered_as_the_holder_answers(
         assert clients.grpc(a.grpc_url).get_model_config("mlp").config.name == "mlp"
         stats = clients.http(a.http_url).get_inference_statistics("mlp")["model_stats"][0]
         assert stats["inference_stats"]["success"]["count"] >= 4  # counted on b, which served all four
-        # ... while node a itself holds nothing
-        assert [
-            row for row in clients.http(a.http_url).get_model_repository_index() if row.get("state") == "READY"
-        ] == []
+        # a's index speaks for the cluster: mlp is ready, held on b; a itself holds nothing
+        index = {row["name"]: row for row in clients.http(a.http_url).get_model_repository_index()}
+        assert index["mlp"]["state"] == "READY" and index["mlp"]["reason"] == "held on 1 other node(s): b"
+        assert index["cnn"]["state"] == "UNAVAILABLE"
+        grpc_index = clients.grpc(a.grpc_url).get_model_repository_index(as_json=True)["models"]
+        assert {row["name"]: row.get("state") for row in grpc_index}["mlp"] == "READY"
+    metrics = urllib.request.urlopen(f"http://{a.http_url}/metrics", timeout=10).read().decode()
+    # three inferences, then metadata, config and statistics
+    assert 'adaserve_cluster_forwarded_requests_total{model="mlp",node="b"} 6.0' in metrics
+    assert 'adaserve_cluster_replicas{model="mlp"} 1.0' in metrics
 
 
 def test_a_forwarded_stream_is_answered_request_by_request(nodes: dict[str, tuple[ServerHandle, FakeActor]]) -> None:
@@ -225,20 +239,23 @@ def test_a_model_held_nowhere_is_placed_once_for_concurrent_requests(
     with ThreadPoolExecutor(4) as pool:
         waiting = [pool.submit(ask) for _ in range(4)]
         place = a_actor.expect(Place)
+        asked_at = time.monotonic()
         assert isinstance(place, Place) and place.model == "cnn" and place.avoid == [] and place.size_bytes > 0
         b_actor.load("cnn")
         _table(nodes, 2, {"mlp": ["b"], "cnn": ["b"]})
         answers = [future.result(timeout=120) for future in waiting]
     for answer in answers:
         _same(answer, answers[0])
-    # one placement for all four; the four counted where they arrived, once (b, which served them, counts none)
-    counted = 0
+    # one question for all four, asked again only every ASK_AGAIN_S while unanswered (the controller places a model
+    # once however often it is asked); the four counted where they arrived, once (b, which served them, counts none)
+    asked_again, counted = 0, 0
     deadline = time.monotonic() + 3
     while time.monotonic() < deadline:
         with contextlib.suppress(queue.Empty):
             report = a_actor.reports.get(timeout=0.2)
-            assert not isinstance(report, Place), report
+            asked_again += report == place
             counted += report.counts.get("cnn", 0) if isinstance(report, Requests) else 0
+    assert asked_again <= (time.monotonic() - asked_at) / ASK_AGAIN_S
     assert counted == 4
     assert all(not (isinstance(r, Requests) and "cnn" in r.counts) for r in list(b_actor.reports.queue))
 
@@ -250,6 +267,7 @@ def test_a_request_caught_by_a_dead_node_is_sent_again_where_it_is_placed(
     b_actor.send(Unload("cnn"))
     assert b_actor.expect(Unloaded) == Unloaded("cnn")
     os.kill(b.pid, signal.SIGKILL)  # the table still sends mlp's requests to b
+    a_actor.drain()
     image = _image(2)
     with ThreadPoolExecutor(1) as pool:
         answer = pool.submit(_http_infer, a.http_url, "mlp", image)
