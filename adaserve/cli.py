@@ -219,9 +219,36 @@ def _trace_summary(args: argparse.Namespace) -> int:
 def _models_list(args: argparse.Namespace) -> int:
     from adaserve.repository import ModelRepository
 
+    if args.cluster is not None:
+        return _cluster_list(args.cluster)
+
     repository = ModelRepository(args.model_repository)
     _list(repository.names(), repository.read, _model_line)
     _list(repository.dag_names(), repository.read_dag, _dag_line)
+    return 0
+
+
+def _cluster_list(url: str) -> int:
+    """What a cluster serves, as one of its nodes (at `url`) tells it: each model's state and where it is held, then
+    the node's cluster metrics (replicas, models per node, forwards, placement decisions)."""
+    import urllib.error
+    import urllib.request
+
+    base = f"http://{server_url(url)}"
+    try:
+        request = urllib.request.Request(f"{base}/v2/repository/index", data=b"{}", method="POST")
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            index = json.load(answer)
+        with urllib.request.urlopen(f"{base}/metrics", timeout=30) as answer:
+            metrics = answer.read().decode()
+    except (urllib.error.URLError, OSError) as exc:
+        raise Unreachable(f"cannot reach a server at {url}: {exc}") from None
+    for row in index:
+        where = row.get("reason") or ("held here" if row.get("state") == "READY" else "")
+        print(f"{row['name']}\t{row.get('state', '')}\t{where}")
+    for line in metrics.splitlines():
+        if line.startswith("adaserve_cluster_"):
+            print(line)
     return 0
 
 
@@ -584,6 +611,12 @@ def build_parser() -> argparse.ArgumentParser:
         "list", help="list the models (versions, configs) and DAG queries (nodes, options) of a repository"
     )
     add_model_repository(listing)
+    listing.add_argument(
+        "--cluster",
+        metavar="URL",
+        help="list what a running cluster serves instead, as its node at URL (host:port) tells it: each model's state "
+        "and the nodes holding it, then the cluster's metrics",
+    )
     listing.set_defaults(func=_models_list)
 
     register_bench(commands)

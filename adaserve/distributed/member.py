@@ -17,11 +17,10 @@ import os
 import socket
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import grpc
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from adaserve.distributed.control import Channel
 from adaserve.distributed.forward import Forwarder, ForwardFailed
@@ -42,7 +41,7 @@ from adaserve.distributed.messages import (
 from adaserve.distributed.routes import ClusterRoutes
 from adaserve.engine.engine import EngineState
 from adaserve.errors import AdaserveError
-from adaserve.server.dataplane import DataPlane
+from adaserve.server.dataplane import ClusterState, DataPlane
 from adaserve.server.http import Handler, Request, Response
 
 log = logging.getLogger("adaserve.cluster")
@@ -240,65 +239,11 @@ class ClusterMember:
             if any(node != self.node for node in nodes)
         }
 
-    def collect(self) -> Iterator[Metric]:
-        """Prometheus families: this node's forwards and retries, and the cluster as its table has it."""
+    def state(self) -> ClusterState:
         table = self.routes.table
-        held = Counter(node for nodes in table.replicas.values() for node in nodes)
-        yield _family(
-            CounterMetricFamily,
-            "adaserve_cluster_forwarded_requests",
-            "Requests forwarded to the node holding their model",
-            ["model", "node"],
-            {(model, node): count for (model, node), count in self.forwards.items()},
+        return ClusterState(
+            dict(self.forwards), dict(self.retries), table.replicas, list(table.nodes), table.decisions, table.version
         )
-        yield _family(
-            CounterMetricFamily,
-            "adaserve_cluster_forward_retries",
-            "Forwarded requests sent again after their node failed",
-            ["model"],
-            {(model,): count for model, count in self.retries.items()},
-        )
-        yield _family(
-            GaugeMetricFamily,
-            "adaserve_cluster_replicas",
-            "Nodes holding each model",
-            ["model"],
-            {(model,): len(nodes) for model, nodes in table.replicas.items()},
-        )
-        yield _family(
-            GaugeMetricFamily,
-            "adaserve_cluster_resident_models",
-            "Models each node holds",
-            ["node"],
-            {(node,): held[node] for node in table.nodes},
-        )
-        yield _family(
-            CounterMetricFamily,
-            "adaserve_cluster_placement_decisions",
-            "The placement controller's decisions: models placed, evicted, refused (failed), nodes lost",
-            ["decision"],
-            {(kind,): count for kind, count in table.decisions.items()},
-        )
-        yield _family(
-            GaugeMetricFamily,
-            "adaserve_cluster_routing_table_version",
-            "The routing table this node has",
-            [],
-            {(): table.version},
-        )
-
-
-def _family(
-    kind: type[CounterMetricFamily] | type[GaugeMetricFamily],
-    name: str,
-    text: str,
-    labels: list[str],
-    values: dict[tuple[str, ...], float],
-) -> Metric:
-    family = kind(name, text, labels=labels)
-    for key, value in sorted(values.items()):
-        family.add_metric(list(key), value)
-    return family
 
 
 def _hops(value: str | None) -> int:

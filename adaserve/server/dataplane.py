@@ -11,6 +11,7 @@ import logging
 import time
 from collections.abc import Collection, Mapping, Sequence
 from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 import numpy as np
@@ -54,6 +55,20 @@ _dag_trace: ContextVar[Trace | None] = ContextVar("dag_trace", default=None)
 ModelControlMode = Literal["none", "poll", "explicit"]
 
 
+@dataclass(frozen=True)
+class ClusterState:
+    """A cluster as one node server sees it (`/metrics`): the requests it forwarded per (model, node) and sent again
+    after a node failed, per model; and its routing table's replicas, nodes, the controller's decisions by kind, and
+    the table's version."""
+
+    forwards: Mapping[tuple[str, str], int]
+    retries: Mapping[str, int]
+    replicas: Mapping[str, Sequence[str]]
+    nodes: Sequence[str]
+    decisions: Mapping[str, int]
+    table_version: int
+
+
 class ClusterView(Protocol):
     """What a node server on a cluster knows of the other nodes (`adaserve.distributed.member`), for the answers
     that speak for the whole cluster: the repository index, and `/metrics`."""
@@ -62,9 +77,7 @@ class ClusterView(Protocol):
         """Each model other nodes hold and this one does not, with those nodes."""
         ...
 
-    def collect(self) -> Any:
-        """The cluster's Prometheus metric families (forwards, retries, replicas, placement decisions)."""
-        ...
+    def state(self) -> ClusterState: ...
 
 
 class DataPlane:

@@ -9,17 +9,18 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from prometheus_client.registry import Collector
 
 from adaserve.cache import ModelCache
 from adaserve.engine.processes import HostLauncher
 from adaserve.engine.router import ModelRouter
 from adaserve.engine.stats import Histogram
 from adaserve.planner.catalog import DagCatalog
+from adaserve.server.dataplane import ClusterView
 from adaserve.server.response_cache import ResponseCache
 from adaserve.server.trace import Tracer
 
@@ -333,17 +334,78 @@ def _buckets(histogram: Histogram) -> list[tuple[str, float]]:
     return buckets
 
 
+class ClusterCollector:
+    """On a cluster (`adaserve cluster up`, `serve --ray`): this node's forwards, and the cluster as its routing table
+    has it."""
+
+    def __init__(self, cluster: ClusterView) -> None:
+        self.cluster = cluster
+
+    def collect(self) -> Iterator[Metric]:
+        state = self.cluster.state()
+        held = Counter(node for nodes in state.replicas.values() for node in nodes)
+        families: list[tuple[type[CounterMetricFamily | GaugeMetricFamily], str, str, list[str], Any]] = [
+            (
+                CounterMetricFamily,
+                "adaserve_cluster_forwarded_requests",
+                "Requests forwarded to the node holding their model",
+                ["model", "node"],
+                state.forwards,
+            ),
+            (
+                CounterMetricFamily,
+                "adaserve_cluster_forward_retries",
+                "Forwarded requests sent again after their node failed",
+                ["model"],
+                {(model,): count for model, count in state.retries.items()},
+            ),
+            (
+                GaugeMetricFamily,
+                "adaserve_cluster_replicas",
+                "Nodes holding each model",
+                ["model"],
+                {(model,): len(nodes) for model, nodes in state.replicas.items()},
+            ),
+            (
+                GaugeMetricFamily,
+                "adaserve_cluster_resident_models",
+                "Models each node holds",
+                ["node"],
+                {(node,): held[node] for node in state.nodes},
+            ),
+            (
+                CounterMetricFamily,
+                "adaserve_cluster_placement_decisions",
+                "The placement controller's decisions: models placed, evicted, refused (failed), nodes lost",
+                ["decision"],
+                {(kind,): count for kind, count in state.decisions.items()},
+            ),
+            (
+                GaugeMetricFamily,
+                "adaserve_cluster_routing_table_version",
+                "The routing table this node has",
+                [],
+                {(): state.table_version},
+            ),
+        ]
+        for kind, name, text, labels, values in families:
+            family = kind(name, text, labels=labels)
+            for key, value in sorted(values.items()):
+                family.add_metric(list(key), value)
+            yield family
+
+
 def render_metrics(
     router: ModelRouter,
     dags: DagCatalog,
     tracer: Tracer,
     response_cache: ResponseCache | None,
-    cluster: Collector | None = None,
+    cluster: ClusterView | None = None,
 ) -> tuple[bytes, str]:
     """The server's metrics; `cluster`: on a cluster, the node's view of it (`adaserve.distributed.member`)."""
     registry = CollectorRegistry(auto_describe=False)
     if cluster is not None:
-        registry.register(cluster)
+        registry.register(ClusterCollector(cluster))
     registry.register(EngineCollector(router))
     registry.register(DagCollector(dags))
     registry.register(HostCollector(router.hosts))

@@ -122,6 +122,16 @@ def test_every_node_answers_for_every_model_as_the_model_does(cluster: Cluster) 
                     _close(_infer(clients, node, protocol, model, rows), expected)
         holders = {model: [n.name for n in cluster.nodes if model in _ready_on(clients, n)] for model in MODELS}
     assert all(len(nodes) == 1 for nodes in holders.values()), holders  # placed once, answered everywhere
+    listing = subprocess.run(
+        [sys.executable, "-m", "adaserve", "models", "list", "--cluster", cluster.nodes[0].http],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    for model, nodes in holders.items():
+        held_here = nodes[0] == cluster.nodes[0].name
+        assert (f"{model}\tREADY\theld here" if held_here else f"held on 1 other node(s): {nodes[0]}") in listing
+    assert 'adaserve_cluster_placement_decisions_total{decision="placed"} 3.0' in listing
 
 
 def test_concurrent_load_over_several_models(cluster: Cluster) -> None:
