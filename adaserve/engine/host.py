@@ -17,7 +17,6 @@ from __future__ import annotations
 import gc
 import io
 import os
-import select
 import signal
 import socket
 import sys
@@ -36,6 +35,7 @@ from adaserve.engine.messages import (
     decode_launch,
     decode_spawn,
     encode,
+    readable,
 )
 from adaserve.engine.pool import PoolLayout, SharedRings
 from adaserve.engine.worker import BatchRunner, Lane, RowStrategy, serve_worker
@@ -112,8 +112,7 @@ def host(control: socket.socket) -> int:
 
 def _launch_waiting(control: socket.socket) -> bool:
     """Whether the server has sent the model already: a host started for a load rather than a spare."""
-    readable, _, _ = select.select([control], [], [], 0)
-    return bool(readable)
+    return readable(control, 0)
 
 
 def prime_program_loading() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import select
+import socket
 import struct
 import time
 from typing import Any
@@ -184,6 +185,15 @@ def write_message(fd: int, message: msgspec.Struct) -> None:
     data = memoryview(frame(message))
     while data:
         data = data[os.write(fd, data) :]
+
+
+def readable(fd: int | socket.socket, timeout_s: float) -> bool:
+    """Whether `fd` becomes readable within `timeout_s` (0: now), sleeping meanwhile. `poll`, not `select`: a server
+    with many connections hands its children descriptors past `select`'s 1,024, where it raises (a model host did,
+    on a cluster node with 8 clients forwarding, and its load failed)."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(timeout_s * 1000))
 
 
 def poll_readable(fd: int, timeout_ns: int) -> bool:

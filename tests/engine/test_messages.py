@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import resource
 import threading
 from collections.abc import Iterator
 
@@ -31,6 +32,7 @@ from adaserve.engine.messages import (
     frame,
     poll_readable,
     read_to_worker,
+    readable,
     write_message,
 )
 
@@ -166,3 +168,23 @@ def test_polling_sees_a_command_at_once_and_gives_up_after_its_time(pipe: tuple[
     write_message(write_fd, Rest())
     assert poll_readable(read_fd, 10**12) is True  # returns as soon as the pipe holds a command
     assert read_to_worker(read_fd) == Rest()
+
+
+def test_readable_works_past_select_s_1024_descriptors() -> None:
+    """A host inherits its control socket from a server with thousands of connections: its descriptor can be past
+    1,024, where select() raises."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2048:
+        pytest.skip(f"the open-file limit ({hard}) allows no descriptor past 2,000")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2048), hard))
+    read_end, write_end = os.pipe()
+    high = os.dup2(read_end, 2000)
+    try:
+        assert not readable(high, 0)
+        os.write(write_end, b"x")
+        assert readable(high, 0)
+        assert readable(high, 0.01)
+    finally:
+        for fd in (read_end, write_end, high):
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

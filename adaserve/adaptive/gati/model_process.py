@@ -33,7 +33,6 @@ import math
 import multiprocessing as mp
 import os
 import platform
-import select
 import signal
 import time
 from collections.abc import Sequence
@@ -43,6 +42,7 @@ import numpy as np
 import torch
 
 from adaserve.adaptive.gati.blocks import BlockChain
+from adaserve.engine.messages import readable
 
 __all__ = ["ModelProcess", "ModelProcessDied", "Sizes", "supported"]
 
@@ -292,7 +292,7 @@ class ModelProcess:
         words, seen = self._words, 0  # not the word: the worker may have posted job 1 already
         with torch.inference_mode():
             while True:
-                ready, _, _ = select.select([wake], [], [], PARENT_CHECK_S)
+                ready = readable(wake, PARENT_CHECK_S)
                 if os.getppid() != parent:
                     return
                 if ready and not os.read(wake, 4096):
