@@ -13,12 +13,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from adaserve.distributed.messages import NodeAddress, Routes
+from adaserve.distributed.messages import NodeAddress, Requests, Routes
 from adaserve.distributed.node import NodeServer, NodeSettings
-from adaserve.distributed.placement import Placement
+from adaserve.distributed.placement import ModelLoad, Placement, ScaleKind
 from adaserve.errors import CacheBusyError, ModelTooLargeError
 
 log = logging.getLogger("adaserve.cluster")
@@ -29,6 +30,8 @@ CONTROLLER = "adaserve-controller"
 NODE_PREFIX = "adaserve-node-"
 #: How often Ray's membership is read.
 MEMBERSHIP_EVERY_S = 1.0
+#: How often replication is decided (`Placement.scale`), from the nodes' reports since the last time.
+SCALE_EVERY_S = 2.0
 #: How long a placement waits for room (models in the way still loading) before the request is refused.
 PLACE_TIMEOUT_S = 60.0
 
@@ -61,12 +64,17 @@ class Controller:
         self.addresses: dict[str, NodeAddress] = {}
         self.pids: dict[str, int] = {}
         self.budgets: dict[str, int] = {}
-        self.decisions = {"placed": 0, "evicted": 0, "failed": 0, "lost": 0}
+        self.decisions = {"placed": 0, "evicted": 0, "failed": 0, "lost": 0, "replicated": 0, "removed": 0}
         self._version = 0
         self._placing: dict[str, asyncio.Task[None]] = {}
         self._ports: dict[str, int] = {}  # node name → its index (its ports are the first node's plus a stride)
         self._membership: asyncio.Task[None] | None = None
         self._starting: asyncio.Future[None] | None = None
+        self._scaling: asyncio.Task[None] | None = None
+        self._arrivals: Counter[str] = Counter()  # requests per model since the last replication check
+        self._queued: dict[str, dict[str, int]] = {}  # model → node → rows queued there (its last report)
+        self._capacity: dict[str, dict[str, float]] = {}  # model → node → requests a second it serves there
+        self._sizes: dict[str, int] = {}  # model → its bytes once loaded
 
     # -- start, membership -------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -81,6 +89,7 @@ class Controller:
         await self._adopt_running_nodes()
         await self._follow_membership_once()
         self._membership = asyncio.get_running_loop().create_task(self._follow_membership())
+        self._scaling = asyncio.get_running_loop().create_task(self._scale_every())
 
     async def _adopt_running_nodes(self) -> None:
         import ray
@@ -196,6 +205,8 @@ class Controller:
 
     async def _lose(self, name: str, reason: str) -> None:
         lost = self.placement.remove_node(name) if name in self.placement.nodes() else []
+        for by_node in (*self._capacity.values(), *self._queued.values()):
+            by_node.pop(name, None)
         self.addresses.pop(name, None)
         self.pids.pop(name, None)
         self.decisions["lost"] += 1
@@ -221,9 +232,50 @@ class Controller:
         self.placement.unloaded(node, model)
         await self._broadcast()
 
-    async def requests(self, counts: dict[str, int]) -> None:
+    async def requests(self, node: str, report: Requests) -> None:
+        """A node's request counts, and the queue and capacity of the models it holds (for `_scale`)."""
         await self.start()
-        self.placement.requests(counts, time.monotonic())
+        self.placement.requests(report.counts, time.monotonic())
+        self._arrivals.update(report.counts)
+        for model, rows in report.queued.items():
+            self._queued.setdefault(model, {})[node] = rows
+        for model, rps in report.capacity_rps.items():
+            self._capacity.setdefault(model, {})[node] = rps
+
+    async def _scale_every(self) -> None:
+        """Replicate what its replicas cannot serve, remove replicas the load no longer needs (`Placement.scale`)."""
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(SCALE_EVERY_S)
+            now = time.monotonic()
+            arrivals, self._arrivals = self._arrivals, Counter()
+            try:
+                await self._scale(arrivals, now - last, now)
+            except Exception:
+                log.exception("replication check failed")
+            last = now
+
+    async def _scale(self, arrivals: Counter[str], elapsed_s: float, now: float) -> None:
+        loads = {}
+        for model, capacities in self._capacity.items():
+            replicas = self.placement.replicas(model)
+            measured = [capacities[node] for node in replicas if node in capacities]
+            if not measured:
+                continue
+            queued = sum(self._queued.get(model, {}).get(node, 0) for node in replicas)
+            loads[model] = ModelLoad(arrivals[model] / elapsed_s, sum(measured) / len(measured), queued)
+        for action in self.placement.scale(loads, now):
+            if action.kind is ScaleKind.ADD and action.model not in self._placing:
+                self.decisions["replicated"] += 1
+                log.info("replicating", extra={"model": action.model, "load": str(loads[action.model])})
+                self._start_placing(action.model, self._sizes.get(action.model, 0), [])
+            elif action.kind is ScaleKind.REMOVE and action.node is not None:
+                self.decisions["removed"] += 1
+                log.info("removing a replica", extra={"model": action.model, "node": action.node})
+                self.placement.unloaded(action.node, action.model)
+                self._capacity.get(action.model, {}).pop(action.node, None)
+                await self._broadcast()  # no request goes there any more: then it is unloaded
+                await self.nodes[action.node].unload.remote(action.model)
 
     async def place(self, asking: str, model: str, size_bytes: int, avoid: list[str]) -> None:
         """Node `asking` has a request for `model` that no node outside `avoid` holds: place it, once. Every node
@@ -235,6 +287,9 @@ class Controller:
             return
         if model in self._placing:
             return  # a load under way: the table that has it reaches every node
+        self._start_placing(model, size_bytes, avoid)
+
+    def _start_placing(self, model: str, size_bytes: int, avoid: list[str]) -> None:
         task = asyncio.get_running_loop().create_task(self._place(model, size_bytes, avoid))
         self._placing[model] = task
         task.add_done_callback(lambda _: self._placing.pop(model, None))
@@ -262,6 +317,7 @@ class Controller:
             self.placement.failed(node, model)
             return await self._refuse(model, loaded.error)
         victims = self.placement.loaded(node, model, loaded.size_bytes, time.monotonic())
+        self._sizes[model] = loaded.size_bytes
         self.decisions["placed"] += 1
         log.info("placed", extra={"model": model, "node": node, "bytes": loaded.size_bytes, "load_s": loaded.load_s})
         await self._broadcast()
@@ -320,8 +376,9 @@ class Controller:
         """Stop every node server (the cluster is going down)."""
         import ray
 
-        if self._membership is not None:
-            self._membership.cancel()
+        for task in (self._membership, self._scaling):
+            if task is not None:
+                task.cancel()
         await asyncio.gather(*(h.stop.remote() for h in self.nodes.values()), return_exceptions=True)
         for handle in self.nodes.values():
             ray.kill(handle, no_restart=True)

@@ -24,6 +24,7 @@ import grpc
 
 from adaserve.distributed.control import Channel
 from adaserve.distributed.forward import Forwarder, ForwardFailed
+from adaserve.distributed.load import LoadMeter
 from adaserve.distributed.messages import (
     Load,
     Loaded,
@@ -146,11 +147,13 @@ class ClusterMember:
         }
 
     async def _report_counts(self) -> None:
+        meter = LoadMeter()
         while True:
             await asyncio.sleep(REPORT_EVERY_S)
-            if self._counts:
+            queued, capacity = meter.sample(self.plane.router.engines)
+            if self._counts or capacity or any(queued.values()):
                 counts, self._counts = dict(self._counts), Counter()
-                self._send(Requests(counts))
+                self._send(Requests(counts, queued, capacity))
 
     def _ask_to_place(self, model: str, avoid: list[str]) -> None:
         try:

@@ -81,9 +81,13 @@ class Resident(msgspec.Struct, frozen=True, tag="resident"):
 
 class Requests(msgspec.Struct, frozen=True, tag="requests"):
     """Requests that arrived at this node from clients since the last count, per model (forwarded ones are counted
-    where they arrived, once): what the controller's eviction policy learns request rates from."""
+    where they arrived, once): what the controller's eviction policy learns request rates from. With them, for each
+    model this node holds: the rows queued now, and the requests a second it can serve (`load.py`), from which the
+    controller replicates."""
 
     counts: dict[str, int]
+    queued: dict[str, int] = {}
+    capacity_rps: dict[str, float] = {}
 
 
 ToNode = Routes | Load | Unload | Report | Refused

@@ -202,8 +202,8 @@ class NodeServer:
                         self._resident.set_result(models)
                 case Place(model, size, avoid):
                     self._controller().place.remote(self.name, model, size, avoid)
-                case Requests(counts):
-                    self._controller().requests.remote(counts)
+                case Requests():
+                    self._controller().requests.remote(self.name, message)
         gone = ConnectionError(f"node {self.name}'s server stopped")
         for pending in (*self._loads.values(), *self._unloads.values(), self._resident):
             if pending is not None and not pending.done():

@@ -13,6 +13,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -27,7 +28,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.server.reference import MODEL_INPUT_SHAPES, reference_outputs
-from tests.server_utils import Clients, link_example
+from tests.server_utils import Clients, link_example, write_slow_model
 
 if os.environ.get("ADASERVE_IN_NAMESPACE") != "1":
     pytest.skip("run by test_cluster.py inside a loopback-only network namespace", allow_module_level=True)
@@ -59,6 +60,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     for name in MODELS:
         link_example(repository, name, workers=[{"batch": 1}, {"batch": 4}])
     link_example(repository, "mlp", "mlp_later", workers=[{"batch": 1}])  # asked for once the controller restarted
+    write_slow_model(repository, "slow", rounds=2000)  # tens of ms a request: one replica cannot keep up
     log = root / "cluster.log"
     command = [sys.executable, "-m", "adaserve", "cluster", "up", "--nodes", "3", "--model-repository", str(repository)]
     with log.open("w") as errors:
@@ -240,3 +242,33 @@ def test_routing_goes_on_while_the_controller_restarts_and_placement_resumes(clu
             )
     finally:
         ray.shutdown()
+
+
+def test_a_model_one_replica_cannot_serve_is_replicated(cluster: Cluster) -> None:
+    """Eight clients keep the slow model's queue full: demand (arrivals plus the queue drained in 2 s) passes what
+    one replica serves, and the controller adds replicas; every answer stays right (y = x)."""
+    stop = threading.Event()
+
+    def client(index: int) -> int:
+        node = cluster.nodes[index % len(cluster.nodes)]
+        answered = 0
+        with Clients() as clients:
+            while not stop.is_set() and answered < 2000:
+                rows = np.full((1, 4), index + answered, dtype=np.float32)
+                tensor = httpclient.InferInput("x", [1, 4], "FP32")
+                tensor.set_data_from_numpy(rows)
+                answer = clients.http(node.http, network_timeout=120.0).infer("slow", [tensor]).as_numpy("y")
+                np.testing.assert_array_equal(answer, rows)
+                answered += 1
+        return answered
+
+    holders: list[str] = []
+    with ThreadPoolExecutor(8) as pool, Clients() as clients:
+        running = [pool.submit(client, index) for index in range(8)]
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and len(holders) < 2:
+            time.sleep(2)
+            holders = [node.name for node in cluster.nodes if "slow" in _ready_on(clients, node)]
+        stop.set()
+        answered = sum(future.result(timeout=300) for future in running)
+    assert len(holders) >= 2, f"one replica after {answered} requests"

@@ -66,13 +66,14 @@ class FakeActor:
                 self.reports.put(self._decoder.decode(stream.read(_LENGTH.unpack(head)[0])))
 
     def expect(self, kind: type, timeout_s: float = 120.0) -> FromNode:
-        """The next report of `kind` (request counts, which come every second, are skipped)."""
+        """The next report of `kind` (request counts, which come every second, and a placement asked again while
+        unanswered are skipped)."""
         deadline = time.monotonic() + timeout_s
         while True:
             report = self.reports.get(timeout=max(0.1, deadline - time.monotonic()))
             if isinstance(report, kind):
                 return report
-            assert isinstance(report, Requests), f"expected {kind.__name__}, got {report}"
+            assert isinstance(report, Requests | Place), f"expected {kind.__name__}, got {report}"
 
     def drain(self) -> None:
         """Forget the reports so far (a placement asked again, request counts)."""
