@@ -205,8 +205,10 @@ class Controller:
 
     async def _lose(self, name: str, reason: str) -> None:
         lost = self.placement.remove_node(name) if name in self.placement.nodes() else []
-        for by_node in (*self._capacity.values(), *self._queued.values()):
-            by_node.pop(name, None)
+        for capacities in self._capacity.values():
+            capacities.pop(name, None)
+        for queued in self._queued.values():
+            queued.pop(name, None)
         self.addresses.pop(name, None)
         self.pids.pop(name, None)
         self.decisions["lost"] += 1

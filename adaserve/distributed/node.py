@@ -14,7 +14,7 @@ import asyncio
 import logging
 import socket
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from adaserve.distributed.control import Channel
@@ -46,22 +46,66 @@ RESTART_BACKOFF_S = (1.0, 30.0)
 @dataclass(frozen=True)
 class NodeSettings:
     """What a node server is started with: the model repository (the same path on every node), where it listens,
-    and any further `adaserve serve` flags (limits, TLS, logging). The controller gives each node its ports."""
+    and any further `adaserve serve` flags (limits, TLS, logging). The controller gives each node its ports.
+
+    `servers` > 1 runs that many servers on the node, on the same ports (SO_REUSEPORT: the kernel spreads the
+    connections), each on a group of the node's cores (`core_groups`): one Python frontend cannot keep a large
+    machine's cores busy with small models. They hold the same models, so the node is one unit of placement."""
 
     repository: str
     host: str = "127.0.0.1"
     http_port: int = 8000
     grpc_port: int = 8001
     serve_args: tuple[str, ...] = ()
-    cpus: tuple[int, ...] = field(default=())  # the cores the server may use (`--cpus`); () all of the node's
+    servers: int = 1  # node servers on this node, sharing its ports (`--reuse-port`), each on a group of its cores
 
     @property
     def address(self) -> NodeAddress:
         return NodeAddress(f"{self.host}:{self.http_port}", f"{self.host}:{self.grpc_port}")
 
 
+class _Server:
+    """One `adaserve serve` process of the node, its control channel, and its answers awaited."""
+
+    def __init__(self, process: asyncio.subprocess.Process, channel: Channel[FromNode]) -> None:
+        self.process = process
+        self.channel = channel
+        self.loads: dict[str, asyncio.Future[Loaded]] = {}
+        self.unloads: dict[str, asyncio.Future[None]] = {}
+        self.resident: asyncio.Future[dict[str, int]] | None = None
+
+    def load(self, model: str) -> asyncio.Future[Loaded]:
+        return self._ask(self.loads, model, Load(model))
+
+    def unload(self, model: str) -> asyncio.Future[None]:
+        return self._ask(self.unloads, model, Unload(model))
+
+    def report(self) -> asyncio.Future[dict[str, int]]:
+        if self.resident is None or self.resident.done():
+            self.resident = asyncio.get_running_loop().create_future()
+            self.channel.send(Report())
+        return self.resident
+
+    def _ask(self, waiting: dict[str, asyncio.Future[Any]], model: str, order: Load | Unload) -> asyncio.Future[Any]:
+        """The answer to `order`, sent once however many wait for it."""
+        future = waiting.get(model)
+        if future is None:
+            future = waiting[model] = asyncio.get_running_loop().create_future()
+            self.channel.send(order)
+        return future
+
+    def gone(self) -> None:
+        """The server stopped: everything awaited from it fails."""
+        error = ConnectionError("the node server stopped")
+        for pending in (*self.loads.values(), *self.unloads.values(), self.resident):
+            if pending is not None and not pending.done():
+                pending.set_exception(error)
+        self.loads.clear()
+        self.unloads.clear()
+
+
 class NodeServer:
-    """The Ray actor (made with `ray.remote` by the controller) that runs node `name`'s server."""
+    """The Ray actor (made with `ray.remote` by the controller) that runs node `name`'s servers."""
 
     def __init__(self, name: str, settings: NodeSettings, controller: str, namespace: str, log_level: str) -> None:
         from adaserve.logs import configure_logging
@@ -70,71 +114,67 @@ class NodeServer:
         self.name = name
         self.settings = settings
         self._controller_name, self._namespace = controller, namespace
-        self._process: asyncio.subprocess.Process | None = None
-        self._channel: Channel[FromNode] | None = None
-        self._loads: dict[str, asyncio.Future[Loaded]] = {}
-        self._unloads: dict[str, asyncio.Future[None]] = {}
-        self._resident: asyncio.Future[dict[str, int]] | None = None
+        self._servers: list[_Server] = []
         self._stopping = False
-        self._supervisor: asyncio.Task[None] | None = None
+        self._supervisors: list[asyncio.Task[None]] = []
+        self._tasks: set[asyncio.Task[None]] = set()
 
     # -- called by the controller ----------------------------------------------------------------------------------
     async def start(self) -> tuple[NodeAddress, int]:
-        """Start the node server and keep it running; its address and process id once it answers."""
-        if self._process is None or self._process.returncode is not None:
-            await self._start_server()
-            self._supervisor = asyncio.get_running_loop().create_task(self._supervise())
-        assert self._process is not None
-        return self.settings.address, self._process.pid
+        """Start the node's servers and keep them running; the node's address, and its first server's process id,
+        once they answer."""
+        if not self._servers:
+            self._servers = await self._start_servers()
+            loop = asyncio.get_running_loop()
+            self._supervisors = [loop.create_task(self._supervise(i)) for i in range(len(self._servers))]
+        return await self.info()
 
     async def load(self, model: str) -> Loaded:
-        future = self._loads.get(model)
-        if future is None:
-            future = self._loads[model] = asyncio.get_running_loop().create_future()
-            self._send(Load(model))
-        return await asyncio.shield(future)
+        """Load `model` on every server of the node: its bytes are theirs together. If one fails, the others unload
+        it and the error is the node's."""
+        answers = await asyncio.gather(*(server.load(model) for server in self._servers), return_exceptions=True)
+        errors = [str(a) if isinstance(a, BaseException) else a.error for a in answers]
+        error = next((e for e in errors if e), "")
+        if error:
+            await asyncio.gather(*(s.unload(model) for s in self._servers), return_exceptions=True)
+            return Loaded(model, error=error)
+        loaded = [a for a in answers if isinstance(a, Loaded)]
+        return Loaded(model, size_bytes=sum(a.size_bytes for a in loaded), load_s=max(a.load_s for a in loaded))
 
     async def unload(self, model: str) -> None:
-        future = self._unloads.get(model)
-        if future is None:
-            future = self._unloads[model] = asyncio.get_running_loop().create_future()
-            self._send(Unload(model))
-        await asyncio.shield(future)
+        await asyncio.gather(*(server.unload(model) for server in self._servers), return_exceptions=True)
 
     async def routes(self, table: Routes) -> None:
-        self._send(table)
+        for server in self._servers:
+            server.channel.send(table)
 
     async def refused(self, model: str, reason: str) -> None:
-        self._send(Refused(model, reason))
+        for server in self._servers:
+            server.channel.send(Refused(model, reason))
 
     async def resident(self) -> dict[str, int]:
-        """What the node server holds now (a restarted controller rebuilds its books from this)."""
-        if self._resident is None or self._resident.done():
-            self._resident = asyncio.get_running_loop().create_future()
-            self._send(Report())
-        return await asyncio.shield(self._resident)
+        """What the node's servers all hold, with their bytes together (a restarted controller rebuilds its books
+        from this)."""
+        reports = await asyncio.gather(*(server.report() for server in self._servers))
+        held = set.intersection(*(set(report) for report in reports)) if reports else set()
+        return {model: sum(report[model] for report in reports) for model in held}
 
     async def info(self) -> tuple[NodeAddress, int]:
-        assert self._process is not None
-        return self.settings.address, self._process.pid
+        return self.settings.address, self._servers[0].process.pid
 
     async def stop(self) -> None:
-        """Stop the node server: SIGTERM (its accepted requests finish), then SIGKILL past STOP_TIMEOUT_S."""
+        """Stop the node's servers: SIGTERM (their accepted requests finish), then SIGKILL past STOP_TIMEOUT_S."""
         self._stopping = True
-        if self._supervisor is not None:
-            self._supervisor.cancel()
-        process = self._process
-        if process is None or process.returncode is not None:
-            return
-        process.terminate()
-        try:
-            await asyncio.wait_for(process.wait(), STOP_TIMEOUT_S)
-        except TimeoutError:
-            process.kill()
-            await process.wait()
+        for supervisor in self._supervisors:
+            supervisor.cancel()
+        await asyncio.gather(*(_stop(server.process) for server in self._servers))
 
-    # -- the node server ---------------------------------------------------------------------------------------
-    async def _start_server(self) -> None:
+    # -- the node's servers --------------------------------------------------------------------------------------
+    async def _start_servers(self) -> list[_Server]:
+        groups = self._cpu_groups() or [()]
+        return list(await asyncio.gather(*(self._start_server(group) for group in groups)))
+
+    async def _start_server(self, cpus: tuple[int, ...]) -> _Server:
         ours, theirs = socket.socketpair()
         settings = self.settings
         command = [
@@ -154,28 +194,36 @@ class NodeServer:
             self.name,
             "--cluster-control",
             str(theirs.fileno()),
-            *(["--cpus", ",".join(map(str, settings.cpus))] if settings.cpus else []),
+            *(["--reuse-port", "--cpus", ",".join(map(str, cpus))] if cpus else []),
             *settings.serve_args,
         ]
-        self._process = await asyncio.create_subprocess_exec(*command, pass_fds=(theirs.fileno(),))
+        process = await asyncio.create_subprocess_exec(*command, pass_fds=(theirs.fileno(),))
         theirs.close()
-        self._channel = await Channel[FromNode].open(ours, FromNode)
-        asyncio.get_running_loop().create_task(self._follow(self._channel))
-        await asyncio.wait_for(self.resident(), START_TIMEOUT_S)  # answered once its control channel is read
+        server = _Server(process, await Channel[FromNode].open(ours, FromNode))
+        asyncio.get_running_loop().create_task(self._follow(server))
+        await asyncio.wait_for(server.report(), START_TIMEOUT_S)  # answered once its control channel is read
+        return server
 
-    async def _supervise(self) -> None:
-        """Start the node server again when it dies, after telling the controller its replicas are gone."""
+    async def _supervise(self, index: int) -> None:
+        """Start server `index` again when it dies. The node's replicas are written off first (the controller
+        places them again on demand), and the other servers of the node unload them too: all the node's servers
+        hold the same models."""
         wait_s = RESTART_BACKOFF_S[0]
         while not self._stopping:
-            assert self._process is not None
-            code = await self._process.wait()
+            server = self._servers[index]
+            code = await server.process.wait()
             if self._stopping:
                 return
-            log.error("node server died: restarting it", extra={"node": self.name, "exit_code": code})
+            log.error("node server died: restarting it", extra={"node": self.name, "server": index, "exit_code": code})
             await self._controller().node_lost.remote(self.name, f"its server exited with code {code}")
+            others = [s for s in self._servers if s is not server]
+            held = await asyncio.gather(*(s.report() for s in others), return_exceptions=True)
+            models = {m for report in held if isinstance(report, dict) for m in report}
+            await asyncio.gather(*(s.unload(m) for s in others for m in models), return_exceptions=True)
             await asyncio.sleep(wait_s)
             try:
-                await self._start_server()
+                groups = self._cpu_groups()
+                self._servers[index] = await self._start_server(groups[index] if groups else ())
             except (OSError, TimeoutError) as exc:
                 log.error("node server did not start", extra={"node": self.name, "error": str(exc)})
                 wait_s = min(2 * wait_s, RESTART_BACKOFF_S[1])
@@ -184,40 +232,56 @@ class NodeServer:
             address, pid = await self.info()
             await self._controller().node_ready.remote(self.name, address, pid, {})
 
-    async def _follow(self, channel: Channel[FromNode]) -> None:
-        """The node server's reports: answers to this actor's orders, and what goes on to the controller."""
-        while (message := await channel.receive()) is not None:
+    def _cpu_groups(self) -> list[tuple[int, ...]]:
+        if self.settings.servers == 1:
+            return []
+        from adaserve.cpu.groups import core_groups
+
+        return [tuple(group) for group in core_groups(self.settings.servers)]
+
+    async def _follow(self, server: _Server) -> None:
+        """A server's reports: answers to this actor's orders, and what goes on to the controller."""
+        while (message := await server.channel.receive()) is not None:
             match message:
                 case Loaded(model):
-                    if (future := self._loads.pop(model, None)) is not None and not future.done():
+                    if (future := server.loads.pop(model, None)) is not None and not future.done():
                         future.set_result(message)
                 case Unloaded(model):
-                    done = self._unloads.pop(model, None)
+                    done = server.unloads.pop(model, None)
                     if done is None:  # not ordered: the server lost it (unloaded through its API, say)
                         self._controller().unloaded.remote(self.name, model)
+                        self._forget(model)
                     elif not done.done():
                         done.set_result(None)
                 case Resident(models):
-                    if self._resident is not None and not self._resident.done():
-                        self._resident.set_result(models)
+                    if server.resident is not None and not server.resident.done():
+                        server.resident.set_result(models)
                 case Place(model, size, avoid):
                     self._controller().place.remote(self.name, model, size, avoid)
                 case Requests():
                     self._controller().requests.remote(self.name, message)
-        gone = ConnectionError(f"node {self.name}'s server stopped")
-        for pending in (*self._loads.values(), *self._unloads.values(), self._resident):
-            if pending is not None and not pending.done():
-                pending.set_exception(gone)
-        self._loads.clear()
-        self._unloads.clear()
+        server.gone()
 
-    def _send(self, message: Routes | Load | Unload | Report | Refused) -> None:
-        if self._channel is None:
-            raise ConnectionError(f"node {self.name}'s server is not running")
-        self._channel.send(message)
+    def _forget(self, model: str) -> None:
+        """Unload `model` from every server of the node (in a task: this runs in a server's report loop, which reads
+        the answers)."""
+        task = asyncio.get_running_loop().create_task(self.unload(model))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _controller(self) -> Any:
         """The controller's actor handle (looked up each time: it may have restarted)."""
         import ray
 
         return ray.get_actor(self._controller_name, namespace=self._namespace)
+
+
+async def _stop(process: asyncio.subprocess.Process) -> None:
+    if process.returncode is not None:
+        return
+    process.terminate()
+    try:
+        await asyncio.wait_for(process.wait(), STOP_TIMEOUT_S)
+    except TimeoutError:
+        process.kill()
+        await process.wait()
