@@ -9,6 +9,7 @@ from pathlib import Path
 
 from adaserve.distributed.controller import ClusterSettings
 from adaserve.distributed.node import NodeSettings
+from adaserve.errors import ConfigError
 
 #: On one machine, node i listens on the first node's ports plus i times this.
 LOCAL_PORT_STRIDE = 2
@@ -54,6 +55,14 @@ def add_cluster_arguments(parser: argparse.ArgumentParser, budget: object) -> No
         "half this machine's memory shared equally)",
     )
     parser.add_argument(
+        "--servers-per-node",
+        type=int,
+        default=1,
+        metavar="N",
+        help="node servers on each node, sharing its ports (SO_REUSEPORT), each on a group of its cores: where one "
+        "frontend cannot keep a large machine's cores busy with small models (default: %(default)s)",
+    )
+    parser.add_argument(
         "--placement",
         default="iam",
         choices=PLACEMENTS,
@@ -76,7 +85,11 @@ def cluster_settings(
         budget = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (2 * nodes_here)
     log_level = getattr(args, "log_level", None) or "info"
     serve_args = ("--log-level", log_level)
-    node = NodeSettings(str(repository.resolve()), args.host, args.http_port, args.grpc_port, serve_args)
+    if args.servers_per_node < 1:
+        raise ConfigError(f"--servers-per-node must be at least 1, got {args.servers_per_node}")
+    node = NodeSettings(
+        str(repository.resolve()), args.host, args.http_port, args.grpc_port, serve_args, args.servers_per_node
+    )
     return ClusterSettings(
         node,
         budget,
