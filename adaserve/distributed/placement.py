@@ -27,14 +27,14 @@ utility crossed another since the node's last refresh.
 
 Ordering the cluster's replicas by utility at every placement would cost O(replicas); instead each replica keeps a
 key that orders them all and changes only when the model is requested or loaded: the request-rate EWMA decays every
-model by the same exp(-Δt/τ), so log u_i(t) + t/τ does not depend on t (`stats.py`). The replicas sit in a heap by
+model by the same exp(-Δt/τ), so log u_i(t) + t/τ does not depend on t (`stats.py`). The replicas stay sorted by
 that key, so a placement visits them least useful first and stops as soon as no later node can be cheaper.
 """
 
 from __future__ import annotations
 
+import bisect
 import enum
-import heapq
 import itertools
 import math
 import random
@@ -110,42 +110,38 @@ class ScaleSettings:
 Item = TypeVar("Item", bound=Hashable)
 
 
-class _Ordered(Generic[Item]):
-    """Items under keys, visited least key first without removing them: a heap with lazy deletion, so setting or
-    dropping a key is O(log n) and a walk that stops early costs only what it visited."""
+class _Sorted(Generic[Item]):
+    """Items in ascending order of their keys, each with a payload: a sorted list, so a walk is a plain loop that
+    costs only what it visits, and setting a key is a bisection and a move of the entries after it (microseconds at
+    the thousands of replicas of a 1,000-node fleet)."""
 
     def __init__(self) -> None:
-        self._heap: list[tuple[float, int, Item]] = []
+        self._entries: list[tuple[float, int, Item, int]] = []  # (key, sequence, item, payload)
         self._live: dict[Item, tuple[float, int]] = {}
         self._sequence = itertools.count()
 
     def __len__(self) -> int:
-        return len(self._live)
+        return len(self._entries)
 
-    def set(self, item: Item, key: float) -> None:
-        entry = (key, next(self._sequence), item)
+    def set(self, item: Item, key: float, payload: int = 0) -> None:
+        self.discard(item)
+        entry = (key, next(self._sequence), item, payload)  # (key, sequence) is unique: items are never compared
+        bisect.insort(self._entries, entry, key=_position)
         self._live[item] = entry[:2]
-        heapq.heappush(self._heap, entry)
-        if len(self._heap) > 2 * len(self._live) + 64:  # mostly stale entries: rebuild from the live ones
-            self._heap = [(k, s, i) for i, (k, s) in self._live.items()]
-            heapq.heapify(self._heap)
 
     def discard(self, item: Item) -> None:
-        self._live.pop(item, None)
+        position = self._live.pop(item, None)
+        if position is not None:
+            del self._entries[bisect.bisect_left(self._entries, position, key=_position)]
 
-    def ascending(self, taken: list[tuple[float, int, Item]]) -> Iterator[tuple[float, Item]]:
-        """(key, item), least key first; the entries visited go to `taken`, and `restore(taken)` puts them back."""
-        while self._heap:
-            entry = heapq.heappop(self._heap)
-            if self._live.get(entry[2]) != entry[:2]:
-                continue  # dropped, or set again since
-            taken.append(entry)
-            yield entry[0], entry[2]
+    def __iter__(self) -> Iterator[tuple[float, Item, int]]:
+        """(key, item, payload), least key first; nothing may be set while a walk is under way."""
+        for key, _, item, payload in self._entries:
+            yield key, item, payload
 
-    def restore(self, taken: list[tuple[float, int, Item]]) -> None:
-        for entry in taken:
-            heapq.heappush(self._heap, entry)
-        taken.clear()
+
+def _position(entry: tuple[float, int, Any, int]) -> tuple[float, int]:
+    return entry[0], entry[1]
 
 
 @dataclass
@@ -153,19 +149,13 @@ class _Node:
     residency: Residency
     loading: dict[str, tuple[float, int]] = field(default_factory=dict)  # model -> (placed at, reserved bytes)
     loaded: dict[str, tuple[float, int]] = field(default_factory=dict)  # model -> (loaded at, bytes)
+    free_bytes: int = 0  # negative while a load that came out larger than reserved keeps the node over budget
+    evictable_bytes: int = 0  # its loaded models' bytes
+    # (both recounted by `Placement._recount` after every change to the node)
 
     @property
     def budget_bytes(self) -> int:
         return self.residency.budget_bytes
-
-    @property
-    def free_bytes(self) -> int:
-        """Negative while a load that came out larger than reserved keeps the node over budget."""
-        return self.residency.budget_bytes - self.residency.used_bytes
-
-    @property
-    def evictable_bytes(self) -> int:
-        return self.residency.used_bytes - sum(reserved for _, reserved in self.loading.values())
 
 
 class Room:
@@ -175,28 +165,27 @@ class Room:
     def __init__(self, placement: Placement, model: str, size_bytes: int, exclude: Collection[str]) -> None:
         self.model, self.size_bytes, self.stats = model, size_bytes, placement.stats
         self._placement = placement
+        self._nodes = placement._nodes
         self._exclude = set(exclude) | set(placement._where.get(model, ()))
-        self._taken_replicas: list[tuple[float, int, tuple[str, str]]] = []
-        self._taken_nodes: list[tuple[float, int, str]] = []
 
     def nodes(self) -> list[str]:
         return self._placement.nodes()
 
     def eligible(self, node: str) -> bool:
         """Not excluded, not holding or loading the model, and with a budget that can hold it."""
-        return node not in self._exclude and self._placement._nodes[node].budget_bytes >= self.size_bytes
+        return node not in self._exclude and self._nodes[node].budget_bytes >= self.size_bytes
 
     def free_bytes(self, node: str) -> int:
-        return self._placement._nodes[node].free_bytes
+        return self._nodes[node].free_bytes
 
     def can_make_room(self, node: str) -> bool:
         """Eligible, and its free bytes plus its loaded (evictable) models' bytes hold the model now."""
-        entry = self._placement._nodes[node]
+        entry = self._nodes[node]
         return self.eligible(node) and entry.free_bytes + entry.evictable_bytes >= self.size_bytes
 
     def most_free(self) -> str | None:
         """The eligible node with the most free bytes, if those hold the model without evicting anything."""
-        for negative_free, node in self._placement._free.ascending(self._taken_nodes):
+        for negative_free, node, _ in self._placement._free:
             if -negative_free < self.size_bytes:
                 return None
             if self.eligible(node):
@@ -205,14 +194,8 @@ class Room:
 
     def replicas_in_order(self) -> Iterator[tuple[float, str, int]]:
         """(key, node, bytes) of every loaded replica in the cluster, ineligible nodes' too, least key first."""
-        nodes = self._placement._nodes
-        for key, (node, model) in self._placement._order.ascending(self._taken_replicas):
-            yield key, node, nodes[node].loaded[model][1]
-
-    def close(self) -> None:
-        """Put back what the walks took off the orders."""
-        self._placement._order.restore(self._taken_replicas)
-        self._placement._free.restore(self._taken_nodes)
+        for key, (node, _), size in self._placement._order:
+            yield key, node, size
 
 
 # -- placement policies -----------------------------------------------------------------------------------------------
@@ -268,30 +251,30 @@ class IAMPlacement(PlacementPolicy):
             return free
         b0 = self._policy(room.stats).b0
         best: tuple[float, int, str] | None = None  # (cost, -free bytes, node)
-        cost: dict[str, float] = {}
-        freed: dict[str, int] = {}
+        best_cost = math.inf
+        # per node met: [cost so far, free bytes + bytes freed so far]; None once complete or unable to make room
+        met: dict[str, list[float] | None] = {}
         rank = visited = 0
-        previous = -math.inf
+        previous, importance = -math.inf, math.log(b0)
         for key, node, size in room.replicas_in_order():
-            if key != previous:
-                rank, previous = visited, key  # replicas of equal utility share a rank (Eq. 2 counts u_j < u_i)
+            if key != previous:  # replicas of equal utility share a rank (Eq. 2 counts u_j < u_i)
+                rank, previous = visited, key
+                importance = math.log(rank + b0)
             visited += 1
-            importance = math.log(rank + b0)
-            if best is not None and importance > best[0]:
+            if importance > best_cost:
                 break  # every node not yet complete would cost at least this
-            if node not in cost:
-                if not room.can_make_room(node):
-                    cost[node], freed[node] = math.inf, 0
-                    continue
-                cost[node], freed[node] = 0.0, 0
-            elif math.isinf(cost[node]):
+            if node not in met:
+                met[node] = [0.0, room.free_bytes(node)] if room.can_make_room(node) else None
+            books = met[node]
+            if books is None:
                 continue
-            cost[node] += importance
-            freed[node] += size
-            if room.free_bytes(node) + freed[node] >= room.size_bytes:
-                candidate = (cost[node], -room.free_bytes(node), node)
-                best = candidate if best is None else min(best, candidate)
-                cost[node] = math.inf  # complete: its later replicas are not its victims
+            books[0] += importance
+            books[1] += size
+            if books[1] >= room.size_bytes:
+                candidate = (books[0], -room.free_bytes(node), node)
+                if best is None or candidate < best:
+                    best, best_cost = candidate, candidate[0]
+                met[node] = None  # complete: its later replicas are not its victims
         return None if best is None else best[2]
 
 
@@ -370,8 +353,8 @@ class Placement:
         self._node_list: list[str] | None = None
         self._largest: int | None = None
         self._where: dict[str, dict[str, State]] = {}  # model -> node -> state
-        self._order: _Ordered[tuple[str, str]] = _Ordered()  # loaded (node, model) by the policy's order_key
-        self._free: _Ordered[str] = _Ordered()  # nodes by -free bytes
+        self._order: _Sorted[tuple[str, str]] = _Sorted()  # loaded (node, model) by order_key, with their bytes
+        self._free: _Sorted[str] = _Sorted()  # nodes by -free bytes
         self._low_since: dict[str, float] = {}  # model -> since when it could do with a replica fewer
         self._now = 0.0  # the latest time a call passed, for the calls that take none
 
@@ -383,7 +366,7 @@ class Placement:
         policy = create_policy(self.eviction, self.stats, budget_bytes)
         self._nodes[node] = _Node(Residency(budget_bytes, policy))
         self._node_list = self._largest = None
-        self._refree(node)
+        self._recount(node)
 
     def remove_node(self, node: str) -> list[str]:
         """The node left or died: forget it; returns the models it held or was loading (those replicas are gone)."""
@@ -422,10 +405,7 @@ class Placement:
                 f"(the largest is {_mib(largest)}); raise a budget or add a larger node"
             )
         room = Room(self, model, size_bytes, exclude)
-        try:
-            node = self.policy.choose(room, now) if self._nodes else None
-        finally:
-            room.close()
+        node = self.policy.choose(room, now) if self._nodes else None
         if node is None:
             raise CacheBusyError(self._why_busy(room))
         entry = self._nodes[node]
@@ -434,7 +414,7 @@ class Placement:
             self._drop(node, victim)
         entry.loading[model] = (now, size_bytes)
         self._where.setdefault(model, {})[node] = State.LOADING
-        self._refree(node)
+        self._recount(node)
         return Decision(node, victims)
 
     def loaded(self, node: str, model: str, size_bytes: int, now: float, load_s: float | None = None) -> list[str]:
@@ -450,14 +430,14 @@ class Placement:
             victims = entry.residency.loaded(model, size_bytes, now - placed_at if load_s is None else load_s, now)
         except ModelTooLargeError:
             self._drop(node, model)
-            self._refree(node)
+            self._recount(node)
             raise
         for victim in victims:
             self._drop(node, victim)
         entry.loaded[model] = (now, size_bytes)
         self._where[model][node] = State.LOADED
         self._rekey(model)  # its load time and size changed the key of every replica
-        self._refree(node)
+        self._recount(node)
         return victims
 
     def failed(self, node: str, model: str) -> None:
@@ -467,7 +447,7 @@ class Placement:
             return
         entry.residency.load_failed(model)
         self._drop(node, model)
-        self._refree(node)
+        self._recount(node)
 
     def unloaded(self, node: str, model: str) -> None:
         """`node` no longer holds `model`, whatever the reason (a scale-down, an operator, a crashed worker)."""
@@ -477,7 +457,7 @@ class Placement:
         entry.loading.pop(model, None)
         if entry.residency.remove(model, self._now):
             self._drop(node, model)
-            self._refree(node)
+            self._recount(node)
 
     # -- what the nodes report ------------------------------------------------------------------------------------
 
@@ -564,15 +544,20 @@ class Placement:
                 last_use = loaded_at if last_request is None else max(loaded_at, last_request)
                 key = self.policy.order_key(self.stats, model, last_use)
                 if key is not None:
-                    self._order.set((node, model), key)
+                    self._order.set((node, model), key, self._nodes[node].loaded[model][1])
 
     def _largest_budget(self) -> int:
         if self._largest is None:
             self._largest = max((entry.budget_bytes for entry in self._nodes.values()), default=0)
         return self._largest
 
-    def _refree(self, node: str) -> None:
-        self._free.set(node, -self._nodes[node].free_bytes)
+    def _recount(self, node: str) -> None:
+        """After any change to `node`: its free and evictable bytes, and its place among the nodes by free bytes."""
+        entry = self._nodes[node]
+        used = entry.residency.used_bytes
+        entry.free_bytes = entry.budget_bytes - used
+        entry.evictable_bytes = used - sum(reserved for _, reserved in entry.loading.values())
+        self._free.set(node, -entry.free_bytes)
 
     def _why_busy(self, room: Room) -> str:
         if not self._nodes:
