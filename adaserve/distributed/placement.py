@@ -222,8 +222,9 @@ class PlacementPolicy(ABC):
 
 
 class IAMPlacement(PlacementPolicy):
-    """The node where making room costs the least IAM importance: 0 with enough free bytes, else the sum of the
-    cluster-wide ranks of the least useful replicas it would evict; ties go to the node with the most free bytes."""
+    """The node where making room costs the least IAM importance: 0 with enough free bytes, else the sum of
+    log(rank + b0) over the least useful replicas it would evict, each ranked among every loaded replica of the
+    cluster; ties go to the node with the most free bytes."""
 
     name = "iam"
 
