@@ -2,7 +2,8 @@
 placement controller's own objects (`adaserve.distributed.placement`), IAM placement against LRU placement
 (ModelMesh's) and random placement, at 40, 60 and 80% memory per node.
 
-    .venv/bin/python -m benchmarks.cluster.fleet            # ~6 minutes of CPU in two processes
+    .venv/bin/python -m benchmarks.cluster.fleet            # 5-10 minutes in two processes
+    .venv/bin/python -m benchmarks.cluster.fleet --policies iam,lru,random   # half of that
     .venv/bin/python -m benchmarks.cluster.fleet --quick    # 100 nodes, seed 0, under results/tmp/
 
 **The workload** is the paper's §6.1 method (`adaserve.cache.workload`), scaled up. The trace's HTTP functions at or
