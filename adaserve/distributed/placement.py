@@ -169,7 +169,8 @@ class Room:
         self._exclude = set(exclude) | set(placement._where.get(model, ()))
 
     def nodes(self) -> list[str]:
-        return self._placement.nodes()
+        """Every node (do not change the list)."""
+        return self._placement._node_names()
 
     def eligible(self, node: str) -> bool:
         """Not excluded, not holding or loading the model, and with a budget that can hold it."""
@@ -380,9 +381,7 @@ class Placement:
         return held
 
     def nodes(self) -> list[str]:
-        if self._node_list is None:
-            self._node_list = list(self._nodes)
-        return self._node_list
+        return list(self._node_names())
 
     def replicas(self, model: str) -> list[str]:
         """The nodes where `model` is loaded."""
@@ -546,6 +545,12 @@ class Placement:
                 key = self.policy.order_key(self.stats, model, last_use)
                 if key is not None:
                     self._order.set((node, model), key, self._nodes[node].loaded[model][1])
+
+    def _node_names(self) -> list[str]:
+        """The nodes as one list kept until membership changes: the random placement draws from it per placement."""
+        if self._node_list is None:
+            self._node_list = list(self._nodes)
+        return self._node_list
 
     def _largest_budget(self) -> int:
         if self._largest is None:
