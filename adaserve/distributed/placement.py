@@ -1,0 +1,597 @@
+"""Which models are resident on which nodes: mCache at cluster scale, as pure bookkeeping the placement controller
+(a Ray actor) and the fleet-scale simulator (`benchmarks/cluster/fleet.py`) share.
+
+Nothing here waits, reads a clock or does I/O: the caller passes `now`, carries out each decision (a load, the
+unloads before it) and reports back (`loaded`, `failed`, `unloaded`, `requests`). The rules are mCache's:
+
+* **Load on first use.** `place` picks a node for a model no node holds, reserves its bytes there and names the
+  victims that node's eviction policy gives up for it. Each node is the single-node core, a `Residency` with its own
+  `EvictionPolicy` (`create_policy(eviction, ...)`), so a LOADING model is never evicted and a load that comes out
+  larger than reserved evicts more on its node.
+* **Which node** is a placement policy's choice (`create_placement`): `iam` makes room where it costs the least IAM
+  importance, `lru` is ModelMesh's (the node whose least recently used model is the oldest), `random` the baseline.
+* **Replicate** what one replica cannot serve and remove replicas when the load falls (`scale`), with hysteresis.
+
+One `StatsRegistry` serves every node: a model's request rate, load time and size are the model's, not a node's
+(every policy reads only those per-model figures and keeps its per-node state, such as LRU order or LFU counts, to
+itself). The controller hears request counts per model, not per node, so a model's rate is its cluster-wide rate,
+and a node's policy hears the requests of the models it holds (loaded or loading). ARC's ghost lists therefore learn
+only from models still on their node; the other policies lose nothing.
+
+IAM's importance (rank_i = log(#{j: u_j < u_i} + b0), `adaserve.cache.policies.iam`) ranks a model against the
+models of one cache, so two nodes' ranks do not compare. To say which node's room is cheapest the `iam` placement
+ranks every loaded replica of the cluster against each other, C being the whole cluster, and a node's cost is the
+sum of those ranks over its least useful replicas until the model fits. The node's own IAM policy then chooses the
+victims from its importance queue, which can be up to one refresh period old; both follow u_i, so they agree unless a
+utility crossed another since the node's last refresh.
+
+Ordering the cluster's replicas by utility at every placement would cost O(replicas); instead each replica keeps a
+key that orders them all and changes only when the model is requested or loaded: the request-rate EWMA decays every
+model by the same exp(-Δt/τ), so log u_i(t) + t/τ does not depend on t (`stats.py`). The replicas stay sorted by
+that key, so a placement visits them least useful first and stops as soon as no later node can be cheaper.
+"""
+
+from __future__ import annotations
+
+import bisect
+import enum
+import itertools
+import math
+import random
+from abc import ABC, abstractmethod
+from collections.abc import Collection, Hashable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Generic, TypeVar
+
+from adaserve.cache.policies import POLICIES, IAMPolicy, create_policy
+from adaserve.cache.residency import Residency, State
+from adaserve.cache.stats import StatsRegistry
+from adaserve.errors import CacheBusyError, ConfigError, ModelTooLargeError
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Where to load a model, and what to unload from that node first (already taken off the books)."""
+
+    node: str
+    evict: list[str]
+
+
+@dataclass(frozen=True)
+class ModelLoad:
+    """A model's load over the last report: requests arriving per second (cluster-wide), what one replica serves per
+    second (Packrat's batch-size estimator), and the requests waiting in its replicas' queues."""
+
+    arrival_rps: float
+    capacity_rps: float
+    queued: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.capacity_rps > 0:
+            raise ValueError(f"a replica's capacity must be positive, got {self.capacity_rps} req/s")
+        if self.arrival_rps < 0 or self.queued < 0:
+            raise ValueError(f"arrivals and queue depth cannot be negative: {self.arrival_rps} req/s, {self.queued}")
+
+
+class ScaleKind(enum.Enum):
+    ADD = "add"
+    REMOVE = "remove"
+
+
+@dataclass(frozen=True)
+class ScaleAction:
+    """Add a replica of `model` (the caller places it with `place`, which skips the nodes that hold it) or remove
+    the one on `node` (the caller unloads it and reports `unloaded`)."""
+
+    model: str
+    kind: ScaleKind
+    node: str | None = None
+
+
+@dataclass(frozen=True)
+class ScaleSettings:
+    """When `scale` adds and removes replicas. Demand = arrivals + queued / `queue_drain_s` (a queue should drain
+    within that); one more replica when demand exceeds what the replicas (loading ones counted) serve; one fewer when
+    the others would run below `remove_below` of their capacity, continuously for `remove_after_s`, and again only
+    `remove_after_s` after the last removal. The gap between the two thresholds is the hysteresis: a removal never
+    leaves the rest loaded enough to add one back."""
+
+    queue_drain_s: float = 2.0
+    remove_below: float = 0.5
+    remove_after_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.queue_drain_s <= 0 or self.remove_after_s < 0 or not 0 < self.remove_below < 1:
+            raise ValueError(f"invalid scale settings: {self}")
+
+
+# -- the orders a placement walks ------------------------------------------------------------------------------------
+
+Item = TypeVar("Item", bound=Hashable)
+
+
+class _Sorted(Generic[Item]):
+    """Items in ascending order of their keys, each with a payload: a sorted list, so a walk is a plain loop that
+    costs only what it visits, and setting a key is a bisection and a move of the entries after it (microseconds at
+    the thousands of replicas of a 1,000-node fleet)."""
+
+    def __init__(self) -> None:
+        self._entries: list[tuple[float, int, Item, int]] = []  # (key, sequence, item, payload)
+        self._live: dict[Item, tuple[float, int]] = {}
+        self._sequence = itertools.count()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def set(self, item: Item, key: float, payload: int = 0) -> None:
+        self.discard(item)
+        entry = (key, next(self._sequence), item, payload)  # (key, sequence) is unique: items are never compared
+        bisect.insort(self._entries, entry, key=_position)
+        self._live[item] = entry[:2]
+
+    def discard(self, item: Item) -> None:
+        position = self._live.pop(item, None)
+        if position is not None:
+            del self._entries[bisect.bisect_left(self._entries, position, key=_position)]
+
+    def __iter__(self) -> Iterator[tuple[float, Item, int]]:
+        """(key, item, payload), least key first; nothing may be set while a walk is under way."""
+        for key, _, item, payload in self._entries:
+            yield key, item, payload
+
+
+def _position(entry: tuple[float, int, Any, int]) -> tuple[float, int]:
+    return entry[0], entry[1]
+
+
+@dataclass
+class _Node:
+    residency: Residency
+    loading: dict[str, tuple[float, int]] = field(default_factory=dict)  # model -> (placed at, reserved bytes)
+    loaded: dict[str, tuple[float, int]] = field(default_factory=dict)  # model -> (loaded at, bytes)
+    free_bytes: int = 0  # negative while a load that came out larger than reserved keeps the node over budget
+    evictable_bytes: int = 0  # its loaded models' bytes
+    # (both recounted by `Placement._recount` after every change to the node)
+
+    @property
+    def budget_bytes(self) -> int:
+        return self.residency.budget_bytes
+
+
+class Room:
+    """One `place` call as a placement policy sees it: the nodes that may take the model, what each can free, and
+    the cluster's loaded replicas in the policy's order (`order_key`)."""
+
+    def __init__(self, placement: Placement, model: str, size_bytes: int, exclude: Collection[str]) -> None:
+        self.model, self.size_bytes, self.stats = model, size_bytes, placement.stats
+        self._placement = placement
+        self._nodes = placement._nodes
+        self._exclude = set(exclude) | set(placement._where.get(model, ()))
+
+    def nodes(self) -> list[str]:
+        """Every node (do not change the list)."""
+        return self._placement._node_names()
+
+    def eligible(self, node: str) -> bool:
+        """Not excluded, not holding or loading the model, and with a budget that can hold it."""
+        return node not in self._exclude and self._nodes[node].budget_bytes >= self.size_bytes
+
+    def free_bytes(self, node: str) -> int:
+        return self._nodes[node].free_bytes
+
+    def can_make_room(self, node: str) -> bool:
+        """Eligible, and its free bytes plus its loaded (evictable) models' bytes hold the model now."""
+        entry = self._nodes[node]
+        return self.eligible(node) and entry.free_bytes + entry.evictable_bytes >= self.size_bytes
+
+    def most_free(self) -> str | None:
+        """The eligible node with the most free bytes, if those hold the model without evicting anything."""
+        for negative_free, node, _ in self._placement._free:
+            if -negative_free < self.size_bytes:
+                return None
+            if self.eligible(node):
+                return node
+        return None
+
+    def replicas_in_order(self) -> Iterator[tuple[float, str, int]]:
+        """(key, node, bytes) of every loaded replica in the cluster, ineligible nodes' too, least key first."""
+        for key, (node, _), size in self._placement._order:
+            yield key, node, size
+
+
+# -- placement policies -----------------------------------------------------------------------------------------------
+
+
+class PlacementPolicy(ABC):
+    """Chooses the node for a new replica. Logic only: the `Placement` keeps the books and does the evicting."""
+
+    #: The name `create_placement` knows it by.
+    name: ClassVar[str]
+
+    def __init__(self, seed: int = 0) -> None:
+        self.seed = seed
+
+    def order_key(self, stats: StatsRegistry, model: str, last_use_s: float) -> float | None:
+        """The key that orders a loaded replica among all others for `Room.replicas_in_order`, least key first
+        (evicted first); it may change only when the model is requested or loaded. None: this policy walks no
+        order, so none is kept."""
+        return None
+
+    @abstractmethod
+    def choose(self, room: Room, now: float) -> str | None:
+        """The node to make room on, one for which `room.can_make_room` holds; None when there is none."""
+
+
+class IAMPlacement(PlacementPolicy):
+    """The node where making room costs the least IAM importance: 0 with enough free bytes, else the sum of
+    log(rank + b0) over the least useful replicas it would evict, each ranked among every loaded replica of the
+    cluster; ties go to the node with the most free bytes."""
+
+    name = "iam"
+
+    def __init__(self, seed: int = 0) -> None:
+        super().__init__(seed)
+        self._iam: IAMPolicy | None = None  # Eq. 1 and b0, read from the policy that defines them
+
+    def _policy(self, stats: StatsRegistry) -> IAMPolicy:
+        if self._iam is None or self._iam.stats is not stats:
+            self._iam = IAMPolicy(stats, budget_bytes=1)  # only its utility and b0 are used; the budget is moot
+        return self._iam
+
+    def order_key(self, stats: StatsRegistry, model: str, last_use_s: float) -> float | None:
+        """log u_i(t) + t/τ at t = the model's last request (where the EWMA has not decayed yet): the same for any
+        t until the model's next request or load, and in the order of u_i at every moment."""
+        last = stats.get(model).last_request_s
+        if last is None:
+            return -math.inf
+        utility = self._policy(stats).utility(model, last)
+        return math.log(utility) + last / stats.rate_time_constant_s if utility > 0 else -math.inf
+
+    def choose(self, room: Room, now: float) -> str | None:
+        free = room.most_free()
+        if free is not None:
+            return free
+        b0 = self._policy(room.stats).b0
+        best: tuple[float, int, str] | None = None  # (cost, -free bytes, node)
+        best_cost = math.inf
+        # per node met: [cost so far, free bytes + bytes freed so far]; None once complete or unable to make room
+        met: dict[str, list[float] | None] = {}
+        rank = visited = 0
+        previous, importance = -math.inf, math.log(b0)
+        for key, node, size in room.replicas_in_order():
+            if key != previous:  # replicas of equal utility share a rank (Eq. 2 counts u_j < u_i)
+                rank, previous = visited, key
+                importance = math.log(rank + b0)
+            visited += 1
+            if importance > best_cost:
+                break  # every node not yet complete would cost at least this
+            if node not in met:
+                met[node] = [0.0, room.free_bytes(node)] if room.can_make_room(node) else None
+            books = met[node]
+            if books is None:
+                continue
+            books[0] += importance
+            books[1] += size
+            if books[1] >= room.size_bytes:
+                candidate = (books[0], -room.free_bytes(node), node)
+                if best is None or candidate < best:
+                    best, best_cost = candidate, candidate[0]
+                met[node] = None  # complete: its later replicas are not its victims
+        return None if best is None else best[2]
+
+
+class LRUPlacement(PlacementPolicy):
+    """ModelMesh's: a node with enough free bytes (the most), else the node whose least recently used model is the
+    oldest in the cluster; with LRU eviction that node then evicts from its oldest up."""
+
+    name = "lru"
+
+    def order_key(self, stats: StatsRegistry, model: str, last_use_s: float) -> float | None:
+        return last_use_s
+
+    def choose(self, room: Room, now: float) -> str | None:
+        free = room.most_free()
+        if free is not None:
+            return free
+        return next((node for _, node, _ in room.replicas_in_order() if room.can_make_room(node)), None)
+
+
+class RandomPlacement(PlacementPolicy):
+    """A node drawn at random (seeded) from those that can make room now."""
+
+    name = "random"
+    _DRAWS = 16  # uniform draws over all nodes before drawing from the filtered list
+
+    def __init__(self, seed: int = 0) -> None:
+        super().__init__(seed)
+        self._rng = random.Random(seed)
+
+    def choose(self, room: Room, now: float) -> str | None:
+        nodes = room.nodes()
+        for _ in range(min(self._DRAWS, len(nodes))):
+            node = self._rng.choice(nodes)
+            if room.can_make_room(node):
+                return node
+        able = [node for node in nodes if room.can_make_room(node)]
+        return self._rng.choice(able) if able else None
+
+
+PLACEMENTS: dict[str, type[PlacementPolicy]] = {cls.name: cls for cls in (IAMPlacement, LRUPlacement, RandomPlacement)}
+
+
+def create_placement(name: str, seed: int = 0) -> PlacementPolicy:
+    """The placement policy called `name` (`random` draws from `seed`); ConfigError names an unknown one."""
+    cls = PLACEMENTS.get(name.lower())
+    if cls is None:
+        raise ConfigError(f"unknown placement policy '{name}'; expected one of {', '.join(PLACEMENTS)}")
+    return cls(seed)
+
+
+# -- the books ------------------------------------------------------------------------------------------------------
+
+
+class Placement:
+    """The cluster's resident models under each node's budget. `eviction` names each node's EvictionPolicy,
+    `placement` the PlacementPolicy; `seed` is the random placement's."""
+
+    def __init__(
+        self,
+        eviction: str = "iam",
+        placement: str = "iam",
+        seed: int = 0,
+        *,
+        stats: StatsRegistry | None = None,
+        scaling: ScaleSettings | None = None,
+    ) -> None:
+        known = POLICIES.get(eviction.lower())
+        if known is None or known.needs_future:
+            online = ", ".join(name for name, cls in POLICIES.items() if not cls.needs_future)
+            raise ConfigError(f"eviction policy '{eviction}' cannot run a cluster; expected one of {online}")
+        self.eviction = known.name
+        self.policy = create_placement(placement, seed)
+        self.stats = stats or StatsRegistry()
+        self.scaling = scaling or ScaleSettings()
+        self._nodes: dict[str, _Node] = {}
+        self._node_list: list[str] | None = None
+        self._largest: int | None = None
+        self._where: dict[str, dict[str, State]] = {}  # model -> node -> state
+        self._order: _Sorted[tuple[str, str]] = _Sorted()  # loaded (node, model) by order_key, with their bytes
+        self._free: _Sorted[str] = _Sorted()  # nodes by -free bytes
+        self._low_since: dict[str, float] = {}  # model -> since when it could do with a replica fewer
+        self._now = 0.0  # the latest time a call passed, for the calls that take none
+
+    # -- membership -----------------------------------------------------------------------------------------------
+
+    def add_node(self, node: str, budget_bytes: int) -> None:
+        if node in self._nodes:
+            raise ValueError(f"node '{node}' is already part of the cluster")
+        policy = create_policy(self.eviction, self.stats, budget_bytes)
+        self._nodes[node] = _Node(Residency(budget_bytes, policy))
+        self._node_list = self._largest = None
+        self._recount(node)
+
+    def remove_node(self, node: str) -> list[str]:
+        """The node left or died: forget it; returns the models it held or was loading (those replicas are gone)."""
+        entry = self._nodes.pop(node)
+        self._node_list = self._largest = None
+        self._free.discard(node)
+        held = sorted(entry.residency.residents())
+        for model in held:
+            self._drop(node, model)
+        return held
+
+    def nodes(self) -> list[str]:
+        return list(self._node_names())
+
+    def replicas(self, model: str) -> list[str]:
+        """The nodes where `model` is loaded."""
+        return [node for node, state in self._where.get(model, {}).items() if state is State.LOADED]
+
+    def loading(self, model: str) -> list[str]:
+        """The nodes where `model` is being loaded."""
+        return [node for node, state in self._where.get(model, {}).items() if state is State.LOADING]
+
+    # -- loads ----------------------------------------------------------------------------------------------------
+
+    def place(self, model: str, size_bytes: int, now: float, exclude: Collection[str] = ()) -> Decision:
+        """Choose a node (not in `exclude`, not holding or loading `model`) and reserve `size_bytes` there, evicting
+        by that node's policy. ModelTooLargeError when no node's budget could ever hold it; CacheBusyError when no
+        node can make room now (its other models are loading, or every node that could take it is excluded)."""
+        self._now = max(self._now, now)
+        largest = self._largest_budget()
+        if self._nodes and size_bytes > largest:
+            raise ModelTooLargeError(
+                f"model '{model}' needs {_mib(size_bytes)}, more than any node's model-memory budget "
+                f"(the largest is {_mib(largest)}); raise a budget or add a larger node"
+            )
+        room = Room(self, model, size_bytes, exclude)
+        node = self.policy.choose(room, now) if self._nodes else None
+        if node is None:
+            raise CacheBusyError(self._why_busy(room))
+        entry = self._nodes[node]
+        victims = entry.residency.admit(model, size_bytes, now)
+        for victim in victims:
+            self._drop(node, victim)
+        entry.loading[model] = (now, size_bytes)
+        self._where.setdefault(model, {})[node] = State.LOADING
+        self._recount(node)
+        return Decision(node, victims)
+
+    def loaded(self, node: str, model: str, size_bytes: int, now: float, load_s: float | None = None) -> list[str]:
+        """The load of `model` on `node` finished, `size_bytes` its real size and `load_s` how long it took (default:
+        since `place`); returns further victims on that node if it is larger than reserved. ModelTooLargeError if it
+        exceeds the node's whole budget: it is off the books then, and the caller unloads it."""
+        self._now = max(self._now, now)
+        entry = self._nodes[node]
+        if model not in entry.loading:
+            raise ValueError(f"model '{model}' is not loading on node '{node}'")
+        placed_at, _ = entry.loading.pop(model)
+        try:
+            victims = entry.residency.loaded(model, size_bytes, now - placed_at if load_s is None else load_s, now)
+        except ModelTooLargeError:
+            self._drop(node, model)
+            self._recount(node)
+            raise
+        for victim in victims:
+            self._drop(node, victim)
+        entry.loaded[model] = (now, size_bytes)
+        self._where[model][node] = State.LOADED
+        self._rekey(model)  # its load time and size changed the key of every replica
+        self._recount(node)
+        return victims
+
+    def failed(self, node: str, model: str) -> None:
+        """The load failed: release its reservation; a later request places the model again."""
+        entry = self._nodes.get(node)
+        if entry is None or entry.loading.pop(model, None) is None:
+            return
+        entry.residency.load_failed(model)
+        self._drop(node, model)
+        self._recount(node)
+
+    def unloaded(self, node: str, model: str) -> None:
+        """`node` no longer holds `model`, whatever the reason (a scale-down, an operator, a crashed worker)."""
+        entry = self._nodes.get(node)
+        if entry is None:
+            return
+        entry.loading.pop(model, None)
+        if entry.residency.remove(model, self._now):
+            self._drop(node, model)
+            self._recount(node)
+
+    # -- what the nodes report ------------------------------------------------------------------------------------
+
+    def requests(self, counts: Mapping[str, int], now: float) -> None:
+        """Requests seen per model since the last report: counted in the shared statistics (IAM's rates), and told
+        to the eviction policy of every node that holds the model, as the single-node cache does per request."""
+        self._now = max(self._now, now)
+        for model, count in counts.items():
+            for _ in range(count):
+                self.stats.record_request(model, now)
+            for node in self._where.get(model, ()):
+                policy = self._nodes[node].residency.policy
+                for _ in range(count):
+                    policy.on_request(model, now)
+            if count > 0:
+                self._rekey(model)
+
+    def scale(self, loads: Mapping[str, ModelLoad], now: float) -> list[ScaleAction]:
+        """Replication decisions for the models in `loads` that are on some node (placing a model no node holds is
+        `place`'s job, on its first request): add the replicas demand exceeds, or remove one (`ScaleSettings`)."""
+        self._now = max(self._now, now)
+        return [action for model, load in sorted(loads.items()) for action in self._scale_one(model, load, now)]
+
+    def snapshot(self) -> dict[str, Any]:
+        """Per node its budget, bytes used and residents with state and bytes; for /metrics and `models list
+        --cluster`."""
+        return {
+            "placement": self.policy.name,
+            "eviction": self.eviction,
+            "nodes": {
+                node: {
+                    "budget_bytes": entry.budget_bytes,
+                    "used_bytes": entry.residency.used_bytes,
+                    "residents": {
+                        model: {"state": resident.state.value, "bytes": resident.size_bytes}
+                        for model, resident in entry.residency.residents().items()
+                    },
+                }
+                for node, entry in self._nodes.items()
+            },
+        }
+
+    # -- helpers --------------------------------------------------------------------------------------------------
+
+    def _scale_one(self, model: str, load: ModelLoad, now: float) -> list[ScaleAction]:
+        settings = self.scaling
+        ready, pending = self.replicas(model), self.loading(model)
+        demand = load.arrival_rps + load.queued / settings.queue_drain_s
+        if not ready and not pending:
+            self._low_since.pop(model, None)
+            return []
+        missing = max(1, math.ceil(demand / load.capacity_rps)) - len(ready) - len(pending)
+        if missing > 0:
+            self._low_since.pop(model, None)
+            return [ScaleAction(model, ScaleKind.ADD)] * missing
+        rest = (len(ready) - 1) * load.capacity_rps  # what the replicas serve with one fewer
+        if pending or len(ready) < 2 or demand >= rest * settings.remove_below:
+            self._low_since.pop(model, None)
+            return []
+        since = self._low_since.setdefault(model, now)
+        if now - since < settings.remove_after_s:
+            return []
+        self._low_since[model] = now  # the next removal waits as long again
+        # the replica whose node's memory is most wanted: the one with the least free bytes
+        node = min(ready, key=lambda n: (self._nodes[n].free_bytes, n))
+        return [ScaleAction(model, ScaleKind.REMOVE, node)]
+
+    def _drop(self, node: str, model: str) -> None:
+        """Take `model` on `node` off the books kept here (the residency has already let it go)."""
+        holders = self._where.get(model, {})
+        holders.pop(node, None)
+        if not holders:
+            self._where.pop(model, None)
+        self._order.discard((node, model))
+        if (entry := self._nodes.get(node)) is not None:
+            entry.loaded.pop(model, None)
+            entry.loading.pop(model, None)
+
+    def _rekey(self, model: str) -> None:
+        last_request = self.stats.get(model).last_request_s
+        for node, state in self._where.get(model, {}).items():
+            if state is State.LOADED:
+                loaded_at = self._nodes[node].loaded[model][0]
+                last_use = loaded_at if last_request is None else max(loaded_at, last_request)
+                key = self.policy.order_key(self.stats, model, last_use)
+                if key is not None:
+                    self._order.set((node, model), key, self._nodes[node].loaded[model][1])
+
+    def _node_names(self) -> list[str]:
+        """The nodes as one list kept until membership changes: the random placement draws from it per placement."""
+        if self._node_list is None:
+            self._node_list = list(self._nodes)
+        return self._node_list
+
+    def _largest_budget(self) -> int:
+        if self._largest is None:
+            self._largest = max((entry.budget_bytes for entry in self._nodes.values()), default=0)
+        return self._largest
+
+    def _recount(self, node: str) -> None:
+        """After any change to `node`: its free and evictable bytes, and its place among the nodes by free bytes."""
+        entry = self._nodes[node]
+        used = entry.residency.used_bytes
+        entry.free_bytes = entry.budget_bytes - used
+        entry.evictable_bytes = used - sum(reserved for _, reserved in entry.loading.values())
+        self._free.set(node, -entry.free_bytes)
+
+    def _why_busy(self, room: Room) -> str:
+        if not self._nodes:
+            return f"no room for model '{room.model}': no node has joined the cluster"
+        eligible = [node for node in self._nodes if room.eligible(node)]
+        return (
+            f"no node can make room for model '{room.model}' ({_mib(room.size_bytes)}) now: of {len(self._nodes)} "
+            f"nodes, {len(self._nodes) - len(eligible)} hold it, are excluded or are too small, and the other "
+            f"{len(eligible)} are busy loading other models"
+        )
+
+
+def _mib(size_bytes: int) -> str:
+    return f"{size_bytes / 2**20:.1f} MiB"
+
+
+__all__ = [
+    "PLACEMENTS",
+    "Decision",
+    "IAMPlacement",
+    "LRUPlacement",
+    "ModelLoad",
+    "Placement",
+    "PlacementPolicy",
+    "RandomPlacement",
+    "Room",
+    "ScaleAction",
+    "ScaleKind",
+    "ScaleSettings",
+    "create_placement",
+]
