@@ -91,17 +91,20 @@ class ScaleAction:
 @dataclass(frozen=True)
 class ScaleSettings:
     """When `scale` adds and removes replicas. Demand = arrivals + queued / `queue_drain_s` (a queue should drain
-    within that); one more replica when demand exceeds what the replicas (loading ones counted) serve; one fewer when
-    the others would run below `remove_below` of their capacity, continuously for `remove_after_s`, and again only
-    `remove_after_s` after the last removal. The gap between the two thresholds is the hysteresis: a removal never
-    leaves the rest loaded enough to add one back."""
+    within that); one more replica when demand exceeds `target_utilization` of what the replicas (loading ones
+    counted) serve (a closed loop of clients never offers more than the replicas serve: the target is what sees it);
+    one fewer when the others would run below `remove_below` of their capacity, continuously for `remove_after_s`,
+    and again only `remove_after_s` after the last removal. The gap between the two thresholds is the hysteresis: a
+    removal never leaves the rest loaded enough to add one back."""
 
     queue_drain_s: float = 2.0
+    target_utilization: float = 0.8
     remove_below: float = 0.5
     remove_after_s: float = 60.0
 
     def __post_init__(self) -> None:
-        if self.queue_drain_s <= 0 or self.remove_after_s < 0 or not 0 < self.remove_below < 1:
+        valid = 0 < self.remove_below < self.target_utilization <= 1
+        if self.queue_drain_s <= 0 or self.remove_after_s < 0 or not valid:
             raise ValueError(f"invalid scale settings: {self}")
 
 
@@ -509,7 +512,9 @@ class Placement:
         if not ready and not pending:
             self._low_since.pop(model, None)
             return []
-        missing = max(1, math.ceil(demand / load.capacity_rps)) - len(ready) - len(pending)
+        missing = (
+            max(1, math.ceil(demand / (load.capacity_rps * settings.target_utilization))) - len(ready) - len(pending)
+        )
         if missing > 0:
             self._low_since.pop(model, None)
             return [ScaleAction(model, ScaleKind.ADD)] * missing

@@ -182,11 +182,12 @@ def test_requests_feed_the_shared_statistics_and_each_holder_s_eviction_policy()
 def test_scale_adds_what_demand_exceeds_counting_loading_replicas() -> None:
     made = cluster({"a": 10, "b": 10, "c": 10})
     put(made, "a", "x", 5)
-    assert made.scale({"x": ModelLoad(arrival_rps=25, capacity_rps=10)}, 1.0) == [ScaleAction("x", ScaleKind.ADD)] * 2
-    assert made.scale({"x": ModelLoad(5, 10, queued=30)}, 1.0) == [ScaleAction("x", ScaleKind.ADD)]  # 5 + 30/2 s
+    # each replica is to run at 80% of its 10 req/s: 25 req/s wants four
+    assert made.scale({"x": ModelLoad(arrival_rps=25, capacity_rps=10)}, 1.0) == [ScaleAction("x", ScaleKind.ADD)] * 3
+    assert made.scale({"x": ModelLoad(5, 10, queued=30)}, 1.0) == [ScaleAction("x", ScaleKind.ADD)] * 2  # 5 + 30/2 s
     made.place("x", 5, 1.0)  # one replica on its way
-    assert made.scale({"x": ModelLoad(25, 10)}, 2.0) == [ScaleAction("x", ScaleKind.ADD)]
-    assert made.scale({"x": ModelLoad(20, 10)}, 2.0) == []  # exactly what two serve
+    assert made.scale({"x": ModelLoad(25, 10)}, 2.0) == [ScaleAction("x", ScaleKind.ADD)] * 2
+    assert made.scale({"x": ModelLoad(16, 10)}, 2.0) == []  # exactly two at 80%
     assert made.scale({"cold": ModelLoad(100, 10)}, 2.0) == []  # on no node: place() loads it on first use
 
 
@@ -206,14 +207,17 @@ def test_scale_removes_one_replica_after_a_sustained_fall_and_never_the_last() -
     assert made.scale(low, 160.0) == [ScaleAction("x", ScaleKind.REMOVE, "a")]  # a and c tie on free bytes: by name
     made.unloaded("a", "x")
     assert made.scale({"x": ModelLoad(0, 10)}, 1000.0) == []  # never below one replica
-    # Hysteresis: 9 req/s on two replicas is < 50% of one, so one goes; on the one left, 9 < 10 adds nothing back.
+    # Hysteresis: 4.9 req/s on two replicas is < 50% of one, so one goes; on the one left, up to 80% (8 req/s) adds
+    # nothing back.
     two = cluster({"a": 10, "b": 10})
     put(two, "a", "y", 5)
     put(two, "b", "y", 5)
     two.scale({"y": ModelLoad(4.9, 10)}, 0.0)
     assert [a.kind for a in two.scale({"y": ModelLoad(4.9, 10)}, 60.0)] == [ScaleKind.REMOVE]
     two.unloaded("a", "y")
-    assert two.scale({"y": ModelLoad(9, 10)}, 61.0) == []
+    assert two.scale({"y": ModelLoad(4.9, 10)}, 61.0) == []
+    assert two.scale({"y": ModelLoad(8, 10)}, 62.0) == []
+    assert two.scale({"y": ModelLoad(8.1, 10)}, 63.0) == [ScaleAction("y", ScaleKind.ADD)]
 
 
 def test_snapshot_lists_each_node_s_budget_use_and_residents() -> None:
