@@ -14,7 +14,8 @@ perf_analyzer's gRPC client shares one channel (one connection) among up to 6 of
 has its own (`TRITON_CLIENT_GRPC_CHANNEL_MAX_SHARE_COUNT=1`), so that the kernel, which spreads connections and not
 requests, spreads the load. Each server's CPU over each run is recorded, which shows how evenly it was spread. The
 server counts are interleaved over `--repeats` (servers started afresh each time); a case's figure is the median of
-its repeats, and its ratio is over one server's median from the same run.
+its repeats that perf_analyzer could measure (a repeat whose windows never agreed within 25% is counted as unstable,
+and left out), and its ratio is over one server's median from the same run.
 
 The issue's bar (issue 51, benchmark 3): on a 16-core machine, 4 groups of 4 cores, 4 servers' throughput at least
 3.5× one server's for both cases. Where the machine has fewer than 16 cores, or the groups are not of 4, the result
@@ -170,6 +171,10 @@ def _run(
     run["server_cores_each"] = each
     run["other_cores"] += run["server_cores"] - sum(each)
     run["server_cores"] = sum(each)
+    cores = " + ".join(f"{c:.2f}" for c in each)
+    print(
+        f"  {len(servers)} server(s): {cores} cores; others (all servers counted) {run['other_cores']:.2f}", flush=True
+    )
     return run
 
 
@@ -182,6 +187,7 @@ def _cases(runs: list[dict[str, Any]], counts: list[int]) -> dict[str, Any]:
         for k in counts:
             done = [r for r in runs if r["case"] == case and r["servers"] == k and "throughput_rps" in r]
             entries[str(k)] = {
+                "repeats": sum(r["case"] == case and r["servers"] == k for r in runs),
                 "repeats_ok": len(done),
                 "throughput_rps": statistics.median(r["throughput_rps"] for r in done) if done else None,
                 "throughput_rps_all": [r["throughput_rps"] for r in done],
@@ -257,6 +263,11 @@ def _print(report: dict[str, Any], output: Path) -> None:
             print(
                 f"| {case} | {k} | {', '.join(settings['groups'][: int(k)])} | {entry['throughput_rps']:,.0f} | "
                 + ", ".join(f"{t:,.0f}" for t in entry["throughput_rps_all"])
+                + (
+                    f" ({entry['repeats'] - entry['repeats_ok']} unstable)"
+                    if entry["repeats_ok"] < entry["repeats"]
+                    else ""
+                )
                 + f" | {entry['ratio']:.2f}× | {entry['p50_ms']:.3f} | {entry['server_cores']:.2f} ({each}) |"
             )
     bar = report["bar"]
