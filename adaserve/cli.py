@@ -65,6 +65,10 @@ def _serve(args: argparse.Namespace) -> int:
     from adaserve.logs import configure_logging
     from adaserve.server.app import ServeOptions, serve
 
+    if args.cpus is not None:  # first: every thread and process the server starts inherits the cores
+        from adaserve.cpu.groups import restrict_to
+
+        restrict_to(args.cpus)
     configure_logging(args.log_level)
     if args.ray is not None:
         from adaserve.distributed.cli import cluster_settings
@@ -106,6 +110,7 @@ def _serve(args: argparse.Namespace) -> int:
         grpc_compression_level=args.grpc_infer_response_compression_level,
         cluster_control=args.cluster_control,
         cluster_node=args.cluster_node,
+        reuse_port=args.reuse_port,
     )
     uvloop.run(serve(options))
     return 0
@@ -185,6 +190,16 @@ def spare_hosts(text: str) -> int:
     if not (text.isascii() and text.isdigit()):
         raise argparse.ArgumentTypeError(f"expected a whole number of host processes, 0 or more; got {text!r}")
     return int(text)
+
+
+def cpu_list(text: str) -> list[int]:
+    """`--cpus`: CPU ids and ranges, as `taskset -c` takes them."""
+    from adaserve.cpu.groups import parse_cpus
+
+    try:
+        return parse_cpus(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def json_object(text: str) -> dict[str, object]:
@@ -408,6 +423,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--grpc-port", type=int, default=DEFAULT_GRPC_PORT, help="port of the gRPC frontend (default %(default)s)"
+    )
+    _add_switch(
+        serve,
+        "--reuse-port",
+        "let several servers on one machine share the HTTP and gRPC ports (SO_REUSEPORT), each started with this "
+        "and usually --cpus: the kernel gives each new connection to one of them, so clients see one server "
+        "(every server should serve the same models; a connection stays with its server). Without it a taken port "
+        "is an error",
+    )
+    serve.add_argument(
+        "--cpus",
+        type=cpu_list,
+        metavar="LIST",
+        help="run the server and its workers on these CPUs only, e.g. 0-3 or 0,2,4-7 (as taskset -c): Packrat and "
+        "the worker sets plan these cores alone; with --reuse-port, one server per group of cores (default: every "
+        "CPU this process may use)",
     )
     limits = ClientLimits()
     serve.add_argument(

@@ -6,6 +6,7 @@ Servers listen on 127.0.0.1 only, on ports the OS picks free, and are stopped by
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import shutil
@@ -92,6 +93,11 @@ def logged_errors(server: ServerHandle) -> int:
     return sum('"level": "error"' in line for line in server.log.read_text().splitlines())
 
 
+def logged_serving(server: ServerHandle) -> bool:
+    """Whether the server has logged that it serves (its models loaded: it is ready)."""
+    return '"msg": "serving"' in server.log.read_text()
+
+
 def worker_pids(client: httpclient.InferenceServerClient, model: str) -> list[int]:
     """The PIDs of a served model's workers, as its config's `workers` parameter lists them."""
     workers = json.loads(client.get_model_config(model)["parameters"]["workers"]["string_value"])
@@ -143,13 +149,20 @@ def running_server(
     ready_timeout_s: float = 180.0,
     https: ssl.SSLContext | None = None,
     env: dict[str, str] | None = None,
+    ports: tuple[int, int] | None = None,
     pass_fds: tuple[int, ...] = (),
 ) -> Iterator[ServerHandle]:
     """Start `adaserve serve` on `repository`, wait until it is ready, stop it (SIGTERM, then SIGKILL) after.
     `https`: the server's HTTP is TLS, and readiness is asked with this client context; `env`: the server's
-    environment (default: this process's); `pass_fds`: descriptors it inherits."""
-    http_port, grpc_port = free_ports(2)
+    environment (default: this process's); `ports`: its HTTP and gRPC ports (default: free ones). On ports given,
+    which other servers may share (`--reuse-port`), another server could answer the readiness endpoint: readiness
+    is read from this server's own log instead. `pass_fds`: descriptors it inherits."""
+    http_port, grpc_port = ports or free_ports(2)
     log = repository.parent / f"server-{http_port}.log"
+    for copy in itertools.count(2):  # servers sharing a port each keep a log of their own
+        if not log.exists():
+            break
+        log = repository.parent / f"server-{http_port}-{copy}.log"
     command = [
         sys.executable,
         "-m",
@@ -171,7 +184,10 @@ def running_server(
         )
     handle = ServerHandle(f"127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}", process.pid, log)
     try:
-        _wait_ready(handle, process, ready_timeout_s, https)
+        if ports is None:
+            _wait_ready(handle, process, ready_timeout_s, https)
+        else:
+            wait_until_ready(handle, process, ready_timeout_s, lambda: logged_serving(handle))
         yield handle
     finally:
         stop_server(process)

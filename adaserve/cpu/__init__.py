@@ -2,12 +2,14 @@
 
 - `optimizer`: the 2-D knapsack DP over a `Profile` → `Plan` (pure).
 - `topology`: the machine's sockets, NUMA nodes and cores, and `allocate` → disjoint `WorkerSpec` CPU sets.
+- `groups`: `core_groups` cuts the cores into one group per node server, for `serve --cpus` (`restrict_to`).
 - `estimator`: the batch-size estimator that decides when to ask for a new plan (pure, clock passed in).
 - `profiler`: measure and store `profile.json`; `AutoPlanner` joins profile, optimizer and allocator.
 - `cli`: `adaserve profile` and `adaserve plan`.
 """
 
 from adaserve.cpu.estimator import BatchSizeEstimator, EstimatorSettings, Reconfigurator, power_of_two_floor
+from adaserve.cpu.groups import core_groups, restrict_to
 from adaserve.cpu.optimizer import InfeasiblePlanError, Instance, Optimizer, Plan, Profile, fat_instance_plan
 from adaserve.cpu.profiler import (
     AutoPlanner,
@@ -43,6 +45,7 @@ __all__ = [
     "Topology",
     "WorkerPlan",
     "allocate",
+    "core_groups",
     "fat_instance_plan",
     "fingerprint",
     "load_profile",
@@ -50,5 +53,6 @@ __all__ = [
     "power_of_two_floor",
     "profile_model",
     "read_topology",
+    "restrict_to",
     "save_profile",
 ]

@@ -64,19 +64,25 @@ class ServeOptions:
     grpc_compression_level: str = "none"  # Triton's --grpc-infer-response-compression-level
     cluster_control: int | None = None  # on a cluster: the node actor's control channel (adaserve.distributed)
     cluster_node: str = ""  # ... and the node's name there
+    reuse_port: bool = False  # SO_REUSEPORT on both frontends: several servers share the ports (cpu/groups.py)
 
 
-def _listen(host: str, port: int) -> socket.socket:
+def _listen(host: str, port: int, reuse_port: bool = False) -> socket.socket:
+    """The HTTP frontend's listening socket. With `reuse_port`, other servers may listen on the same port if they
+    set it too (SO_REUSEPORT, same user): the kernel then spreads new connections over them all."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # IPPROTO_TCP explicitly: asyncio turns Nagle off (TCP_NODELAY) only on accepted sockets whose protocol says
     # TCP, and with Nagle on, a response written as headers then body waits ~40 ms for the client's delayed ACK.
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        raise ConfigError(f"cannot listen for HTTP on {host}:{port}: {exc.strerror}") from None
+        shared = " (servers share a port only when all have --reuse-port and one user runs them)" if reuse_port else ""
+        raise ConfigError(f"cannot listen for HTTP on {host}:{port}: {exc.strerror}{shared}") from None
     sock.listen(LISTEN_BACKLOG)
     return sock
 
@@ -150,7 +156,7 @@ async def serve(options: ServeOptions) -> None:
         from adaserve.distributed.member import ClusterMember
 
         member = ClusterMember(options.cluster_node, plane, Forwarder(grpc_bytes))
-    http_socket = _listen(options.host, options.http_port)
+    http_socket = _listen(options.host, options.http_port, options.reuse_port)
     app, body_limit = create_app(
         plane, limits.max_body_bytes, http_restrictions, member.rest_route if member is not None else None
     )
@@ -159,7 +165,7 @@ async def serve(options: ServeOptions) -> None:
         options=[
             ("grpc.max_receive_message_length", grpc_bytes),
             ("grpc.max_send_message_length", -1),
-            ("grpc.so_reuseport", 0),
+            ("grpc.so_reuseport", int(options.reuse_port)),  # gRPC's default is 1: a taken port must fail
             ("grpc.max_allowed_incoming_connections", limits.max_connections),
             ("grpc.server_handshake_timeout_ms", int(limits.header_timeout_s * 1000)),
             ("grpc.max_connection_idle_ms", int(limits.idle_timeout_s * 1000)),
