@@ -196,6 +196,8 @@ class DataPlane:
             if row["state"] != "READY" and row["name"] in elsewhere:
                 nodes = elsewhere[row["name"]]
                 row.update(state="READY", reason=f"held on {len(nodes)} other node(s): {', '.join(nodes)}")
+            elif self.cluster is not None and row["reason"] == "unloaded":
+                row["reason"] = "held by no node: placed on its first request"
         return [row for row in rows if row["state"] == "READY"] if ready_only else rows
 
     async def load(self, name: str, parameters: Collection[str] = ()) -> None:
