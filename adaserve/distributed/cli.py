@@ -41,7 +41,12 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         choices=[name for name, policy in POLICIES.items() if not policy.needs_future],
         help="the eviction policy on each node (default: iam, mCache's importance-aware policy)",
     )
-    up.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    up.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="the least level the node servers, their actors and the controller log (default: %(default)s)",
+    )
     up.set_defaults(func=_up)
 
 
