@@ -2,6 +2,8 @@
 # Another project's server in a venv of its own (git-ignored), the baseline of a versus_* benchmark.
 #
 #   benchmarks/foreign_env.sh ray       # .venv-ray: Ray Serve 2.40 (benchmarks/versus_ray.py)
+#   benchmarks/foreign_env.sh ray-cluster  # .venv-ray-cluster: Ray Serve of the Ray adaserve's cluster runs on (2.60;
+#                                          # benchmarks/cluster/versus_ray_serve.py)
 #   benchmarks/foreign_env.sh kserve    # .venv-kserve: KServe 0.14's Python model server (benchmarks/versus_kserve.py)
 #   benchmarks/foreign_env.sh torchserve  # .venv-torchserve: TorchServe 0.12 and its archiver (versus_torchserve.py);
 #                                         # its frontend needs Java 17 (apt: openjdk-17-jre-headless)
@@ -21,10 +23,11 @@ TORCH=("torch==2.13.0" numpy)
 
 case "${1:-}" in
     ray) PACKAGES=("ray[serve]==2.40.0" "fastapi==$FASTAPI"); CHECK="import ray.serve, fastapi; assert fastapi.__version__ == '$FASTAPI'" ;;
+    ray-cluster) PACKAGES=("ray[serve]==2.60.0"); CHECK="import ray.serve, fastapi" ;;
     kserve) PACKAGES=("kserve==0.14.1" "fastapi==$FASTAPI"); CHECK="import kserve, fastapi; assert fastapi.__version__ == '$FASTAPI'" ;;
     torchserve) PACKAGES=("torchserve==0.12.0" "torch-model-archiver==0.12.0" pyyaml); CHECK="import ts.utils.util, model_archiver" ;;
     kserve-client) PACKAGES=("kserve==0.14.1" "fastapi==$FASTAPI"); CHECK="from kserve import InferenceRESTClient"; TORCH=() ;;
-    *) echo "usage: $0 ray|kserve|torchserve|kserve-client" >&2; exit 2 ;;
+    *) echo "usage: $0 ray|ray-cluster|kserve|torchserve|kserve-client" >&2; exit 2 ;;
 esac
 VENV=$ROOT/.venv-$1
 [ ${#TORCH[@]} -eq 0 ] || CHECK="import torch; $CHECK"

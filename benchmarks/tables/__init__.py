@@ -108,6 +108,8 @@ RENDERERS: dict[str, Renderer] = {
     "packrat_reconfiguration": _module_printer("benchmarks.packrat.reconfiguration"),
     "cluster_fleet": _module_printer("benchmarks.cluster.fleet"),
     "cluster_scaling": _module_printer("benchmarks.cluster.scaling"),
+    "cluster_forwarding": _module_printer("benchmarks.cluster.forwarding"),
+    "cluster_versus_ray_serve": _module_printer("benchmarks.cluster.versus_ray_serve"),
     "packrat_speedup": _packrat_speedup,
     "gati_explore": _per_model("benchmarks.gati.explore"),
     "gati_fit_data": _per_model("benchmarks.gati.fit_data"),

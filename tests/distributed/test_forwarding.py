@@ -10,9 +10,6 @@ import contextlib
 import os
 import queue
 import signal
-import socket
-import struct
-import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -20,7 +17,6 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 
-import msgspec
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
@@ -28,69 +24,18 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from adaserve.distributed.messages import (
-    FromNode,
-    Load,
-    Loaded,
     NodeAddress,
     Place,
     Report,
     Requests,
     Resident,
     Routes,
-    ToNode,
     Unload,
     Unloaded,
 )
 from adaserve.distributed.routes import ASK_AGAIN_S
+from adaserve.distributed.testing import FakeActor, node_server
 from tests.server_utils import Clients, ServerHandle, link_example, running_server
-
-_LENGTH = struct.Struct("<I")
-
-
-class FakeActor:
-    """This test's end of one node server's control channel: sends orders, collects what the server reports."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.reports: queue.Queue[FromNode] = queue.Queue()
-        self._decoder = msgspec.msgpack.Decoder(FromNode)
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def send(self, message: ToNode) -> None:
-        body = msgspec.msgpack.encode(message)
-        self.sock.sendall(_LENGTH.pack(len(body)) + body)
-
-    def _read(self) -> None:
-        with self.sock.makefile("rb") as stream:
-            while head := stream.read(_LENGTH.size):
-                self.reports.put(self._decoder.decode(stream.read(_LENGTH.unpack(head)[0])))
-
-    def expect(self, kind: type, timeout_s: float = 120.0) -> FromNode:
-        """The next report of `kind` (request counts, which come every second, and a placement asked again while
-        unanswered are skipped)."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            report = self.reports.get(timeout=max(0.1, deadline - time.monotonic()))
-            if isinstance(report, kind):
-                return report
-            assert isinstance(report, Requests | Place), f"expected {kind.__name__}, got {report}"
-
-    def drain(self) -> None:
-        """Forget the reports so far (a placement asked again, request counts)."""
-        with contextlib.suppress(queue.Empty):
-            while True:
-                self.reports.get_nowait()
-
-    def close(self) -> None:
-        """Close the channel, as an actor's exit does (shut down first: the reader's file holds the socket open)."""
-        self.sock.shutdown(socket.SHUT_RDWR)
-        self.sock.close()
-
-    def load(self, model: str) -> Loaded:
-        self.send(Load(model))
-        loaded = self.expect(Loaded)
-        assert isinstance(loaded, Loaded) and loaded.model == model and not loaded.error, loaded
-        return loaded
 
 
 @pytest.fixture(scope="module")
@@ -103,14 +48,7 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _node(stack: ExitStack, repository: Path, name: str) -> tuple[ServerHandle, FakeActor]:
-    ours, theirs = socket.socketpair()
-    args = ("--cluster-node", name, "--cluster-control", str(theirs.fileno()))
-    handle = stack.enter_context(running_server(repository, *args, pass_fds=(theirs.fileno(),)))
-    theirs.close()
-    actor = FakeActor(ours)
-    actor.send(Report())
-    assert actor.expect(Resident) == Resident({})  # nothing is loaded before the controller says so
-    return handle, actor
+    return stack.enter_context(node_server(lambda args, fds: running_server(repository, *args, pass_fds=fds), name))
 
 
 @pytest.fixture(scope="module")
@@ -118,8 +56,6 @@ def nodes(repository: Path) -> Iterator[dict[str, tuple[ServerHandle, FakeActor]
     with ExitStack() as stack:
         started = {name: _node(stack, repository, name) for name in ("a", "b")}
         yield started
-        for _, actor in started.values():
-            actor.close()
 
 
 def _table(
