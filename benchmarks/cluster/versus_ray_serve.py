@@ -61,7 +61,7 @@ from benchmarks.common import (
 from benchmarks.foreign import example_artifact, foreign_server, idle_cores, print_pair, venv_python, version_of
 from benchmarks.perf_load import PerfAnalyzer
 from benchmarks.serving_overhead import paired_cases, paired_plot, perf_parser, perf_run
-from tests.server_utils import EXAMPLES, ServerHandle, free_port, link_example
+from tests.server_utils import EXAMPLES, ServerHandle, link_example
 
 SERVERS = ("ray", "adaserve")
 MODELS = ("mlp", "cnn", "mlp_torchscript")
@@ -69,6 +69,11 @@ MODELS = ("mlp", "cnn", "mlp_torchscript")
 MODEL_HEADER = "serve_multiplexed_model_id"
 #: How long a cluster may take to come up with every node server (Ray's nodes, then the servers).
 UP_TIMEOUT_S = 300.0
+#: The ports each system listens on, in this benchmark's own network namespace: adaserve's node 0 (node i adds
+#: 2i) and Serve's proxy. Not ports the OS picks free: Ray's own servers take ports from the same ephemeral range
+#: after they were picked, and one did (a node server then never came up: "address already in use").
+ADASERVE_HTTP_PORT = 8000
+RAY_SERVE_PORT = 8500
 
 
 def main() -> int:
@@ -177,7 +182,7 @@ def _measured(
 def _adaserve_cluster(work: Path, nodes: int) -> Iterator[tuple[ServerHandle, list[dict[str, Any]]]]:
     """`adaserve cluster up --nodes N` until the block ends: its handle, and each node server as it announced itself
     (node, http, grpc, pid), node 0's first."""
-    port = free_port()
+    port = ADASERVE_HTTP_PORT
     command = [
         sys.executable, "-m", "adaserve", "cluster", "up", "--nodes", str(nodes), "--model-repository",
         str(work / "repo"), "--http-port", str(port), "--grpc-port", str(port + 1), "--log-level", "warning",
@@ -212,7 +217,7 @@ def _ray_serve(python: Path, work: Path, models: tuple[str, ...], nodes: int) ->
         for model in models
     }
     (work / "ray_models.json").write_text(json.dumps(files, indent=2))
-    port = free_port()
+    port = RAY_SERVE_PORT
     command = [
         str(python), "-m", "benchmarks.ray_app", "--models", str(work / "ray_models.json"), "--port", str(port),
         "--replicas", str(nodes), "--nodes", str(nodes), "--object-store-mib", str(OBJECT_STORE_BYTES // 2**20),
