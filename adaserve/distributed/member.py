@@ -124,7 +124,7 @@ class ClusterMember:
         started = time.perf_counter()
         try:
             await self.plane.router.load(model)
-            size = sum(engine.memory_bytes for engine in self.plane.router.served_engines(model))
+            size = self.plane.router.memory_bytes(model)
         except AdaserveError as exc:
             self._send(Loaded(model, error=str(exc)))
             return
@@ -141,7 +141,7 @@ class ClusterMember:
         """The models loaded and ready here, with their bytes."""
         router = self.plane.router
         return {
-            name: sum(e.memory_bytes for e in router.served_engines(name))
+            name: router.memory_bytes(name)
             for name, engine in router.engines.items()
             if engine.state is EngineState.READY
         }

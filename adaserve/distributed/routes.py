@@ -46,7 +46,7 @@ class ClusterRoutes:
                 waiting.set_result(None)
 
     def holders(self, model: str) -> list[str]:
-        return list(self.table.replicas.get(model, ()))
+        return self._holders(model, ())
 
     def _holders(self, model: str, avoid: Collection[str]) -> list[str]:
         return [node for node in self.table.replicas.get(model, ()) if node not in avoid]

@@ -240,7 +240,11 @@ class ModelRouter:
     async def _load_resident(self, name: str) -> Loaded:
         await self._start(name)
         engines = self._served[name].values()
-        return Loaded(sum(e.memory_bytes for e in engines), max(e.host_wait_s for e in engines))
+        return Loaded(self.memory_bytes(name), max(e.host_wait_s for e in engines))
+
+    def memory_bytes(self, name: str) -> int:
+        """What a loaded model holds: every version it serves, as the model cache and the cluster count it."""
+        return sum(engine.memory_bytes for engine in self.served_engines(name))
 
     async def _unload_resident(self, name: str) -> None:
         await self._stop(name)
