@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -129,6 +131,12 @@ def test_a_budget_for_one_model_evicts_the_others_and_every_request_is_answered(
                 assert used <= budget
         evictions = sum(model_metric(server, "adaserve_model_evictions_total", name) for name in MODELS)
         assert evictions == 2 * len(MODELS) - 1  # every request but the first found another model in the way
+        logged = [json.loads(line) for line in server.log.read_text().splitlines() if '"model evicted"' in line]
+        assert len(logged) == evictions and all(line["level"] == "info" for line in logged)
+        assert all(line["policy"] == "iam" and "eviction_rank" in line for line in logged)
+        # Each says which model needed the room: before its load, or after it, when it came out larger than its
+        # size hint said (a first load, before the size was measured).
+        assert all(re.fullmatch(r"(to make room for|model '\w+' took) .*", line["reason"]) for line in logged), logged
         resident = [name for name, row in index_states(server).items() if row["state"] == "READY"]
         assert resident == [MODELS[-1]]
 
