@@ -50,13 +50,22 @@ with `adaserve serve`, send it a tensor with `adaserve infer`, measure it with `
 commands prepare what the serving techniques use (profiles, learned caches, node activators)."""
 
 EPILOG = """\
-exit codes: 0 done; 1 a server or file that could not be reached; 2 bad input or configuration; 130 interrupted
-(Ctrl-C). `adaserve bench` has its own: see `adaserve bench --help`. `adaserve COMMAND --help` tells more."""
+exit codes: 0 done; 1 a server or file that could not be reached; 2 bad input or configuration; 3 the server
+answered with an error (its status and message are printed); 130 interrupted (Ctrl-C). `adaserve bench` has its
+own: see `adaserve bench --help`. `adaserve COMMAND --help` tells more."""
 
 
 class Unreachable(Exception):
-    """A server that could not be reached, or that refused a client command's request (exit 1); the message names
-    the address tried."""
+    """A server that could not be reached (exit 1); the message names the address tried."""
+
+
+class Refused(Exception):
+    """A server that answered a client command's request with an error status, 4xx or 5xx (exit 3): it was
+    reached, so a script can tell "not there, try again" from "said no"; the message has the status and why."""
+
+
+#: The exit code of each error a command ends with, the first kind it is of (the epilog documents them).
+EXIT_CODES: dict[type[Exception], int] = {AdaserveError: 2, Refused: 3, Unreachable: 1, OSError: 1}
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -256,6 +265,10 @@ def _cluster_list(url: str) -> int:
             index = json.load(answer)
         with urllib.request.urlopen(f"{base}/metrics", timeout=30) as answer:
             metrics = answer.read().decode()
+    except urllib.error.HTTPError as exc:
+        raise Refused(
+            f"the server at {url} refused the request: {exc.code} {exc.read().decode(errors='replace')}"
+        ) from None
     except (urllib.error.URLError, OSError) as exc:
         raise Unreachable(f"cannot reach a server at {url}: {exc}") from None
     for row in index:
@@ -355,7 +368,7 @@ def _infer(args: argparse.Namespace) -> int:
                 response_compression_algorithm=args.compression,
             )
     except InferenceServerException as exc:
-        raise Unreachable(f"the server at {url} refused the request: {exc}") from None
+        raise Refused(f"the server at {url} refused the request: {exc}") from None
     except OSError as exc:
         raise Unreachable(f"cannot reach a server at {url} (is `adaserve serve` running there?): {exc}") from None
     response = result.get_response()
@@ -673,12 +686,9 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     try:
         code = args.func(args)
-    except AdaserveError as exc:
+    except (AdaserveError, Refused, Unreachable, OSError) as exc:  # e.g. a refused connection: say it plainly
         print(f"adaserve: error: {exc}", file=sys.stderr)
-        code = 2
-    except (OSError, Unreachable) as exc:  # e.g. a refused connection: say it plainly
-        print(f"adaserve: error: {exc}", file=sys.stderr)
-        code = 1
+        code = next(code for kind, code in EXIT_CODES.items() if isinstance(exc, kind))
     except KeyboardInterrupt:  # Ctrl-C in a command that does not handle it itself (serve and bench do)
         print("adaserve: interrupted", file=sys.stderr)
         code = 130  # 128 + SIGINT, as shells report it

@@ -10,7 +10,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import numpy as np
@@ -117,6 +119,28 @@ def test_infer_prints_the_top_classes_with_their_labels(server: ServerHandle, tm
     assert answer["name"] == "logits" and answer["shape"] == [1, 2] and "argmax" not in run.stdout
     value, index, label = answer["data"][0][0].split(":")
     assert (int(index), label) == (int(labels[0]), FASHION_MNIST_CLASSES[labels[0]]) and float(value) > 0
+
+
+class _Refusing(BaseHTTPRequestHandler):
+    def do_POST(self) -> None:
+        self.send_response(503)
+        self.end_headers()
+        self.wfile.write(b'{"error": "not now"}')
+
+    def log_message(self, format: str, *args: object) -> None:  # quiet
+        pass
+
+
+def test_a_server_that_answers_with_an_error_exits_3() -> None:
+    """Exit 1 is for a server that could not be reached; one that answered "no" is exit 3, whatever the status."""
+    with ThreadingHTTPServer(("127.0.0.1", 0), _Refusing) as refusing:
+        threading.Thread(target=refusing.serve_forever, daemon=True).start()
+        url = f"127.0.0.1:{refusing.server_address[1]}"
+        try:
+            run = adaserve("models", "list", "--cluster", url)
+        finally:
+            refusing.shutdown()
+    assert run.returncode == 3 and f"the server at {url} refused the request: 503" in run.stderr, run.stderr
 
 
 def test_errors_are_plain_and_exit_non_zero(tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 from adaserve.cache.policies import EvictionPolicy, create_policy
-from adaserve.cache.residency import Residency, Resident, State
+from adaserve.cache.residency import Residency, Resident, State, mib
 from adaserve.cache.stats import StatsRegistry
 from adaserve.errors import CacheBusyError, ModelLoadError, ModelTooLargeError
 
@@ -165,12 +165,22 @@ class ModelCache:
             if state is State.LOADED:
                 return self._core.pin(name)
             if state is None:
+                before, estimate = self._resident_now(), self._estimate(name)
                 try:
-                    victims = self._core.admit(name, self._estimate(name), self._clock())
+                    victims = self._core.admit(name, estimate, self._clock())
                 except CacheBusyError as exc:
                     await self._wait_for_room(deadline, exc)
                     continue
-                self._evicted(victims)
+                log.info(
+                    "model loading on demand",
+                    extra={
+                        "model": name,
+                        "reason": "a request found it not resident",
+                        "estimate_bytes": estimate,
+                        "evicting": victims,
+                    },
+                )
+                self._evicted(victims, before, f"to make room for model '{name}' ({mib(estimate)})")
                 self._start_load(name, victims)
             entry = self._core.pin(name)
             try:
@@ -209,11 +219,18 @@ class ModelCache:
             counters.loads += 1
             counters.load_seconds_total += seconds
             host_wait_s = min(loaded.host_wait_s, seconds)  # the engine's clock and this one may differ by a hair
+            before = self._resident_now()
             try:
-                self._evicted(self._core.loaded(name, loaded.size_bytes, seconds, self._clock(), host_wait_s))
+                more = self._core.loaded(name, loaded.size_bytes, seconds, self._clock(), host_wait_s)
             except ModelTooLargeError:
                 self._start_unload(name)
                 raise
+            log.info(
+                "model loaded on demand",
+                extra={"model": name, "load_s": round(seconds, 3), "size_bytes": loaded.size_bytes},
+            )
+            why = f"model '{name}' took {mib(loaded.size_bytes)} once loaded, more than estimated"
+            self._evicted(more, before, why)
         except BaseException as exc:
             self._core.load_failed(name)
             counters.load_failures += 1
@@ -223,9 +240,26 @@ class ModelCache:
             del self._loads[name]
             self._notify()
 
-    def _evicted(self, victims: list[str]) -> None:
+    def _resident_now(self) -> dict[str, tuple[int, float | None]]:
+        """Each resident model's bytes and eviction rank, taken before an eviction (which forgets them) to log it."""
+        policy = self._core.policy
+        return {name: (entry.size_bytes, policy.eviction_rank(name)) for name, entry in self._core.residents().items()}
+
+    def _evicted(self, victims: list[str], before: dict[str, tuple[int, float | None]], reason: str) -> None:
+        """Count, log (with why, and the victim's bytes and rank as they were) and unload the policy's victims."""
         for victim in victims:
             self._counters.setdefault(victim, ModelCounters()).evictions += 1
+            size_bytes, rank = before[victim]
+            log.info(
+                "model evicted",
+                extra={
+                    "model": victim,
+                    "policy": self._core.policy.name,
+                    "reason": reason,
+                    "size_bytes": size_bytes,
+                    **({"eviction_rank": round(rank, 4)} if rank is not None else {}),
+                },
+            )
             self._start_unload(victim)
 
     def _start_unload(self, name: str) -> None:

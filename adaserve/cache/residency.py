@@ -76,16 +76,16 @@ class Residency:
             raise ValueError(f"model '{name}' is already resident ({self._residents[name].state.value})")
         if size_bytes > self.budget_bytes:
             raise ModelTooLargeError(
-                f"model '{name}' needs {_mib(size_bytes)} but the whole model-memory budget is "
-                f"{_mib(self.budget_bytes)}; raise the budget or serve it elsewhere"
+                f"model '{name}' needs {mib(size_bytes)} but the whole model-memory budget is "
+                f"{mib(self.budget_bytes)}; raise the budget or serve it elsewhere"
             )
         needed = self.used_bytes + size_bytes - self.budget_bytes
         evictable = sum(entry.size_bytes for entry in self._evictable().values())
         if needed > evictable:
             busy = sorted(n for n, e in self._residents.items() if e.pins or e.state is State.LOADING)
             raise CacheBusyError(
-                f"no room for model '{name}' ({_mib(size_bytes)}): the budget is {_mib(self.budget_bytes)} and "
-                f"the resident models that may be evicted free only {_mib(evictable)}; busy (in use or loading): "
+                f"no room for model '{name}' ({mib(size_bytes)}): the budget is {mib(self.budget_bytes)} and "
+                f"the resident models that may be evicted free only {mib(evictable)}; busy (in use or loading): "
                 f"{', '.join(busy)}"
             )
         victims = self._evict(needed, now)
@@ -104,8 +104,8 @@ class Residency:
         if size_bytes > self.budget_bytes:
             self.remove(name, now)
             raise ModelTooLargeError(
-                f"model '{name}' takes {_mib(size_bytes)} once loaded, more than the whole model-memory budget "
-                f"of {_mib(self.budget_bytes)}; raise the budget or serve it elsewhere"
+                f"model '{name}' takes {mib(size_bytes)} once loaded, more than the whole model-memory budget "
+                f"of {mib(self.budget_bytes)}; raise the budget or serve it elsewhere"
             )
         over = self.used_bytes - self.budget_bytes
         if over <= 0:
@@ -155,5 +155,6 @@ class Residency:
         return victims
 
 
-def _mib(size_bytes: int) -> str:
+def mib(size_bytes: int) -> str:
+    """Bytes as the cache's messages give them: `12.3 MiB`."""
     return f"{size_bytes / 2**20:.1f} MiB"

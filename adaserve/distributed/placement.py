@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
 from adaserve.cache.policies import POLICIES, IAMPolicy, create_policy
-from adaserve.cache.residency import Residency, State
+from adaserve.cache.residency import Residency, State, mib
 from adaserve.cache.stats import StatsRegistry
 from adaserve.errors import CacheBusyError, ConfigError, ModelTooLargeError
 
@@ -404,8 +404,8 @@ class Placement:
         largest = self._largest_budget()
         if self._nodes and size_bytes > largest:
             raise ModelTooLargeError(
-                f"model '{model}' needs {_mib(size_bytes)}, more than any node's model-memory budget "
-                f"(the largest is {_mib(largest)}); raise a budget or add a larger node"
+                f"model '{model}' needs {mib(size_bytes)}, more than any node's model-memory budget "
+                f"(the largest is {mib(largest)}); raise a budget or add a larger node"
             )
         room = Room(self, model, size_bytes, exclude)
         node = self.policy.choose(room, now) if self._nodes else None
@@ -575,14 +575,10 @@ class Placement:
             return f"no room for model '{room.model}': no node has joined the cluster"
         eligible = [node for node in self._nodes if room.eligible(node)]
         return (
-            f"no node can make room for model '{room.model}' ({_mib(room.size_bytes)}) now: of {len(self._nodes)} "
+            f"no node can make room for model '{room.model}' ({mib(room.size_bytes)}) now: of {len(self._nodes)} "
             f"nodes, {len(self._nodes) - len(eligible)} hold it, are excluded or are too small, and the other "
             f"{len(eligible)} are busy loading other models"
         )
-
-
-def _mib(size_bytes: int) -> str:
-    return f"{size_bytes / 2**20:.1f} MiB"
 
 
 __all__ = [

@@ -24,6 +24,7 @@ class DagCatalog:
         self.router = router
         self.run_model = run_model
         self.planners: dict[str, QueryPlanner] = {}
+        self.models: dict[str, list[ModelConfig]] = {}  # each loaded query's option models (what its parameters reach)
         self._errors: dict[str, str] = {}
         self._unloaded: set[str] = set()
 
@@ -52,18 +53,21 @@ class DagCatalog:
         try:
             config = self.router.repository.read_dag(name)
             planner = QueryPlanner(config, self.run_model, self.router.start_delay_s)
-            await planner.probe(self._option_inputs(config))
+            models = self._option_models(config)
+            await planner.probe({name: model.inputs for name, model in models.items()})
         except AdaserveError as exc:
             if name in self.router.repository.dag_names():
                 self._errors[name] = str(exc)
             raise
         self.planners[name] = planner
+        self.models[name] = list(models.values())
         self._errors.pop(name, None)
         self._unloaded.discard(name)
 
     def unload(self, name: str) -> None:
         """Stop answering `name` (a query of the repository); requests under way finish."""
         self.planners.pop(name, None)
+        self.models.pop(name, None)
         self._errors.pop(name, None)
         self._unloaded.add(name)
 
@@ -76,8 +80,8 @@ class DagCatalog:
                 entries.append(IndexEntry(name, "", "UNAVAILABLE", self._errors.get(name, "unloaded")))
         return entries
 
-    def _option_inputs(self, config: DagConfig) -> dict[str, tuple[TensorSpec, ...]]:
-        """Each option model's inputs, after checking the query's wiring against the models' configs."""
+    def _option_models(self, config: DagConfig) -> dict[str, ModelConfig]:
+        """Each option model's config, after checking the query's wiring against them."""
         models: dict[str, ModelConfig] = {}
         for node in config.nodes:
             for option in node.options:
@@ -112,7 +116,7 @@ class DagCatalog:
         for spec in config.outputs:
             for text in config.results[spec.name]:
                 _check_fits(f"DAG query '{config.name}': result '{spec.name}' from '{text}'", tensors[text], spec)
-        return {name: model.inputs for name, model in models.items()}
+        return models
 
 
 def _outputs_read(config: DagConfig, node: str) -> list[str]:

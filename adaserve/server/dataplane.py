@@ -12,6 +12,7 @@ import time
 from collections.abc import Collection, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Literal, Protocol
 
 import numpy as np
@@ -30,6 +31,7 @@ from adaserve.repository import ModelSpec, check_name, check_version
 from adaserve.server.classification import check_classifiable, top_classes
 from adaserve.server.cuda_ipc import cuda_driver_present
 from adaserve.server.protocol import InferenceRequest, InferenceResponse, RequestedOutput, Tensor, check_input
+from adaserve.server.request_parameters import IgnoredParameters, Target
 from adaserve.server.response_cache import ResponseCache
 from adaserve.server.shared_memory import SharedMemoryRegions
 from adaserve.server.trace import Trace, Tracer, TraceSettings
@@ -104,6 +106,7 @@ class DataPlane:
         self.started = False  # set once the models named at start have been loaded (or failed)
         self.stopping = False  # set when the server begins to stop: not ready from then on
         self.cluster: ClusterView | None = None  # set on a cluster: the index and metrics then speak for it
+        self.ignored = IgnoredParameters()  # says in each response which of its request's parameters went unused
 
     # -- health and metadata ---------------------------------------------------------------------------------
     def live(self) -> bool:
@@ -258,6 +261,8 @@ class DataPlane:
             arrays, rows = validate_inputs(spec.config, request)
             wanted = requested_outputs(spec.config, request)
             version, outputs, parameters, times = await self._answer(request, spec, arrays, rows)
+            target = partial(Target.of, spec.name, [spec.config])
+            parameters = self.ignored.annotate(parameters, request.parameters, spec.config.parameters, target)
             response = self._response(request, spec.config, wanted, version, outputs, parameters, spec.labels)
             if trace is not None and times is not None:  # None: answered from the response cache
                 trace.stamp_times(times)
@@ -321,7 +326,10 @@ class DataPlane:
         wanted = requested_outputs(config, request)
         inputs = {spec.name: array for spec, array in zip(config.inputs, arrays, strict=True)}
         answer = await planner.run(inputs, rows, {**config.parameters, **request.parameters})
-        return self._response(request, config, wanted, "1", answer.outputs, answer.parameters)
+        # Its nodes' requests carry its parameters: the query takes what any of its models takes.
+        target = partial(Target.of, config.name, self.dags.models.get(config.name, []), dag=True)
+        parameters = self.ignored.annotate(answer.parameters, request.parameters, config.parameters, target)
+        return self._response(request, config, wanted, "1", answer.outputs, parameters)
 
     async def _run_node(
         self, name: str, inputs: dict[str, np.ndarray], rows: int, parameters: dict[str, Any]

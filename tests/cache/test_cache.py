@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -163,7 +164,42 @@ def test_a_load_waits_for_the_unloads_that_make_its_room() -> None:
     run(scenario)
 
 
-def test_a_model_measured_larger_than_its_hint_evicts_more() -> None:
+def _logged(caplog: pytest.LogCaptureFixture, message: str) -> list[dict[str, Any]]:
+    """The `extra` fields of the cache's info records with this message."""
+    records = [r for r in caplog.records if r.name == "adaserve.cache" and r.getMessage() == message]
+    assert all(r.levelno == logging.INFO for r in records)
+    return [{k: v for k, v in vars(r).items() if k in LOGGED} for r in records]
+
+
+LOGGED = {"model", "reason", "policy", "size_bytes", "estimate_bytes", "evicting", "eviction_rank", "load_s"}
+
+
+def test_loads_and_evictions_are_logged_with_why(caplog: pytest.LogCaptureFixture) -> None:
+    async def scenario() -> None:
+        backend = Backend(FakeClock())
+        cache = _cache(backend, budget=20, policy="iam")
+        for name in ("a", "b", "c"):  # c needs the room of one of the others
+            await _use(cache, name)
+
+    with caplog.at_level(logging.INFO, "adaserve.cache"):
+        run(scenario)
+    loading = _logged(caplog, "model loading on demand")
+    assert [(e["model"], e["reason"], e["estimate_bytes"]) for e in loading] == [
+        (name, "a request found it not resident", 10) for name in "abc"
+    ]
+    (evicted,) = _logged(caplog, "model evicted")
+    assert loading[-1]["evicting"] == [evicted["model"]] and evicted["model"] in ("a", "b")
+    assert (evicted["policy"], evicted["reason"], evicted["size_bytes"]) == (
+        "iam",
+        "to make room for model 'c' (0.0 MiB)",
+        10,
+    )
+    assert isinstance(evicted["eviction_rank"], float)  # IAM's importance, as the queue held it
+    loaded = _logged(caplog, "model loaded on demand")
+    assert [(e["model"], e["load_s"], e["size_bytes"]) for e in loaded] == [(name, 2.0, 10) for name in "abc"]
+
+
+def test_a_model_measured_larger_than_its_hint_evicts_more(caplog: pytest.LogCaptureFixture) -> None:
     async def scenario() -> None:
         backend = Backend(FakeClock(), sizes={"a": 10, "b": 5})
         cache = ModelCache(20, "lru", backend.load, backend.unload, size_hint=lambda name: 5, clock=backend.clock)
@@ -174,7 +210,15 @@ def test_a_model_measured_larger_than_its_hint_evicts_more() -> None:
         assert backend.unloads == ["a"]
         assert cache.snapshot().resident_bytes == 13
 
-    run(scenario)
+    with caplog.at_level(logging.INFO, "adaserve.cache"):
+        run(scenario)
+    (evicted,) = _logged(caplog, "model evicted")
+    assert evicted == {  # LRU keeps no rank to give
+        "model": "a",
+        "policy": "lru",
+        "reason": "model 'c' took 0.0 MiB once loaded, more than estimated",
+        "size_bytes": 10,
+    }
 
 
 def test_a_model_larger_than_the_budget_is_refused_before_or_after_loading() -> None:

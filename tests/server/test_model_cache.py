@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -15,6 +17,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.server.reference import reference_outputs
 from tests.server_utils import Clients, ServerHandle, link_example, running_server, write_broken_model
+from tests.test_cli import adaserve
 
 MODELS = ("mlp", "cnn", "mlp_torchscript")
 ONE_WORKER = [{"batch": 4, "threads": 1}]
@@ -128,16 +131,26 @@ def test_a_budget_for_one_model_evicts_the_others_and_every_request_is_answered(
                 assert used <= budget
         evictions = sum(model_metric(server, "adaserve_model_evictions_total", name) for name in MODELS)
         assert evictions == 2 * len(MODELS) - 1  # every request but the first found another model in the way
+        logged = [json.loads(line) for line in server.log.read_text().splitlines() if '"model evicted"' in line]
+        assert len(logged) == evictions and all(line["level"] == "info" for line in logged)
+        assert all(line["policy"] == "iam" and "eviction_rank" in line for line in logged)
+        # Each says which model needed the room: before its load, or after it, when it came out larger than its
+        # size hint said (a first load, before the size was measured).
+        assert all(re.fullmatch(r"(to make room for|model '\w+' took) .*", line["reason"]) for line in logged), logged
         resident = [name for name, row in index_states(server).items() if row["state"] == "READY"]
         assert resident == [MODELS[-1]]
 
 
-def test_a_model_larger_than_the_whole_budget_gets_a_clear_error(repository: Path) -> None:
+def test_a_model_larger_than_the_whole_budget_gets_a_clear_error(repository: Path, tmp_path: Path) -> None:
     with running_server(repository, "--model-memory-budget", "1000") as server:
         with pytest.raises(InferenceServerException, match="budget") as refused:
             infer(server, "mlp", images(1))
         assert "mlp" in str(refused.value)
         assert httpx.get(f"http://{server.http_url}/v2/health/ready").status_code == 200
+        np.save(tmp_path / "x.npy", images(1))
+        run = adaserve("infer", "mlp", "--input", str(tmp_path / "x.npy"), "--url", server.http_url)
+    # The server answered, with a 507: exit 3, not the 1 of a server that could not be reached.
+    assert run.returncode == 3 and "[507]" in run.stderr and "budget" in run.stderr, run.stderr
 
 
 def test_a_malformed_budget_is_refused_at_the_command_line(repository: Path) -> None:

@@ -39,6 +39,11 @@ class EvictionPolicy(ABC):
     def on_evict(self, name: str, now: float) -> None:  # noqa: B027 (a policy overrides the events it needs)
         """`name` left memory: evicted, or unloaded outside the cache."""
 
+    def eviction_rank(self, name: str) -> float | None:
+        """The number the policy evicts `name` by as it stands (the least goes first), for the server's log; None
+        for a policy that keeps no such number (LRU's order is its whole state)."""
+        return None
+
     @abstractmethod
     def victim(self, candidates: Set[str], needed_bytes: int, now: float) -> str:
         """The model to evict next, one of `candidates` (never empty), while `needed_bytes` more must be freed. The

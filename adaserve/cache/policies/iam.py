@@ -55,6 +55,11 @@ class ImportanceQueue:
     def discard(self, name: str) -> None:
         self._live.pop(name, None)
 
+    def rank(self, name: str) -> float | None:
+        """The importance `name` is queued with; None when it is not queued."""
+        live = self._live.get(name)
+        return None if live is None else live[0]
+
     def pop_min(self, allowed: Set[str]) -> str:
         """Remove and return the least important model in `allowed`; ties go to the one queued first."""
         skipped = []
@@ -125,6 +130,10 @@ class IAMPolicy(EvictionPolicy):
     def victim(self, candidates: Set[str], needed_bytes: int, now: float) -> str:
         self._refresh_if_due(now)
         return self.queue.pop_min(candidates)
+
+    def eviction_rank(self, name: str) -> float | None:
+        """Its importance in the queue evictions use now (set at its load or at the last refresh)."""
+        return self.queue.rank(name)
 
     def _refresh_if_due(self, now: float) -> None:
         if self._next_refresh_s is None:

@@ -188,3 +188,21 @@ def test_a_dag_budget_spent_before_its_second_node_is_no_400(server: ServerHandl
     for index in range(40):
         logits, parameters = _infer(server, "slo_chain", images[index % 8 : index % 8 + 1], {"latency_ms": 0.5})
         assert logits.shape == (1, 10) and parameters["dag_plan"] == "first=mlp_slo,second=mlp_slo"
+
+
+def test_accuracy_with_latency_ms_says_which_won(server: ServerHandle, images: np.ndarray, clients: Clients) -> None:
+    conflict = "latency_ms: conflicts with accuracy, which won (SLO-NNs serves an accuracy target first)"
+    _, parameters = _infer(server, "mlp_slo", images[:1], {"accuracy": 0.8, "latency_ms": 50})
+    assert parameters["mode"] == "aclo" and parameters["ignored_parameters"] == conflict
+    tensor = grpcclient.InferInput("image", [1, 784], "FP32")
+    tensor.set_data_from_numpy(images[:1])
+    result = clients.grpc(server.grpc_url).infer("mlp_slo", [tensor], parameters={"accuracy": 0.8, "latency_ms": 50})
+    answered = result.get_response().parameters
+    assert answered["mode"].string_param == "aclo" and answered["ignored_parameters"].string_param == conflict
+    _, parameters = _infer(server, "mlp_slo", images[:1], {"latency_ms": 50})
+    assert "ignored_parameters" not in parameters
+
+
+def test_a_dag_query_names_its_unknown_parameters(server: ServerHandle, images: np.ndarray) -> None:
+    _, parameters = _infer(server, "slo_chain", images[:1], {"latency_ms": 50, "accuracy": 0.8, "foo": 1})
+    assert parameters["ignored_parameters"] == "foo: unknown parameter"
