@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import math
 import resource
 import shutil
 import statistics
@@ -98,7 +99,7 @@ def main() -> int:
             for protocol in PROTOCOLS
             for concurrency in CONCURRENCIES
         ]
-    with grpc_floor() as floor:
+    with floor_server() as floor:
         report["floor_command"] = process_command(floor.pid)
         report["floor_runs"] = [
             perf_run(perf, floor, "grpc", 1, repeat, args.request_count, name="floor") for repeat in range(args.repeats)
@@ -166,37 +167,48 @@ def _in_process(iterations: int, idle_s: float = 0.0) -> dict[str, Any]:
 
 
 @contextmanager
-def grpc_floor(ready_timeout_s: float = 60.0) -> Iterator[ServerHandle]:
-    """`benchmarks.grpc_floor` on a free loopback port until it answers ServerLive; stopped by its PID after."""
-    import grpc
-    from tritonclient.grpc import service_pb2, service_pb2_grpc
-
+def floor_server(protocol: str = "grpc", ready_timeout_s: float = 60.0) -> Iterator[ServerHandle]:
+    """`benchmarks.grpc_floor` (or, for "http", `benchmarks.rest_floor`) on a free loopback port until it answers;
+    stopped by its PID after."""
     port = free_port()
-    log = SCRATCH / "serving_overhead" / f"grpc-floor-{port}.log"
+    log = SCRATCH / "serving_overhead" / f"{protocol}-floor-{port}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
+    module = "benchmarks.rest_floor" if protocol == "http" else "benchmarks.grpc_floor"
     with log.open("wb") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.grpc_floor", "--port", str(port)],
+            [sys.executable, "-m", module, "--port", str(port)],
             cwd=ROOT,
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
         )
-    handle = ServerHandle("", f"127.0.0.1:{port}", process.pid, log)
+    address = f"127.0.0.1:{port}"
+    handle = ServerHandle(address, address, process.pid, log)
     try:
-        with grpc.insecure_channel(handle.grpc_url) as channel:
-            live = service_pb2_grpc.GRPCInferenceServiceStub(channel).ServerLive
-
-            def ready() -> bool:
-                try:
-                    return bool(live(service_pb2.ServerLiveRequest(), timeout=1.0).live)
-                except grpc.RpcError:
-                    return False
-
-            wait_until_ready(handle, process, ready_timeout_s, ready)
+        wait_until_ready(handle, process, ready_timeout_s, lambda: _floor_ready(protocol, address))
         yield handle
     finally:
         stop_server(process)
+
+
+def _floor_ready(protocol: str, address: str) -> bool:
+    import urllib.request
+
+    import grpc
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    if protocol == "http":
+        try:
+            with urllib.request.urlopen(f"http://{address}/v2/health/ready", timeout=1.0) as answer:
+                return bool(answer.status == 200)
+        except OSError:
+            return False
+    with grpc.insecure_channel(address) as channel:
+        try:
+            live = service_pb2_grpc.GRPCInferenceServiceStub(channel).ServerLive
+            return bool(live(service_pb2.ServerLiveRequest(), timeout=1.0).live)
+        except grpc.RpcError:
+            return False
 
 
 def perf_run(
@@ -211,23 +223,34 @@ def perf_run(
     model: str = MODEL,
     shape: str | None = "image:784",
     extra: tuple[str, ...] = (),
+    rate: float | None = None,
 ) -> dict[str, Any]:
     """One perf_analyzer run of batch-1 requests (`shape`: the input's, None to send none; `extra`: more of its
-    arguments); its CSV row, its own and the server's CPU over the run, the load average around it."""
+    arguments); its CSV row, its own and the server's CPU over the run, the load average around it. A closed loop
+    of `concurrency` requests, or with `rate` an open loop of Poisson arrivals at that many requests per second
+    (each of its windows is judged stable, as the arrivals, not the server, set its pace)."""
     flags = (Path(a).name if "/" in a else a.lstrip("-") for a in extra)  # a file's name, not its path
-    label = "-".join([name, model, protocol, f"c{concurrency}", *flags, f"r{repeat}"])
+    load = f"c{concurrency}" if rate is None else f"poisson{rate:g}"
+    label = "-".join([name, model, protocol, load, *flags, f"r{repeat}"])
     csv_path = SCRATCH / "serving_overhead" / f"{label}.csv"
     csv_path.parent.mkdir(parents=True, exist_ok=True)
     csv_path.unlink(missing_ok=True)
     url = server.http_url if protocol == "http" else server.grpc_url
     wire = ["-i", "grpc", "--streaming"] if protocol == "grpc_stream" else ["-i", protocol]
+    offered = (
+        ["--concurrency-range", str(concurrency), "--stability-percentage", "25", "--max-trials", "10"]
+        if rate is None
+        else ["--request-rate-range", f"{rate:g}", "--request-distribution", "poisson",
+              "--max-threads", str(open_loop_threads(rate)), "--stability-percentage", "1000", "--max-trials", "6"]
+    )  # fmt: skip
     arguments = [
-        "-m", model, "-u", url, *wire, "--concurrency-range", str(concurrency),
-        *(("--shape", shape) if shape else ()), "-b", "1", "--measurement-mode", "count_windows",
-        "--measurement-request-count", str(count), "--stability-percentage", "25", "--max-trials", "10",
+        "-m", model, "-u", url, *wire, *offered, *(("--shape", shape) if shape else ()), "-b", "1",
+        "--measurement-mode", "count_windows", "--measurement-request-count", str(count),
         "--percentile", "50", "-f", str(csv_path), "--verbose-csv", *extra,
     ]  # fmt: skip
     run: dict[str, Any] = {"server": name, "protocol": protocol, "concurrency": concurrency, "repeat": repeat}
+    if rate is not None:
+        run["offered_rps"] = rate
     run["command"] = perf.shell_text(arguments)
     run["quiet"] = wait_for_quiet(10.0)
     server_cpu = tree_cpu_s(server.pid)
@@ -262,6 +285,13 @@ def perf_run(
         flush=True,
     )
     return run
+
+
+def open_loop_threads(rate: float) -> int:
+    """perf_analyzer's sending threads for an open loop at `rate` req/s: each has one request in flight over its own
+    connection, so enough for 10 ms of arrivals, and at least its default 4 (more threads at low load spread the
+    requests over more connections than a client at that rate would open)."""
+    return max(4, math.ceil(rate * 0.010))
 
 
 def perf_medians(
