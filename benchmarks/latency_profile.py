@@ -78,12 +78,19 @@ def main() -> int:
 def _parse_args() -> Any:
     parser = perf_parser(__doc__, request_count=3000)
     parser.add_argument("--window-s", type=float, help=f"seconds of arrivals per open-loop window (default {WINDOW_S})")
+    parser.add_argument(
+        "--fractions", type=_fractions, help="offered loads as shares of capacity, e.g. 0.1,0.5 (default: FRACTIONS)"
+    )
     args = parser.parse_args()
     args.repeats = args.repeats or (1 if args.quick else 3)
     args.request_count = args.request_count or (300 if args.quick else 3000)
     args.window_s = args.window_s or (0.5 if args.quick else WINDOW_S)
-    args.fractions = (0.05, 0.5) if args.quick else FRACTIONS
+    args.fractions = args.fractions or ((0.05, 0.5) if args.quick else FRACTIONS)
     return args
+
+
+def _fractions(text: str) -> tuple[float, ...]:
+    return tuple(float(share) for share in text.split(","))
 
 
 def _rates(capacity_rps: float | None, fractions: tuple[float, ...]) -> list[float]:

@@ -1,0 +1,45 @@
+"""The latency profile benchmark at its smallest, to check that it runs and what it records (its figures are the
+benchmark's, not this test's)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.latency_profile import BAR_RATE, _rates
+from benchmarks.perf_load import PerfAnalyzer
+from benchmarks.serving_overhead import open_loop_threads
+from tests.server_utils import ROOT
+
+
+def test_the_rates_are_the_shares_of_capacity_and_the_bar_rate_in_order() -> None:
+    assert _rates(1000.0, (0.01, 0.5)) == [10.0, BAR_RATE, 500.0]
+    assert _rates(None, (0.01,)) == [BAR_RATE]  # no capacity measured: the bar's rate alone
+
+
+def test_an_open_loop_sends_from_enough_threads_for_ten_ms_of_arrivals() -> None:
+    assert open_loop_threads(200) == 4 and open_loop_threads(3000) == 30
+
+
+@pytest.mark.timeout(600)
+def test_the_latency_profile_runs_every_server_and_protocol(tmp_path: Path, perf_analyzer: PerfAnalyzer) -> None:
+    output = tmp_path / "latency_profile.json"
+    command = [sys.executable, "-m", "benchmarks.latency_profile", "--quick", "--fractions", "0.1"]
+    command += ["--request-count", "200", "--window-s", "0.3", "--output", str(output)]
+    command += ["--perf-venv", str(perf_analyzer.binary.parent.parent)]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=540)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(output.read_text())
+    assert set(report["profiles"]) == {"adaserve http", "rest_floor http", "adaserve grpc", "grpc_floor grpc"}
+    for protocol in ("http", "grpc"):
+        assert BAR_RATE in report["rates"][protocol] and len(report["rates"][protocol]) == 2
+    answered = [r for r in report["runs"] if "throughput_rps" in r]
+    assert len(answered) >= len(report["runs"]) - 2, [r["stdout_tail"] for r in report["runs"] if r not in answered]
+    for profile in report["profiles"].values():
+        assert profile["closed_loop"]["c1"]["p50_ms"] > 0 and len(profile["open_loop"]) == 2
+    assert set(report["bars"]) == {"rest_poisson_p50", "rest_poisson_p99", "grpc_c8_throughput", "grpc_c1_p50"}
+    assert output.with_suffix(".png").exists() and "bar rest_poisson_p50" in done.stdout
