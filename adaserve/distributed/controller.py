@@ -14,7 +14,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from adaserve.distributed.messages import NodeAddress, Requests, Routes
@@ -34,6 +34,38 @@ MEMBERSHIP_EVERY_S = 1.0
 SCALE_EVERY_S = 2.0
 #: How long a placement waits for room (models in the way still loading) before the request is refused.
 PLACE_TIMEOUT_S = 60.0
+#: A node server that failed to start is tried again after this long, the wait doubling with each failure in a row
+#: up to the cap: a node that cannot start (a port taken, a broken repository) is not restarted every second.
+START_RETRY_FIRST_S, START_RETRY_MAX_S = 2.0, 60.0
+
+
+@dataclass
+class StartFailures:
+    """The nodes whose server failed to start, in a row: when each may be tried again, and why the last try
+    failed (`cluster up` names it when it gives up waiting)."""
+
+    first_s: float = START_RETRY_FIRST_S
+    max_s: float = START_RETRY_MAX_S
+    entries: dict[str, tuple[int, float, str]] = field(default_factory=dict)  # node → (failures, retry at, error)
+
+    def failed(self, node: str, error: str, now: float) -> float:
+        """Count a failure; the seconds until the node may be tried again."""
+        count = self.entries.get(node, (0, 0.0, ""))[0] + 1
+        wait = min(self.max_s, self.first_s * 2 ** (count - 1))
+        self.entries[node] = (count, now + wait, error)
+        return wait
+
+    def may_start(self, node: str, now: float) -> bool:
+        return node not in self.entries or now >= self.entries[node][1]
+
+    def started(self, node: str) -> None:
+        self.entries.pop(node, None)
+
+    def describe(self, now: float) -> dict[str, dict[str, Any]]:
+        return {
+            node: {"failures": count, "error": error, "retry_in_s": round(max(0.0, at - now), 1)}
+            for node, (count, at, error) in self.entries.items()
+        }
 
 
 @dataclass(frozen=True)
@@ -68,6 +100,7 @@ class Controller:
         self._version = 0
         self._placing: dict[str, asyncio.Task[None]] = {}
         self._ports: dict[str, int] = {}  # node name → its index (its ports are the first node's plus a stride)
+        self.start_failures = StartFailures()
         self._membership: asyncio.Task[None] | None = None
         self._starting: asyncio.Future[None] | None = None
         self._scaling: asyncio.Task[None] | None = None
@@ -132,10 +165,14 @@ class Controller:
             handle = self.nodes.pop(name)
             self._ports.pop(name, None)
             ray.kill(handle, no_restart=True)
+        now = time.monotonic()
         joined = [
             (node_id, node)
             for node_id, node in alive.items()
-            if node_id not in self.nodes and node_id not in self._ports and node.get("Resources", {}).get("CPU", 0) > 0
+            if node_id not in self.nodes
+            and node_id not in self._ports
+            and node.get("Resources", {}).get("CPU", 0) > 0
+            and self.start_failures.may_start(node_id, now)
         ]
         await asyncio.gather(*(self._add(node_id, node) for node_id, node in joined))
 
@@ -167,10 +204,15 @@ class Controller:
         try:
             address, pid = await handle.start.remote()
         except Exception as exc:
-            log.error("node server did not start", extra={"node": node_id, "error": str(exc)})
+            wait = self.start_failures.failed(node_id, str(exc), time.monotonic())
+            log.error(
+                "node server did not start; trying again later",
+                extra={"node": node_id, "error": str(exc), "retry_in_s": wait},
+            )
             ray.kill(handle, no_restart=True)
             del self._ports[node_id]
             return
+        self.start_failures.started(node_id)
         self._join(node_id, handle, address, pid, {}, self._budget(node))
         log.info("node joined", extra={"node": node_id, "http": address.http, "grpc": address.grpc})
         await self._broadcast()
@@ -372,6 +414,7 @@ class Controller:
                 if name in books["nodes"]
             },
             "decisions": dict(self.decisions),
+            "start_failures": self.start_failures.describe(time.monotonic()),
         }
 
     async def stop(self) -> None:

@@ -81,8 +81,10 @@ def _announce(controller: Any, expected: int | None) -> None:
 
     deadline = time.monotonic() + UP_TIMEOUT_S
     announced: set[str] = set()
+    failures: dict[str, Any] = {}
     while time.monotonic() < deadline:
-        nodes = ray.get(controller.snapshot.remote())["nodes"]
+        snapshot = ray.get(controller.snapshot.remote())
+        nodes, failures = snapshot["nodes"], snapshot.get("start_failures", {})
         for name, node in sorted(nodes.items()):
             if name not in announced:
                 announced.add(name)
@@ -92,4 +94,6 @@ def _announce(controller: Any, expected: int | None) -> None:
             return
         sys.stdout.flush()
         time.sleep(0.5)
-    raise TimeoutError(f"the node servers did not all start within {UP_TIMEOUT_S:g} s")
+    why = "; ".join(f"node {name} failed to start {f['failures']} times: {f['error']}" for name, f in failures.items())
+    started = f"{len(announced)} of {expected or 1} node servers started within {UP_TIMEOUT_S:g} s"
+    raise TimeoutError(started + (f"; {why}" if why else ""))
