@@ -98,7 +98,7 @@ class PackratWorkerSet(WorkerSetPlanner):
             current_batch=self.initial_batch,
             now=time.monotonic(),  # the engine's clock: the first check is a full timeout after the start
         )
-        self.reconfigurator = Reconfigurator(estimator, self._choose, _rows_per_second)
+        self.reconfigurator = Reconfigurator(estimator, self._choose, _rows_per_second, model=model.name)
         for warning in self.planner.warnings:  # what `adaserve plan` repeats, said where a server's operator looks
             log.warning("Packrat profile: %s", warning, extra={"model": model.name})
 
