@@ -42,7 +42,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "profile",
         help="measure a model's latency for every ⟨threads, batch⟩ on this machine (Packrat profile)",
         description="Time one worker pinned to t cores with t threads for t = 1..T and b = 1, 2, 4, .. up to "
-        "max_batch_size; store the grid in <model dir>/profile.json under this machine's fingerprint.",
+        "max_batch_size, each cell in trials until the last three agree; store the grid in <model dir>/profile.json "
+        "under this machine's fingerprint.",
     )
     profile.add_argument("model", help="a model of the repository")
     add_model_repository(profile)
@@ -55,7 +56,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--stability-percentage",
         type=positive_number,
         metavar="PCT",
-        help="a cell is stable when its last 3 trials' mean latencies are each within PCT%% of their mean "
+        help="a cell is stable when its last 3 trials' mean latencies are each within PCT percent of their mean "
         "(default 10); a profile with an unstable cell is not planned from",
     )
     profile.add_argument(
@@ -71,7 +72,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "plan",
         help="the worker set ⟨instances, threads, batch⟩ Packrat picks for a batch size, from the profile",
         description="Solve Packrat's 2-D knapsack over the stored profile for ⟨T, B⟩ and print the workers, "
-        "their cores, the expected batch latency and the fat instance ⟨1, T, B⟩ for comparison.",
+        "their cores, the expected batch latency and the fat instance ⟨1, T, B⟩ for comparison. The profile's "
+        "warnings go to stderr; a profile with unstable cells is not planned from (the fat instance is).",
     )
     plan.add_argument("model", help="a model of the repository with a profile of this machine")
     plan.add_argument("--batch", type=positive_integer, required=True, help="B: rows per aggregated batch")
