@@ -275,8 +275,8 @@ class PackratSpec(Strict):
     capacity_headroom: float = Field(
         default=1.5,
         ge=0,
-        description="a set for a smaller B is taken only if it plans this × the arrival rate in rows per second "
-        "(0: Packrat's estimator alone)",
+        description="a set is switched to only if it plans this × the arrival rate in rows per second, or (for a "
+        "larger B) more than the current set (0: Packrat's estimator alone)",
     )
 
 

@@ -3,6 +3,8 @@
 `profile` measures this machine's ⟨t, b⟩ latency grid for a model and stores it in the model's profile.json (or
 reuses the stored one when it fits this machine and model). `plan` prints the worker set the optimizer picks for
 ⟨T, B⟩, the cores each worker would be pinned to, its expected latency, and the fat instance ⟨1, T, B⟩ beside it.
+Both repeat the profile's warnings (a busy machine, cells of unknown stability) on stderr: a plan is only as good
+as the measurements behind it.
 Errors a user can cause raise `AdaserveError` subclasses; `adaserve.cli.main` prints them and exits with 2.
 """
 
@@ -14,17 +16,18 @@ import math
 import sys
 from typing import Any
 
-from adaserve.arguments import add_model_repository, positive_integer
+from adaserve.arguments import add_model_repository, positive_integer, positive_number
 from adaserve.cpu.profiler import (
+    STABLE_TRIALS,
     AutoPlanner,
     ProfileError,
     ProfileRecord,
     ProfileSettings,
     WorkerPlan,
-    busy_warning,
     fingerprint,
     load_profile,
     profile_model,
+    profile_warnings,
     save_profile,
 )
 from adaserve.cpu.topology import AllocationError, machine_topology
@@ -39,13 +42,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "profile",
         help="measure a model's latency for every ⟨threads, batch⟩ on this machine (Packrat profile)",
         description="Time one worker pinned to t cores with t threads for t = 1..T and b = 1, 2, 4, .. up to "
-        "max_batch_size; store the grid in <model dir>/profile.json under this machine's fingerprint.",
+        "max_batch_size, each cell in trials until the last three agree; store the grid in <model dir>/profile.json "
+        "under this machine's fingerprint.",
     )
     profile.add_argument("model", help="a model of the repository")
     add_model_repository(profile)
     profile.add_argument("--threads", type=positive_integer, help="T: profile t = 1..T (default: every usable CPU)")
     profile.add_argument("--quick", action="store_true", help="fewer, shorter timings (seconds, not minutes)")
-    profile.add_argument("--repeats", type=positive_integer, help="timed runs per cell, at least (default 30, quick 5)")
+    profile.add_argument(
+        "--repeats", type=positive_integer, help="timed runs per trial, at least (default 30, quick 5)"
+    )
+    profile.add_argument(
+        "--stability-percentage",
+        type=positive_number,
+        metavar="PCT",
+        help="a cell is stable when its last 3 trials' mean latencies are each within PCT percent of their mean "
+        "(default 10); a profile with an unstable cell is not planned from",
+    )
+    profile.add_argument(
+        "--max-trials",
+        type=_trial_count,
+        help="trials of a cell before it is stored as unstable (default 10, at least 3)",
+    )
     profile.add_argument("--force", action="store_true", help="measure again even if a matching profile exists")
     profile.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     profile.set_defaults(func=profile_command)
@@ -54,7 +72,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "plan",
         help="the worker set ⟨instances, threads, batch⟩ Packrat picks for a batch size, from the profile",
         description="Solve Packrat's 2-D knapsack over the stored profile for ⟨T, B⟩ and print the workers, "
-        "their cores, the expected batch latency and the fat instance ⟨1, T, B⟩ for comparison.",
+        "their cores, the expected batch latency and the fat instance ⟨1, T, B⟩ for comparison. The profile's "
+        "warnings go to stderr; a profile with unstable cells is not planned from (the fat instance is).",
     )
     plan.add_argument("model", help="a model of the repository with a profile of this machine")
     plan.add_argument("--batch", type=positive_integer, required=True, help="B: rows per aggregated batch")
@@ -81,17 +100,27 @@ def profile_command(args: argparse.Namespace) -> int:
         found = None
     if isinstance(found, ProfileRecord) and not args.force and _fits(found, threads, args.quick):
         print(f"reusing the profile of {found.created} in {spec.directory / 'profile.json'} (--force measures again)")
-        print(format_profile(found))
-        return 0
-    settings = ProfileSettings.for_run(quick=args.quick, repeats=args.repeats)
-    record = profile_model(spec, threads, settings, topology=topology, progress=args.progress)
-    path = save_profile(spec.directory, record)
-    print(f"wrote {path}")
-    print(format_profile(record))
-    warning = busy_warning(record)
-    if warning:
+    else:
+        settings = ProfileSettings.for_run(
+            quick=args.quick,
+            repeats=args.repeats,
+            stability_percentage=args.stability_percentage,
+            max_trials=args.max_trials,
+        )
+        found = profile_model(spec, threads, settings, topology=topology, progress=args.progress)
+        print(f"wrote {save_profile(spec.directory, found)}")
+    print(format_profile(found))
+    for warning in profile_warnings(found):
         print(f"adaserve profile: warning: {warning}", file=sys.stderr)
     return 0
+
+
+def _trial_count(text: str) -> int:
+    """`--max-trials`: the stability rule compares the last 3 trials, so at least 3."""
+    value = positive_integer(text)
+    if value < STABLE_TRIALS:
+        raise argparse.ArgumentTypeError(f"expected {STABLE_TRIALS} or more; got {text!r}")
+    return value
 
 
 def _fits(record: ProfileRecord, threads: int, quick: bool) -> bool:
@@ -105,8 +134,10 @@ def plan_command(args: argparse.Namespace) -> int:
     result = planner.plan(args.batch)
     if not result.from_profile:
         print(f"adaserve plan: {result.note}", file=sys.stderr)
+    for warning in planner.warnings:
+        print(f"adaserve plan: warning: {warning}", file=sys.stderr)
     if args.json:
-        print(json.dumps(plan_json(spec.name, result), indent=1))
+        print(json.dumps({**plan_json(spec.name, result), "warnings": planner.warnings}, indent=1))
     else:
         print(format_plan(spec.name, result))
     return 0

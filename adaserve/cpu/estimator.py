@@ -12,11 +12,16 @@ flip-flop (a timeline on ResNet-18 switched 12 times in 160 s, 8 → 4 → 64 �
 taken only when that set's planned rows per second (B over its expected batch latency) is at least
 `capacity_headroom` × the rows per second that arrived over the last reconfiguration timeout; otherwise the next
 larger B that is, if any is below the current. The headroom covers what the profile does not see (the server and
-protocol around the model).
+protocol around the model). A move to a larger B is held to the same floor, with one way out: a set that plans
+more rows per second than the current one is taken even below the floor, since it is the better of the two. A
+set that does neither is not switched to (a bad profile once planned one batch-1 worker under 300 req/s, and
+p99 rose to 40 ms). Each move the floor holds back is logged at info, with both sets' rows per second and the
+rate.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +30,7 @@ from typing import Generic, TypeVar
 __all__ = ["ArrivalRate", "BatchSizeEstimator", "EstimatorSettings", "Reconfigurator", "power_of_two_floor"]
 
 PlanT = TypeVar("PlanT")
+log = logging.getLogger("adaserve.packrat")
 
 
 def power_of_two_floor(value: float) -> int:
@@ -123,6 +129,7 @@ class Reconfigurator(Generic[PlanT]):
     `plan_for(B)` is e.g. `functools.partial(optimizer.plan, T)` or `AutoPlanner.plan` (plan plus pinned workers);
     `rows_per_second(plan)` is what a plan is expected to compute (None: unknown, no capacity floor). Once it
     returns, the plan's B counts as configured; the caller starts the new worker set (active/passive swap).
+    `plan_for` is called again for the sets it compares, so it should be cached (the optimizer's plans are).
     """
 
     def __init__(
@@ -130,8 +137,11 @@ class Reconfigurator(Generic[PlanT]):
         estimator: BatchSizeEstimator,
         plan_for: Callable[[int], PlanT],
         rows_per_second: Callable[[PlanT], float | None] = lambda plan: None,
+        *,
+        model: str | None = None,
     ) -> None:
         self.estimator = estimator
+        self.model = model  # named in the log lines
         self.plan_for = plan_for
         self.rows_per_second = rows_per_second
         self.arrivals = ArrivalRate(max(estimator.settings.reconfigure_timeout_s, 1.0))
@@ -143,11 +153,15 @@ class Reconfigurator(Generic[PlanT]):
         if batch is None:
             return None
         current = self.estimator.current_batch
-        plan = self.plan_for(batch)
+        wanted, plan = batch, self.plan_for(batch)
         while batch < current and not self._keeps_up(plan, rate):
             batch *= 2  # the capacity floor (see the module docstring)
             plan = self.plan_for(batch)
-        if batch == current:
+        held = batch == current
+        if batch > current and not self._keeps_up(plan, rate):
+            held = not self._beats(plan, self.plan_for(current))
+        if held:
+            self._log_held(wanted, current, rate)
             return None
         self.estimator.reconfigured(batch, now)
         return plan
@@ -156,3 +170,24 @@ class Reconfigurator(Generic[PlanT]):
         capacity = self.rows_per_second(plan)
         headroom = self.estimator.settings.capacity_headroom
         return capacity is None or rate is None or capacity >= headroom * rate
+
+    def _beats(self, plan: PlanT, current: PlanT) -> bool:
+        capacity, current_capacity = self.rows_per_second(plan), self.rows_per_second(current)
+        return capacity is None or current_capacity is None or capacity > current_capacity
+
+    def _log_held(self, wanted: int, current: int, rate: float | None) -> None:
+        log.info(
+            "keeping the worker set for B=%d (%s rows/s planned) rather than B=%d (%s rows/s): a set must plan "
+            "%g × the %s rows/s arriving, or more than the current set",
+            current,
+            _rows(self.rows_per_second(self.plan_for(current))),
+            wanted,
+            _rows(self.rows_per_second(self.plan_for(wanted))),
+            self.estimator.settings.capacity_headroom,
+            _rows(rate),
+            extra={"model": self.model, "batch": current, "wanted_batch": wanted},
+        )
+
+
+def _rows(per_second: float | None) -> str:
+    return "unknown" if per_second is None else f"{per_second:.1f}"

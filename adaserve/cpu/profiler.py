@@ -2,16 +2,24 @@
 
 One worker at a time, pinned to t cores with t intra-op threads, runs random batches of the config's input shapes
 for every ⟨t, b⟩ in {1..T} × {1, 2, 4, .., ≤ max_batch_size} (the paper's (n + 1)·T grid) and records the mean
-batch latency. Each t runs in a process of its own: an intra-op thread pool, once started, does not shrink
-cleanly. Those processes are forked, as the server's workers are (`adaserve.engine.host`), from one child that
-imported torch and loaded the model once and never computes, so no thread pool exists when it forks: each t costs a
-fork, not a Python start and a load (about 14 s each for a ResNet-50 on a 16-core machine), and is measured the way
-a served worker runs, forked from a loaded model and placed with `place`.
+batch latency. A cell is timed in trials until the last three agree (`measure_cell`, perf_analyzer's stability
+rule), or else stored as unstable with its spread: a profile taken beside other work once recorded t=2 b=2 at
+24 ms against 0.135 ms on a rerun, and was planned from. Each t runs in a process of its own: an intra-op thread
+pool, once started, does not shrink cleanly. Those processes are forked, as the server's workers are
+(`adaserve.engine.host`), from one child that imported torch and loaded the model once and never computes, so no
+thread pool exists when it forks: each t costs a fork, not a Python start and a load (about 14 s each for a
+ResNet-50 on a 16-core machine), and is measured the way a served worker runs, forked from a loaded model and
+placed with `place`.
 
 The file holds one profile per machine fingerprint (CPU model, logical CPUs, physical cores, sockets, NUMA nodes),
 so a repository shared by several machines keeps each one's profile. `load_profile` answers with the matching
-profile, a `StaleProfile` (none for this machine, or the model changed since: the caller falls back to a stated
-default), or raises `ProfileError` naming the file and what is wrong with it.
+profile, a `StaleProfile` (none for this machine, the model changed since, or a cell did not settle: the caller
+falls back to a stated default), or raises `ProfileError` naming the file and what is wrong with it.
+
+One unstable cell refuses the whole profile, even a cell no plan for today's B would use: which cells a plan uses
+changes with B at run time, and the fat instance every plan is compared with is a cell too. Profiles written
+before the stability rule (no `stability` in their cells) still plan, with a warning that their stability is
+unknown (`profile_warnings`).
 """
 
 from __future__ import annotations
@@ -26,7 +34,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -47,13 +56,16 @@ __all__ = [
     "ProfileError",
     "ProfileRecord",
     "ProfileSettings",
+    "Stability",
     "StaleProfile",
     "WorkerPlan",
     "batch_grid",
     "busy_warning",
     "fingerprint",
     "load_profile",
+    "measure_cell",
     "profile_model",
+    "profile_warnings",
     "random_inputs",
     "save_profile",
 ]
@@ -89,19 +101,49 @@ class Fingerprint(_Strict):
         )
 
 
+#: perf_analyzer's stability rule looks at the last this many trials.
+STABLE_TRIALS = 3
+
+
 class ProfileSettings(_Strict):
-    """How thoroughly each ⟨t, b⟩ cell is measured."""
+    """How thoroughly each ⟨t, b⟩ cell is measured: trials of timed runs, until the last three agree.
+
+    The `_cell_` names predate trials and are kept so that older profile files still load; they bound one trial.
+    """
 
     quick: bool = False
-    warmup: int = Field(default=5, ge=0, description="untimed runs before timing")
-    repeats: int = Field(default=30, ge=1, description="timed runs per cell (at least)")
-    min_cell_s: float = Field(default=0.5, ge=0, description="keep timing a fast cell until this much time passed")
-    max_cell_s: float = Field(default=60.0, gt=0, description="stop a slow cell here (after at least 3 timed runs)")
+    warmup: int = Field(default=5, ge=0, description="untimed runs before a cell's first trial")
+    repeats: int = Field(default=30, ge=1, description="timed runs per trial (at least)")
+    min_cell_s: float = Field(default=0.5, ge=0, description="keep timing a fast trial until this much time passed")
+    max_cell_s: float = Field(default=60.0, gt=0, description="stop a slow trial here (after at least 3 timed runs)")
+    stability_percentage: float = Field(
+        default=10.0, gt=0, description="stable: the last 3 trials' mean latencies each within this % of their mean"
+    )
+    max_trials: int = Field(default=10, ge=STABLE_TRIALS, description="trials before a cell is stored as unstable")
 
     @classmethod
-    def for_run(cls, *, quick: bool, repeats: int | None = None) -> ProfileSettings:
+    def for_run(
+        cls,
+        *,
+        quick: bool,
+        repeats: int | None = None,
+        stability_percentage: float | None = None,
+        max_trials: int | None = None,
+    ) -> ProfileSettings:
+        """The defaults, or `--quick`'s shorter trials (the stability rule still applies), with what was given."""
         base = cls(quick=True, warmup=1, repeats=5, min_cell_s=0.02, max_cell_s=2.0) if quick else cls()
-        return base if repeats is None else base.model_copy(update={"repeats": repeats})
+        given = {"repeats": repeats, "stability_percentage": stability_percentage, "max_trials": max_trials}
+        return base.model_copy(update={k: v for k, v in given.items() if v is not None})
+
+
+class Stability(_Strict):
+    """Whether a cell's trials agreed; absent from cells measured before the rule (their stability is unknown)."""
+
+    trials: int = Field(ge=1, description="trials run")
+    spread_pct: float = Field(
+        ge=0, allow_inf_nan=False, description="largest deviation of the last 3 trials' means from their mean, in %"
+    )
+    stable: bool = Field(description="spread_pct ≤ the stability percentage within max_trials")
 
 
 class Cell(_Strict):
@@ -110,7 +152,12 @@ class Cell(_Strict):
     mean_s: float = Field(gt=0, allow_inf_nan=False, description="mean batch latency (what the optimizer uses)")
     p50_s: float = Field(gt=0, allow_inf_nan=False)
     std_s: float = Field(ge=0, allow_inf_nan=False)
-    runs: int = Field(ge=1)
+    runs: int = Field(ge=1, description="timed runs behind the statistics: the last 3 trials'")
+    stability: Stability | None = None
+
+    @property
+    def name(self) -> str:
+        return f"t={self.threads} b={self.batch}"
 
 
 class ProfileRecord(_Strict):
@@ -242,7 +289,21 @@ def load_profile(model_dir: Path, machine: Fingerprint, spec: ModelSpec | None =
             return StaleProfile(path, f"{path} profiles version {record.version}, the model is now {spec.version}")
         if record.artifact_sha256 != artifact_digest(spec.artifact):
             return StaleProfile(path, f"{path}: {spec.artifact} changed since it was profiled")
-    return record
+    unstable = unstable_reason(record)
+    return StaleProfile(path, f"{path}: {unstable}") if unstable else record
+
+
+def unstable_reason(record: ProfileRecord) -> str | None:
+    """Why `record` is not planned from: its unstable cells by name and spread; None when it has none."""
+    spreads = [(c.name, c.stability.spread_pct) for c in record.cells if c.stability and not c.stability.stable]
+    if not spreads:
+        return None
+    named = ", ".join(f"{name} (spread {spread:.1f}%)" for name, spread in spreads)
+    return (
+        f"unstable cells {named}: their last {STABLE_TRIALS} trials' latencies did not agree within "
+        f"{record.settings.stability_percentage:g}% in {record.settings.max_trials} trials, so the profile is not "
+        "planned from (other work on the machine while profiling, most likely)"
+    )
 
 
 def save_profile(model_dir: Path, record: ProfileRecord) -> Path:
@@ -303,7 +364,8 @@ def profile_model(
 
         def record(cell: Cell) -> None:
             cells.append(cell)
-            bar.set_postfix_str(f"t={cell.threads} b={cell.batch} {cell.mean_s * 1e3:.3f} ms", refresh=False)
+            unstable = " unstable" if cell.stability and not cell.stability.stable else ""
+            bar.set_postfix_str(f"{cell.name} {cell.mean_s * 1e3:.3f} ms{unstable}", refresh=False)
             bar.update(1)
 
         placements = []
@@ -347,6 +409,18 @@ def busy_warning(record: ProfileRecord) -> str | None:
     )
 
 
+def profile_warnings(record: ProfileRecord) -> list[str]:
+    """What to know before trusting plans from `record`: the machine was busy, its cells did not settle, or it
+    predates the stability rule (planned from all the same, so that older profiles keep working)."""
+    warnings = [w for w in (busy_warning(record), unstable_reason(record)) if w]
+    if any(c.stability is None for c in record.cells):
+        warnings.append(
+            f"the profile of {record.created} predates the stability rule: whether its cells' latencies settled is "
+            f"unknown; `adaserve profile {record.model} --force` measures them again"
+        )
+    return warnings
+
+
 def _run_child(job: dict[str, Any], record: Callable[[Cell], None]) -> None:
     """Run the profile in a child Python (`main` below); cells arrive one JSON line each on a pipe, not on stdout."""
     read_fd, write_fd = os.pipe()
@@ -388,23 +462,54 @@ def _run_child(job: dict[str, Any], record: Callable[[Cell], None]) -> None:
             raise ProfileError(f"profiling {job['artifact']} failed (exit {code}): {error}")
 
 
-def _measure(model: Callable[..., Any], inputs: Sequence[Any], settings: ProfileSettings) -> list[float]:
-    """Warm up, then time runs: at least `repeats`, longer for a fast cell (min_cell_s), shorter for a slow one."""
+def measure_cell(threads: int, batch: int, trials: Iterator[list[float]], settings: ProfileSettings) -> Cell:
+    """Take trials (each a list of batch latencies) until the last three agree, perf_analyzer's stability rule:
+    each trial's mean latency within `stability_percentage` of the three's mean. After `max_trials` without that,
+    the cell is marked unstable with its spread. Latency alone is checked: one worker's throughput is b over its
+    batch latency, so it agrees when the latency does. The statistics are those of the last three trials' runs."""
+    last: deque[list[float]] = deque(maxlen=STABLE_TRIALS)
+    for count in range(1, settings.max_trials + 1):
+        last.append(next(trials))
+        means = [statistics.fmean(times) for times in last]
+        center = statistics.fmean(means)
+        spread_pct = 100 * max(abs(m - center) for m in means) / center
+        if count >= STABLE_TRIALS and spread_pct <= settings.stability_percentage:
+            break
+    times = [t for trial in last for t in trial]
+    return Cell(
+        threads=threads,
+        batch=batch,
+        mean_s=statistics.fmean(times),
+        p50_s=statistics.median(times),
+        std_s=statistics.pstdev(times),
+        runs=len(times),
+        stability=Stability(
+            trials=count, spread_pct=round(spread_pct, 2), stable=spread_pct <= settings.stability_percentage
+        ),
+    )
+
+
+def _trials(model: Callable[..., Any], inputs: Sequence[Any], settings: ProfileSettings) -> Iterator[list[float]]:
+    """Warm up once, then one trial per `next`: at least `repeats` timed runs, longer for a fast cell
+    (min_cell_s), shorter for a slow one (max_cell_s)."""
     import torch
 
-    times: list[float] = []
     with torch.inference_mode():
         for _ in range(settings.warmup):
             model(*inputs)
-        began = time.perf_counter()
-        while True:
-            start = time.perf_counter()
-            model(*inputs)
-            times.append(time.perf_counter() - start)
-            elapsed = time.perf_counter() - began
-            enough = len(times) >= settings.repeats and elapsed >= settings.min_cell_s
-            if enough or (elapsed >= settings.max_cell_s and len(times) >= 3):
-                return times
+    while True:
+        times: list[float] = []
+        with torch.inference_mode():
+            began = time.perf_counter()
+            while True:
+                start = time.perf_counter()
+                model(*inputs)
+                times.append(time.perf_counter() - start)
+                elapsed = time.perf_counter() - began
+                enough = len(times) >= settings.repeats and elapsed >= settings.min_cell_s
+                if enough or (elapsed >= settings.max_cell_s and len(times) >= 3):
+                    break
+        yield times
 
 
 def random_inputs(config: ModelConfig, batch: int, seed: int) -> list[Any]:
@@ -485,17 +590,8 @@ def _measure_threads(
     threads = placement["threads"]
     place(threads, placement["cpus"] or None)
     for batch in batches:
-        times = _measure(model, random_inputs(config, batch, seed=batch), settings)
-        report(
-            Cell(
-                threads=threads,
-                batch=batch,
-                mean_s=statistics.fmean(times),
-                p50_s=statistics.median(times),
-                std_s=statistics.pstdev(times),
-                runs=len(times),
-            )
-        )
+        trials = _trials(model, random_inputs(config, batch, seed=batch), settings)
+        report(measure_cell(threads, batch, trials, settings))
 
 
 # -- planning from the stored profile --------------------------------------------------------------------------------
@@ -514,9 +610,10 @@ class WorkerPlan:
 class AutoPlanner:
     """`workers: auto` for one model: this machine's profile, an Optimizer (plans cached), and the core allocator.
 
-    Without a usable profile every plan is the stated default, the fat instance: one worker with all T threads
-    and batch min(B, max_batch_size), TorchServe's default and the paper's baseline. A corrupt profile raises
-    `ProfileError` instead: silently ignoring a file the user made would hide the problem.
+    Without a usable profile (an unstable one is not) every plan is the stated default, the fat instance: one
+    worker with all T threads and batch min(B, max_batch_size), TorchServe's default and the paper's baseline.
+    A corrupt profile raises `ProfileError` instead: silently ignoring a file the user made would hide the problem.
+    `warnings` are the used profile's (`profile_warnings`), for the caller to repeat.
     """
 
     def __init__(self, spec: ModelSpec, *, threads: int | None = None, topology: Topology | None = None) -> None:
@@ -530,6 +627,7 @@ class AutoPlanner:
             )
         found = load_profile(spec.directory, fingerprint(self.topology), spec)
         self.record = found if isinstance(found, ProfileRecord) else None
+        self.warnings = profile_warnings(found) if isinstance(found, ProfileRecord) else []
         self.optimizer = Optimizer(found.profile) if isinstance(found, ProfileRecord) else None
         if isinstance(found, StaleProfile):
             self.note = (

@@ -4,7 +4,8 @@
   it never changes.
 * `PackratWorkerSet` — `workers: auto`: the set ⟨instances, threads, batch⟩ the Packrat optimizer picks from the
   model's profile for the batch size the estimator reads off the queue depth, pinned to disjoint cores; when the
-  smoothed batch size moves, it answers with a new set and the engine swaps sets with no downtime.
+  smoothed batch size moves, it answers with a new set and the engine swaps sets with no downtime. A profile with
+  unstable cells is not planned from (the fat instance is the stated default, its reason naming the cells).
 
 The engine asks `initial()` once and, for planners with a `sample_interval_s`, feeds
 `observe(queue_depth, arrived_rows, now)`.
@@ -12,6 +13,7 @@ The engine asks `initial()` once and, for planners with a `sample_interval_s`, f
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from abc import ABC, abstractmethod
@@ -20,6 +22,8 @@ from typing import Any
 
 from adaserve.config import WorkerSpec
 from adaserve.repository import ModelSpec
+
+log = logging.getLogger("adaserve.engine")
 
 
 @dataclass(frozen=True)
@@ -94,7 +98,9 @@ class PackratWorkerSet(WorkerSetPlanner):
             current_batch=self.initial_batch,
             now=time.monotonic(),  # the engine's clock: the first check is a full timeout after the start
         )
-        self.reconfigurator = Reconfigurator(estimator, self._choose, _rows_per_second)
+        self.reconfigurator = Reconfigurator(estimator, self._choose, _rows_per_second, model=model.name)
+        for warning in self.planner.warnings:  # what `adaserve plan` repeats, said where a server's operator looks
+            log.warning("Packrat profile: %s", warning, extra={"model": model.name})
 
     def initial(self) -> WorkerSetChoice:
         return self._choose(self.initial_batch)

@@ -10,10 +10,23 @@ import pytest
 
 from adaserve.cpu import cli
 from adaserve.cpu.optimizer import InfeasiblePlanError
-from adaserve.cpu.profiler import PROFILE_FILE, ProfileError, ProfileRecord, fingerprint, load_profile, save_profile
+from adaserve.cpu.profiler import (
+    PROFILE_FILE,
+    ProfileError,
+    ProfileRecord,
+    ProfileSettings,
+    fingerprint,
+    load_profile,
+    save_profile,
+)
 from adaserve.cpu.topology import AllocationError, machine_topology
 from adaserve.repository import ModelRepository, ModelSpec
-from tests.cpu.test_profiler import other_machine, synthetic_record
+from tests.cpu.test_profiler import (
+    other_machine,
+    synthetic_record,
+    unstable_record,
+    write_as_before_the_stability_rule,
+)
 from tests.server_utils import link_example
 
 
@@ -53,13 +66,23 @@ def test_arguments() -> None:
         Path("/r"),
     )
     assert args.func is cli.profile_command and args.progress and not args.force
+    assert (args.stability_percentage, args.max_trials) == (None, None)  # ProfileSettings' defaults
+    args = parse("profile", "mlp", "--stability-percentage", "5", "--max-trials", "4")
+    assert (args.stability_percentage, args.max_trials) == (5.0, 4)
     args = parse("plan", "mlp", "--batch", "12")
     assert (args.batch, args.threads, args.json, args.func) == (12, None, False, cli.plan_command)
     assert args.model_repository.name == "models"  # the example repository by default
 
 
 @pytest.mark.parametrize(
-    "argv", [["plan", "mlp"], ["plan", "mlp", "--batch", "0"], ["profile", "mlp", "--threads", "x"]]
+    "argv",
+    [
+        ["plan", "mlp"],
+        ["plan", "mlp", "--batch", "0"],
+        ["profile", "mlp", "--threads", "x"],
+        ["profile", "mlp", "--max-trials", "2"],
+        ["profile", "mlp", "--stability-percentage", "0"],
+    ],
 )
 def test_bad_arguments_exit(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as caught:
@@ -147,8 +170,9 @@ class FakeProfiler:
     def __init__(self) -> None:
         self.calls: list[tuple[int, bool, int]] = []
 
-    def __call__(self, spec: ModelSpec, threads: int, settings: object, **_: object) -> ProfileRecord:
-        self.calls.append((threads, settings.quick, settings.repeats))  # type: ignore[attr-defined]
+    def __call__(self, spec: ModelSpec, threads: int, settings: ProfileSettings, **_: object) -> ProfileRecord:
+        self.calls.append((threads, settings.quick, settings.repeats))
+        self.settings = settings
         record = synthetic_record(spec, fingerprint(), threads=threads)
         return record.model_copy(update={"settings": settings, "load_average": (0.1, 0.2)})
 
@@ -199,3 +223,60 @@ def test_profile_warns_when_the_machine_was_busy(
     monkeypatch.setattr(cli, "profile_model", busy)
     _, _, err = run(capsys, "profile", "mlp", "--quick", "--model-repository", str(repository))
     assert "warning: the machine was busy while profiling (load average 9.00" in err
+
+
+def test_profile_passes_the_stability_rule_on_and_measures_an_unstable_profile_again(
+    repository: Path, fake: FakeProfiler, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = spec_in(repository)
+    save_profile(spec.directory, unstable_record(spec))
+    where = ("--model-repository", str(repository))
+    code, out, _ = run(capsys, "profile", "mlp", "--quick", "--stability-percentage", "5", "--max-trials", "4", *where)
+    assert code == 0 and len(fake.calls) == 1 and "wrote" in out  # not reused: it cannot be planned from
+    assert (fake.settings.quick, fake.settings.stability_percentage, fake.settings.max_trials) == (True, 5, 4)
+
+
+def test_profile_warns_of_the_unstable_cells_it_measured(
+    repository: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(cli, "profile_model", lambda spec, threads, settings, **_: unstable_record(spec))
+    code, out, err = run(capsys, "profile", "mlp", "--quick", "--model-repository", str(repository))
+    assert code == 0 and "wrote" in out
+    assert "adaserve profile: warning: unstable cells t=2 b=2 (spread 43.2%)" in err
+
+
+def test_plan_refuses_an_unstable_profile_naming_its_cells(
+    repository: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = spec_in(repository)
+    save_profile(spec.directory, unstable_record(spec))
+    code, out, err = run(capsys, "plan", "mlp", "--batch", "8", "--model-repository", str(repository))
+    assert code == 0
+    assert "adaserve plan: " in err and "unstable cells t=2 b=2 (spread 43.2%)" in err
+    assert "is not planned from" in err and "using the default: the fat instance" in err
+    assert f"configuration [(i, t, b)]: [(1, {CPUS}, 8)]" in out and "speedup" not in out
+
+
+def test_plan_repeats_the_profiles_busy_warning(repository: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = spec_in(repository)
+    busy = synthetic_record(spec, fingerprint(), threads=CPUS).model_copy(update={"load_average": (9.0, 9.5)})
+    save_profile(spec.directory, busy)
+    where = ("--model-repository", str(repository))
+    code, out, err = run(capsys, "plan", "mlp", "--batch", "16", *where)
+    assert code == 0 and "expected speedup over the fat instance" in out
+    assert "adaserve plan: warning: the machine was busy while profiling (load average 9.00" in err
+    _, out, err = run(capsys, "plan", "mlp", "--batch", "16", "--json", *where)
+    (warning,) = json.loads(out)["warnings"]
+    assert warning.startswith("the machine was busy while profiling") and warning in err
+
+
+def test_plan_says_an_old_profiles_stability_is_unknown_and_plans_from_it(
+    repository: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = spec_in(repository)
+    write_as_before_the_stability_rule(
+        save_profile(spec.directory, synthetic_record(spec, fingerprint(), threads=CPUS))
+    )
+    code, out, err = run(capsys, "plan", "mlp", "--batch", "16", "--model-repository", str(repository))
+    assert code == 0 and "(planned from" in out
+    assert "adaserve plan: warning: the profile of 2025-01-01T00:00:00+00:00 predates the stability rule" in err

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from adaserve.cpu.estimator import (
@@ -133,3 +135,48 @@ def test_a_smaller_set_that_cannot_keep_up_is_not_taken() -> None:
 def test_bad_settings_are_refused(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         EstimatorSettings(**kwargs)  # type: ignore[arg-type]
+
+
+def held_or_taken(
+    rows_per_s: dict[int, float], current: int, wanted_depth: int, arrival_rows_per_s: int
+) -> tuple[int | None, int]:
+    """The set a Reconfigurator on `current` takes when B̃ moves to `wanted_depth` under a steady arrival rate,
+    and the B it is left configured for; the plans are their batch sizes, planning `rows_per_s[B]`."""
+    settings = EstimatorSettings(alpha=1.0, window=1, reconfigure_timeout_s=5.0, capacity_headroom=1.5)
+    reconfigurator = Reconfigurator(
+        BatchSizeEstimator(settings, current_batch=current, now=0.0), lambda b: b, rows_per_s.get, model="m"
+    )
+    plans = [reconfigurator.update(wanted_depth, arrival_rows_per_s * s, float(s)) for s in range(6)]
+    taken = [plan for plan in plans if plan is not None]
+    return (taken[0] if taken else None), reconfigurator.estimator.current_batch
+
+
+def test_a_larger_set_below_the_arrival_rate_and_the_current_set_is_not_taken(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A noisy profile can plan a larger B slower than the current one: at 100 rows/s the B=16 set (90 rows/s)
+    keeps up less than the B=8 set (120 rows/s), so the B=8 set stays, and the log says why."""
+    with caplog.at_level(logging.INFO, logger="adaserve.packrat"):
+        assert held_or_taken({8: 120.0, 16: 90.0}, current=8, wanted_depth=16, arrival_rows_per_s=100) == (None, 8)
+    (record,) = caplog.records
+    assert record.levelno == logging.INFO and record.model == "m"  # type: ignore[attr-defined]
+    assert record.getMessage() == (
+        "keeping the worker set for B=8 (120.0 rows/s planned) rather than B=16 (90.0 rows/s): a set must plan "
+        "1.5 × the 100.0 rows/s arriving, or more than the current set"
+    )
+
+
+def test_a_larger_set_below_the_floor_is_taken_when_it_beats_the_current_set() -> None:
+    assert held_or_taken({8: 80.0, 16: 120.0}, current=8, wanted_depth=16, arrival_rows_per_s=100) == (16, 16)
+    assert held_or_taken({8: 80.0, 16: 200.0}, current=8, wanted_depth=16, arrival_rows_per_s=100) == (16, 16)
+
+
+def test_a_smaller_set_held_back_by_the_floor_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="adaserve.packrat"):
+        assert held_or_taken({2: 40.0, 4: 80.0, 8: 160.0}, current=8, wanted_depth=2, arrival_rows_per_s=100) == (
+            None,
+            8,
+        )
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == [
+        "keeping the worker set for B=8 (160.0 rows/s planned) rather than B=2 (40.0 rows/s)"
+    ]

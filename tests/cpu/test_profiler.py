@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +22,15 @@ from adaserve.cpu.profiler import (
     ProfileError,
     ProfileRecord,
     ProfileSettings,
+    Stability,
     StaleProfile,
     artifact_digest,
     batch_grid,
     fingerprint,
     load_profile,
+    measure_cell,
     profile_model,
+    profile_warnings,
     save_profile,
 )
 from adaserve.cpu.topology import AllocationError, Cpu, Topology, machine_topology
@@ -40,12 +43,25 @@ def measured(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, float]:
     """`adaserve profile mlp --quick` once, for real, on a repository whose artifact links to the example."""
     root = tmp_path_factory.mktemp("profiled")
     link_example(root, "mlp")
-    args = argparse.Namespace(
-        model="mlp", model_repository=root, threads=None, quick=True, repeats=None, force=False, progress=True
-    )
     began = time.perf_counter()
-    assert profile_command(args) == 0
+    assert profile_command(profile_args(root, progress=True)) == 0
     return root, time.perf_counter() - began
+
+
+def profile_args(root: Path, *, progress: bool) -> argparse.Namespace:
+    """`adaserve profile mlp --quick`, with a stability percentage wide enough that other work on a shared test
+    machine does not leave a cell unstable (the rule itself is tested on fake trials below)."""
+    return argparse.Namespace(
+        model="mlp",
+        model_repository=root,
+        threads=None,
+        quick=True,
+        repeats=None,
+        stability_percentage=100.0,
+        max_trials=None,
+        force=False,
+        progress=progress,
+    )
 
 
 def spec_in(root: Path, name: str = "mlp") -> ModelSpec:
@@ -54,8 +70,9 @@ def spec_in(root: Path, name: str = "mlp") -> ModelSpec:
 
 def synthetic_record(spec: ModelSpec, machine: Fingerprint, threads: int = 2) -> ProfileRecord:
     batches = batch_grid(spec.config.max_batch_size)
+    settled = Stability(trials=3, spread_pct=1.0, stable=True)
     cells = [
-        Cell(threads=t, batch=b, mean_s=1e-3 * b / t**0.5, p50_s=1e-3 * b / t**0.5, std_s=0.0, runs=5)
+        Cell(threads=t, batch=b, mean_s=1e-3 * b / t**0.5, p50_s=1e-3 * b / t**0.5, std_s=0, runs=5, stability=settled)
         for t in range(1, threads + 1)
         for b in batches
     ]
@@ -88,7 +105,9 @@ def test_quick_profile_of_the_example_mlp(measured: tuple[Path, float]) -> None:
     assert record.threads == tuple(range(1, cpus + 1))
     assert record.batches == (1, 2, 4, 8, 16)
     assert len(record.cells) == cpus * 5
-    assert all(c.mean_s > 0 and c.runs >= 5 for c in record.cells)
+    assert all(c.mean_s > 0 and c.runs >= 3 * 5 for c in record.cells)  # the last 3 trials' runs
+    assert all(c.stability is not None and c.stability.trials >= 3 for c in record.cells)
+    assert record.settings.stability_percentage == 100.0 and record.settings.max_trials == 10
     assert record.settings.quick and record.model == "mlp" and record.version == 1
     assert record.torch.startswith("2.")
     assert record.load_average is not None  # latencies are not compared: other work may share these 2 cores
@@ -100,11 +119,8 @@ def test_quick_profile_of_the_example_mlp(measured: tuple[Path, float]) -> None:
 def test_a_matching_profile_is_reused(measured: tuple[Path, float], capsys: pytest.CaptureFixture[str]) -> None:
     root, _ = measured
     before = (root / "mlp" / PROFILE_FILE).read_text()
-    args = argparse.Namespace(
-        model="mlp", model_repository=root, threads=None, quick=True, repeats=None, force=False, progress=False
-    )
     began = time.perf_counter()
-    assert profile_command(args) == 0
+    assert profile_command(profile_args(root, progress=False)) == 0
     assert time.perf_counter() - began < 5
     out = capsys.readouterr().out
     assert "reusing the profile" in out and "mean batch latency (ms)" in out
@@ -272,3 +288,97 @@ def test_batch_grid() -> None:
     assert batch_grid(16) == (1, 2, 4, 8, 16)
     assert batch_grid(12) == (1, 2, 4, 8)
     assert batch_grid(1) == (1,)
+
+
+# -- the stability rule ------------------------------------------------------------------------------------------
+
+
+def fake_trials(means_ms: list[float]) -> tuple[Iterator[list[float]], list[int]]:
+    """Trials of two runs each at the given mean latencies, and a list that counts the trials taken."""
+    taken: list[int] = []
+
+    def trials() -> Iterator[list[float]]:
+        for mean in means_ms:
+            taken.append(1)
+            yield [mean * 0.9e-3, mean * 1.1e-3]
+
+    return trials(), taken
+
+
+def test_agreeing_trials_stop_after_three() -> None:
+    trials, taken = fake_trials([1.0, 1.05, 0.97, 5.0, 5.0])
+    cell = measure_cell(2, 4, trials, ProfileSettings(stability_percentage=10, max_trials=10))
+    assert len(taken) == 3 and cell.stability == Stability(trials=3, spread_pct=4.3, stable=True)
+    assert (cell.threads, cell.batch, cell.runs) == (2, 4, 6)
+    assert cell.mean_s == pytest.approx(1.00667e-3, rel=1e-4)
+
+
+def test_a_cell_that_settles_late_is_measured_on_its_last_three_trials() -> None:
+    trials, taken = fake_trials([24.0, 1.0, 1.02, 0.99])
+    cell = measure_cell(1, 1, trials, ProfileSettings(max_trials=10))
+    assert len(taken) == 4 and cell.stability is not None and cell.stability.stable
+    assert cell.mean_s == pytest.approx(1.00333e-3, rel=1e-4)  # the 24 ms first trial is not in it
+
+
+def test_disagreeing_trials_stop_at_max_trials_marked_unstable() -> None:
+    trials, taken = fake_trials([1.0, 2.0] * 10)
+    cell = measure_cell(2, 2, trials, ProfileSettings(stability_percentage=10, max_trials=5))
+    assert len(taken) == 5
+    assert cell.stability == Stability(trials=5, spread_pct=50.0, stable=False)  # 1, 2, 1 around 4/3
+    assert cell.runs == 6
+
+
+def test_quick_runs_shorter_trials_under_the_same_rule() -> None:
+    quick, full = ProfileSettings.for_run(quick=True), ProfileSettings.for_run(quick=False)
+    assert quick.repeats < full.repeats and quick.min_cell_s < full.min_cell_s
+    assert (quick.stability_percentage, quick.max_trials) == (full.stability_percentage, full.max_trials) == (10, 10)
+    given = ProfileSettings.for_run(quick=True, repeats=3, stability_percentage=5, max_trials=4)
+    assert (given.quick, given.repeats, given.stability_percentage, given.max_trials) == (True, 3, 5, 4)
+
+
+def unstable_record(spec: ModelSpec) -> ProfileRecord:
+    """A synthetic profile whose t=2 b=2 cell did not settle, as a busy machine's quick profile did in issue 53."""
+    record = synthetic_record(spec, fingerprint())
+    noisy = Stability(trials=10, spread_pct=43.2, stable=False)
+    cells = tuple(
+        c.model_copy(update={"mean_s": 23.99e-3, "stability": noisy}) if (c.threads, c.batch) == (2, 2) else c
+        for c in record.cells
+    )
+    return record.model_copy(update={"cells": cells})
+
+
+def test_an_unstable_profile_is_stored_but_not_planned_from(tmp_path: Path) -> None:
+    link_example(tmp_path, "mlp")
+    spec = spec_in(tmp_path)
+    path = save_profile(spec.directory, unstable_record(spec))
+    assert json.loads(path.read_text())["profiles"][0]["cells"][6]["stability"]["stable"] is False  # t=2 b=2
+    found = load_profile(spec.directory, fingerprint(), spec)
+    assert isinstance(found, StaleProfile)
+    assert found.reason.startswith(f"{path}: unstable cells t=2 b=2 (spread 43.2%): ")
+    assert "did not agree within 10% in 10 trials" in found.reason
+    result = AutoPlanner(spec, threads=1).plan(8)
+    assert not result.from_profile and result.plan.triples == [(1, 1, 8)]  # the fat instance
+    assert "unstable cells t=2 b=2" in result.note and "using the default: the fat instance" in result.note
+
+
+def write_as_before_the_stability_rule(path: Path) -> None:
+    """Rewrite profile.json as adaserve wrote it before the stability rule: no stability settings or fields."""
+    raw = json.loads(path.read_text())
+    for profile in raw["profiles"]:
+        for key in ("stability_percentage", "max_trials"):
+            del profile["settings"][key]
+        for cell in profile["cells"]:
+            del cell["stability"]
+    path.write_text(json.dumps(raw))
+
+
+def test_a_profile_from_before_the_stability_rule_loads_and_plans_with_a_warning(tmp_path: Path) -> None:
+    link_example(tmp_path, "mlp")
+    spec = spec_in(tmp_path)
+    write_as_before_the_stability_rule(save_profile(spec.directory, synthetic_record(spec, fingerprint())))
+    found = load_profile(spec.directory, fingerprint(), spec)
+    assert isinstance(found, ProfileRecord) and all(c.stability is None for c in found.cells)
+    (warning,) = profile_warnings(found)
+    assert "predates the stability rule" in warning and "adaserve profile mlp --force" in warning
+    planner = AutoPlanner(spec, threads=1)
+    assert planner.plan(8).from_profile and planner.warnings == [warning]

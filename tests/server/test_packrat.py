@@ -14,6 +14,7 @@ from adaserve.cpu.profiler import (
     Cell,
     ProfileRecord,
     ProfileSettings,
+    Stability,
     artifact_digest,
     fingerprint,
     save_profile,
@@ -30,11 +31,13 @@ PACKRAT = {"threads": 2, "initial_batch": 1, "reconfigure_timeout_s": 1.0, "wind
 def write_profile(model_dir: Path, latency_ms: dict[int, float]) -> None:
     """A profile for this machine whose latencies are `latency_ms[t] × b`: known, so the plans are known."""
     spec = ModelRepository(model_dir.parent).read(model_dir.name)
-    cells = tuple(
-        Cell(threads=t, batch=b, mean_s=latency_ms[t] * b / 1e3, p50_s=latency_ms[t] * b / 1e3, std_s=0.0, runs=1)
-        for t in THREADS
-        for b in BATCHES
-    )
+    settled = Stability(trials=3, spread_pct=0.0, stable=True)
+
+    def cell(t: int, b: int) -> Cell:
+        mean_s = latency_ms[t] * b / 1e3
+        return Cell(threads=t, batch=b, mean_s=mean_s, p50_s=mean_s, std_s=0, runs=3, stability=settled)
+
+    cells = tuple(cell(t, b) for t in THREADS for b in BATCHES)
     record = ProfileRecord(
         fingerprint=fingerprint(),
         model=spec.name,
