@@ -9,7 +9,7 @@ at that load before any server code runs (a vCPU woken from idle, caches gone co
 adaserve's same ratio is read against it. Every case runs `--repeats` times, interleaved, and medians are reported.
 
     benchmarks/perf_analyzer_env.sh                     # once: Triton's perf_analyzer in .venv-perf
-    .venv/bin/python -m benchmarks.latency_profile      # ~15 minutes; --quick for a smoke run
+    .venv/bin/python -m benchmarks.latency_profile      # ~20 minutes; --quick for a smoke run
 
 Writes `benchmarks/results/latency_profile.json` and `.png` (with --quick: under `benchmarks/results/tmp/`).
 """

@@ -103,6 +103,7 @@ RENDERERS: dict[str, Renderer] = {
             "http_compression",
             "shared_cores",
             "hardening",
+            "latency_profile",
         )
     },
     "packrat_reconfiguration": _module_printer("benchmarks.packrat.reconfiguration"),

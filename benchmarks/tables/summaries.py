@@ -272,6 +272,17 @@ def headline_rows(results: Path) -> Iterator[tuple[str, str, str, str, str]]:
         + _verdict(all(bar["pass"] for bar in serving.values())),
         "serving_overhead.json",
     )
+    profile = read("latency_profile.json")
+    low, grpc = profile["bars"]["rest_poisson_p50"], profile["bars"]["grpc_c8_throughput"]
+    yield (
+        "serving",
+        "REST p50 at 200 req/s (Poisson) over its c=1 p50 (a canned-answer server's own ratio); gRPC c=8 req/s "
+        "over REST's",
+        f"{low['measured']:.2f}× ({profile['floor_at_bar_rate']['rest_floor_p50_over_c1_p50']:.2f}×); "
+        f"{grpc['measured']:.2f}×",
+        f"{low['target']}; {grpc['target']}: " + _verdict(low["pass"] and grpc["pass"]),
+        "latency_profile.json",
+    )
     ratios = [
         read(f"versus_{name}.json")["cases"]["c8"]["throughput_ratio"] for name in ("ray", "kserve", "torchserve")
     ]
