@@ -50,7 +50,7 @@ def main() -> int:
         "repeats": args.repeats,
         "closed_loop_request_count": args.request_count,
         "window_s": args.window_s,
-        "fractions_of_capacity": list(FRACTIONS),
+        "fractions_of_capacity": list(args.fractions),
         "bar_rate_rps": BAR_RATE,
     }
     report = report_head("latency_profile", settings)
@@ -61,9 +61,9 @@ def main() -> int:
         servers = {"adaserve": server, "rest_floor": rest, "grpc_floor": grpc}
         report["commands"] = {name: process_command(handle.pid) for name, handle in servers.items()}
         report["server_config"] = (repository / MODEL / "config.yaml").read_text()
-        capacity = {p: perf_run(perf, server, p, 8, -1, args.request_count) for p in PROTOCOLS}
+        capacity = {p: perf_run(perf, server, p, 8, -1, args.request_count) for p in PROTOCOLS if args.fractions}
         report["capacity_runs"] = list(capacity.values())
-        report["rates"] = {p: _rates(capacity[p].get("throughput_rps"), args.fractions) for p in PROTOCOLS}
+        report["rates"] = {p: _rates(capacity.get(p, {}).get("throughput_rps"), args.fractions) for p in PROTOCOLS}
         report["runs"] = [
             run
             for repeat in range(args.repeats)
@@ -79,18 +79,22 @@ def _parse_args() -> Any:
     parser = perf_parser(__doc__, request_count=3000)
     parser.add_argument("--window-s", type=float, help=f"seconds of arrivals per open-loop window (default {WINDOW_S})")
     parser.add_argument(
-        "--fractions", type=_fractions, help="offered loads as shares of capacity, e.g. 0.1,0.5 (default: FRACTIONS)"
+        "--fractions",
+        type=_fractions,
+        help="offered loads as shares of capacity, e.g. 0.1,0.5; '' for none, only the bar's rate (default: FRACTIONS)",
     )
     args = parser.parse_args()
     args.repeats = args.repeats or (1 if args.quick else 3)
     args.request_count = args.request_count or (300 if args.quick else 3000)
     args.window_s = args.window_s or (0.5 if args.quick else WINDOW_S)
-    args.fractions = args.fractions or ((0.05, 0.5) if args.quick else FRACTIONS)
+    if args.fractions is None:
+        args.fractions = (0.05, 0.5) if args.quick else FRACTIONS
     return args
 
 
 def _fractions(text: str) -> tuple[float, ...]:
-    return tuple(float(share) for share in text.split(","))
+    """Shares of capacity from "0.1,0.5"; "" for none (the bar's rate alone, and no capacity run)."""
+    return tuple(float(share) for share in text.split(",") if share.strip())
 
 
 def _rates(capacity_rps: float | None, fractions: tuple[float, ...]) -> list[float]:
