@@ -205,8 +205,9 @@ def _flag_default(action: argparse.Action) -> str:
 
 
 def _help(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
+    """The help as `--help` prints it: `%(default)s` and the like filled in, `%%` a percent sign."""
     text = action.help or ""
-    return text % {**vars(action), "prog": parser.prog} if "%(" in text else text
+    return text % {**vars(action), "prog": parser.prog} if "%" in text else text
 
 
 # -- the metrics ---------------------------------------------------------------------------------------------------
