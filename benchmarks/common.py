@@ -15,7 +15,7 @@ import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -282,3 +282,13 @@ def figure(width: float, height: float) -> Any:
     from matplotlib.figure import Figure
 
     return Figure(figsize=(width, height))
+
+
+def serve_on_port(serve: Callable[[int], Coroutine[Any, Any, None]], description: str) -> None:
+    """A floor server's command line (`benchmarks.rest_floor`, `benchmarks.grpc_floor`): `--port PORT`, served on
+    uvloop, as adaserve's frontend runs, until terminated."""
+    import uvloop
+
+    parser = argparse.ArgumentParser(description=description.splitlines()[0])
+    parser.add_argument("--port", type=int, required=True)
+    uvloop.run(serve(parser.parse_args().port))

@@ -10,13 +10,13 @@ socket pair, protobuf, HTTP/2) is measured rather than argued. Only what perf_an
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
 import grpc
 import numpy as np
-import uvloop
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
+
+from benchmarks.common import serve_on_port
 
 MODEL = "mlp"
 INPUT, OUTPUT = ("image", 784), ("logits", 10)
@@ -70,11 +70,5 @@ async def serve(port: int) -> None:
     await server.wait_for_termination()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--port", type=int, required=True)
-    uvloop.run(serve(parser.parse_args().port))
-
-
 if __name__ == "__main__":
-    main()
+    serve_on_port(serve, __doc__)

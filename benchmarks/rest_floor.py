@@ -11,11 +11,10 @@ client's own timers) adds at low load before any server's code runs.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 
-import uvloop
+from benchmarks.common import serve_on_port
 
 MODEL = "mlp"
 INPUT, OUTPUT = ("image", 784), ("logits", 10)
@@ -94,11 +93,5 @@ async def serve(port: int) -> None:
     await server.serve_forever()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--port", type=int, required=True)
-    uvloop.run(serve(parser.parse_args().port))
-
-
 if __name__ == "__main__":
-    main()
+    serve_on_port(serve, __doc__)
