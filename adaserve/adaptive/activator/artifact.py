@@ -4,7 +4,8 @@ Each build writes the next version. The JSON holds the format version, what the 
 version, the sha256 of its MLP head's weights and that of the operations and tensors before the head, '' for a
 pure MLP), the k grid, the calibration, the latency profile and how it was built; the
 npz holds the tables (int16 ranked node lists in CSR form, int32 bucket maps, float32 confidence rows) and is read
-with `allow_pickle=False`. Format 1 (before MLP heads) is read as an activator of a pure MLP. An activator built
+with `allow_pickle=False`. Format 3 adds the measured `dense_at` gate (`gate`); formats 1 and 2 are read with every
+layer sparse, as they were calibrated, and format 1 (before MLP heads) as an activator of a pure MLP. An activator built
 for other weights is refused with `ActivatorMismatchError`, which
 names both versions; the runtime then falls back to dense or fails the load, as the model's config says.
 """
@@ -24,11 +25,19 @@ from adaserve.adaptive.activator.latency import LatencyProfile
 from adaserve.adaptive.activator.lsh import NodeTables
 from adaserve.errors import ConfigError
 
-__all__ = ["FORMAT", "Activator", "ActivatorMismatchError", "load_activator", "save_activator", "versions"]
+__all__ = [
+    "FORMAT",
+    "Activator",
+    "ActivatorMismatchError",
+    "load_activator",
+    "no_dense_layers",
+    "save_activator",
+    "versions",
+]
 
-FORMAT = 2
-#: Format 1 has no `prefix_sha256`: it was written for pure MLPs only.
-_READS = (1, FORMAT)
+FORMAT = 3
+#: Format 1 has no `prefix_sha256`: it was written for pure MLPs only. Formats 1 and 2 have no `dense_at`.
+_READS = (1, 2, FORMAT)
 FOLDER = "activator"
 _TABLES = "activator.npz"
 _META = "activator.json"
@@ -50,6 +59,7 @@ class Activator:
     confidence: ConfidenceTables
     calibration: Calibration
     latency: LatencyProfile
+    dense_at: np.ndarray  # bool (k grid × layers): where the serving kernel runs a layer densely (`gate`)
     built: dict[str, Any] = field(default_factory=dict)  # provenance: when, data, inputs, command
     prefix_sha256: str = ""  # `Prefix.digest()` of the operations before the MLP head; '' for a pure MLP
     version: int = 0  # its folder under <model>/activator/, set when saved or loaded
@@ -99,6 +109,7 @@ def save_activator(model_dir: Path, activator: Activator) -> Path:
         conf_bucket_of=conf.bucket_of,
         conf_values=conf.values,
         conf_global=conf.global_mean,
+        dense_at=activator.dense_at,
     )
     cal, lat = activator.calibration, activator.latency
     meta = {
@@ -190,9 +201,22 @@ def _from_parts(meta: dict[str, Any], tables: dict[str, np.ndarray], version: in
             wall_p99_ms=np.asarray(lat["wall_p99_ms"], np.float64),
             cpu_model=str(lat["cpu_model"]),
         ),
+        dense_at=_dense_at(tables, len(meta["k_grid"]), meta["sizes"]),
         built=dict(meta.get("built", {})),
         version=version,
     )
+
+
+def no_dense_layers(grid: int, layers: int) -> np.ndarray:
+    """A `dense_at` that gates nothing: each of `layers` sparse at every k of a grid of `grid`."""
+    return np.zeros((grid, layers), np.bool_)
+
+
+def _dense_at(tables: dict[str, np.ndarray], grid: int, sizes: list[int]) -> np.ndarray:
+    """The measured gate; formats before 3 have none and run every layer sparse, as they were calibrated."""
+    if "dense_at" in tables:
+        return tables["dense_at"].astype(np.bool_, copy=False)
+    return no_dense_layers(grid, len(sizes) - 1)
 
 
 def _check_tables(activator: Activator) -> None:
@@ -231,5 +255,7 @@ def _check_tables(activator: Activator) -> None:
         problems.append("confidence values")
     if activator.latency.cpu_p99_ms.shape[1:] != (grid,) or activator.k_grid[-1] != 1.0:
         problems.append("k grid")
+    if activator.dense_at.shape != (grid, len(sizes) - 1):
+        problems.append("dense_at shape")
     if problems:
         raise ConfigError(f"inconsistent activator tables ({', '.join(problems)})")

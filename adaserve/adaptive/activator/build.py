@@ -7,10 +7,12 @@ inputs are held at once.
 1. Inputs for the tables, and labelled held-out inputs the model never saw for the calibration (`BuildData`).
 2. FreeHash nodes per hidden layer, sampled by activation variance.
 3. Node Importance tables (Algorithm 1) over the table inputs, streamed in chunks.
-4. Confidence tables: c(k, x) = −KL(full ‖ top-k) for every k of the grid, computed with the runtime's own kernel
+4. The gate (`gate`): at each k, each layer timed sparse and dense on held-out inputs; it runs sparse only where
+   that is faster. Everything after is measured on the gated kernel.
+5. Confidence tables: c(k, x) = −KL(full ‖ top-k) for every k of the grid, computed with the runtime's own kernel
    (so hashing on sparse inputs and the chosen nodes are exactly what serving will do), averaged per bucket.
-5. Calibration on the held-out part: the ACLO rule's accuracy at each confidence threshold.
-6. Latency profile T(k, β) for β = 0 … N co-located busy processes. T is the head's sparse kernel alone, without
+6. Calibration on the held-out part: the ACLO rule's accuracy at each confidence threshold.
+7. Latency profile T(k, β) for β = 0 … N co-located busy processes. T is the head's sparse kernel alone, without
    the prefix: k does not change the prefix's cost, and at run time LCAO measures the time a request has already
    spent (its t0) after its prefix ran, so the prefix is counted exactly rather than predicted. The busy processes
    run the head densely.
@@ -36,6 +38,7 @@ from adaserve.adaptive.activator.confidence import (
     estimate_distance,
     kl_divergence,
 )
+from adaserve.adaptive.activator.gate import measure_dense_layers
 from adaserve.adaptive.activator.kernel import LSH, SERVE, Kernel, PackedNetwork, node_counts
 from adaserve.adaptive.activator.latency import measure_latency
 from adaserve.adaptive.activator.layers import NO_PREFIX, MLPLayers, Prefix, extract_head
@@ -66,6 +69,7 @@ class BuildOptions:
     busy_levels: int | None = None  # N: β = 0 … N; default the CPUs this process may use
     latency_repeats: int = 300
     seed: int = 0
+    gate: bool = True  # time each layer sparse and dense (`gate`); False: sparse everywhere, as the paper
 
     def __post_init__(self) -> None:
         grid = np.asarray(self.k_grid)
@@ -136,7 +140,7 @@ def build_activator(
 def build_tables(
     layers: MLPLayers, data: BuildData, options: BuildOptions, *, progress: bool = False, prefix: Prefix = NO_PREFIX
 ) -> Activator:
-    """Steps 2-6 on flat float32 inputs of the model (`prefix` gives the head's); the result is bound to no model
+    """Steps 2-7 on flat float32 inputs of the model (`prefix` gives the head's); the result is bound to no model
     version yet (0, no digests)."""
     narrowest = min(layers.sizes[1:-1])
     if options.bits * options.tables > narrowest:
@@ -153,7 +157,7 @@ def build_tables(
     counts = node_counts(grid, network.sizes)
     levels = options.busy_levels if options.busy_levels is not None else len(os.sched_getaffinity(0))
     chunks = -(-len(x) // _CHUNK)
-    total = 1 + chunks + (len(grid) - 1) * 2 + 1 + levels + 1
+    total = 1 + chunks + 1 + (len(grid) - 1) * 2 + 1 + levels + 1
     with tqdm(total=total, disable=not progress, unit="step", desc="activator") as bar:
         steps = _Progress(bar)
         sample = _head_inputs(prefix, x[rng.permutation(len(x))[:10_000]])
@@ -178,10 +182,13 @@ def build_tables(
             np.zeros((0, len(grid)), np.float32),
             np.zeros(len(grid), np.float32),
         )
+        sparse = Kernel.sparse(network, nodes, unused, grid)
+        dense_at = measure_dense_layers(sparse, held_x[:256]) if options.gate else sparse.dense_at
+        steps.step("dense gate")
         conf_x = sample[: options.max_confidence_inputs]
-        distances = _distances(Kernel(network, nodes, unused, counts), layers, conf_x, steps)
+        distances = _distances(sparse.gated(dense_at), layers, conf_x, steps)
         confidence = build_confidence(_first_layer_keys(layers, nodes, conf_x), distances, options.bits)
-        kernel = Kernel(network, nodes, confidence, counts)
+        kernel = replace(sparse, confidence=confidence).gated(dense_at)
         calibration = _calibrate(kernel, layers, held_x, held_y, steps)
         latency = measure_latency(kernel, held_x[:256], levels, options.latency_repeats, lambda: steps.step("latency"))
         steps.step("done")
@@ -194,6 +201,7 @@ def build_tables(
         confidence=confidence,
         calibration=calibration,
         latency=latency,
+        dense_at=dense_at,
         built={"table_inputs": len(x), "confidence_inputs": len(conf_x), "held_out": len(held_x)},
     )
 

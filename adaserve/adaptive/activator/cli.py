@@ -76,6 +76,8 @@ def build_command(args: argparse.Namespace) -> int:
         f"node tables {activator.nodes.nbytes() / 1e6:.1f} MB, held-out dense accuracy {calibration.dense_accuracy:.4f}"
     )
     print("k      " + " ".join(f"{k:>6.3f}" for k in activator.k_grid))
+    plans = ("".join("d" if dense else "s" for dense in row) for row in activator.dense_at)
+    print("plan   " + " ".join(f"{plan:>6}" for plan in plans) + "  (s sparse, d dense: faster as timed here)")
     for beta, row in zip(latency.busy, latency.cpu_p99_ms, strict=True):
         print(f"β={beta} T ms " + " ".join(f"{t:>6.3f}" for t in row))
     return 0

@@ -15,6 +15,11 @@ One kernel, three plans (`plan`):
   small top-k, so the layer keeps all its nodes at no extra cost. At k = 100% this is the exact forward that skips
   zero activations: never more work than `DENSE`.
 
+  Where the build measured that a layer's dense step is faster than its sparse one at a k (`dense_at`, see
+  `adaserve.adaptive.activator.gate`), `SERVE` runs that layer as `DENSE` does: every node, a contiguous dot
+  product over the whole input (hash nodes ACLO already computed are not computed twice). A small layer with
+  dense inputs gains nothing from choosing nodes, and hashing and gathering would make it slower.
+
 Weights are flat float32 buffers: layer l at `w_off[l]`, out × in row-major in `w` (a chosen node's weights are one
 contiguous row) and in × out in `wt` (an active input's weights are one contiguous row). `parallel=False`: a
 worker owns its cores, and the kernel runs one request row on one core.
@@ -22,12 +27,12 @@ worker owns its cores, and the kernel runs one request row on one core.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from numba import njit
 
-from adaserve.adaptive.activator.artifact import Activator
+from adaserve.adaptive.activator.artifact import Activator, no_dense_layers
 from adaserve.adaptive.activator.confidence import ConfidenceTables, estimate_distance, first_within
 from adaserve.adaptive.activator.layers import MLPLayers
 from adaserve.adaptive.activator.lsh import NodeTables, bucket_keys, select_lsh
@@ -85,12 +90,26 @@ class Kernel:
     nodes: NodeTables
     confidence: ConfidenceTables
     counts: np.ndarray  # int64 (k grid × hidden layers)
+    dense_at: np.ndarray  # bool (k grid × layers): where `SERVE` runs a layer densely
 
     @classmethod
     def build(cls, network: PackedNetwork, activator: Activator) -> Kernel:
         if tuple(network.sizes) != activator.sizes:
             raise ValueError(f"activator for layers {activator.sizes}, network has {tuple(network.sizes)}")
-        return cls(network, activator.nodes, activator.confidence, node_counts(activator.k_grid, network.sizes))
+        counts = node_counts(activator.k_grid, network.sizes)
+        return cls(network, activator.nodes, activator.confidence, counts, activator.dense_at)
+
+    @classmethod
+    def sparse(cls, network: PackedNetwork, nodes: NodeTables, confidence: ConfidenceTables, k_grid: Array) -> Kernel:
+        """Sparse at every layer and k (no `dense_at` measured yet): what the build measures and gates."""
+        counts = node_counts(k_grid, network.sizes)
+        return cls(network, nodes, confidence, counts, no_dense_layers(len(k_grid), len(network.sizes) - 1))
+
+    def gated(self, dense_at: Array) -> Kernel:
+        """This kernel with `SERVE` running the layers `dense_at` names densely."""
+        if dense_at.shape != self.dense_at.shape:
+            raise ValueError(f"dense_at has shape {dense_at.shape}, the kernel's is {self.dense_at.shape}")
+        return replace(self, dense_at=dense_at.astype(np.bool_))
 
     @classmethod
     def dense(cls, network: PackedNetwork) -> Kernel:
@@ -108,7 +127,8 @@ class Kernel:
         confidence = ConfidenceTables(
             np.full((1, 2), -1, np.int32), np.zeros((0, 1), np.float32), np.zeros(1, np.float32)
         )
-        return cls(network, nodes, confidence, node_counts(np.ones(1), network.sizes))
+        counts = node_counts(np.ones(1), network.sizes)
+        return cls(network, nodes, confidence, counts, no_dense_layers(1, len(network.sizes) - 1))
 
     def run(
         self,
@@ -125,7 +145,7 @@ class Kernel:
         net, nodes, conf = self.network, self.nodes, self.confidence
         forward_rows(
             x, out, k_index, threshold, plan, ranking, seed,
-            net.sizes, net.w, net.wt, net.w_off, net.b, net.b_off, self.counts,
+            net.sizes, net.w, net.wt, net.w_off, net.b, net.b_off, self.counts, self.dense_at,
             nodes.bits, nodes.hash_nodes, nodes.bucket_of, nodes.rank_ptr, nodes.rank_nodes, nodes.global_rank,
             conf.bucket_of, conf.values, conf.global_mean,
         )  # fmt: skip
@@ -134,7 +154,7 @@ class Kernel:
 @njit(cache=True, fastmath=True)
 def forward_rows(
     x: Array, out: Array, k_index: Array, threshold: Array, plan: int, ranking: int, seed: int,
-    sizes: Array, w: Array, wt: Array, w_off: Array, b: Array, b_off: Array, counts: Array,
+    sizes: Array, w: Array, wt: Array, w_off: Array, b: Array, b_off: Array, counts: Array, dense_at: Array,
     bits: int, hash_nodes: Array, bucket_of: Array, rank_ptr: Array, rank_nodes: Array, global_rank: Array,
     conf_bucket_of: Array, conf_values: Array, conf_global: Array,
 ) -> None:  # fmt: skip
@@ -148,7 +168,7 @@ def forward_rows(
     for row in range(x.shape[0]):
         k_index[row] = _forward_row(
             x[row], out[row], k_index[row], threshold[row], plan, ranking, buffers,
-            sizes, w, wt, w_off, b, b_off, counts,
+            sizes, w, wt, w_off, b, b_off, counts, dense_at,
             bits, hash_nodes, bucket_of, rank_ptr, rank_nodes, global_rank,
             conf_bucket_of, conf_values, conf_global,
         )  # fmt: skip
@@ -174,7 +194,7 @@ def _buffers(widest: int, hashed: int, tables: int, grid: int) -> tuple[Array, .
 @njit(cache=True, fastmath=True)
 def _forward_row(
     x: Array, out: Array, k: int, threshold: float, plan: int, ranking: int, buffers: tuple[Array, ...],
-    sizes: Array, w: Array, wt: Array, w_off: Array, b: Array, b_off: Array, counts: Array,
+    sizes: Array, w: Array, wt: Array, w_off: Array, b: Array, b_off: Array, counts: Array, dense_at: Array,
     bits: int, hash_nodes: Array, bucket_of: Array, rank_ptr: Array, rank_nodes: Array, global_rank: Array,
     conf_bucket_of: Array, conf_values: Array, conf_global: Array,
 ) -> int:  # fmt: skip
@@ -196,12 +216,6 @@ def _forward_row(
         bias = b[b_off[layer] : b_off[layer] + n_out]
         is_hidden = layer < layers - 1
         gather = plan != DENSE and GATHER_COST * n_active < n_in
-        if not gather and not dense_valid:
-            dense[:n_in] = 0.0
-            for i in range(n_active):
-                dense[active[i]] = values[i]
-            dense_valid = True
-        per_row = GATHER_COST * n_active if gather else n_in
         hashing = is_hidden and plan != DENSE and ranking == LSH
         hashed_now = False
         if hashing and layer == 0 and threshold >= 0:  # ACLO: k comes from the first layer's keys
@@ -210,9 +224,17 @@ def _forward_row(
             hashed_now = True
             estimate_distance(keys, conf_bucket_of, conf_values, conf_global, estimate)
             k = first_within(estimate, threshold)
-        count = counts[k, layer] if is_hidden and plan != DENSE else n_out
+        layer_dense = plan == DENSE or (plan == SERVE and dense_at[k, layer])
+        gather = gather and not layer_dense
+        if not gather and not dense_valid:
+            dense[:n_in] = 0.0
+            for i in range(n_active):
+                dense[active[i]] = values[i]
+            dense_valid = True
+        per_row = GATHER_COST * n_active if gather else n_in
+        count = counts[k, layer] if is_hidden and not layer_dense else n_out
         column = False
-        if plan == SERVE:  # the same choice whether ACLO hashed already or not: k means one plan per input
+        if plan == SERVE and not layer_dense:  # one choice whether ACLO hashed already or not: one plan per input
             extra_hash = hash_nodes.shape[1] if hashing and count < n_out else 0
             column = COLUMN_COST * n_active * n_out < (count + extra_hash) * per_row
         if column:
@@ -242,9 +264,11 @@ def _forward_row(
         if not is_hidden:
             for node in range(n_out):
                 out[node] = pre[node] + bias[node]
-        elif plan == DENSE:
+        elif plan == DENSE or (plan == SERVE and dense_at[k, layer + 1]):  # the next layer reads `dense`
             for node in range(n_out):
-                dense[node] = max(pre[node] + bias[node], 0.0)
+                computed = count == n_out or selected[node]
+                dense[node] = max(pre[node] + bias[node], 0.0) if computed else 0.0
+            dense_valid = True
         else:
             n_active = 0
             for node in range(n_out):

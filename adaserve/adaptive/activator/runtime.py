@@ -3,7 +3,10 @@
 A request whose parameters carry `accuracy` (ACLO) or `latency_ms` (LCAO) is computed row by row by the sparse
 kernel at the k its target asks for; its response parameters say `mode` (aclo, lcao, or dense on fallback), `k`
 (the grid value used: at least the top k of every hidden layer's nodes are computed, averaged over the request's
-rows) and, for LCAO, `interference` (the β it used). Requests without a target never reach this class.
+rows), `layers` (per layer of the head, `sparse` or `dense` as the build's measured gate has it at that k, `mixed`
+where the request's rows differ) and, for LCAO, `interference` (the β it used). An accuracy target above what the
+calibration reached runs at k = 100% without hashing the input first. Requests without a target never reach this
+class.
 
 A model with an MLP head runs its prefix first, in torch, on all the request's rows at once (with the worker's
 intra-op threads, as the model itself would), then the head through the kernel. LCAO measures each row's t0 after
@@ -48,6 +51,9 @@ class ActivatorRuntime:
         self.prefix = prefix
         self.k_grid = activator.k_grid if activator is not None else np.ones(1)
         self._grid: list[float] = self.k_grid.tolist()
+        # Plain lists and strings: this runs once per request, where numpy's per-call overhead would show.
+        self._dense: list[list[bool]] = kernel.dense_at.tolist()
+        self._layers = [",".join("dense" if dense else "sparse" for dense in row) for row in self._dense]
         self.probe = InterferenceProbe()
 
     @classmethod
@@ -105,11 +111,15 @@ class ActivatorRuntime:
             self.kernel.run(x, out, np.zeros(rows, np.int64), np.full(rows, -1.0))
             return {"mode": "dense", "k": 1.0}
         if target.mode == "aclo":
-            k_index = np.zeros(rows, np.int64)
             calibration = self.activator.calibration
             threshold = aclo_threshold(calibration.thresholds, calibration.accuracy, target.value)
-            self.kernel.run(x, out, k_index, np.full(rows, threshold))
-            return {"mode": "aclo", "k": self._mean_k(k_index.tolist())}
+            if threshold > 0:
+                k_index = np.zeros(rows, np.int64)
+                self.kernel.run(x, out, k_index, np.full(rows, threshold))
+            else:  # k = 100% for every input: the estimate would not change it
+                k_index = np.full(rows, len(self.k_grid) - 1, np.int64)
+                self.kernel.run(x, out, k_index, np.full(rows, -1.0))
+            return {"mode": "aclo", **self._chosen(k_index.tolist())}
         beta = self.probe.busy
         latency = self.activator.latency.at(beta)
         arrived = values.get(ARRIVED_NS)
@@ -120,7 +130,14 @@ class ActivatorRuntime:
             k_index[0] = lcao_index(latency, target.value - waited_ms)
             self.kernel.run(x[row : row + 1], out[row : row + 1], k_index, no_threshold)
             chosen.append(int(k_index[0]))
-        return {"mode": "lcao", "k": self._mean_k(chosen), "interference": round(beta, 2)}
+        return {"mode": "lcao", **self._chosen(chosen), "interference": round(beta, 2)}
 
-    def _mean_k(self, indexes: list[int]) -> float:
-        return round(sum(self._grid[i] for i in indexes) / len(indexes), 4)
+    def _chosen(self, indexes: list[int]) -> dict[str, Any]:
+        """`k` (mean over the rows) and `layers` for rows run at these grid indexes."""
+        k = round(sum(self._grid[i] for i in indexes) / len(indexes), 4)
+        distinct = set(indexes)
+        if len(distinct) == 1:
+            return {"k": k, "layers": self._layers[indexes[0]]}
+        per_layer = zip(*(self._dense[i] for i in distinct), strict=True)
+        plans = ("dense" if all(rows) else "mixed" if any(rows) else "sparse" for rows in per_layer)
+        return {"k": k, "layers": ",".join(plans)}

@@ -31,6 +31,8 @@ def test_a_saved_activator_loads_back_equal_as_the_next_version(tmp_path: Path, 
     np.testing.assert_array_equal(loaded.confidence.values, bound.confidence.values)
     np.testing.assert_array_equal(loaded.calibration.accuracy, bound.calibration.accuracy)
     np.testing.assert_array_equal(loaded.latency.cpu_p99_ms, bound.latency.cpu_p99_ms)
+    assert loaded.dense_at.dtype == np.bool_
+    np.testing.assert_array_equal(loaded.dense_at, bound.dense_at)
     loaded.check(3, "ab" * 32)
 
 
@@ -84,3 +86,21 @@ def test_a_format_1_activator_still_loads_as_one_for_a_pure_mlp(tmp_path: Path, 
     loaded = load_activator(tmp_path)
     assert loaded.prefix_sha256 == ""
     loaded.check(1, "ab" * 32)
+
+
+def test_a_format_2_activator_without_a_gate_runs_every_layer_sparse(tmp_path: Path, activator: Activator) -> None:
+    gated = replace(activator, dense_at=np.ones_like(activator.dense_at))
+    folder = save_activator(tmp_path, gated)
+    with np.load(folder / "activator.npz") as arrays:
+        tables = {name: arrays[name] for name in arrays.files if name != "dense_at"}
+    np.savez(folder / "activator.npz", **tables)
+    meta = json.loads((folder / "activator.json").read_text())
+    (folder / "activator.json").write_text(json.dumps({**meta, "format": 2}))
+    loaded = load_activator(tmp_path)
+    assert loaded.dense_at.shape == activator.dense_at.shape and not loaded.dense_at.any()
+
+
+def test_a_gate_of_the_wrong_shape_is_refused(tmp_path: Path, activator: Activator) -> None:
+    save_activator(tmp_path, replace(activator, dense_at=np.zeros((1, 1), np.bool_)))
+    with pytest.raises(ConfigError, match="dense_at shape"):
+        load_activator(tmp_path)

@@ -40,9 +40,13 @@ def test_build_writes_the_next_version_bound_to_the_model(tmp_path: Path, capsys
     x, y = tiny_data(1500)
     np.savez(tmp_path / "data.npz", x=x, y=y)
     assert _build(repository, tmp_path / "data.npz", "--bits", "3", "--tables", "4") == 0
-    assert "wrote" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "wrote" in printed
     activator = load_activator(repository / "tiny")
     assert activator.version == 1 and activator.model_version == 1 and activator.sizes == SIZES
+    gate = next(line for line in printed.splitlines() if line.startswith("plan "))
+    plans = ["".join("ds"[not dense] for dense in row) for row in activator.dense_at]
+    assert gate.split()[1 : 1 + len(activator.k_grid)] == plans
     assert activator.built["data"].endswith("1200 inputs for the tables, 300 held out")
 
 

@@ -99,7 +99,9 @@ def test_a_cnn_activator_is_built_on_head_inputs_and_serves_the_model_at_k_100(t
     assert runtime.activator is not None and not runtime.prefix.empty
     rows = np.ascontiguousarray(x[600:604])
     out = np.empty((4, 10), np.float32)
-    assert runtime.run([rows], [out], {"latency_ms": 1e6}) == {"mode": "lcao", "k": 1.0, "interference": 0.0}
+    parameters = runtime.run([rows], [out], {"latency_ms": 1e6})
+    gated = ",".join("dense" if dense else "sparse" for dense in activator.dense_at[-1])  # the build's, at k = 100%
+    assert parameters == {"mode": "lcao", "k": 1.0, "layers": gated, "interference": 0.0}
     np.testing.assert_allclose(out, _run(model, rows), rtol=1e-4, atol=1e-5)
     parameters = runtime.run([rows], [out], {"accuracy": 0.5})
     assert parameters["mode"] == "aclo" and 0 < parameters["k"] <= 1

@@ -1,4 +1,5 @@
-"""The compiled forward: dense plan = torch, k = 100% = dense, top-k = a masked torch forward."""
+"""The compiled forward: dense plan = torch, k = 100% = dense, top-k = a masked torch forward, a layer gated dense
+computes all its nodes."""
 
 from __future__ import annotations
 
@@ -98,3 +99,43 @@ def test_aclo_picks_k_per_row_from_the_confidence_tables(kernel: Kernel) -> None
     assert (chosen == len(kernel.counts) - 1).all() or np.allclose(out, _torch(x), atol=1e-4)
     kernel.run(x, out, chosen, np.full(len(x), 1e9))  # any distance is within δ: the smallest k
     assert (chosen == 0).all()
+
+
+def _gated_run(kernel: Kernel, x: np.ndarray, index: int, dense_at: np.ndarray, threshold: float = -1.0) -> np.ndarray:
+    out = np.empty((len(x), int(kernel.network.sizes[-1])), np.float32)
+    kernel.gated(dense_at).run(x, out, np.full(len(x), index, np.int64), np.full(len(x), threshold))
+    return out
+
+
+def test_every_layer_gated_dense_is_the_dense_forward_at_every_k(kernel: Kernel) -> None:
+    x, _ = tiny_data(32, seed=12)
+    dense_at = np.ones_like(kernel.dense_at)
+    for index in range(len(kernel.counts)):
+        np.testing.assert_allclose(_gated_run(kernel, x, index, dense_at), _torch(x), rtol=1e-4, atol=1e-5)
+    # ACLO hashes the first layer to choose k; the gated layer then computes the rest of its nodes
+    np.testing.assert_allclose(_gated_run(kernel, x, 0, dense_at, threshold=1e9), _torch(x), rtol=1e-4, atol=1e-5)
+
+
+def test_at_k_100_any_gate_is_the_dense_forward(kernel: Kernel) -> None:
+    x, _ = tiny_data(16, seed=13)
+    full = len(kernel.counts) - 1
+    layers = kernel.dense_at.shape[1]
+    for pattern in range(1 << layers):
+        dense_at = np.zeros_like(kernel.dense_at)
+        dense_at[full] = [(pattern >> layer) & 1 for layer in range(layers)]
+        np.testing.assert_allclose(_gated_run(kernel, x, full, dense_at), _torch(x), rtol=1e-4, atol=1e-5)
+
+
+def test_a_gate_changes_only_the_layers_and_ks_it_names(kernel: Kernel) -> None:
+    """The output layer computes every node either way; a hidden layer gated dense computes all it had dropped."""
+    x, _ = tiny_data(64, seed=14)
+    sparse = np.zeros_like(kernel.dense_at)
+    output_only, first_hidden = sparse.copy(), sparse.copy()
+    output_only[:, -1] = True
+    first_hidden[0, 0] = True
+    for index in range(len(kernel.counts)):
+        np.testing.assert_allclose(
+            _gated_run(kernel, x, index, output_only), _gated_run(kernel, x, index, sparse), rtol=1e-4, atol=1e-5
+        )
+    assert not np.allclose(_gated_run(kernel, x, 0, first_hidden), _gated_run(kernel, x, 0, sparse), atol=1e-5)
+    np.testing.assert_array_equal(_gated_run(kernel, x, 1, first_hidden), _gated_run(kernel, x, 1, sparse))

@@ -107,6 +107,8 @@ def test_plain_requests_are_unchanged_and_targeted_ones_report_k_and_mode(
     _, parameters = _infer(server, "mlp_slo", images[:1], {"accuracy": 0.8})
     assert parameters["mode"] == "aclo" and parameters["k"] in DEFAULT_GRID
     exact, parameters = _infer(server, "mlp_slo", images[:4], {"accuracy": 1.0})  # unreachable: k = 100%
+    layers = parameters.pop("layers").split(",")  # which ran dense is the build's measurement
+    assert len(layers) == 3 and set(layers) <= {"sparse", "dense"}
     assert parameters == {"mode": "aclo", "k": 1.0}
     np.testing.assert_allclose(exact, reference, rtol=1e-4, atol=1e-4)
 
