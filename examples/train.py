@@ -59,14 +59,20 @@ def main(argv: list[str] | None = None) -> None:
         ("mlp_torchscript", mlp_model, flat_x, "torchscript"),
     ]
     for name, model, rows, fmt in artifacts:
-        path = write_model(
-            args.out, classifier_config(name, rows.shape[1:]), model, (torch.from_numpy(rows[:2]),), fmt=fmt
-        )
-        (path.parent.parent / LABELS).write_text("\n".join(FASHION_MNIST_CLASSES) + "\n")
+        path = write_classifier(args.out, classifier_config(name, rows.shape[1:]), model, rows, fmt)
         accuracy = evaluate(load_artifact(path), rows, test_y)
         metrics = {"test_accuracy": accuracy, "trained_with": trained_with, "seed": args.seed}
         (path.parent / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
         print(f"{path}: test accuracy {accuracy:.4f}")
+
+
+def write_classifier(
+    repository: Path, config: ModelConfig, model: nn.Module, rows: np.ndarray, fmt: ArtifactFormat = "torch_export"
+) -> Path:
+    """Write the model (traced on two of `rows`) and the `labels.txt` its config names; returns the artifact."""
+    path = write_model(repository, config, model, (torch.from_numpy(rows[:2]),), fmt=fmt)
+    (path.parent.parent / LABELS).write_text("\n".join(FASHION_MNIST_CLASSES) + "\n")
+    return path
 
 
 def classifier_config(name: str, row_shape: tuple[int, ...]) -> ModelConfig:

@@ -14,10 +14,9 @@ from pathlib import Path
 import torch
 
 from adaserve.datasets import load_fashion_mnist
-from adaserve.export import write_model
 from adaserve.zoo import mlp
 from benchmarks.common import SCRATCH
-from examples.train import classifier_config, evaluate, train
+from examples.train import classifier_config, evaluate, train, write_classifier
 
 REPOSITORY = SCRATCH / "slo_nns" / "models"
 
@@ -50,7 +49,7 @@ def ensure_model(spec: MLPSpec, repository: Path = REPOSITORY) -> Path:
     model = train(spec.name, mlp(list(spec.sizes)), train_x.flatten(1), train_y, spec.epochs, spec.lr, SEED)
     rows = test_x.reshape(len(test_x), -1)
     config = classifier_config(spec.name, rows.shape[1:]).model_copy(update={"workers": None})
-    path = write_model(repository, config, model, (torch.from_numpy(rows[:2]),))
+    path = write_classifier(repository, config, model, rows)
     model.eval()
     accuracy = evaluate(model, rows, test_y)
     record = {
