@@ -1,9 +1,16 @@
-"""Per-model measurements that eviction policies read: size S_i, load penalty P_i, and the request rate.
+"""Per-model measurements that eviction policies read: size S_i, load penalty P_i, and the time to its next request.
 
-The rate gives mCache's expected time to the next request, T_i ≈ 1/Δ_i (paper §4.3.2: "we estimate the request rate
-Δ_i via a sliding-window or exponentially weighted moving average"). Here Δ_i is a continuous-time EWMA: every request
-adds 1/τ, and the sum decays by exp(-Δt/τ). Unlike an average of inter-arrival gaps it keeps falling while a model
-goes unrequested, so a model that was popular an hour ago does not look popular forever.
+T_i, mCache's expected time to a model's next request, is estimated from the model's own gaps (paper §4.3.2
+estimates the rate Δ_i = 1/T_i "via a sliding-window or exponentially weighted moving average"):
+
+    T_i(now) = max(ḡ_i, now − last request of i)        ḡ_i: an EWMA of i's gaps between requests (weight 0.2)
+
+One fixed time constant for every model (this was a continuous-time EWMA with τ = 600 s) fits one time scale only:
+with models requested hours apart every estimate decayed to nothing and IAM ranked by recency alone. A mean of the
+model's own gaps has no time scale, and the second term lets a silence count against the model as soon as it is
+longer than its usual gap, so a model that was popular an hour ago does not look popular forever. Requests at one
+instant (a controller's per-second counts) share the gap before them, and a model's first request counts the time
+since the registry's first request as a gap: it was not requested for that long.
 
 P_i is a model's own load time, smoothed per model, plus the wait for a host process to take it, smoothed over every
 model's loads. The wait is the server's, not the model's: with a spare host it is ~0 when a spare was ready and the
@@ -22,8 +29,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-#: τ of the request-rate EWMA: a request stops counting after a few τ without another.
-DEFAULT_RATE_TIME_CONSTANT_S = 600.0
+#: Weight of the newest gap in the smoothed gap ḡ_i: about the last 9 gaps count.
+DEFAULT_GAP_SMOOTHING = 0.2
+#: The least T_i: only keeps 1/T_i finite when every known gap is 0 (a burst at one instant).
+MIN_GAP_S = 1e-6
 #: Weight of the newest load time in the smoothed load penalty P_i.
 DEFAULT_PENALTY_SMOOTHING = 0.3
 
@@ -37,7 +46,10 @@ class ModelStats:
     loads: int = 0
     requests: int = 0
     last_request_s: float | None = None
-    rate_per_s: float = 0.0  # the EWMA as of last_request_s
+    mean_gap_s: float | None = None  # ḡ_i; None until a gap is known
+    burst: int = 0  # requests at last_request_s
+    burst_gap_s: float | None = None  # the gap before that instant, which its requests share
+    gap_before_burst_s: float | None = None  # ḡ_i before that instant
 
 
 class StatsRegistry:
@@ -46,26 +58,41 @@ class StatsRegistry:
     def __init__(
         self,
         *,
-        rate_time_constant_s: float = DEFAULT_RATE_TIME_CONSTANT_S,
+        gap_smoothing: float = DEFAULT_GAP_SMOOTHING,
         penalty_smoothing: float = DEFAULT_PENALTY_SMOOTHING,
     ) -> None:
-        if rate_time_constant_s <= 0:
-            raise ValueError(f"rate_time_constant_s must be positive, got {rate_time_constant_s}")
+        if not 0 < gap_smoothing <= 1:
+            raise ValueError(f"gap_smoothing must be in (0, 1], got {gap_smoothing}")
         if not 0 < penalty_smoothing <= 1:
             raise ValueError(f"penalty_smoothing must be in (0, 1], got {penalty_smoothing}")
-        self.rate_time_constant_s = rate_time_constant_s
+        self.gap_smoothing = gap_smoothing
         self.penalty_smoothing = penalty_smoothing
         self.host_wait_s: float | None = None  # smoothed over every model's loads; None before the first
+        self.first_request_s: float | None = None  # of any model: a model's first request counts the gap since
         self._models: dict[str, ModelStats] = {}
 
     def get(self, name: str) -> ModelStats:
         return self._models.setdefault(name, ModelStats())
 
     def record_request(self, name: str, now: float) -> None:
+        """Count a request and update ḡ_i: k requests at one instant are k gaps of (gap before them) / k each."""
         stats = self.get(name)
-        stats.rate_per_s = self.rate(name, now) + 1.0 / self.rate_time_constant_s
-        stats.last_request_s = now
         stats.requests += 1
+        if self.first_request_s is None:
+            self.first_request_s = now
+        if stats.last_request_s is not None and now <= stats.last_request_s:
+            stats.burst += 1  # same instant (or a caller's clock that stepped back): one more share of the gap
+        else:
+            since = now - (self.first_request_s if stats.last_request_s is None else stats.last_request_s)
+            unknown = stats.last_request_s is None and since == 0  # the registry's first instant: no gap yet
+            stats.burst, stats.burst_gap_s = 1, None if unknown else since
+            stats.gap_before_burst_s = stats.mean_gap_s
+            stats.last_request_s = now
+        if stats.burst_gap_s is not None:
+            share = stats.burst_gap_s / stats.burst
+            before = stats.gap_before_burst_s
+            kept = (1 - self.gap_smoothing) ** stats.burst  # weight left to ḡ_i after `burst` samples of `share`
+            stats.mean_gap_s = share if before is None else kept * before + (1 - kept) * share
 
     def record_load(self, name: str, seconds: float, size_bytes: int, host_wait_s: float = 0.0) -> None:
         """A load of `name` took `seconds`, `host_wait_s` of them waiting for a host process, and the model occupies
@@ -81,18 +108,17 @@ class StatsRegistry:
         stats.size_bytes = size_bytes
         stats.loads += 1
 
-    def rate(self, name: str, now: float) -> float:
-        """Δ_i: requests per second, decayed to `now`."""
+    def expected_gap_s(self, name: str, now: float) -> float:
+        """T_i = max(ḡ_i, time since the last request): the expected time to the next request; infinite for a
+        model never requested."""
         stats = self.get(name)
         if stats.last_request_s is None:
-            return 0.0
-        elapsed = max(0.0, now - stats.last_request_s)
-        return stats.rate_per_s * math.exp(-elapsed / self.rate_time_constant_s)
+            return math.inf
+        return max(stats.mean_gap_s or 0.0, now - stats.last_request_s, MIN_GAP_S)
 
-    def expected_gap_s(self, name: str, now: float) -> float:
-        """T_i ≈ 1/Δ_i, the expected time to the next request; infinite for a model never requested."""
-        rate = self.rate(name, now)
-        return math.inf if rate == 0 else 1.0 / rate
+    def rate(self, name: str, now: float) -> float:
+        """Δ_i = 1/T_i: requests per second as of `now`; 0 for a model never requested."""
+        return 1.0 / self.expected_gap_s(name, now)
 
     def size_bytes(self, name: str) -> int | None:
         return self.get(name).size_bytes

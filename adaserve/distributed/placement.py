@@ -26,9 +26,11 @@ victims from its importance queue, which can be up to one refresh period old; bo
 utility crossed another since the node's last refresh.
 
 Ordering the cluster's replicas by utility at every placement would cost O(replicas); instead each replica keeps a
-key that orders them all and changes only when the model is requested or loaded: the request-rate EWMA decays every
-model by the same exp(-Δt/τ), so log u_i(t) + t/τ does not depend on t (`stats.py`). The replicas stay sorted by
-that key, so a placement visits them least useful first and stops as soon as no later node can be cheaper.
+key that orders them all and changes only when the model is requested or loaded: u_i as of the model's last request,
+when T_i is its smoothed gap ḡ_i (`stats.py`). The replicas stay sorted by that key, so a placement visits them least
+useful first and stops as soon as no later node can be cheaper. The key does not count a silence longer than ḡ_i,
+which each node's IAM does at its next refresh: T_i follows each model's own gaps, so no one shift of the keys keeps
+them in the order of u_i at every moment, as a shared decay once did.
 """
 
 from __future__ import annotations
@@ -242,13 +244,12 @@ class IAMPlacement(PlacementPolicy):
         return self._iam
 
     def order_key(self, stats: StatsRegistry, model: str, last_use_s: float) -> float | None:
-        """log u_i(t) + t/τ at t = the model's last request (where the EWMA has not decayed yet): the same for any
-        t until the model's next request or load, and in the order of u_i at every moment."""
+        """log u_i at the model's last request (T_i = ḡ_i there): fixed until its next request or load."""
         last = stats.get(model).last_request_s
         if last is None:
             return -math.inf
         utility = self._policy(stats).utility(model, last)
-        return math.log(utility) + last / stats.rate_time_constant_s if utility > 0 else -math.inf
+        return math.log(utility) if utility > 0 else -math.inf
 
     def choose(self, room: Room, now: float) -> str | None:
         free = room.most_free()

@@ -37,16 +37,18 @@ def ask(cluster: Placement, counts: dict[str, int], now: float) -> None:
 
 
 def skewed(placement: str) -> Placement:
-    """Node a holds x (5 bytes, 1 request at t=1) and y (5 bytes, 4 requests at t=3); node b holds z (10 bytes, 3
-    requests at t=2). Utility P·Δ/S (every P 1 s): x 0.2/τ < z 0.3/τ < y 0.8/τ, so x, z, y rank 0, 1, 2 cluster-wide;
-    by last use x (t=1) is the oldest."""
+    """Node a holds x (5 bytes, 1 request at t=1) and y (5 bytes, 6 requests at t=3); node b holds z (10 bytes, 5
+    requests at t=2); the cluster's first request, at t=0, starts every model's first gap. Utility P·Δ/S (every P
+    1 s, Δ = requests / time since t=0): x 0.2 < z 0.25 < y 0.4, so x, z, y rank 0, 1, 2 cluster-wide; by last use x
+    (t=1) is the oldest."""
     made = cluster({"a": 10, "b": 10}, placement=placement, eviction=placement)
     put(made, "a", "x", 5)
     put(made, "a", "y", 5)
     put(made, "b", "z", 10)
+    ask(made, {"never-placed": 1}, 0.0)
     ask(made, {"x": 1}, 1.0)
-    ask(made, {"z": 3}, 2.0)
-    ask(made, {"y": 4}, 3.0)
+    ask(made, {"z": 5}, 2.0)
+    ask(made, {"y": 6}, 3.0)
     return made
 
 
@@ -166,10 +168,11 @@ def test_requests_feed_the_shared_statistics_and_each_holder_s_eviction_policy()
     put(made, "a", "x", 5)
     put(made, "a", "y", 5)
     put(made, "b", "x", 5)
+    ask(made, {"y": 1}, 1.0)
     ask(made, {"x": 3, "never-placed": 2}, 31.0)
     assert made.stats.get("x").requests == 3 and made.stats.get("never-placed").requests == 2
-    assert made.stats.rate("x", 31.0) == pytest.approx(3 / made.stats.rate_time_constant_s)
-    ask(made, {"y": 1}, 32.0)  # y: one request, x: three; same size and load time
+    assert made.stats.rate("x", 31.0) == pytest.approx(3 / 30)  # three in the 30 s since the cluster's first
+    ask(made, {"y": 1}, 32.0)  # y: two requests 31 s apart, x: three in 30 s; same size and load time
     # a's IAM queue, refreshed by the requests past its 30 s period, keeps the busier x
     assert made.place("z", 5, 33.0, exclude=["b"]) == Decision("a", ["y"])
     lru = cluster({"a": 10}, eviction="lru", placement="lru")

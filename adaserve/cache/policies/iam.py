@@ -5,7 +5,8 @@ Definitions, quoted from the paper:
 * Utility (Eq. 1): "Utility(i) = P_i / S_i · 1 / T_i where P_i denotes the cache miss penalty of model i, which is
   equivalent to the cold start-related latency overhead. S_i denotes the memory usage of model i, and T_i denotes
   the time to the next incoming invocation request for model i." Here P_i is the smoothed load time, S_i the
-  measured size, and T_i ≈ 1/Δ_i from the request-rate EWMA (`adaserve.cache.stats`), so u_i = P_i · Δ_i / S_i.
+  measured size, and T_i = max(ḡ_i, time since its last request) from the model's smoothed gap ḡ_i
+  (`adaserve.cache.stats`), so u_i = P_i · Δ_i / S_i with Δ_i = 1/T_i.
 * Rank-based importance (Eq. 2): "rank_i = log(Σ_{j=1, j≠i}^{C} F(u_i > u_j) + b_0) ... b_0 serves as a bias to
   adjust the range of ranks on a logarithmic scale. F is an indicator function that returns a value of 1 when the
   condition u_i > u_j is true, and 0 otherwise." C is the set of models in the cache.
@@ -108,7 +109,7 @@ class IAMPolicy(EvictionPolicy):
         return self.stats.penalty_s(name) / size / self.time_to_next(name, now)
 
     def time_to_next(self, name: str, now: float) -> float:
-        """T_i as the paper's §4.3.2 estimates it: 1/Δ_i from the request-rate EWMA."""
+        """T_i from the model's own gaps (`StatsRegistry.expected_gap_s`), as §4.3.2 estimates it from Δ_i."""
         return self.stats.expected_gap_s(name, now)
 
     def importance(self, name: str, now: float) -> float:

@@ -10,11 +10,15 @@ TAU = 100.0
 
 
 def _iam(budget: int = 100, **options: float) -> Driver:
-    return driver("iam", budget, stats=StatsRegistry(rate_time_constant_s=TAU), **options)
+    """An IAM cache whose statistics saw a first request TAU s before 0, so `requests` requests at 0 give Δ =
+    requests / TAU (they share the gap since)."""
+    stats = StatsRegistry()
+    stats.record_request("clock start", -TAU)
+    return driver("iam", budget, stats=stats, **options)
 
 
 def _load(cache: Driver, name: str, *, penalty: float, size: int, requests: int, now: float = 0.0) -> None:
-    """`requests` requests at `now` (Δ = requests / τ), then a load taking `penalty` s of `size` bytes."""
+    """`requests` requests at `now` (Δ = requests / TAU), then a load taking `penalty` s of `size` bytes."""
     cache.sizes[name], cache.penalties[name] = size, penalty
     for _ in range(requests):
         cache.request(name, now)
