@@ -8,7 +8,7 @@ import pytest
 
 from adaserve.cache.simulator import ModelFigures
 from adaserve.cache.workload import Request
-from benchmarks.mcache.simulate import bars, limit, summarize_limits
+from benchmarks.mcache.simulate import bars, limit, optimum_bars, optimum_distance, summarize_limits
 
 
 def cell(throughput: float, wait: float) -> dict[str, float]:
@@ -40,3 +40,31 @@ def test_the_limit_of_a_sequence_is_its_least_load_time_with_the_execution_besid
     assert figures["least_mean_load_wait_s"] == pytest.approx(2.0)
     rows = [{"assign": "random", "share": 0.4, **figures}, {"assign": "random", "share": 0.4, **figures}]
     assert summarize_limits(rows)["random"]["40%"]["least_load_s"] == pytest.approx(8.0)
+
+
+def test_the_limit_carries_the_exact_optimum_which_no_relaxation_passes() -> None:
+    models = {"a": ModelFigures(2, 1.0, 0.5), "b": ModelFigures(2, 3.0, 0.5)}
+    requests = [Request(float(i), name) for i, name in enumerate("abab")]
+    figures = limit(requests, models, 3)  # one model at a time: the optimum pays every load, the LP half of two
+    assert figures["optimal_load_s"] == pytest.approx(8.0) and figures["optimal_proven"] == 1.0
+    assert figures["least_load_s"] <= figures["optimal_bound_s"] <= figures["optimal_load_s"]
+    assert figures["optimal_throughput_rps"] == pytest.approx(4 / (8.0 + 2.0))
+
+
+def test_issue_bars_judge_iam_against_the_optimum_gdsf_and_lru() -> None:
+    def figures(throughput: float, wait: float) -> dict[str, float]:
+        return {"throughput_rps": throughput, "mean_load_wait_s": wait, "loading_s": wait * 10}
+
+    shares = ("20%", "40%", "60%", "80%")
+    summary: dict[str, Any] = {
+        "random": {
+            share: {"iam": figures(0.9, 0.6), "gdsf": figures(0.9, 0.7), "lru": figures(0.8, 1.0)} for share in shares
+        }
+    }
+    limits = {"random": {share: {"optimal_throughput_rps": 1.0, "optimal_load_s": 5.0} for share in shares}}
+    summary["random"]["80%"]["iam"] = figures(0.9, 0.7)  # 30% below LRU's, as low as GDSF's
+    checks = {check["bar"]: check["pass"] for check in optimum_bars(summary, limits)}
+    assert checks["IAM throughput vs the optimum at 40%"] and checks["IAM vs GDSF mean load time at 80%"]
+    assert checks["IAM vs LRU mean load time at 60%"] and not checks["IAM vs LRU mean load time at 80%"]
+    distance = optimum_distance(summary, limits)
+    assert distance["iam"] == pytest.approx({"load_time_ratio": 1.25, "throughput_ratio": 0.9})

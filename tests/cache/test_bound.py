@@ -3,11 +3,12 @@ policy achieves in the simulator."""
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
 
-from adaserve.cache.bound import least_load_seconds
+from adaserve.cache.bound import least_load_seconds, optimal_load_seconds
 from adaserve.cache.policies import POLICIES
 from adaserve.cache.simulator import ModelFigures, simulate
 from adaserve.cache.workload import Request
@@ -40,9 +41,63 @@ def test_with_one_size_and_one_cost_the_bound_is_beladys_optimum(seed: int) -> N
     assert least_load_seconds(sequence, models, capacity) == pytest.approx(belady_loads(sequence, capacity))
 
 
+def brute_force_load_seconds(sequence: list[str], models: dict[str, ModelFigures], budget: int) -> float:
+    """The least load time over every eviction schedule: after each request, keep any subset of the resident models
+    and the requested one (which must stay) that fits. Every schedule passes through these states, so the least over
+    all of them, step by step, is the optimum."""
+    best: dict[frozenset[str], float] = {frozenset(): 0.0}
+    for name in sequence:
+        following: dict[frozenset[str], float] = {}
+        for resident, cost in best.items():
+            paid = cost + (0.0 if name in resident else models[name].load_s)
+            others = sorted(resident - {name})
+            for count in range(len(others) + 1):
+                for kept in itertools.combinations(others, count):
+                    after = frozenset((*kept, name))
+                    if sum(models[m].size_bytes for m in after) <= budget and paid < following.get(after, float("inf")):
+                        following[after] = paid
+        best = following
+    return min(best.values())
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_the_integer_program_is_the_optimum_over_every_schedule_and_the_lp_is_below_it(seed: int) -> None:
+    rng = random.Random(seed)
+    models = {
+        f"m{i}": ModelFigures(size_bytes=rng.randint(1, 10), load_s=rng.uniform(0.1, 3.0), exec_s=0.01)
+        for i in range(rng.randint(3, 4))
+    }
+    sequence = rng.choices(list(models), k=rng.randint(8, 12))
+    budget = rng.randint(max(m.size_bytes for m in models.values()), sum(m.size_bytes for m in models.values()))
+    exact = brute_force_load_seconds(sequence, models, budget)
+    optimum = optimal_load_seconds(sequence, models, budget)
+    assert optimum.optimal and optimum.load_s == pytest.approx(exact) and optimum.bound_s == pytest.approx(exact)
+    assert least_load_seconds(sequence, models, budget) <= exact + 1e-9
+
+
+def test_the_integer_program_does_not_split_a_model_where_the_lp_does() -> None:
+    """Three 2-byte models in 3 bytes, asked in turn: the LP evicts half of two, the integer program one whole."""
+    models = {name: ModelFigures(2, 1.0, 0.01) for name in "abc"}
+    sequence = list("abcabc")
+    assert least_load_seconds(sequence, models, 3) == pytest.approx(5.0)
+    assert optimal_load_seconds(sequence, models, 3).load_s == pytest.approx(6.0)
+    assert brute_force_load_seconds(sequence, models, 3) == pytest.approx(6.0)
+
+
+def test_the_integer_program_stops_at_its_time_limit_with_a_schedule_and_a_bound() -> None:
+    rng = random.Random(7)
+    models = {f"m{i}": ModelFigures(rng.randint(10, 100), rng.uniform(0.1, 3.0), 0.01) for i in range(12)}
+    sequence = rng.choices(list(models), k=3000)
+    budget = sum(m.size_bytes for m in models.values()) // 2
+    optimum = optimal_load_seconds(sequence, models, budget, time_limit_s=0.5)
+    assert optimum.bound_s <= optimum.load_s + 1e-6
+    assert least_load_seconds(sequence, models, budget) <= optimum.load_s + 1e-6
+
+
 def test_when_every_model_fits_only_the_first_loads_count() -> None:
     models = {"a": ModelFigures(3, 2.0, 0.1), "b": ModelFigures(4, 0.5, 0.1)}
     assert least_load_seconds(["a", "b", "a", "a", "b"], models, 7) == pytest.approx(2.5)
+    assert optimal_load_seconds(["a", "b", "a", "a", "b"], models, 7).load_s == pytest.approx(2.5)
 
 
 def test_a_model_larger_than_the_budget_is_refused() -> None:
