@@ -2,18 +2,19 @@
 
 Each build writes the next version. The JSON holds the format version, what the activator is bound to (the model
 version, the sha256 of its MLP head's weights and that of the operations and tensors before the head, '' for a
-pure MLP), the k grid, the calibration, the latency profile and how it was built; the
-npz holds the tables (int16 ranked node lists in CSR form, int32 bucket maps, float32 confidence rows) and is read
-with `allow_pickle=False`. Format 3 adds the measured `dense_at` gate (`gate`); formats 1 and 2 are read with every
-layer sparse, as they were calibrated, and format 1 (before MLP heads) as an activator of a pure MLP. An activator built
-for other weights is refused with `ActivatorMismatchError`, which
-names both versions; the runtime then falls back to dense or fails the load, as the model's config says.
+pure MLP), the k grid, the calibration, the latency profile and how it was built; the npz holds the tables (int16
+ranked node lists in CSR form, int32 bucket maps, float32 confidence rows) and is read with `allow_pickle=False`.
+Format 3 adds what the build timed (`gate`): `dense_at` and `aclo_from`. Formats 1 and 2 are read with every layer
+sparse and ACLO at every threshold, as they were calibrated, and format 1 (before MLP heads) as an activator of a
+pure MLP. An activator built for other weights is refused with `ActivatorMismatchError`, which names both versions;
+the runtime then falls back to dense or fails the load, as the model's config says.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,7 @@ class Activator:
     calibration: Calibration
     latency: LatencyProfile
     dense_at: np.ndarray  # bool (k grid × layers): where the serving kernel runs a layer densely (`gate`)
+    aclo_from: float  # the least threshold at which ACLO is faster than k = 100% (`gate`); inf: never
     built: dict[str, Any] = field(default_factory=dict)  # provenance: when, data, inputs, command
     prefix_sha256: str = ""  # `Prefix.digest()` of the operations before the MLP head; '' for a pure MLP
     version: int = 0  # its folder under <model>/activator/, set when saved or loaded
@@ -134,6 +136,7 @@ def save_activator(model_dir: Path, activator: Activator) -> Path:
             "wall_p99_ms": lat.wall_p99_ms.tolist(),
             "cpu_model": lat.cpu_model,
         },
+        "aclo_from": activator.aclo_from if math.isfinite(activator.aclo_from) else None,
         "built": activator.built,
     }
     (folder / _META).write_text(json.dumps(meta, indent=1) + "\n")
@@ -202,6 +205,7 @@ def _from_parts(meta: dict[str, Any], tables: dict[str, np.ndarray], version: in
             cpu_model=str(lat["cpu_model"]),
         ),
         dense_at=_dense_at(tables, len(meta["k_grid"]), meta["sizes"]),
+        aclo_from=_aclo_from(meta),
         built=dict(meta.get("built", {})),
         version=version,
     )
@@ -217,6 +221,14 @@ def _dense_at(tables: dict[str, np.ndarray], grid: int, sizes: list[int]) -> np.
     if "dense_at" in tables:
         return tables["dense_at"].astype(np.bool_, copy=False)
     return no_dense_layers(grid, len(sizes) - 1)
+
+
+def _aclo_from(meta: dict[str, Any]) -> float:
+    """Formats before 3 run ACLO at every threshold, as they did."""
+    if meta["format"] < 3:
+        return 0.0
+    value = meta["aclo_from"]
+    return math.inf if value is None else float(value)
 
 
 def _check_tables(activator: Activator) -> None:

@@ -8,7 +8,8 @@ inputs are held at once.
 2. FreeHash nodes per hidden layer, sampled by activation variance.
 3. Node Importance tables (Algorithm 1) over the table inputs, streamed in chunks.
 4. The gate (`gate`): at each k, each layer timed sparse and dense on held-out inputs; it runs sparse only where
-   that is faster. Everything after is measured on the gated kernel.
+   that is faster. Everything after is measured on the gated kernel; after the calibration, the least threshold
+   from which ACLO beats computing k = 100% outright is timed too.
 5. Confidence tables: c(k, x) = −KL(full ‖ top-k) for every k of the grid, computed with the runtime's own kernel
    (so hashing on sparse inputs and the chosen nodes are exactly what serving will do), averaged per bucket.
 6. Calibration on the held-out part: the ACLO rule's accuracy at each confidence threshold.
@@ -38,7 +39,7 @@ from adaserve.adaptive.activator.confidence import (
     estimate_distance,
     kl_divergence,
 )
-from adaserve.adaptive.activator.gate import measure_dense_layers
+from adaserve.adaptive.activator.gate import measure_aclo_floor, measure_dense_layers
 from adaserve.adaptive.activator.kernel import LSH, SERVE, Kernel, PackedNetwork, node_counts
 from adaserve.adaptive.activator.latency import measure_latency
 from adaserve.adaptive.activator.layers import NO_PREFIX, MLPLayers, Prefix, extract_head
@@ -69,7 +70,7 @@ class BuildOptions:
     busy_levels: int | None = None  # N: β = 0 … N; default the CPUs this process may use
     latency_repeats: int = 300
     seed: int = 0
-    gate: bool = True  # time each layer sparse and dense (`gate`); False: sparse everywhere, as the paper
+    gate: bool = True  # time layers and ACLO against dense (`gate`); False: sparse everywhere, as the paper
 
     def __post_init__(self) -> None:
         grid = np.asarray(self.k_grid)
@@ -190,6 +191,7 @@ def build_tables(
         confidence = build_confidence(_first_layer_keys(layers, nodes, conf_x), distances, options.bits)
         kernel = replace(sparse, confidence=confidence).gated(dense_at)
         calibration = _calibrate(kernel, layers, held_x, held_y, steps)
+        aclo_from = measure_aclo_floor(kernel, held_x[:256], calibration.thresholds) if options.gate else 0.0
         latency = measure_latency(kernel, held_x[:256], levels, options.latency_repeats, lambda: steps.step("latency"))
         steps.step("done")
     return Activator(
@@ -202,6 +204,7 @@ def build_tables(
         calibration=calibration,
         latency=latency,
         dense_at=dense_at,
+        aclo_from=aclo_from,
         built={"table_inputs": len(x), "confidence_inputs": len(conf_x), "held_out": len(held_x)},
     )
 

@@ -9,6 +9,7 @@ its training accuracy). Errors a user can cause raise `AdaserveError` subclasses
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -78,6 +79,11 @@ def build_command(args: argparse.Namespace) -> int:
     print("k      " + " ".join(f"{k:>6.3f}" for k in activator.k_grid))
     plans = ("".join("d" if dense else "s" for dense in row) for row in activator.dense_at)
     print("plan   " + " ".join(f"{plan:>6}" for plan in plans) + "  (s sparse, d dense: faster as timed here)")
+    if math.isinf(activator.aclo_from):
+        print("ACLO was not faster than k = 100% at any accuracy target here: targets run at k = 100%")
+    else:
+        reach = calibration.accuracy[np.searchsorted(calibration.thresholds, activator.aclo_from)]
+        print(f"ACLO serves accuracy targets up to {reach:.4f}; tighter ones run at k = 100%, which was faster")
     for beta, row in zip(latency.busy, latency.cpu_p99_ms, strict=True):
         print(f"β={beta} T ms " + " ".join(f"{t:>6.3f}" for t in row))
     return 0

@@ -9,7 +9,11 @@ bucket's value is the mean over the training inputs that fell in it, the paper's
 
 Calibration: on held-out data, the ACLO rule "smallest k with d̂(k, x) ≤ δ" is applied for a sweep of thresholds
 δ, and the accuracy a_δ of the resulting predictions is recorded; an accuracy target then maps to the largest δ
-whose accuracy (made non-increasing in δ, so a larger δ never claims more) meets it.
+whose accuracy (made non-increasing in δ, so a larger δ never claims more) meets it. a_δ is a one-sided 95% lower
+confidence bound, not the held-out mean: the mean less 1.645 standard errors of the per-input loss against the
+dense prediction (paired, so inputs both get right or wrong add nothing). A mean alone meets a target on the
+held-out inputs and misses it on new ones about half the time: the threshold calibrated for 0.3% loss on the wide
+MLP lost 0.44% on the evaluation inputs.
 """
 
 from __future__ import annotations
@@ -95,8 +99,15 @@ def first_within(estimate: np.ndarray, threshold: float) -> int:
     return estimate.shape[0] - 1
 
 
-def calibrate(estimates: np.ndarray, correct: np.ndarray, dense_correct: np.ndarray, points: int = 256) -> Calibration:
-    """a_δ for thresholds δ spanning the estimates: `estimates` and `correct` are (inputs × k grid)."""
+#: z of the calibration's one-sided bound: a target holds with about 95% confidence on inputs like the held-out ones.
+CONFIDENCE_Z = 1.645
+
+
+def calibrate(
+    estimates: np.ndarray, correct: np.ndarray, dense_correct: np.ndarray, points: int = 256, z: float = CONFIDENCE_Z
+) -> Calibration:
+    """a_δ for thresholds δ spanning the estimates: `estimates` and `correct` are (inputs × k grid); `z` = 0
+    records the held-out mean itself."""
     positive = estimates[estimates > 0]
     candidates = np.unique(np.quantile(positive, np.linspace(0, 1, points))) if positive.size else np.zeros(0)
     thresholds = np.concatenate([[0.0], candidates])
@@ -104,7 +115,10 @@ def calibrate(estimates: np.ndarray, correct: np.ndarray, dense_correct: np.ndar
     running_min = np.minimum.accumulate(estimates, axis=1)
     chosen = (running_min[:, None, :] > thresholds[None, :, None]).sum(axis=2)  # inputs × thresholds
     chosen = np.minimum(chosen, estimates.shape[1] - 1)
-    accuracy = np.take_along_axis(correct, chosen, axis=1).mean(axis=0)
+    right = np.take_along_axis(correct, chosen, axis=1)
+    lost = dense_correct[:, None].astype(np.float64) - right  # per input: 1 lost, -1 gained against dense
+    spread = lost.std(axis=0, ddof=1) if len(lost) > 1 else np.zeros(lost.shape[1])
+    accuracy = right.mean(axis=0) - z * spread / np.sqrt(len(lost))
     return Calibration(
         thresholds=thresholds,
         accuracy=np.minimum.accumulate(accuracy),

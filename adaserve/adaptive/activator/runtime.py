@@ -5,8 +5,8 @@ kernel at the k its target asks for; its response parameters say `mode` (aclo, l
 (the grid value used: at least the top k of every hidden layer's nodes are computed, averaged over the request's
 rows), `layers` (per layer of the head, `sparse` or `dense` as the build's measured gate has it at that k, `mixed`
 where the request's rows differ) and, for LCAO, `interference` (the β it used). An accuracy target above what the
-calibration reached runs at k = 100% without hashing the input first. Requests without a target never reach this
-class.
+calibration reached, or one so tight that the build timed ACLO slower there than k = 100% (`gate`), runs at
+k = 100% without hashing the input first. Requests without a target never reach this class.
 
 A model with an MLP head runs its prefix first, in torch, on all the request's rows at once (with the worker's
 intra-op threads, as the model itself would), then the head through the kernel. LCAO measures each row's t0 after
@@ -113,10 +113,10 @@ class ActivatorRuntime:
         if target.mode == "aclo":
             calibration = self.activator.calibration
             threshold = aclo_threshold(calibration.thresholds, calibration.accuracy, target.value)
-            if threshold > 0:
+            if threshold > 0 and threshold >= self.activator.aclo_from:
                 k_index = np.zeros(rows, np.int64)
                 self.kernel.run(x, out, k_index, np.full(rows, threshold))
-            else:  # k = 100% for every input: the estimate would not change it
+            else:  # k = 100%: the target asks for it, or ACLO would not be faster here (`aclo_from`)
                 k_index = np.full(rows, len(self.k_grid) - 1, np.int64)
                 self.kernel.run(x, out, k_index, np.full(rows, -1.0))
             return {"mode": "aclo", **self._chosen(k_index.tolist())}

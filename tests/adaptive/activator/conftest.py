@@ -20,6 +20,19 @@ def tiny_mlp(seed: int = 0) -> torch.nn.Sequential:
     return mlp(list(SIZES)).eval()
 
 
+def masked_forward(x: np.ndarray, masks: list[np.ndarray] | None = None) -> np.ndarray:
+    """The model in torch, hidden nodes outside `masks` zeroed (dropped)."""
+    model = tiny_mlp()
+    h = torch.from_numpy(x)
+    linears = [m for m in model if isinstance(m, torch.nn.Linear)]
+    with torch.inference_mode():
+        for index, linear in enumerate(linears):
+            h = linear(h)
+            if index < len(linears) - 1:
+                h = torch.relu(h) * (torch.from_numpy(masks[index]) if masks else 1)
+    return h.numpy()
+
+
 #: The small CNN: 1×28×28 rows, two conv stages of 2 and 4 channels, then a 196-32-10 MLP head.
 CNN_ROW = (1, 28, 28)
 CNN_SIZES = (196, 32, 10)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -33,6 +34,9 @@ def test_a_saved_activator_loads_back_equal_as_the_next_version(tmp_path: Path, 
     np.testing.assert_array_equal(loaded.latency.cpu_p99_ms, bound.latency.cpu_p99_ms)
     assert loaded.dense_at.dtype == np.bool_
     np.testing.assert_array_equal(loaded.dense_at, bound.dense_at)
+    assert loaded.aclo_from == bound.aclo_from
+    save_activator(tmp_path, replace(bound, aclo_from=math.inf))  # ACLO never faster: stored as null
+    assert load_activator(tmp_path).aclo_from == math.inf
     loaded.check(3, "ab" * 32)
 
 
@@ -88,7 +92,9 @@ def test_a_format_1_activator_still_loads_as_one_for_a_pure_mlp(tmp_path: Path, 
     loaded.check(1, "ab" * 32)
 
 
-def test_a_format_2_activator_without_a_gate_runs_every_layer_sparse(tmp_path: Path, activator: Activator) -> None:
+def test_a_format_2_activator_without_a_gate_runs_every_layer_sparse_and_aclo_everywhere(
+    tmp_path: Path, activator: Activator
+) -> None:
     gated = replace(activator, dense_at=np.ones_like(activator.dense_at))
     folder = save_activator(tmp_path, gated)
     with np.load(folder / "activator.npz") as arrays:
@@ -98,6 +104,7 @@ def test_a_format_2_activator_without_a_gate_runs_every_layer_sparse(tmp_path: P
     (folder / "activator.json").write_text(json.dumps({**meta, "format": 2}))
     loaded = load_activator(tmp_path)
     assert loaded.dense_at.shape == activator.dense_at.shape and not loaded.dense_at.any()
+    assert loaded.aclo_from == 0.0  # and ACLO at every threshold
 
 
 def test_a_gate_of_the_wrong_shape_is_refused(tmp_path: Path, activator: Activator) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -47,6 +48,8 @@ def test_build_writes_the_next_version_bound_to_the_model(tmp_path: Path, capsys
     gate = next(line for line in printed.splitlines() if line.startswith("plan "))
     plans = ["".join("ds"[not dense] for dense in row) for row in activator.dense_at]
     assert gate.split()[1 : 1 + len(activator.k_grid)] == plans
+    said = "was not faster" if math.isinf(activator.aclo_from) else "ACLO serves accuracy targets up to"
+    assert said in printed
     assert activator.built["data"].endswith("1200 inputs for the tables, 300 held out")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from adaserve.adaptive.activator.artifact import Activator
 from adaserve.adaptive.activator.confidence import (
@@ -43,8 +44,21 @@ def test_tables_average_each_bucket_and_estimates_average_the_tables() -> None:
 def test_calibration_is_the_accuracy_of_the_aclo_rule_non_increasing_in_the_threshold() -> None:
     estimates = np.array([[0.9, 0.1, 0.0], [0.5, 0.5, 0.0], [0.05, 0.01, 0.0]])
     correct = np.array([[False, True, True], [False, False, True], [True, True, True]])
-    calibration = calibrate(estimates, correct, correct[:, -1])
+    calibration = calibrate(estimates, correct, correct[:, -1], z=0.0)
     assert calibration.thresholds[0] == 0.0 and calibration.accuracy[0] == 1.0
     assert (np.diff(calibration.thresholds) > 0).all() and (np.diff(calibration.accuracy) <= 0).all()
     at = {float(t): float(a) for t, a in zip(calibration.thresholds, calibration.accuracy, strict=True)}
     assert at[max(at)] == 1 / 3  # δ = 0.9: every input takes its smallest k, only the easy one is right
+
+
+def test_calibration_records_a_lower_confidence_bound_of_the_accuracy() -> None:
+    """Less the spread of the per-input loss against dense: 0 where no input changes, so δ = 0 keeps dense's."""
+    rng = np.random.default_rng(3)
+    estimates = np.column_stack([rng.random((400, 2)), np.zeros(400)])
+    correct = np.column_stack([rng.random((400, 2)) < 0.8, np.ones(400, np.bool_)])
+    mean, bound = (calibrate(estimates, correct, correct[:, -1], z=z) for z in (0.0, 1.645))
+    assert bound.accuracy[0] == mean.accuracy[0] == 1.0
+    assert (bound.accuracy <= mean.accuracy).all() and (bound.accuracy < mean.accuracy)[1:].any()
+    at = {float(t): float(a) for t, a in zip(bound.thresholds, bound.accuracy, strict=True)}
+    lost = 1.0 - correct[:, 0]  # the largest δ: every input takes the smallest k
+    assert at[max(at)] == pytest.approx(correct[:, 0].mean() - 1.645 * lost.std(ddof=1) / np.sqrt(400))

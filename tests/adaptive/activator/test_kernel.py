@@ -5,26 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from adaserve.adaptive.activator.artifact import Activator
 from adaserve.adaptive.activator.kernel import DENSE, GLOBAL, LSH, RANDOM, ROWS, SERVE, Kernel, PackedNetwork
 from adaserve.adaptive.activator.layers import MLPLayers
 from adaserve.adaptive.activator.lsh import bucket_keys, select_lsh
-from tests.adaptive.activator.conftest import tiny_data, tiny_mlp
-
-
-def _torch(x: np.ndarray, masks: list[np.ndarray] | None = None) -> np.ndarray:
-    """The model in torch, hidden nodes outside `masks` zeroed (dropped)."""
-    model = tiny_mlp()
-    h = torch.from_numpy(x)
-    linears = [m for m in model if isinstance(m, torch.nn.Linear)]
-    with torch.inference_mode():
-        for index, linear in enumerate(linears):
-            h = linear(h)
-            if index < len(linears) - 1:
-                h = torch.relu(h) * (torch.from_numpy(masks[index]) if masks else 1)
-    return h.numpy()
+from tests.adaptive.activator.conftest import masked_forward, tiny_data
 
 
 def _run(kernel: Kernel, x: np.ndarray, index: int, plan: int, ranking: int = LSH, seed: int = 0) -> np.ndarray:
@@ -38,13 +24,13 @@ def kernel(layers: MLPLayers, activator: Activator) -> Kernel:
     return Kernel.build(PackedNetwork.from_layers(layers), activator)
 
 
-def test_the_dense_plan_and_every_plan_at_k_100_equal_torch(kernel: Kernel) -> None:
+def test_the_dense_plan_and_every_plan_at_k_100_equalmasked_forward(kernel: Kernel) -> None:
     x, _ = tiny_data(64, seed=7)
     full = len(kernel.counts) - 1
     for plan in (DENSE, ROWS, SERVE):
-        np.testing.assert_allclose(_run(kernel, x, full, plan), _torch(x), rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(_run(kernel, x, full, plan), masked_forward(x), rtol=1e-4, atol=1e-5)
     dense = Kernel.dense(kernel.network)
-    np.testing.assert_allclose(_run(dense, x, 0, SERVE), _torch(x), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(_run(dense, x, 0, SERVE), masked_forward(x), rtol=1e-4, atol=1e-5)
 
 
 def test_the_global_ranking_at_k_below_100_equals_torch_with_the_other_nodes_dropped(kernel: Kernel) -> None:
@@ -57,7 +43,7 @@ def test_the_global_ranking_at_k_below_100_equals_torch_with_the_other_nodes_dro
             mask[ranking[at : at + kernel.counts[index, layer]]] = 1
             masks.append(mask)
             at += width
-        np.testing.assert_allclose(_run(kernel, x, index, ROWS, GLOBAL), _torch(x, masks), rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(_run(kernel, x, index, ROWS, GLOBAL), masked_forward(x, masks), rtol=1e-4, atol=1e-5)
 
 
 def test_lsh_at_k_below_100_equals_torch_with_the_tables_choice(kernel: Kernel) -> None:
@@ -81,7 +67,9 @@ def test_lsh_at_k_below_100_equals_torch_with_the_tables_choice(kernel: Kernel) 
             masks.append(selected.astype(np.float32))
             h = np.maximum(pre, 0) * selected
             at += width
-        np.testing.assert_allclose(_run(kernel, row[None], index, ROWS), _torch(row[None], masks), rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(
+            _run(kernel, row[None], index, ROWS), masked_forward(row[None], masks), rtol=1e-4, atol=1e-5
+        )
 
 
 def test_random_dropout_is_seeded(kernel: Kernel) -> None:
@@ -96,7 +84,7 @@ def test_aclo_picks_k_per_row_from_the_confidence_tables(kernel: Kernel) -> None
     out = np.empty((len(x), 4), np.float32)
     chosen = np.zeros(len(x), np.int64)
     kernel.run(x, out, chosen, np.zeros(len(x)))  # δ = 0: only k = 100% is surely within it
-    assert (chosen == len(kernel.counts) - 1).all() or np.allclose(out, _torch(x), atol=1e-4)
+    assert (chosen == len(kernel.counts) - 1).all() or np.allclose(out, masked_forward(x), atol=1e-4)
     kernel.run(x, out, chosen, np.full(len(x), 1e9))  # any distance is within δ: the smallest k
     assert (chosen == 0).all()
 
@@ -111,9 +99,11 @@ def test_every_layer_gated_dense_is_the_dense_forward_at_every_k(kernel: Kernel)
     x, _ = tiny_data(32, seed=12)
     dense_at = np.ones_like(kernel.dense_at)
     for index in range(len(kernel.counts)):
-        np.testing.assert_allclose(_gated_run(kernel, x, index, dense_at), _torch(x), rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(_gated_run(kernel, x, index, dense_at), masked_forward(x), rtol=1e-4, atol=1e-5)
     # ACLO hashes the first layer to choose k; the gated layer then computes the rest of its nodes
-    np.testing.assert_allclose(_gated_run(kernel, x, 0, dense_at, threshold=1e9), _torch(x), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(
+        _gated_run(kernel, x, 0, dense_at, threshold=1e9), masked_forward(x), rtol=1e-4, atol=1e-5
+    )
 
 
 def test_at_k_100_any_gate_is_the_dense_forward(kernel: Kernel) -> None:
@@ -123,7 +113,7 @@ def test_at_k_100_any_gate_is_the_dense_forward(kernel: Kernel) -> None:
     for pattern in range(1 << layers):
         dense_at = np.zeros_like(kernel.dense_at)
         dense_at[full] = [(pattern >> layer) & 1 for layer in range(layers)]
-        np.testing.assert_allclose(_gated_run(kernel, x, full, dense_at), _torch(x), rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(_gated_run(kernel, x, full, dense_at), masked_forward(x), rtol=1e-4, atol=1e-5)
 
 
 def test_a_gate_changes_only_the_layers_and_ks_it_names(kernel: Kernel) -> None:
