@@ -125,7 +125,10 @@ def load_window(record: dict[str, Any]) -> Iterator[None]:
 
 def wait_for_quiet(max_wait_s: float, busy_cores: float = 0.3) -> dict[str, float]:
     """Wait (at most `max_wait_s`) for a one-second window in which the machine keeps fewer than `busy_cores`
-    busy, so a run does not start in the middle of someone else's burst; returns the wait and the last reading."""
+    busy, so a run does not start in the middle of someone else's burst; returns the wait and the last reading.
+    With `max_wait_s` ≤ 0 it returns at once."""
+    if max_wait_s <= 0:
+        return {"waited_s": 0.0}
     began = time.monotonic()
     while True:
         before = machine_busy_s()

@@ -186,7 +186,13 @@ def isolated_p50(methods: Methods, x: np.ndarray, call: str) -> float:
 
 
 def lcao(
-    methods: Methods, x: np.ndarray, y: np.ndarray, busy_levels: int, taus: dict[str, float], settle_s: float
+    methods: Methods,
+    x: np.ndarray,
+    y: np.ndarray,
+    busy_levels: int,
+    taus: dict[str, float],
+    settle_s: float,
+    quiet_wait_s: float = 10.0,
 ) -> list[dict[str, Any]]:
     """For β = 0 … `busy_levels` busy processes running the dense model: per input, dense and LCAO at every τ
     (interleaved), with latency, misses and accuracy. The probe is the worker's, started here."""
@@ -194,7 +200,7 @@ def lcao(
     results = []
     try:
         for beta in range(busy_levels + 1):
-            wait_for_quiet(10.0)
+            wait_for_quiet(quiet_wait_s)
             record: dict[str, Any] = {"busy_processes": beta}
             with busy_processes(methods.kernel, x[:64], beta, duration_s=900.0) as pids:
                 record["busy_pids"] = pids

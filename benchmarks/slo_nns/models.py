@@ -38,8 +38,10 @@ def ensure_model(spec: MLPSpec, repository: Path = REPOSITORY) -> Path:
     """The model's directory, training and writing it first when it is not cached (same seed, same weights)."""
     directory = repository / spec.name
     metrics = directory / "1" / "metrics.json"
-    if metrics.is_file() and json.loads(metrics.read_text()).get("sizes") == list(spec.sizes):
-        return directory
+    if metrics.is_file():
+        cached = json.loads(metrics.read_text())
+        if (cached.get("sizes"), cached.get("epochs")) == (list(spec.sizes), spec.epochs):
+            return directory
     torch.set_num_threads(2)
     torch.use_deterministic_algorithms(True)
     train_x, train_y = (torch.from_numpy(a) for a in load_fashion_mnist("train"))

@@ -13,8 +13,15 @@ the tables, test[:5000] for the calibration, T(k, β) for β = 0, 1, 2), then ev
    forward, a tighter τ at which LCAO must drop nodes);
 4. ACLO through `adaserve serve` (HTTP, one request at a time): plain requests against targeted ones.
 
+The build times each layer sparse and dense at each k and serves a layer densely where that was faster
+(`adaserve.adaptive.activator.gate`). Bars, each at the target calibrated for it: ACLO on the small MLP no slower
+than the dense kernel (mean latency) at any accuracy target; on the wide one ≥ 3× (median per input) at the target
+calibrated for 0.3% loss, with ≤ 0.3% measured loss.
+
     .venv/bin/python -m benchmarks.slo_nns.run            # full run (~15 minutes on 2 cores)
     .venv/bin/python -m benchmarks.slo_nns.run --quick    # ~3 minutes; results under benchmarks/results/tmp/
+    .venv/bin/python -m benchmarks.slo_nns.run --smoke --models mlp112 --repository DIR --output FILE
+                                                          # the suite's check that it runs: seconds, no figures
 
 Writes `benchmarks/results/slo_nns.json` and `slo_nns.{accuracy,aclo,lcao}.png` beside it.
 """
@@ -25,6 +32,7 @@ import argparse
 import json
 import shutil
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,9 +59,34 @@ LSH_SHAPE = {SMALL.name: (6, 8), WIDE.name: (8, 16)}
 BAR_ACLO_SPEEDUP, BAR_ACLO_LOSS, BAR_LCAO_MISS = 3.0, 0.003, 0.02
 
 
+@dataclass(frozen=True)
+class Sizes:
+    """How much each step measures."""
+
+    held_out: int  # calibration inputs, test[:held_out]
+    confidence_inputs: int
+    latency_repeats: int
+    busy_levels: int  # β = 0 … N for the latency profile and the LCAO runs
+    evaluate: int | None  # evaluation inputs from test[5000:]; None: all of them
+    aclo_passes: int
+    lcao_inputs: int
+    server_inputs: int
+    server_repeats: int
+    quiet_wait_s: float  # how long each step waits for a quiet machine
+    epochs: int | None  # training epochs; None: the model's own
+
+
+SIZES = {
+    "full": Sizes(CALIBRATION, 10_000, 300, 2, None, 3, 3000, 1000, 3, 20.0, None),
+    "quick": Sizes(2000, 2000, 100, 2, 1000, 1, 500, 200, 1, 20.0, None),
+    "smoke": Sizes(300, 300, 5, 1, 200, 1, 50, 10, 1, 0.0, 1),
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
-    output: Path = args.output or (SCRATCH / "slo_nns-quick.json" if args.quick else RESULTS / "slo_nns.json")
+    default = RESULTS / "slo_nns.json" if args.size == "full" else SCRATCH / f"slo_nns-{args.size}.json"
+    output: Path = args.output or default
     report: dict[str, Any] = {
         "benchmark": "slo_nns",
         "command": command_line(),
@@ -68,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     specs = [spec for spec in (SMALL, WIDE) if spec.name in args.models]
     for spec in specs:
         report["models"][spec.name] = _measure(spec, args)
-    with running_server(REPOSITORY, *(a for spec in specs for a in ("--model", spec.name))) as server:
+    with running_server(args.repository, *(a for spec in specs for a in ("--model", spec.name))) as server:
         for spec in specs:
             report["models"][spec.name]["server"] = _through_server(server, spec, report, args)
     report["bars"] = _bars(report)
@@ -82,7 +115,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer inputs and repeats; writes under results/tmp")
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--quick", dest="size", action="store_const", const="quick", help="fewer inputs and repeats")
+    size.add_argument("--smoke", dest="size", action="store_const", const="smoke", help="the least that runs it all")
+    parser.set_defaults(size="full")
+    parser.add_argument("--repository", type=Path, default=REPOSITORY, help="where the trained models are cached")
     parser.add_argument("--models", nargs="+", default=[SMALL.name, WIDE.name], choices=[SMALL.name, WIDE.name])
     parser.add_argument("--output", type=Path, help="JSON path (the PNGs go beside it)")
     parser.add_argument("--no-progress", dest="progress", action="store_false")
@@ -90,31 +127,32 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _measure(spec: MLPSpec, args: argparse.Namespace) -> dict[str, Any]:
-    directory = ensure_model(spec)
+    sizes: Sizes = SIZES[args.size]
+    directory = ensure_model(spec if sizes.epochs is None else replace(spec, epochs=sizes.epochs), args.repository)
     _serve_with_activator(directory)
-    model = ModelRepository(REPOSITORY).read(spec.name)
+    model = ModelRepository(args.repository).read(spec.name)
     shutil.rmtree(directory / "activator", ignore_errors=True)
     train_x, _ = load_fashion_mnist("train")
     test_x, test_y = load_fashion_mnist("test")
     bits, tables = LSH_SHAPE[spec.name]
-    held = 2000 if args.quick else CALIBRATION
+    held = sizes.held_out
     options = BuildOptions(
         bits=bits,
         tables=tables,
-        max_confidence_inputs=2000 if args.quick else 10_000,
+        max_confidence_inputs=sizes.confidence_inputs,
         max_calibration_inputs=held,
-        busy_levels=2,
-        latency_repeats=100 if args.quick else 300,
+        busy_levels=sizes.busy_levels,
+        latency_repeats=sizes.latency_repeats,
     )
     data = BuildData(
         train_x, test_x[:held], test_y[:held], f"fashion-mnist train (tables), test[:{held}] (calibration)"
     )
-    wait_for_quiet(20.0)
+    wait_for_quiet(sizes.quiet_wait_s)
     folder, activator = build_activator(model, data, options, progress=args.progress)
     artifact = load_artifact(model.artifact, model.config.max_batch_size)
     layers = extract_layers(artifact, (784,), spec.name)
     kernel = Kernel.build(PackedNetwork.from_layers(layers), activator)
-    evaluate = 1000 if args.quick else len(test_x) - CALIBRATION
+    evaluate = sizes.evaluate or len(test_x) - CALIBRATION
     x = np.ascontiguousarray(test_x[CALIBRATION : CALIBRATION + evaluate].reshape(-1, 784))
     y = test_y[CALIBRATION : CALIBRATION + evaluate]
     methods = Methods(kernel, activator, artifact)
@@ -122,7 +160,7 @@ def _measure(spec: MLPSpec, args: argparse.Namespace) -> dict[str, Any]:
         "sizes": list(spec.sizes),
         "test_accuracy_full_test_set": _metrics(directory)["test_accuracy"],
         "activator": {
-            "folder": str(folder.relative_to(REPOSITORY.parent)),
+            "folder": str(folder.relative_to(args.repository.parent)),
             "bits": bits,
             "tables": tables,
             "node_tables_mb": round(activator.nodes.nbytes() / 1e6, 2),
@@ -141,17 +179,14 @@ def _measure(spec: MLPSpec, args: argparse.Namespace) -> dict[str, Any]:
     print(f"{spec.name}: accuracy curves", flush=True)
     result["accuracy_curves"] = accuracy_curves(kernel, activator, x, y)
     print(f"{spec.name}: ACLO in-process", flush=True)
-    wait_for_quiet(20.0)
-    result["aclo"] = aclo(methods, x, y, repeats=1 if args.quick else 3)
+    wait_for_quiet(sizes.quiet_wait_s)
+    result["aclo"] = aclo(methods, x, y, repeats=sizes.aclo_passes)
     print(f"{spec.name}: LCAO in-process", flush=True)
-    wait_for_quiet(20.0)
+    wait_for_quiet(sizes.quiet_wait_s)
     taus = {"dense_p50": isolated_p50(methods, x[:500], "dense"), "exact_p50": isolated_p50(methods, x[:500], "exact")}
-    lcao_inputs = 500 if args.quick else 3000
-    result["lcao"] = {
-        "taus_ms": taus,
-        "inputs": lcao_inputs,
-        "runs": lcao(methods, x[:lcao_inputs], y[:lcao_inputs], 2, taus, 1.0),
-    }
+    lcao_inputs = sizes.lcao_inputs
+    runs = lcao(methods, x[:lcao_inputs], y[:lcao_inputs], sizes.busy_levels, taus, 1.0, sizes.quiet_wait_s)
+    result["lcao"] = {"taus_ms": taus, "inputs": lcao_inputs, "runs": runs}
     return result
 
 
@@ -169,34 +204,42 @@ def _metrics(directory: Path) -> dict[str, Any]:
 
 def _through_server(server: Any, spec: MLPSpec, report: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     test_x, test_y = load_fashion_mnist("test")
-    inputs = 200 if args.quick else 1000
+    sizes: Sizes = SIZES[args.size]
+    inputs = sizes.server_inputs
     x = np.ascontiguousarray(test_x[CALIBRATION : CALIBRATION + inputs].reshape(-1, 784))
     dense = report["models"][spec.name]["activator"]["calibration_dense_accuracy"]
     targets = {"aclo_0.003": dense - 0.003, "exact (accuracy 1.0)": 1.0}
     print(f"{spec.name}: ACLO through the server", flush=True)
-    wait_for_quiet(20.0)
+    wait_for_quiet(sizes.quiet_wait_s)
     return aclo_through_server(
-        server, spec.name, x, test_y[CALIBRATION : CALIBRATION + inputs], targets, 1 if args.quick else 3
+        server, spec.name, x, test_y[CALIBRATION : CALIBRATION + inputs], targets, sizes.server_repeats
     )
 
 
 def _bars(report: dict[str, Any]) -> dict[str, Any]:
-    """Pass or miss, computed from the measured figures."""
+    """Pass or miss, computed from the measured figures: each at the budget calibrated for it, not the best of
+    several (which would pick its luck on the evaluation rows)."""
     bars: dict[str, Any] = {}
+    small = report["models"].get(SMALL.name)
+    if small is not None:
+        rows = {r["method"]: r for r in small["aclo"]["rows"]}
+        ratios = {name: rows["dense"]["mean_ms"] / r["mean_ms"] for name, r in rows.items() if name.startswith("aclo_")}
+        bars["aclo_small_never_slower"] = {
+            "target": ">= 1.0x the tuned dense kernel's mean latency at every accuracy target",
+            "mean_latency_ratio": ratios,
+            "pass": min(ratios.values()) >= 1.0,
+        }
     wide = report["models"].get(WIDE.name)
     if wide is None:
         return bars
     rows = [r for r in wide["aclo"]["rows"] if r["method"].startswith("aclo_")]
-    within = [r for r in rows if r["loss"] <= BAR_ACLO_LOSS]
-    best = max(within, key=lambda r: r["speedup_vs_dense_median"], default=None)
     calibrated = next(r for r in rows if r["budget"] == BAR_ACLO_LOSS)
     keys = ("method", "loss", "mean_k", "speedup_vs_dense_median", "speedup_vs_dense_mean", "speedup_vs_torch_median")
     bars["aclo_wide_speedup"] = {
-        "target": f">= {BAR_ACLO_SPEEDUP}x the tuned dense kernel (median per-input speedup) at <= "
-        f"{100 * BAR_ACLO_LOSS}% measured accuracy loss",
-        "best_within_loss": None if best is None else {k: best[k] for k in keys},
-        "calibrated_0.3%_target": {k: calibrated[k] for k in keys},
-        "pass": best is not None and best["speedup_vs_dense_median"] >= BAR_ACLO_SPEEDUP,
+        "target": f">= {BAR_ACLO_SPEEDUP}x the tuned dense kernel (median per-input speedup) at the target calibrated "
+        f"for {100 * BAR_ACLO_LOSS}% loss, with <= {100 * BAR_ACLO_LOSS}% measured accuracy loss",
+        "calibrated": {k: calibrated[k] for k in keys},
+        "pass": calibrated["speedup_vs_dense_median"] >= BAR_ACLO_SPEEDUP and calibrated["loss"] <= BAR_ACLO_LOSS,
     }
     one_busy = next(run for run in wide["lcao"]["runs"] if run["busy_processes"] == 1)
     lcao_miss = one_busy["methods"]["lcao_dense_p50"]["miss_rate"]["dense_p50"]

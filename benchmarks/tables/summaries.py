@@ -253,13 +253,16 @@ def headline_rows(results: Path) -> Iterator[tuple[str, str, str, str, str]]:
     )
     gati = read("gati_early_exit.json")["bars"][0]
     yield "GATI", gati["bar"], gati["measured"], _verdict(gati["pass"]), "gati_early_exit.json"
-    aclo = read("slo_nns.json")["bars"]["aclo_wide_speedup"]
-    best = aclo["best_within_loss"]
+    slo_bars = read("slo_nns.json")["bars"]
+    aclo, small = slo_bars["aclo_wide_speedup"], slo_bars["aclo_small_never_slower"]
+    calibrated = aclo["calibrated"]
     yield (
         "SLO-NNs",
-        "ACLO against the tuned dense kernel, per input (784-2048-2048-10 MLP)",
-        f"{best['speedup_vs_dense_median']:.2f}× at {best['loss']:.2%} accuracy loss",
-        _verdict(aclo["pass"]),
+        "ACLO against the tuned dense kernel: per input at the target calibrated for 0.3% loss (784-2048-2048-10 "
+        "MLP); mean latency at the slowest target (784-112-112-10)",
+        f"{calibrated['speedup_vs_dense_median']:.2f}× at {calibrated['loss']:.2%} loss; "
+        f"{min(small['mean_latency_ratio'].values()):.2f}×",
+        f"{aclo['target']}; {small['target']}: " + _verdict(aclo["pass"] and small["pass"]),
         "slo_nns.json",
     )
     serving = read("serving_overhead.json")["bars"]
