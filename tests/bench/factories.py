@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import json
+import math
+import shutil
+import subprocess
+import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -82,3 +88,45 @@ def parse_cli(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="adaserve")
     register(parser.add_subparsers(dest="command", required=True))
     return parser.parse_args(list(argv))
+
+
+def run_benchmark(monkeypatch: pytest.MonkeyPatch, scratch: Path, module: ModuleType, *argv: str) -> None:
+    """Run a benchmark's `main` in this process as `python -m <module> argv` runs it (the command it records too),
+    its scratch files under `scratch` and with no wait for a quiet machine: a smoke run checks that a benchmark runs
+    and what it records, in seconds, not its figures. In-process, it spares a torch import per benchmark."""
+    assert module.__file__ is not None
+    monkeypatch.setattr(sys, "argv", [module.__file__, *argv])
+    for name, loaded in list(sys.modules.items()):
+        if name.startswith("benchmarks."):
+            if hasattr(loaded, "SCRATCH"):
+                monkeypatch.setattr(loaded, "SCRATCH", scratch)
+            if hasattr(loaded, "wait_for_quiet"):
+                monkeypatch.setattr(loaded, "wait_for_quiet", _no_wait)
+    assert module.main() in (0, None)
+
+
+def _no_wait(max_wait_s: float, busy_cores: float = 0.3) -> dict[str, float]:
+    return {"waited_s": 0.0, "busy_cores_before": 0.0}
+
+
+def recorded(output: Path, module: str, *, png: bool = True) -> dict[str, Any]:
+    """A smoke run's result file, checked for what every result records: the command that repeats it (naming the
+    benchmark's module), the machine and the commit it ran at; with `png`, its plot beside it."""
+    report = json.loads(output.read_text())
+    assert f"-m {module}" in report["command"], report["command"]
+    machine = report["machine"]
+    assert machine["cores"] >= 1 and machine["python"] and len(machine["commit"]) == 40
+    assert not png or output.with_suffix(".png").stat().st_size > 0
+    return report
+
+
+def positive(*values: Any) -> bool:
+    """Whether every value is a finite number above 0 (a figure a run that worked has)."""
+    return all(isinstance(v, int | float) and math.isfinite(v) and v > 0 for v in values)
+
+
+def can_unshare() -> bool:
+    """Whether a benchmark can run in a network namespace of its own (`unshare -rn`, and `ip` to bring lo up)."""
+    if shutil.which("unshare") is None or shutil.which("ip") is None:
+        return False
+    return subprocess.run(["unshare", "-rn", "true"], capture_output=True).returncode == 0

@@ -5,7 +5,6 @@ Ray Serve's (skipped where `benchmarks/foreign_env.sh ray-cluster` has not made 
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +13,7 @@ import pytest
 
 from benchmarks.cluster.forwarding import pin_layout
 from benchmarks.perf_load import PerfAnalyzer
+from tests.bench.factories import can_unshare
 from tests.server_utils import ROOT
 
 
@@ -53,14 +53,8 @@ def _ray_serve_venv() -> Path | None:
     return python if probe.returncode == 0 else None
 
 
-def _can_unshare() -> bool:
-    if shutil.which("unshare") is None or shutil.which("ip") is None:
-        return False
-    return subprocess.run(["unshare", "-rn", "true"], capture_output=True).returncode == 0
-
-
 @pytest.mark.skipif(_ray_serve_venv() is None, reason="no Ray Serve: run benchmarks/foreign_env.sh ray-cluster")
-@pytest.mark.skipif(not _can_unshare(), reason="needs a network namespace (unshare -rn) to keep Ray on loopback")
+@pytest.mark.skipif(not can_unshare(), reason="needs a network namespace (unshare -rn) to keep Ray on loopback")
 @pytest.mark.timeout(900)
 def test_the_ray_serve_comparison_runs_both_clusters(tmp_path: Path, perf_analyzer: PerfAnalyzer) -> None:
     pytest.importorskip("ray", reason="adaserve's cluster needs the 'cluster' extra (Ray)")

@@ -1,0 +1,86 @@
+"""The benchmarks made of perf_analyzer runs against real servers, each at its smallest (one repeat, concurrency 1,
+short windows), to check that it runs end to end and what it records: a change that breaks one fails here, not
+minutes into a recorded run. Their figures are the benchmarks', not these tests': a window perf_analyzer could not
+stabilize on a busy machine is a run recorded as failed, which is allowed, as long as some of each server's were
+answered."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from benchmarks import response_cache, shared_cores, shared_memory, tls_overhead, trace_overhead
+from benchmarks.perf_load import PerfAnalyzer
+from tests.bench.factories import positive, recorded, run_benchmark
+
+
+def _smallest(
+    module: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, perf: PerfAnalyzer, **fewer: tuple[Any, ...]
+) -> dict[str, Any]:
+    """`module` run with its constants in `fewer` cut down (cases, concurrencies), windows of 50 requests; its
+    result, checked for what every result records."""
+    for name, values in fewer.items():
+        monkeypatch.setattr(module, name, values)
+    output = tmp_path / "result.json"
+    venv = str(perf.binary.parent.parent)
+    run_benchmark(
+        monkeypatch, tmp_path, module, "--quick", "--request-count", "50", "--perf-venv", venv, "--output", str(output)
+    )
+    return recorded(output, module.__name__)
+
+
+def _answered(runs: list[dict[str, Any]], key: str, values: set[str]) -> None:
+    """Every run recorded how it went; some run of each of `values` (of `key`) was answered, with figures."""
+    assert runs and all("returncode" in run and run["wall_s"] > 0 for run in runs)
+    answered = [run for run in runs if run["returncode"] == 0]
+    assert {run[key] for run in answered} == values, [run["stdout_tail"] for run in runs if run not in answered]
+    assert all(positive(run["throughput_rps"], run["p50_ms"], run["p99_ms"]) for run in answered)
+
+
+def test_tls_overhead(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, perf_analyzer: PerfAnalyzer) -> None:
+    report = _smallest(tls_overhead, tmp_path, monkeypatch, perf_analyzer, CONCURRENCIES=(1,))
+    assert len(report["runs"]) == 4 and set(report["server_commands"]) == {"plain", "tls"}
+    assert "--http-use-ssl" in report["server_commands"]["tls"]
+    _answered(report["runs"], "server", {"plain", "tls"})
+    assert set(report["cases"]) == {"http_c1", "grpc_c1"}
+
+
+def test_trace_overhead(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, perf_analyzer: PerfAnalyzer) -> None:
+    report = _smallest(trace_overhead, tmp_path, monkeypatch, perf_analyzer, CONCURRENCIES=(1,), PROTOCOLS=("grpc",))
+    cases = set(trace_overhead.CASES) | set(trace_overhead.OTEL_CASES)
+    _answered(report["runs"] + report["otel_runs"], "case", cases)
+    assert report["otel_exports"] > 0  # the OpenTelemetry server's traces reached the collector
+    assert report["spans"], "no traced request was matched to its run"
+
+
+def test_response_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, perf_analyzer: PerfAnalyzer) -> None:
+    report = _smallest(response_cache, tmp_path, monkeypatch, perf_analyzer, CONCURRENCIES=(1,), PROTOCOLS=("grpc",))
+    assert report["settings"]["distinct_images"]["distinct"] == response_cache.REQUESTS
+    assert "--cache-config" in report["server_command"]
+    assert len(report["runs"]) == 4
+    _answered(report["runs"], "entry", set(response_cache.ENTRIES))
+
+
+def test_shared_memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, perf_analyzer: PerfAnalyzer) -> None:
+    report = _smallest(shared_memory, tmp_path, monkeypatch, perf_analyzer, SIZES=(64,))
+    assert len(report["runs"]) == 4 and "--allow-client-shm" in report["server_command"]
+    _answered(report["runs"], "mode", set(shared_memory.MODES))
+
+
+def test_shared_cores(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, perf_analyzer: PerfAnalyzer) -> None:
+    monkeypatch.setattr(shared_cores, "HEAVY_ROUNDS", 300)  # a heavy batch of ~1.5 ms, not 28: the mixed part's cost
+    output = tmp_path / "shared_cores.json"
+    perf = str(perf_analyzer.binary.parent.parent)
+    args = ["--quick", "--rates", "60", "--duration", "1", "--perf-venv", perf, "--output", str(output)]
+    run_benchmark(monkeypatch, tmp_path, shared_cores, *args)
+    report = recorded(output, "benchmarks.shared_cores")
+    assert report["settings"]["mixed"]["heavy_rounds"] == 300
+    assert [run["entry"] for run in report["runs"]] == list(shared_cores.ENTRIES)
+    assert [run["entry"] for run in report["mixed_runs"]] == list(shared_cores.MIXED)
+    for run in report["runs"] + report["mixed_runs"]:
+        assert run["failed"] < run["requests"] and len(run["clients"]) == 2, run
+        assert positive(run["mean_ms"], run["p50_ms"], run["p99_ms"], run["rows_per_batch"])
+    assert set(report["cases"]["60"]) == set(shared_cores.ENTRIES)
