@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import priority, stream_concurrency
+from benchmarks import http_compression, priority, stream_concurrency
 from tests.bench.factories import can_unshare, positive, recorded, run_benchmark
 from tests.server_utils import ROOT
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not can_unshare(), reason="needs a network namespace (unshare -rn) to shape loopback")
 def test_http_compression(tmp_path: Path) -> None:
     """A subprocess: the benchmark re-runs itself in a network namespace of its own anyway. Long (~60 s on 2 cores):
@@ -25,7 +26,8 @@ def test_http_compression(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     report = recorded(output, "benchmarks.http_compression")
     assert report["settings"]["requests_per_run"] == 3 and report["settings"]["mtu"] == 1500
-    assert len(report["runs"]) == 3 * 4 * 2  # links × cases × codings, one repeat
+    links, cases, codings = http_compression.LINKS, http_compression.CASES, http_compression.CODINGS
+    assert len(report["runs"]) == len(links) * len(cases) * len(codings)  # one repeat
     for run in report["runs"]:
         assert run["requests"] == 3 and positive(run["p50_ms"], run["p99_ms"], run["wire_bytes_per_request"]), run
     for cell in report["cells"]:
@@ -34,6 +36,7 @@ def test_http_compression(tmp_path: Path) -> None:
     assert levels and all(positive(level["ratio"], level["us"]) for level in levels)
 
 
+@pytest.mark.slow
 def test_priority(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     output = tmp_path / "priority.json"
     args = ["--quick", "--loads", "0.5", "--phase-s", "1", "--output", str(output)]
