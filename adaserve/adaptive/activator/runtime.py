@@ -40,6 +40,9 @@ __all__ = ["ActivatorRuntime"]
 
 log = logging.getLogger("adaserve.activator")
 
+#: Accuracy targets whose threshold a runtime remembers before it starts over.
+_REMEMBERED_TARGETS = 1024
+
 
 class ActivatorRuntime:
     """Runs targeted rows through the kernel; without an `activator` (it did not fit the model: the stated
@@ -54,6 +57,7 @@ class ActivatorRuntime:
         # Plain lists and strings: this runs once per request, where numpy's per-call overhead would show.
         self._dense: list[list[bool]] = kernel.dense_at.tolist()
         self._layers = [",".join("dense" if dense else "sparse" for dense in row) for row in self._dense]
+        self._thresholds: dict[float, float] = {}
         self.probe = InterferenceProbe()
 
     @classmethod
@@ -110,15 +114,13 @@ class ActivatorRuntime:
         if self.activator is None:
             self.kernel.run(x, out, np.zeros(rows, np.int64), np.full(rows, -1.0))
             return {"mode": "dense", "k": 1.0}
-        if target.mode == "aclo":
-            calibration = self.activator.calibration
-            threshold = aclo_threshold(calibration.thresholds, calibration.accuracy, target.value)
-            if threshold > 0 and threshold >= self.activator.aclo_from:
-                k_index = np.zeros(rows, np.int64)
-                self.kernel.run(x, out, k_index, np.full(rows, threshold))
-            else:  # k = 100%: the target asks for it, or ACLO would not be faster here (`aclo_from`)
-                k_index = np.full(rows, len(self.k_grid) - 1, np.int64)
-                self.kernel.run(x, out, k_index, np.full(rows, -1.0))
+        if target.mode == "aclo":  # (small arrays from lists: np.full costs more than this model's last layer)
+            threshold = self._aclo_threshold(target.value)
+            if threshold < 0:
+                self.kernel.run(x, out, np.array([len(self._grid) - 1] * rows), np.array([-1.0] * rows))
+                return {"mode": "aclo", "k": 1.0, "layers": self._layers[-1]}
+            k_index = np.zeros(rows, np.int64)
+            self.kernel.run(x, out, k_index, np.array([threshold] * rows))
             return {"mode": "aclo", **self._chosen(k_index.tolist())}
         beta = self.probe.busy
         latency = self.activator.latency.at(beta)
@@ -132,8 +134,25 @@ class ActivatorRuntime:
             chosen.append(int(k_index[0]))
         return {"mode": "lcao", **self._chosen(chosen), "interference": round(beta, 2)}
 
+    def _aclo_threshold(self, accuracy: float) -> float:
+        """δ for an accuracy target, or -1 where it runs at k = 100% (the target asks for it, or ACLO was timed
+        slower there: `aclo_from`). Remembered per target: clients repeat theirs, and on a small model the lookup
+        would be a tenth of the request's compute."""
+        threshold = self._thresholds.get(accuracy)
+        if threshold is None:
+            assert self.activator is not None
+            calibration = self.activator.calibration
+            found = aclo_threshold(calibration.thresholds, calibration.accuracy, accuracy)
+            threshold = found if found > 0 and found >= self.activator.aclo_from else -1.0
+            if len(self._thresholds) >= _REMEMBERED_TARGETS:
+                self._thresholds.clear()
+            self._thresholds[accuracy] = threshold
+        return threshold
+
     def _chosen(self, indexes: list[int]) -> dict[str, Any]:
         """`k` (mean over the rows) and `layers` for rows run at these grid indexes."""
+        if len(indexes) == 1:
+            return {"k": round(self._grid[indexes[0]], 4), "layers": self._layers[indexes[0]]}
         k = round(sum(self._grid[i] for i in indexes) / len(indexes), 4)
         distinct = set(indexes)
         if len(distinct) == 1:
