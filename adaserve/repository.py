@@ -312,3 +312,18 @@ def _check_batch_dimension(path: Path, program: Any, max_batch_size: int) -> Non
             raise ConfigError(
                 f"{path}: input {index} was exported for batches up to {upper}, below max_batch_size {max_batch_size}"
             )
+
+
+def append_config_block(directory: Path, key: str, block: str) -> None:
+    """Append the top-level field `key: block` (YAML flow text) to the model's config.yaml, whose config has no
+    `key` yet. Appended as text, so the file's comments and layout stay as written; ConfigError (and the file as it
+    was) if the result would not read as the model's config."""
+    path = directory / CONFIG_FILE
+    text = path.read_text()
+    ending = "" if text.endswith("\n") or not text else "\n"
+    path.write_text(f"{text}{ending}{key}: {block}\n")
+    try:
+        load_config(path, name=directory.name)
+    except ConfigError:
+        path.write_text(text)
+        raise

@@ -13,7 +13,7 @@ import yaml
 from torch import nn
 
 from adaserve.errors import ConfigError, InvalidInputError, ModelNotFoundError
-from adaserve.repository import ModelRepository, load_artifact
+from adaserve.repository import ModelRepository, append_config_block, load_artifact
 
 MAX_BATCH = 8
 
@@ -304,3 +304,19 @@ def test_missing_program(tmp_path: Path) -> None:
     path = tmp_path / "model.pt2"
     with pytest.raises(ConfigError, match=rf"^{escaped(path)}: cannot load model: "):
         load_artifact(path, MAX_BATCH)
+
+
+# -- adding to a config ----------------------------------------------------------------------------------------
+
+
+def test_a_block_is_appended_as_text_and_a_bad_one_leaves_the_file_as_it_was(root: Path) -> None:
+    directory = add_model(root, "m")
+    path = directory / "config.yaml"
+    path.write_text("# kept as written\n" + path.read_text().rstrip("\n"))  # no final newline
+    append_config_block(directory, "activator", "{}")
+    assert path.read_text().startswith("# kept as written\n") and path.read_text().endswith("\nactivator: {}\n")
+    assert ModelRepository(root).read("m").config.activator is not None
+    written = path.read_text()
+    with pytest.raises(ConfigError, match="max_batch_size"):
+        append_config_block(directory, "max_batch_size", "-3")
+    assert path.read_text() == written

@@ -17,6 +17,7 @@ import numpy as np
 
 from adaserve.arguments import add_model_repository
 from adaserve.errors import ConfigError
+from adaserve.repository import ModelSpec, append_config_block
 
 if TYPE_CHECKING:  # the build imports numba and torch; the command line imports them only when it builds
     from adaserve.adaptive.activator.build import BuildData
@@ -48,6 +49,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     build.add_argument("--busy-levels", type=int, help="profile β = 0..N busy processes (default: usable CPUs)")
     build.add_argument("--quick", action="store_true", help="fewer inputs and timings (seconds, for a try-out)")
     build.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    build.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the `activator:` block the model's config needs instead of adding it to config.yaml",
+    )
     build.set_defaults(func=build_command)
 
 
@@ -72,6 +78,7 @@ def build_command(args: argparse.Namespace) -> int:
     folder, activator = build_activator(spec, data, options, progress=args.progress)
     calibration, latency = activator.calibration, activator.latency
     print(f"wrote {folder}")
+    _say_config(spec, args.print_config)
     print(
         f"layers {'-'.join(map(str, activator.sizes))}, K={activator.nodes.bits} L={activator.nodes.tables}, "
         f"node tables {activator.nodes.nbytes() / 1e6:.1f} MB, held-out dense accuracy {calibration.dense_accuracy:.4f}"
@@ -87,6 +94,19 @@ def build_command(args: argparse.Namespace) -> int:
     for beta, row in zip(latency.busy, latency.cpu_p99_ms, strict=True):
         print(f"β={beta} T ms " + " ".join(f"{t:>6.3f}" for t in row))
     return 0
+
+
+def _say_config(spec: ModelSpec, print_only: bool) -> None:
+    """Serving the activator takes an `activator:` block in the model's config: add it (or print it)."""
+    if spec.config.activator is not None:
+        version = spec.config.activator.version
+        print(f"config.yaml serves activator {'version ' + str(version) if version else 'the newest version'}")
+    elif print_only:
+        print(f"to serve it, add to {spec.directory / 'config.yaml'}:\n  activator: {{}}")
+    else:
+        append_config_block(spec.directory, "activator", "{}")
+        print(f"added `activator: {{}}` (the newest version) to {spec.directory / 'config.yaml'}")
+    print("a running server serves it when it next loads the model (POST /v2/repository/models/NAME/load)")
 
 
 def load_data(name: str, held_out: float = 0.2, seed: int = 0) -> BuildData:

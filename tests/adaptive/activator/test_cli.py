@@ -15,6 +15,7 @@ from adaserve.cli import main
 from adaserve.config import ModelConfig, TensorSpec
 from adaserve.errors import ConfigError
 from adaserve.export import write_model
+from adaserve.repository import ModelRepository
 from tests.adaptive.activator.conftest import SIZES, tiny_data, tiny_mlp
 
 
@@ -51,6 +52,22 @@ def test_build_writes_the_next_version_bound_to_the_model(tmp_path: Path, capsys
     said = "was not faster" if math.isinf(activator.aclo_from) else "ACLO serves accuracy targets up to"
     assert said in printed
     assert activator.built["data"].endswith("1200 inputs for the tables, 300 held out")
+    config = ModelRepository(repository).read("tiny").config  # the block that serves it, added
+    assert config.activator is not None and config.activator.version is None and "added `activator: {}`" in printed
+    before = (repository / "tiny" / "config.yaml").read_text()
+    assert _build(repository, tmp_path / "data.npz", "--bits", "3", "--tables", "4") == 0
+    assert (repository / "tiny" / "config.yaml").read_text() == before  # there already: left as it is
+    assert "config.yaml serves activator the newest version" in capsys.readouterr().out
+
+
+def test_print_config_leaves_the_config_as_it_is(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    repository = _repository(tmp_path)
+    x, y = tiny_data(600)
+    np.savez(tmp_path / "data.npz", x=x, y=y)
+    before = (repository / "tiny" / "config.yaml").read_text()
+    assert _build(repository, tmp_path / "data.npz", "--bits", "3", "--tables", "4", "--print-config") == 0
+    assert (repository / "tiny" / "config.yaml").read_text() == before
+    assert "add to" in capsys.readouterr().out and ModelRepository(repository).read("tiny").config.activator is None
 
 
 def test_bad_data_or_lsh_shape_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
