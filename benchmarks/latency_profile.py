@@ -21,7 +21,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import RESULTS, SCRATCH, figure, finish_report, load_average, process_command, report_head
+from benchmarks.common import (
+    RESULTS,
+    SCRATCH,
+    figure,
+    finish_report,
+    load_average,
+    ms_text,
+    process_command,
+    report_head,
+)
 from benchmarks.perf_load import PerfAnalyzer
 from benchmarks.serving_overhead import floor_server, perf_medians, perf_parser, perf_run
 from tests.server_utils import ServerHandle, link_example, running_server
@@ -220,12 +229,11 @@ def _print(report: dict[str, Any], output: Path) -> None:
         print(f"\n{label}: {closed}")
         print("| offered req/s | p50 ms | p99 ms | p50 / c=1 p50 | p99 / c=1 p50 |")
         print("|---|---|---|---|---|")
-        for p in profile["open_loop"]:
-            if p["p50_ms"] is not None:
-                print(
-                    f"| {p['offered_rps']:,.0f} | {p['p50_ms']:.3f} | {p['p99_ms']:.3f} | "
-                    f"{p['p50_over_c1_p50']:.2f}× | {p['p99_over_c1_p50']:.2f}× |"
-                )
+        for p in profile["open_loop"]:  # a run perf_analyzer could not measure (a busy machine) prints "-"
+            print(
+                f"| {p['offered_rps']:,.0f} | {ms_text(p['p50_ms'])} | {ms_text(p['p99_ms'])} | "
+                f"{_times(p['p50_over_c1_p50'])} | {_times(p['p99_over_c1_p50'])} |"
+            )
     for name, bar in report["bars"].items():
         measured = "n/a" if bar["measured"] is None else f"{bar['measured']:.2f}"
         print(f"bar {name}: {measured} (target {bar['target']}): {'pass' if bar['pass'] else 'MISSED'}")
@@ -233,9 +241,14 @@ def _print(report: dict[str, Any], output: Path) -> None:
     if floor["rest_floor_p50_over_c1_p50"] is not None:
         print(
             f"at {BAR_RATE:.0f} req/s the REST floor's p50 is {floor['rest_floor_p50_over_c1_p50']:.2f}× its c=1 p50 "
-            f"(+{floor['rest_floor_added_p50_ms']:.3f} ms); adaserve adds +{floor['adaserve_added_p50_ms']:.3f} ms"
+            f"(+{ms_text(floor['rest_floor_added_p50_ms'])} ms); adaserve adds "
+            f"+{ms_text(floor['adaserve_added_p50_ms'])} ms"
         )
     print(f"wrote {output}")
+
+
+def _times(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{ratio:.2f}×"
 
 
 if __name__ == "__main__":
