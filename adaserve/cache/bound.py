@@ -46,6 +46,33 @@ class Problem:
     matrix: csr_matrix | None
     bounds: np.ndarray
 
+    def relaxed_s(self) -> float:
+        """The LP relaxation's least load time: a lower bound. ValueError if the LP fails."""
+        if self.matrix is None:
+            return self.first_loads_s  # everything fits: only the first loads
+        result = linprog(self.costs, A_ub=self.matrix, b_ub=self.bounds, bounds=(0, 1), method="highs")
+        if result.status != 0:
+            raise ValueError(f"the load-time bound's linear program failed: {result.message}")
+        return self.first_loads_s + float(result.fun)
+
+    def optimum(self, time_limit_s: float = DEFAULT_TIME_LIMIT_S) -> Optimum:
+        """The integer program's least load time, searched for at most `time_limit_s`. ValueError if no schedule
+        was found in time."""
+        if self.matrix is None:
+            return Optimum(self.first_loads_s, self.first_loads_s, optimal=True)
+        result = milp(
+            self.costs,
+            integrality=np.ones(len(self.costs)),
+            bounds=Bounds(0, 1),
+            constraints=LinearConstraint(self.matrix, -np.inf, self.bounds),
+            options={"time_limit": time_limit_s},
+        )
+        if result.x is None:
+            raise ValueError(f"the load-time optimum's integer program found no schedule: {result.message}")
+        best = self.first_loads_s + float(result.fun)
+        bound = self.first_loads_s + float(getattr(result, "mip_dual_bound", result.fun))
+        return Optimum(best, min(bound, best), optimal=result.status == 0)
+
 
 @dataclass(frozen=True)
 class Optimum:
@@ -101,13 +128,7 @@ def least_load_seconds(sequence: Sequence[str], models: Mapping[str, ModelFigure
     """A lower bound on the total load time, in seconds, of any schedule that serves the models requested in
     `sequence`, in order, within `budget_bytes` (the LP relaxation; see the module docstring). ValueError if a model
     alone does not fit or the LP fails."""
-    problem = schedule_problem(sequence, models, budget_bytes)
-    if problem.matrix is None:
-        return problem.first_loads_s  # everything fits: only the first loads
-    result = linprog(problem.costs, A_ub=problem.matrix, b_ub=problem.bounds, bounds=(0, 1), method="highs")
-    if result.status != 0:
-        raise ValueError(f"the load-time bound's linear program failed: {result.message}")
-    return problem.first_loads_s + float(result.fun)
+    return schedule_problem(sequence, models, budget_bytes).relaxed_s()
 
 
 def optimal_load_seconds(
@@ -118,18 +139,4 @@ def optimal_load_seconds(
 ) -> Optimum:
     """The least total load time of any schedule (the integer program; see the module docstring), searched for at
     most `time_limit_s`. ValueError if a model alone does not fit or no schedule was found in time."""
-    problem = schedule_problem(sequence, models, budget_bytes)
-    if problem.matrix is None:
-        return Optimum(problem.first_loads_s, problem.first_loads_s, optimal=True)
-    result = milp(
-        problem.costs,
-        integrality=np.ones(len(problem.costs)),
-        bounds=Bounds(0, 1),
-        constraints=LinearConstraint(problem.matrix, -np.inf, problem.bounds),
-        options={"time_limit": time_limit_s},
-    )
-    if result.x is None:
-        raise ValueError(f"the load-time optimum's integer program found no schedule: {result.message}")
-    best = problem.first_loads_s + float(result.fun)
-    bound = problem.first_loads_s + float(getattr(result, "mip_dual_bound", result.fun))
-    return Optimum(best, min(bound, best), optimal=result.status == 0)
+    return schedule_problem(sequence, models, budget_bytes).optimum(time_limit_s)

@@ -45,7 +45,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from adaserve.cache.bound import DEFAULT_TIME_LIMIT_S, least_load_seconds, optimal_load_seconds
+from adaserve.cache.bound import DEFAULT_TIME_LIMIT_S, schedule_problem
 from adaserve.cache.policies import POLICIES
 from adaserve.cache.simulator import ModelFigures, models_from, simulate
 from adaserve.cache.workload import ASSIGNMENTS, Request, build_workload
@@ -122,8 +122,9 @@ def limit(
     (execution and loads one after the other), the least mean load time of the open loop."""
     sequence = [request.model for request in requests]
     executing = sum(models[name].exec_s for name in sequence)
-    least = least_load_seconds(sequence, models, budget)
-    optimum = optimal_load_seconds(sequence, models, budget, time_limit_s=milp_seconds)
+    problem = schedule_problem(sequence, models, budget)  # built once, solved both ways
+    least = problem.relaxed_s()
+    optimum = problem.optimum(milp_seconds)
     return {
         "least_load_s": least,
         "most_throughput_rps": len(sequence) / (executing + least),
