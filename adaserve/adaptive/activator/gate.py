@@ -41,7 +41,7 @@ PASS_S = 0.004
 
 def measure_dense_layers(kernel: Kernel, rows: np.ndarray, passes: int = PASSES, pass_s: float = PASS_S) -> np.ndarray:
     """`dense_at` (k grid × layers, bool) for `kernel`, timed on `rows` of its network's input."""
-    x = np.ascontiguousarray(rows[: _rows_per_pass(kernel, rows, pass_s)], dtype=np.float32)
+    x = _pass_rows(kernel, rows, pass_s)
     dense_at = np.zeros_like(kernel.dense_at)
     grid, layers = dense_at.shape
     for index in range(grid):
@@ -64,7 +64,7 @@ def measure_aclo_floor(
     positive = thresholds[thresholds > 0]
     if positive.size == 0:
         return math.inf
-    x = np.ascontiguousarray(rows[: _rows_per_pass(kernel, rows, pass_s)], dtype=np.float32)
+    x = _pass_rows(kernel, rows, pass_s)
     full = len(kernel.counts) - 1
     floor = math.inf
     for threshold in np.unique(np.quantile(positive, np.linspace(0, 1, candidates)))[::-1]:
@@ -77,12 +77,13 @@ def measure_aclo_floor(
     return floor
 
 
-def _rows_per_pass(kernel: Kernel, rows: np.ndarray, pass_s: float) -> int:
-    """Rows whose dense forward takes about `pass_s` of CPU, at least 8 (and at most all of them)."""
-    probe = np.ascontiguousarray(rows[:8], dtype=np.float32)
-    seconds = _pass_s(kernel, probe, len(kernel.counts) - 1, plan=DENSE)
-    per_row = max(seconds / len(probe), 1e-9)
-    return int(min(len(rows), max(8, pass_s / per_row)))
+def _pass_rows(kernel: Kernel, rows: np.ndarray, pass_s: float) -> np.ndarray:
+    """The first of `rows` whose dense forward takes about `pass_s` of CPU, at least 8 (and at most all of them),
+    as the kernel reads them."""
+    rows = np.ascontiguousarray(rows, dtype=np.float32)
+    seconds = _pass_s(kernel, rows[:8], len(kernel.counts) - 1, plan=DENSE)
+    per_row = max(seconds / len(rows[:8]), 1e-9)
+    return rows[: int(min(len(rows), max(8, pass_s / per_row)))]
 
 
 def _median_s(calls: list[Callable[[np.ndarray], float]], x: np.ndarray, passes: int) -> list[float]:

@@ -151,12 +151,10 @@ class ActivatorRuntime:
 
     def _chosen(self, indexes: list[int]) -> dict[str, Any]:
         """`k` (mean over the rows) and `layers` for rows run at these grid indexes."""
-        if len(indexes) == 1:
+        distinct = set(indexes)
+        if len(distinct) == 1:  # every row at one k (a single row among them)
             return {"k": round(self._grid[indexes[0]], 4), "layers": self._layers[indexes[0]]}
         k = round(sum(self._grid[i] for i in indexes) / len(indexes), 4)
-        distinct = set(indexes)
-        if len(distinct) == 1:
-            return {"k": k, "layers": self._layers[indexes[0]]}
         per_layer = zip(*(self._dense[i] for i in distinct), strict=True)
         plans = ("dense" if all(rows) else "mixed" if any(rows) else "sparse" for rows in per_layer)
         return {"k": k, "layers": ",".join(plans)}
