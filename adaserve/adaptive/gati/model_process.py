@@ -21,7 +21,10 @@ is not pinned to, when there are any. It dies with the worker (PR_SET_PDEATHSIG,
 it wakes); if it dies first, the worker reports it and runs its lookups inline from then on.
 
 The buffers are sized at start for the worker's largest batch. The hand-off relies on the CPU keeping stores in order
-(x86): each side writes its data before the number that announces it; elsewhere the worker runs inline.
+(x86): each side writes its data before the number that announces it; elsewhere the worker runs inline. Each model
+process has shared memory of its own (anonymous mappings, never multiprocessing's shared heap): a model process whose
+worker dropped it without `close` (a runtime replaced) would otherwise keep spinning on memory the heap hands to the
+next one, and run or report its jobs (seen as a report with no shape, 2026-12-02). A dropped one is also hung up on.
 """
 
 from __future__ import annotations
@@ -30,11 +33,13 @@ import contextlib
 import ctypes
 import logging
 import math
+import mmap
 import multiprocessing as mp
 import os
 import platform
 import signal
 import time
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -113,14 +118,13 @@ class ModelProcess:
     def __init__(self, chain: BlockChain, sizes: Sizes) -> None:
         self.chain = chain
         self.sizes = sizes
-        self._control = mp.RawArray(ctypes.c_int64, FIELDS + (sizes.reports + 1) * SLOT_FIELDS)
-        self._data = mp.RawArray(ctypes.c_uint8, (sizes.reports + 1) * self._slot_bytes)
-        self._rows = mp.RawArray(ctypes.c_int64, (sizes.reports + 1) * sizes.rows)
-        self._answered = _flags(sizes.rows)  # by row of the pass
-        self._exits = _flags(len(chain.blocks))  # by block: report its output
-        self._error = mp.RawArray(ctypes.c_char, ERROR_BYTES)  # a failed batch's error
-        self._words = memoryview(self._control).cast("B").cast("q")
-        self._slot_rows = np.frombuffer(memoryview(self._rows).cast("B"), np.int64).reshape(sizes.reports + 1, -1)
+        self._words = _shared(8 * (FIELDS + (sizes.reports + 1) * SLOT_FIELDS)).cast("q")
+        self._data = _shared((sizes.reports + 1) * self._slot_bytes)
+        rows = _shared(8 * (sizes.reports + 1) * sizes.rows)
+        self._slot_rows = np.frombuffer(rows, np.int64).reshape(sizes.reports + 1, -1)
+        self._answered = np.frombuffer(_shared(sizes.rows), np.bool_)  # by row of the pass
+        self._exits = np.frombuffer(_shared(len(chain.blocks)), np.bool_)  # by block: report its output
+        self._error = _shared(ERROR_BYTES)  # a failed batch's error, NUL-terminated
         self._job = 0
         self._exits_posted: tuple[int, ...] | None = None  # in the worker: the exits last written
         self._marked = False  # in the worker: whether a job marked rows since `_answered` was last cleared
@@ -141,6 +145,7 @@ class ModelProcess:
         )
         self._process.start()
         os.close(wake_read)
+        self._hang_up = weakref.finalize(self, _close_quietly, self._wake)  # dropped without close: it still leaves
 
     @property
     def pid(self) -> int | None:
@@ -155,7 +160,7 @@ class ModelProcess:
 
     def close(self) -> None:
         """End the model process (closing its pipe is its signal to leave)."""
-        os.close(self._wake)
+        self._hang_up()
         self._process.join(timeout=5)
 
     # -- in the worker -----------------------------------------------------------------------------------------
@@ -268,7 +273,8 @@ class ModelProcess:
         words, spins, wanted = self._words, 0, job.base + number
         while words[REPORTED] <= wanted:
             if words[FAILED] == job.number:
-                raise RuntimeError(f"in the model process: {self._error.value.decode(errors='replace')}")
+                message = bytes(self._error).split(b"\0", 1)[0].decode(errors="replace")
+                raise RuntimeError(f"in the model process: {message}")
             spins += 1
             if spins % CHECK_EVERY == 0:
                 if not self._process.is_alive():
@@ -348,7 +354,8 @@ class ModelProcess:
                     words[REPORTED] += 1  # last: it announces the rest
         except Exception as error:
             log.exception("the model process failed on a batch")
-            self._error.value = f"{type(error).__name__}: {error}".encode()[: ERROR_BYTES - 1]
+            message = f"{type(error).__name__}: {error}".encode()[: ERROR_BYTES - 1] + b"\0"
+            self._error[: len(message)] = message
             words[FAILED] = job
         words[FINISHED] = job
 
@@ -384,9 +391,14 @@ class Job:
         self.process._words[CANCELLED] = self.number
 
 
-def _flags(count: int) -> np.ndarray:
-    """`count` booleans in shared memory."""
-    return np.frombuffer(memoryview(mp.RawArray(ctypes.c_uint8, count)).cast("B"), np.bool_)
+def _shared(size: int) -> memoryview:
+    """`size` zero bytes of memory of this model process's own, shared with it across the fork."""
+    return memoryview(mmap.mmap(-1, size))
+
+
+def _close_quietly(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        os.close(fd)
 
 
 def _cpus_beside(own: set[int]) -> set[int] | None:

@@ -5,6 +5,7 @@ failed block by its message, and does not outlive its worker; a worker whose mod
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import signal
 import subprocess
@@ -160,6 +161,30 @@ def test_a_failed_block_is_the_batchs_error_by_its_message_and_the_next_batch_is
     with batch(process):
         _, out, _ = process.start(torch.ones(2, 3), 0, []).next()
     torch.testing.assert_close(out, torch.full((2, 3), 112.0))
+
+
+def test_a_model_process_dropped_without_close_leaves_and_never_touches_the_next() -> None:
+    """A runtime replaced without `close` dropped its model process while the process lived on; with memory from
+    multiprocessing's shared heap its successor got the same memory, and the orphan ran or reported the successor's
+    jobs (a report with no shape). Now each has memory of its own, and a dropped one is hung up on."""
+    dropped = ModelProcess(toy_chain(), SIZES)
+    orphan = dropped._process
+    del dropped
+    gc.collect()
+    successor = ModelProcess(toy_chain(), SIZES)
+    try:
+        x = torch.tensor([[0.0, 1, 2], [3, 4, 5]])
+        for _ in range(200):
+            with batch(successor):
+                job = successor.start(x, 0, [])
+                index, out, _ = job.next()
+                job.cancel()
+            assert index == 2
+            torch.testing.assert_close(out, x + 111)
+        orphan.join(timeout=2 * model_process.PARENT_CHECK_S + 5)
+        assert not orphan.is_alive()
+    finally:
+        successor.close()
 
 
 def test_a_tensor_larger_than_the_buffers_is_refused(process: ModelProcess) -> None:
