@@ -5,7 +5,8 @@ One small interface, one class per policy, one factory, so the paper's baseline 
 * `elastic` — Ebird's Algorithm 1: R = min(ready, MaxInf − inflight); idle workers by batch granularity, largest
   first; the first whose granularity ≤ R takes that many rows (two exceptions take a partial batch: `ElasticPolicy`).
 * `fixed-timeout` — Triton / TF-Serving dynamic batching: wait until `max_batch_size` rows are ready or the oldest
-  has waited `max_queue_delay_us`, then run one batch at a time.
+  has waited `max_queue_delay_us`, then run them on an idle worker (Triton's model instance): one batch at a time
+  per worker, so a set of one worker runs one batch at a time.
 * `none` — no batching: each idle worker takes one row.
 
 Policies are pure: they see a `QueueView` and the idle workers, and never touch processes or memory.
@@ -91,7 +92,9 @@ class ElasticPolicy(BatchingPolicy):
 
 
 class FixedTimeoutPolicy(BatchingPolicy):
-    """One batch at a time, formed when full or when the oldest row has waited `max_queue_delay_us`."""
+    """A batch per idle worker, formed when full or when the oldest row has waited `max_queue_delay_us`: Triton's
+    dynamic batcher over its model instances, so OPT Wait's worker count is a setting to tune, as a user of Triton
+    tunes `instance_group.count`."""
 
     name = "fixed-timeout"
 
@@ -100,7 +103,7 @@ class FixedTimeoutPolicy(BatchingPolicy):
         self.delay_s = max_queue_delay_us / 1e6
 
     def pick(self, queue: QueueView, idle: Sequence[WorkerSlot]) -> tuple[WorkerSlot, int] | None:
-        if queue.inflight > 0 or not idle or queue.ready == 0 or queue.headroom <= 0:
+        if not idle or queue.ready == 0 or queue.headroom <= 0:
             return None
         if queue.ready < self.max_batch_size and queue.oldest_wait_s < self.delay_s:
             return None
@@ -108,7 +111,7 @@ class FixedTimeoutPolicy(BatchingPolicy):
         return worker, min(queue.front_run, worker.batch, self.max_batch_size, queue.headroom)
 
     def wake_after_s(self, queue: QueueView) -> float | None:
-        if queue.ready == 0 or queue.inflight > 0:
+        if queue.ready == 0:
             return None
         return max(0.0, self.delay_s - queue.oldest_wait_s)
 

@@ -241,7 +241,10 @@ class Scheduler:
         """When the policy declined rows that are waiting, the delay after which it should be asked again."""
         if not self.ready or not self._workers:
             return None  # nothing waits, or rows wait for a worker to (re)start, which will schedule them
-        return self.policy.wake_after_s(self._view(now, self._busy_counted(now)))
+        busy_threads = self._busy_counted(now)
+        if not self._idle_slots(busy_threads):
+            return None  # every worker that could take them is busy: a batch's end schedules them
+        return self.policy.wake_after_s(self._view(now, busy_threads))
 
     def oldest_arrival(self) -> float | None:
         return self._queue[0].arrived_at if self._queue else None

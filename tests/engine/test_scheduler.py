@@ -167,19 +167,45 @@ def test_rows_wait_while_there_is_no_worker() -> None:
     assert spans(scheduler.schedule(now=2.0)) == [(1, 0, 1)]
 
 
-def test_fixed_timeout_waits_for_the_delay_then_runs_one_batch() -> None:
-    scheduler = make_scheduler(8, 4, policy=FixedTimeoutPolicy(8, max_queue_delay_us=500_000))
+def test_fixed_timeout_waits_for_the_delay_then_runs_one_batch_per_worker() -> None:
+    scheduler = make_scheduler(8, policy=FixedTimeoutPolicy(8, max_queue_delay_us=500_000))
     scheduler.enqueue(0, 3, arrived_at=10.0)
     assert scheduler.schedule(now=10.0) == []
     assert scheduler.wake_after_s(now=10.25) == 0.25
     [batch] = scheduler.schedule(now=10.5)
     assert spans([batch]) == [(0, 0, 3)]
 
-    scheduler.enqueue(3, 8, arrived_at=10.5)  # a full batch, but one batch at a time
+    scheduler.enqueue(3, 8, arrived_at=10.5)  # a full batch, but its one worker is busy
     assert scheduler.schedule(now=11.0) == []
-    assert scheduler.wake_after_s(now=11.0) is None
+    assert scheduler.wake_after_s(now=11.0) is None  # the batch's end is the next event
     scheduler.finish(batch.id)
     assert spans(scheduler.schedule(now=11.0)) == [(0, 3, 8)]
+
+
+def test_fixed_timeout_feeds_a_second_worker_while_the_first_runs() -> None:
+    """Two workers are Triton's two model instances: the second takes the next batch once it is due."""
+    scheduler = make_scheduler(8, 8, policy=FixedTimeoutPolicy(8, max_queue_delay_us=500_000))
+    scheduler.enqueue(0, 8, arrived_at=0.0)
+    assert spans(scheduler.schedule(now=0.0)) == [(0, 0, 8)]
+    scheduler.enqueue(8, 2, arrived_at=0.1)
+    assert scheduler.schedule(now=0.2) == []
+    assert scheduler.wake_after_s(now=0.2) == pytest.approx(0.4)
+    assert spans(scheduler.schedule(now=0.6)) == [(1, 8, 2)]
+
+
+def test_fixed_timeout_sets_no_timer_while_the_busy_thread_limit_holds_every_worker() -> None:
+    """Rows past their delay whose idle worker the limit keeps out: no timer (it would fire at once, again and
+    again); the running batch's end schedules them."""
+    scheduler = Scheduler(FixedTimeoutPolicy(8, max_queue_delay_us=1000), 16, max_busy_threads=1)
+    scheduler.add_worker(WorkerSlot(0, 8))
+    scheduler.add_worker(WorkerSlot(1, 8))
+    scheduler.enqueue(0, 8, arrived_at=0.0)
+    [batch] = scheduler.schedule(now=0.0)
+    scheduler.enqueue(8, 2, arrived_at=0.0)
+    assert scheduler.schedule(now=1.0) == []
+    assert scheduler.wake_after_s(now=1.0) is None
+    scheduler.finish(batch.id)
+    assert spans(scheduler.schedule(now=1.0)) == [(0, 8, 2)]
 
 
 def test_no_batching_gives_one_row_to_each_idle_worker() -> None:
