@@ -3,13 +3,24 @@ surface only minutes into a run (on a GPU machine, inside a lease)."""
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 import pytest
 import yaml
 
 from adaserve.config import ModelConfig
-from benchmarks.elastic_batching import MAX_BATCH, Policy, _entries, _parse_args, policies
+from benchmarks.elastic_batching import (
+    FIXED_ENTRIES,
+    MAX_BATCH,
+    Fixed,
+    Policy,
+    _entries,
+    _parse_args,
+    _worker_sets,
+    policies,
+    worker_sets,
+)
 from tests.server_utils import EXAMPLES
 
 
@@ -19,9 +30,13 @@ def served(entry: Policy) -> ModelConfig:
     return ModelConfig.model_validate({**base, **entry.config})
 
 
+#: Each fixed-timeout entry at its own setting, as the sweep would tune them.
+TUNED = {"fixed-timeout": Fixed(1000, 1, 2), "fixed-timeout low": Fixed(500, 2, 1), "no wait": Fixed(0, 1, 1)}
+
+
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_every_entry_is_a_valid_config(device: str) -> None:
-    entries = policies(1000, 500, "cnn", device)
+    entries = policies(TUNED, "cnn", device)
     assert len({entry.model for entry in entries}) == len(entries)
     for entry in entries:
         config = served(entry)
@@ -30,16 +45,44 @@ def test_every_entry_is_a_valid_config(device: str) -> None:
 
 
 def test_on_cuda_the_sensitivity_entries_limit_the_busy_streams() -> None:
-    checks = [served(entry).batching for entry in policies(1000, 500, "cnn", "cuda") if not entry.primary]
+    checks = [served(entry).batching for entry in policies(TUNED, "cnn", "cuda") if not entry.primary]
     limits = [(b.policy, b.max_busy_threads, b.max_busy_threads_saturated) for b in checks]
-    assert limits == [("elastic", 1, None), ("elastic", 2, None), ("elastic", None, 1)]
+    assert limits == [("fixed-timeout", 0, None), ("elastic", 1, None), ("elastic", 2, None), ("elastic", None, 1)]
+
+
+def test_fixed_timeout_entries_serve_their_tuned_settings_with_no_busy_thread_limit() -> None:
+    """Triton's instances: each takes a batch when one is due, so the entries lift adaserve's busy-thread limit."""
+    fixed = {entry.label: served(entry) for entry in policies(TUNED, "cnn", "cpu") if entry.label in FIXED_ENTRIES}
+    assert set(fixed) == set(FIXED_ENTRIES)
+    for label, config in fixed.items():
+        setting = TUNED[label]
+        assert config.batching.policy == "fixed-timeout" and config.batching.max_busy_threads == 0
+        assert config.batching.max_queue_delay_us == setting.delay_us
+        assert [(w.batch, w.threads) for w in config.workers or []] == [
+            (MAX_BATCH, setting.threads)
+        ] * setting.instances
+
+
+@pytest.mark.parametrize(
+    ("cores", "sets"),
+    [(1, [(1, 1)]), (2, [(1, 1), (2, 1), (1, 2)]), (4, [(3, 1), (1, 2), (4, 1), (2, 2), (1, 4)])],
+)
+def test_worker_sets_split_all_the_cores_and_all_but_one(cores: int, sets: list[tuple[int, int]]) -> None:
+    assert worker_sets(cores, "cpu") == sets
+
+
+def test_worker_sets_option_reads_pairs_and_refuses_others() -> None:
+    assert _worker_sets("2x1,1x2") == [(2, 1), (1, 2)]
+    with pytest.raises(argparse.ArgumentTypeError, match="INSTANCESxTHREADS"):
+        _worker_sets("2x")
 
 
 def test_entries_picks_some_beside_the_two_compared(monkeypatch: pytest.MonkeyPatch) -> None:
     argv = ["elastic_batching", "--device", "cuda", "--model", "resnet50", "--entries", "elastic 1 busy"]
     monkeypatch.setattr(sys, "argv", argv)
     args = _parse_args()
-    assert [entry.label for entry in _entries(args, 5000)] == ["elastic", "fixed-timeout", "elastic 1 busy"]
+    labels = [entry.label for entry in _entries(args, TUNED)]
+    assert labels == ["elastic", "fixed-timeout", "fixed-timeout low", "elastic 1 busy"]
 
 
 def test_entries_refuses_a_label_with_no_entry(
