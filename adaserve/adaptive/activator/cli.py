@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from adaserve.adaptive.config_block import add_config_block, add_print_config, keep_config_block
 from adaserve.arguments import add_model_repository
 from adaserve.errors import ConfigError
-from adaserve.repository import ModelSpec, append_config_block
+from adaserve.repository import ModelSpec
 
 if TYPE_CHECKING:  # the build imports numba and torch; the command line imports them only when it builds
     from adaserve.adaptive.activator.build import BuildData
@@ -49,11 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     build.add_argument("--busy-levels", type=int, help="profile β = 0..N busy processes (default: usable CPUs)")
     build.add_argument("--quick", action="store_true", help="fewer inputs and timings (seconds, for a try-out)")
     build.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
-    build.add_argument(
-        "--print-config",
-        action="store_true",
-        help="print the `activator:` block the model's config needs instead of adding it to config.yaml",
-    )
+    add_print_config(build, "activator")
     build.set_defaults(func=build_command)
 
 
@@ -98,15 +95,13 @@ def build_command(args: argparse.Namespace) -> int:
 
 def _say_config(spec: ModelSpec, print_only: bool) -> None:
     """Serving the activator takes an `activator:` block in the model's config: add it (or print it)."""
-    if spec.config.activator is not None:
-        version = spec.config.activator.version
-        print(f"config.yaml serves activator {'version ' + str(version) if version else 'the newest version'}")
-    elif print_only:
-        print(f"to serve it, add to {spec.directory / 'config.yaml'}:\n  activator: {{}}")
+    served = spec.config.activator
+    if served is None:
+        add_config_block(spec, "activator", "{}", print_only=print_only)
     else:
-        append_config_block(spec.directory, "activator", "{}")
-        print(f"added `activator: {{}}` (the newest version) to {spec.directory / 'config.yaml'}")
-    print("a running server serves it when it next loads the model (POST /v2/repository/models/NAME/load)")
+        keep_config_block(
+            "activator", f"it serves {f'version {served.version}' if served.version else 'the newest version'}"
+        )
 
 
 def load_data(name: str, held_out: float = 0.2, seed: int = 0) -> BuildData:

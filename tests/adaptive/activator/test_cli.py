@@ -57,7 +57,7 @@ def test_build_writes_the_next_version_bound_to_the_model(tmp_path: Path, capsys
     before = (repository / "tiny" / "config.yaml").read_text()
     assert _build(repository, tmp_path / "data.npz", "--bits", "3", "--tables", "4") == 0
     assert (repository / "tiny" / "config.yaml").read_text() == before  # there already: left as it is
-    assert "config.yaml serves activator the newest version" in capsys.readouterr().out
+    assert "config.yaml keeps its `activator:` block: it serves the newest version" in capsys.readouterr().out
 
 
 def test_print_config_leaves_the_config_as_it_is(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
