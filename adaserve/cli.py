@@ -294,8 +294,19 @@ def _model_line(spec: ModelSpec) -> str:
     inputs = ", ".join(f"{t.name}:{t.datatype}{list(t.shape)}" for t in config.inputs)
     return (
         f"v{','.join(map(str, spec.served))}\t{spec.platform}\tmax_batch={config.max_batch_size}\t"
-        f"policy={config.batching.policy}\tinputs={inputs}"
+        f"policy={config.batching.policy}\tinputs={inputs}{_default_field(spec)}"
     )
+
+
+def _default_field(spec: ModelSpec) -> str:
+    """What a request that sets no parameter gets from the model's adaptive technique, if it has one."""
+    if spec.config.caches is not None:
+        from adaserve.adaptive.gati.cli import default_request  # imports torch: only for a model with caches
+
+        return f"\tdefault=early exit {default_request(spec)}"
+    if spec.config.activator is not None:
+        return "\tdefault=dense (the activator serves requests that set accuracy or latency_ms)"
+    return ""
 
 
 def _dag_line(dag: DagConfig) -> str:

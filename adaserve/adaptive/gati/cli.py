@@ -1,10 +1,12 @@
 """`adaserve caches build MODEL --data DATA`, `compose MODEL` and `list MODEL`: GATI's deployment phase.
 
 `build` explores (trains every predictor variant and its selector after every candidate block), composes for each
-target, and saves the result as a new cache set version in the model's folder. `compose` recomposes an existing set
-for other targets, a memory budget or α without retraining, rewriting that version's manifest. Both print the
+target, and saves the result as a new cache set version in the model's folder; a config without a `caches:` block
+gets one whose default target is the strictest built target that deploys an exit (`choose_default`). `compose`
+recomposes an existing set for other targets, a memory budget or α without retraining, rewriting that version's
+manifest. Both print the
 per-variant table and the compositions. `list` shows every version, built or adapted, with what its default
-compositions expect and which one the config serves.
+compositions expect, which one the config serves, and what a request that sets no parameter gets.
 """
 
 from __future__ import annotations
@@ -14,15 +16,30 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from adaserve.adaptive.config_block import add_config_block, add_print_config, keep_config_block
 from adaserve.arguments import add_model_repository, positive_integer, positive_number
 from adaserve.config import ModelConfig
+from adaserve.errors import AdaserveError
 from adaserve.repository import ModelRepository
 
 if TYPE_CHECKING:  # torch is imported only when a command runs, so `adaserve --help` stays fast
-    from adaserve.adaptive.gati.cacheset import Manifest
+    from adaserve.adaptive.gati.cacheset import CompositionRecord, Manifest
     from adaserve.repository import ModelSpec
 
-__all__ = ["format_cache_set", "format_versions", "register"]
+__all__ = [
+    "DEFAULT_TARGETS",
+    "caches_block",
+    "choose_default",
+    "default_request",
+    "format_cache_set",
+    "format_versions",
+    "register",
+]
+
+#: The targets a build composes for when neither `--target` nor the config's `caches.targets` names them: from
+#: strict to loose, so the strictest one that deploys an exit can be the default (on the example CNN 0.99 deploys
+#: none).
+DEFAULT_TARGETS = (0.99, 0.98, 0.97, 0.95)
 
 
 def _fraction(text: str) -> float:
@@ -74,6 +91,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     build.add_argument("--seed", type=int, default=0, help="seed of the splits and the training (default 0)")
     build.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
+    add_print_config(build, "caches")
     _composition_arguments(build)
     build.set_defaults(func=build_command)
 
@@ -90,12 +108,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     listing = commands.add_parser(
         "list",
-        help="a model's cache set versions, built or adapted, and the one its config serves",
-        description="One entry per version: when and how it was made (a build, or adaptation from which version), "
+        help="models' cache set versions, built or adapted, the one the config serves and what a request without "
+        "parameters gets",
+        description="Per model, what a request that sets no parameter gets (the config's first target's exits), "
+        "then one entry per version: when and how it was made (a build, or adaptation from which version), "
         "its size on disk, and per target its default composition's exits, agreement and hit rate on held-out rows "
         "and expected speedup; a version built for another artifact is marked stale.",
     )
-    listing.add_argument("model", help="a model of the repository")
+    listing.add_argument(
+        "model", nargs="?", help="a model of the repository (default: every model with a caches block or cache set)"
+    )
     listing.set_defaults(func=list_command)
     for parser in (build, recompose, listing):
         add_model_repository(parser)
@@ -107,7 +129,7 @@ def _composition_arguments(parser: argparse.ArgumentParser) -> None:
         type=_fraction,
         action="append",
         help="agreement with the base model to compose for (repeatable; default: the config's caches.targets, "
-        "else 0.99)",
+        f"else {', '.join(map(str, DEFAULT_TARGETS))})",
     )
     parser.add_argument(
         "--memory-mb", type=positive_number, help="memory the chosen caches may hold (default: caches.memory_budget_mb)"
@@ -128,7 +150,7 @@ def _composition_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def _targets_and_budget(args: argparse.Namespace, config: ModelConfig) -> tuple[list[float], int | None]:
     caches = config.caches
-    targets = args.target or list(caches.targets if caches else (0.99,))
+    targets = args.target or list(caches.targets if caches else DEFAULT_TARGETS)
     memory_mb = args.memory_mb or (caches.memory_budget_mb if caches else None)
     return targets, int(memory_mb * 1e6) if memory_mb else None
 
@@ -159,7 +181,70 @@ def build_command(args: argparse.Namespace) -> int:
     )
     print(f"wrote {cache_set.directory} in {time.perf_counter() - began:.0f} s")
     print(format_cache_set(cache_set.manifest))
+    _say_config(spec, cache_set.manifest, targets, args.print_config)
     return 0
+
+
+def _say_config(spec: ModelSpec, manifest: Manifest, targets: list[float], print_only: bool) -> None:
+    """Serving the set takes a `caches:` block whose first target deploys an exit: add it (or print it), or say
+    why none is added."""
+    chosen = choose_default(manifest)
+    if spec.config.caches is not None:
+        keep_config_block("caches", f"a request that sets no parameter gets {default_request(spec)}")
+        if chosen is not None and chosen.target != spec.config.caches.targets[0]:
+            print(f"(the strictest target that deploys an exit is {chosen.target:g}: {_outcome(chosen)})")
+        return
+    if chosen is None:
+        print(
+            f"no target deploys an exit on {spec.name}, so no caches block was added: with one every request would "
+            "run the model whole, block by block; try a lower --target, or more rows (--max-samples, --fit-data)"
+        )
+        return
+    print(f"default target {chosen.target:g}, the strictest that deploys an exit: {_outcome(chosen)}")
+    add_config_block(spec, "caches", caches_block(chosen.target, targets), print_only=print_only)
+
+
+def choose_default(manifest: Manifest) -> CompositionRecord | None:
+    """The default composition of the strictest target that deploys an exit, or None when none does: a request
+    that sets no parameter should leave early where the certification allows it at all."""
+    deploying = (c for c in manifest.compositions if c.default and c.exits)
+    return max(deploying, key=lambda c: c.target, default=None)
+
+
+def caches_block(default: float, targets: list[float]) -> str:
+    """The `caches:` block (YAML flow text) serving `targets` with `default` first, the target of a request that sets
+    none; the others stay, so a request asking for a stricter one gets its composition, not the default's."""
+    ordered = [default, *(t for t in targets if t != default)]
+    return f"{{targets: [{', '.join(f'{t:g}' for t in ordered)}]}}"
+
+
+def default_request(spec: ModelSpec) -> str:
+    """What a request that sets no parameter gets from the model's learned caches (its config has a `caches:`
+    block), found as a worker finds it: the config's first target's composition in the cache set it names."""
+    from adaserve.adaptive.gati.cacheset import load_cache_set
+
+    caches = spec.config.caches
+    assert caches is not None
+    target = caches.targets[0]
+    try:
+        composition = load_cache_set(spec, caches.version).composition(target)
+    except AdaserveError as exc:
+        return f"target {target:g}: the model runs whole ({exc})"
+    return f"target {target:g}: {_outcome(composition)}"
+
+
+def _outcome(composition: CompositionRecord) -> str:
+    """A composition's exits and what it measured on the held-out rows."""
+    if not composition.exits:
+        return _exits(composition)
+    ev = composition.evaluate
+    return f"{_exits(composition)}, hit rate {sum(ev.exit_rates):.3f} at agreement {ev.agreement:.4f} on held-out rows"
+
+
+def _exits(composition: CompositionRecord) -> str:
+    if not composition.exits:
+        return "no exit: the model runs whole"
+    return f"exits after {', '.join(e.block for e in composition.exits)}"
 
 
 def compose_command(args: argparse.Namespace) -> int:
@@ -183,8 +268,20 @@ def compose_command(args: argparse.Namespace) -> int:
 
 
 def list_command(args: argparse.Namespace) -> int:
-    spec = ModelRepository(args.model_repository).read(args.model)
-    print(format_versions(spec))
+    from adaserve.adaptive.gati.cacheset import versions
+
+    repository = ModelRepository(args.model_repository)
+    if args.model:
+        print(format_versions(repository.read(args.model)))
+        return 0
+    for name in repository.names():
+        try:
+            spec = repository.read(name)
+        except AdaserveError as exc:
+            print(f"{name}: cannot be read: {exc}")
+            continue
+        if spec.config.caches is not None or versions(spec.directory):
+            print(format_versions(spec))
     return 0
 
 
@@ -203,6 +300,8 @@ def format_versions(spec: ModelSpec) -> str:
         serving = f"the config names v{served}" + (" (latest)" if caches.version == "latest" else "")
     count = f"{len(found)} cache set version" + ("s" if len(found) > 1 else "")
     lines = [f"{spec.name}: {count} in {spec.directory / 'caches'}; {serving}"]
+    if caches is not None:
+        lines.append(f"a request that sets no parameter gets {default_request(spec)}")
     digest = artifact_sha256(spec.artifact)
     for number in found:
         directory = spec.directory / "caches" / f"v{number}"
@@ -231,11 +330,10 @@ def format_versions(spec: ModelSpec) -> str:
             )
         base = sum(manifest.block_latency_s)
         for c in sorted((c for c in manifest.compositions if c.default), key=lambda c: -c.target):
-            exits = f"exits after {', '.join(e.block for e in c.exits)}" if c.exits else "no exit: the model runs whole"
             ev = c.evaluate
             lines.append(
                 f"    target {c.target:g}: agreement {ev.agreement:.4f}, hit rate {sum(ev.exit_rates):.3f}, "
-                f"{base / ev.mean_latency_s:.2f}× expected; {exits}"
+                f"{base / ev.mean_latency_s:.2f}× expected; {_exits(c)}"
             )
     return "\n".join(lines)
 

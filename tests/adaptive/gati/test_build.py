@@ -95,6 +95,7 @@ def test_the_list_shows_each_versions_origin_and_expectations_and_the_one_served
     )
     created = read_manifest(built.directory).created
     assert lines[0] == f"tiny: 3 cache set versions in {spec.directory / 'caches'}; the config names v3 (latest)"
+    assert lines.pop(1).startswith("a request that sets no parameter gets target 0.9: the model runs whole (")
     assert lines[1].startswith(f"v1  {created}  built from {tiny_data}, 400 rows  ") and lines[2] == target
     assert lines[3].startswith(f"v2  {created}  adapted from v1, retrained in 7.3 s  ") and lines[4] == target
     assert lines[5].startswith("v3  0.0 MB [the config's]  unreadable: ") and "cannot read" in lines[5]

@@ -2,7 +2,8 @@
 
 Requests come back with the block their answer came from; a row that ran to the end is the base model's output
 exactly; `early_exit: false` is the base model; bad parameters are 400s; the caches show in /metrics and in the model
-configuration; a model whose cache set is missing keeps serving without early exit."""
+configuration; a model whose cache set is missing keeps serving without early exit; `caches build` makes a model
+serve its caches with no step between."""
 
 from __future__ import annotations
 
@@ -20,11 +21,13 @@ import tritonclient.http as httpclient
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
+from adaserve.adaptive.gati import explore
 from adaserve.adaptive.gati.cacheset import load_cache_set, rewrite_manifest
 from adaserve.datasets import load_fashion_mnist
 from adaserve.repository import ModelRepository
 from tests.adaptive.gati.conftest import build_timed_alike
 from tests.adaptive.gati.test_adapt import BUILD
+from tests.adaptive.gati.test_build import adaserve
 from tests.server_utils import Clients, ServerHandle, link_example, needs_cuda, running_server
 
 WORKERS = {"workers": [{"batch": 4, "threads": 1}]}
@@ -102,6 +105,31 @@ def test_answers_name_their_exit_and_rows_that_ran_whole_are_the_model(server: S
     tensor.set_data_from_numpy(images[0])
     response = grpc.infer("cnn_gati", [tensor], parameters={"accuracy": 0.8}).get_response(as_json=True)
     assert response["parameters"]["exit_block"]["string_param"] in {"stage1", "stage2", "head"}
+
+
+def test_after_a_build_requests_without_parameters_exit_early(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, clients: Clients, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`caches build` adds the `caches:` block itself, its default the strictest target that deploys an exit: no
+    composition can be certified at 0.999 on a few thousand rows, one is at 0.8. The build is the small one with
+    the latencies fixed (`build_timed_alike`), so a busy machine's timings do not drop the exits."""
+    root = tmp_path / "models"
+    root.mkdir()
+    link_example(root, "cnn", **WORKERS)
+    monkeypatch.setattr(
+        explore, "build_cache_set", lambda spec, _, __, *, targets, **___: build_timed_alike(spec, BUILD, targets)
+    )
+    targets = ["--target", "0.999", "--target", "0.8"]
+    assert adaserve("caches", "build", "cnn", "--data", "fashion-mnist", "--model-repository", str(root), *targets) == 0
+    printed = capsys.readouterr().out
+    assert "default target 0.8, the strictest that deploys an exit: exits after" in printed
+    assert "added `caches: {targets: [0.8, 0.999]}`" in printed
+    with running_server(root, "--model=cnn") as handle:
+        client = clients.http(handle.http_url)
+        answers = [infer(client, "cnn", image)[1] for image in first_images(20)]
+    exits = [answer["exit_block"] for answer in answers]
+    assert set(exits) - {"head"}, exits
+    assert all(answer["exited_rows"] == (answer["exit_block"] != "head") for answer in answers), answers
 
 
 def test_a_request_split_over_batches_reports_every_rows_exit(server: ServerHandle, clients: Clients) -> None:
