@@ -56,8 +56,9 @@ class Problem:
         return self.first_loads_s + float(result.fun)
 
     def optimum(self, time_limit_s: float = DEFAULT_TIME_LIMIT_S) -> Optimum:
-        """The integer program's least load time, searched for at most `time_limit_s`. ValueError if no schedule
-        was found in time."""
+        """The integer program's least load time, searched for at most `time_limit_s`. Where the search found no
+        schedule in time (a busy machine), the one that evicts in every interval (x = 1, always feasible) and the
+        relaxation's bound."""
         if self.matrix is None:
             return Optimum(self.first_loads_s, self.first_loads_s, optimal=True)
         result = milp(
@@ -68,7 +69,7 @@ class Problem:
             options={"time_limit": time_limit_s},
         )
         if result.x is None:
-            raise ValueError(f"the load-time optimum's integer program found no schedule: {result.message}")
+            return Optimum(self.first_loads_s + float(self.costs.sum()), self.relaxed_s(), optimal=False)
         best = self.first_loads_s + float(result.fun)
         bound = self.first_loads_s + float(getattr(result, "mip_dual_bound", result.fun))
         return Optimum(best, min(bound, best), optimal=result.status == 0)
@@ -138,5 +139,5 @@ def optimal_load_seconds(
     time_limit_s: float = DEFAULT_TIME_LIMIT_S,
 ) -> Optimum:
     """The least total load time of any schedule (the integer program; see the module docstring), searched for at
-    most `time_limit_s`. ValueError if a model alone does not fit or no schedule was found in time."""
+    most `time_limit_s`. ValueError if a model alone does not fit."""
     return schedule_problem(sequence, models, budget_bytes).optimum(time_limit_s)

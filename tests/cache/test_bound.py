@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from adaserve.cache.bound import least_load_seconds, optimal_load_seconds
+from adaserve.cache.bound import least_load_seconds, optimal_load_seconds, schedule_problem
 from adaserve.cache.policies import POLICIES
 from adaserve.cache.simulator import ModelFigures, simulate
 from adaserve.cache.workload import Request
@@ -121,3 +121,16 @@ def test_no_policy_loads_for_less_time_than_the_bound(seed: int) -> None:
     requests = [Request(float(i), name) for i, name in enumerate(sequence)]
     for policy in POLICIES:
         assert bound <= simulate(requests, models, budget, policy, clients=1).loading_s + 1e-9, policy
+
+
+def test_a_search_that_finds_no_schedule_in_time_answers_evicting_everywhere_and_the_relaxation() -> None:
+    """On a busy machine the search may find no schedule within its limit: the answer is still a schedule and a
+    bound, not an error."""
+    rng = random.Random(7)
+    models = {f"m{i}": ModelFigures(rng.randint(10, 100), rng.uniform(0.1, 3.0), 0.01) for i in range(12)}
+    sequence = rng.choices(list(models), k=3000)
+    problem = schedule_problem(sequence, models, sum(m.size_bytes for m in models.values()) // 2)
+    optimum = problem.optimum(time_limit_s=1e-9)
+    assert not optimum.optimal
+    assert optimum.load_s == pytest.approx(problem.first_loads_s + problem.costs.sum())
+    assert optimum.bound_s == pytest.approx(problem.relaxed_s())
