@@ -367,8 +367,9 @@ def _parse_args() -> argparse.Namespace:
     add("--generator", choices=["perf_analyzer", "adaserve"], default="perf_analyzer", help="the load generator: "
         "Triton's C++ perf_analyzer (default; from benchmarks/perf_analyzer_env.sh) or adaserve bench")  # fmt: skip
     add("--perf-venv", type=Path, default=ROOT / ".venv-perf", help="venv holding perf_analyzer")
-    add("--entries", type=lambda s: s.split(","), help="measure only these entries besides elastic and "
-        "fixed-timeout (labels, comma-separated, e.g. 'elastic 1 busy,none'; default all)")  # fmt: skip
+    add("--entries", type=lambda s: [label for label in s.split(",") if label], help="measure only these "
+        "entries besides elastic and OPT Wait (labels, comma-separated, e.g. 'elastic 1 busy,none'; '' for none; "
+        "default all)")  # fmt: skip
     add("--qos-p99-ms", type=float, default=100.0, help="QoS target: p99 latency (default 100 ms)")
     add("--low-fraction", type=float, default=0.275, help="low rate as a fraction of elastic's capacity")
     add("--low-rate", type=float, help="low rate (req/s); default: from the capacity stage")
