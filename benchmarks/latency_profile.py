@@ -53,7 +53,7 @@ def main() -> int:
     output: Path = args.output or (
         SCRATCH / "latency_profile-quick.json" if args.quick else RESULTS / "latency_profile.json"
     )
-    perf = PerfAnalyzer.find(args.perf_venv)
+    perf = PerfAnalyzer.find(args.perf_venv, judge_stability=not args.quick)
     settings = {
         "model": MODEL,
         "repeats": args.repeats,

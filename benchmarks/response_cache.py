@@ -60,7 +60,7 @@ def main() -> int:
     output: Path = args.output or (
         SCRATCH / "response_cache-quick.json" if args.quick else RESULTS / "response_cache.json"
     )
-    perf = PerfAnalyzer.find(args.perf_venv)
+    perf = PerfAnalyzer.find(args.perf_venv, judge_stability=not args.quick)
     work = SCRATCH / "response_cache"
     shutil.rmtree(work, ignore_errors=True)
     repository = work / "repo"

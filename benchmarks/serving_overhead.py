@@ -76,7 +76,7 @@ def main() -> int:
     output: Path = args.output or (
         SCRATCH / "serving_overhead-quick.json" if args.quick else RESULTS / "serving_overhead.json"
     )
-    perf = PerfAnalyzer.find(args.perf_venv)
+    perf = PerfAnalyzer.find(args.perf_venv, judge_stability=not args.quick)
     settings = {
         "model": MODEL,
         "artifact": str((EXAMPLES / MODEL / "1" / "model.pt2").relative_to(ROOT)),
@@ -113,7 +113,9 @@ def main() -> int:
 def perf_parser(description: str | None, request_count: int) -> argparse.ArgumentParser:
     """The options every benchmark made of interleaved perf_analyzer runs takes."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="one repeat, short windows (a smoke run)")
+    parser.add_argument(
+        "--quick", action="store_true", help="one repeat, short windows, any spread between them (a smoke run)"
+    )
     parser.add_argument("--repeats", type=int, help="runs of each case, interleaved (default 3; --quick 1)")
     parser.add_argument(
         "--request-count", type=int, help=f"perf_analyzer requests per window (default {request_count})"
@@ -237,8 +239,9 @@ def perf_run(
     csv_path.unlink(missing_ok=True)
     url = server.http_url if protocol == "http" else server.grpc_url
     wire = ["-i", "grpc", "--streaming"] if protocol == "grpc_stream" else ["-i", protocol]
+    spread = ["--stability-percentage", "25", "--max-trials", "10"] if perf.judge_stability else ["-s", "1000"]
     offered = (
-        ["--concurrency-range", str(concurrency), "--stability-percentage", "25", "--max-trials", "10"]
+        ["--concurrency-range", str(concurrency), *spread]
         if rate is None
         else ["--request-rate-range", f"{rate:g}", "--request-distribution", "poisson",
               "--max-threads", str(open_loop_threads(rate)), "--stability-percentage", "1000", "--max-trials", "6"]

@@ -53,7 +53,7 @@ def main() -> int:
     output: Path = args.output or (
         SCRATCH / "shared_memory-quick.json" if args.quick else RESULTS / "shared_memory.json"
     )
-    perf = PerfAnalyzer.find(args.perf_venv)
+    perf = PerfAnalyzer.find(args.perf_venv, judge_stability=not args.quick)
     repository = SCRATCH / "shared_memory" / "repo"
     shutil.rmtree(repository, ignore_errors=True)
     for size in SIZES:

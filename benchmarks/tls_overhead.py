@@ -44,7 +44,7 @@ def main() -> int:
     args.repeats = args.repeats or (1 if args.quick else 3)
     args.request_count = args.request_count or (500 if args.quick else 3000)
     output: Path = args.output or (SCRATCH / "tls_overhead-quick.json" if args.quick else RESULTS / "tls_overhead.json")
-    perf = PerfAnalyzer.find(args.perf_venv)
+    perf = PerfAnalyzer.find(args.perf_venv, judge_stability=not args.quick)
     work = SCRATCH / "tls_overhead"
     shutil.rmtree(work, ignore_errors=True)
     (work / "certs").mkdir(parents=True)

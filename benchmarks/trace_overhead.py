@@ -69,7 +69,7 @@ def main() -> int:
     output: Path = args.output or (
         SCRATCH / "trace_overhead-quick.json" if args.quick else RESULTS / "trace_overhead.json"
     )
-    perf = PerfAnalyzer.find(args.perf_venv)
+    perf = PerfAnalyzer.find(args.perf_venv, judge_stability=not args.quick)
     work = SCRATCH / "trace_overhead"
     shutil.rmtree(work, ignore_errors=True)
     link_example(work / "repo", MODEL)

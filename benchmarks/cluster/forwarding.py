@@ -73,7 +73,7 @@ def main() -> int:
     output: Path = args.output or (
         SCRATCH / "cluster_forwarding-quick.json" if args.quick else RESULTS / "cluster_forwarding.json"
     )
-    perf = PerfAnalyzer.find(args.perf_venv)
+    perf = PerfAnalyzer.find(args.perf_venv, judge_stability=not args.quick)
     work = SCRATCH / "cluster_forwarding"
     shutil.rmtree(work, ignore_errors=True)
     link_example(work / "repo", MODEL)

@@ -51,6 +51,7 @@ from benchmarks.common import (
     figure,
     finish_report,
     load_average,
+    ms_text,
     process_command,
     report_head,
 )
@@ -71,7 +72,7 @@ CONCURRENCY_PER_GROUP = 16
 
 def main() -> int:
     args = _parse_args()
-    perf = PerfAnalyzer.find(args.perf_venv)
+    perf = PerfAnalyzer.find(args.perf_venv, judge_stability=not args.quick)
     topology = read_topology(SYSFS, args.server_cpus or os.sched_getaffinity(0))
     groups = core_groups(args.groups or min(BAR_SERVERS, len(topology.cpus)), topology)
     counts = args.servers or [k for k in (1, 2, 4) if k <= len(groups)]
@@ -268,13 +269,18 @@ def _print(report: dict[str, Any], output: Path) -> None:
                     if entry["repeats_ok"] < entry["repeats"]
                     else ""
                 )
-                + f" | {entry['ratio']:.2f}× | {entry['p50_ms']:.3f} | {entry['server_cores']:.2f} ({each}) |"
+                + f" | {_times(entry['ratio'])} | {ms_text(entry['p50_ms'])} | {entry['server_cores']:.2f} ({each}) |"
             )
     bar = report["bar"]
     verdict = {True: "PASS", False: "FAIL", None: bar.get("note", "")}[bar["pass"]]
-    ratios = ", ".join(f"{case} {r:.2f}×" if r is not None else f"{case} -" for case, r in bar["measured"].items())
+    ratios = ", ".join(f"{case} {_times(r)}" for case, r in bar["measured"].items())
     print(f"\nbar: {bar['target']}: {ratios}: {verdict}")
     print(f"load average {report['load_start']} → {report['load_end']}; wrote {output}")
+
+
+def _times(ratio: float | None) -> str:
+    """A ratio for the table, or "-" where a run perf_analyzer could not measure left none (a busy machine)."""
+    return "-" if ratio is None else f"{ratio:.2f}×"
 
 
 if __name__ == "__main__":

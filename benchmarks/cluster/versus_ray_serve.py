@@ -93,7 +93,7 @@ def main() -> int:
     args.request_count = args.request_count or (500 if args.quick else 2000)
     stem = "cluster_versus_ray_serve"
     output: Path = args.output or (SCRATCH / f"{stem}-quick.json" if args.quick else RESULTS / f"{stem}.json")
-    perf = PerfAnalyzer.find(args.perf_venv)
+    perf = PerfAnalyzer.find(args.perf_venv, judge_stability=not args.quick)
     python = venv_python(args.ray_venv, "benchmarks/foreign_env.sh ray-cluster")
     work = SCRATCH / stem
     shutil.rmtree(work, ignore_errors=True)
