@@ -39,11 +39,13 @@ def serving_overhead(report: dict[str, Any]) -> str:
 
 
 def elastic_batching(report: dict[str, Any]) -> str:
-    rates = report["rates"]
+    rates, against = report["rates"], report["bars"]["against"]
+    if isinstance(against, dict):  # each bar's own OPT Wait (results before the per-load sweep name one)
+        against = "; ".join(f"{phase}: {text}" for phase, text in against.items())
     lines = [
         f"Rates: low {rates['low_rps']:g}/s, high {rates['high_rps']:g}/s (closed-loop capacity: "
         + ", ".join(f"{label} {rps:.0f}/s" for label, rps in rates["capacity_rps"].items())
-        + f"). OPT Wait: {report['bars']['against']}. QoS: {next(iter(report['qos'].values()))['qos']}.",
+        + f"). OPT Wait: {against}. QoS: {next(iter(report['qos'].values()))['qos']}.",
         "",
         "| policy | step low: mean / p50 / p99 (ms) | step high: mean / p50 / p99 (ms) | trace: mean / p50 / p99 (ms) "
         "| errors "
@@ -72,13 +74,32 @@ def elastic_batching(report: dict[str, Any]) -> str:
             f"| {_pct(phases['step_high']['mean_reduction'])} | {_pct(phases['trace']['mean_reduction'])} "
             f"| {'-' if ratio is None else f'{ratio:.2f}×'} |"
         )
+    if "opt_wait_sweep" in report:
+        lines += ["", _opt_wait_sweep(report["opt_wait_sweep"])]
     return "\n".join(lines) + "\n\n" + bars_table(report["bars"])
+
+
+def _opt_wait_sweep(sweep: list[dict[str, Any]]) -> str:
+    """The fixed-timeout settings tried, with both rates' figures side by side and the entries each became."""
+    cells: dict[tuple[int, int, int], dict[str, dict[str, Any]]] = {}
+    for cell in sweep:
+        cells.setdefault((cell["instances"], cell["threads"], cell["delay_us"]), {})[cell["rate"]] = cell
+    lines = [
+        "| OPT Wait sweep: instances × threads | max_queue_delay_us | low rate: mean / p50 / p99 (ms) "
+        "| high rate: mean / p50 / p99 (ms) | chosen for |",
+        "|---|---|---|---|---|",
+    ]
+    for (instances, threads, delay), rates in cells.items():
+        chosen = [entry for cell in rates.values() for entry in cell.get("chosen_for", [])]
+        low, high = (_pair(rates[rate]) if rate in rates else "-" for rate in ("low", "high"))
+        lines.append(f"| {instances} × {threads} | {delay} | {low} | {high} | {', '.join(chosen)} |")
+    return "\n".join(lines)
 
 
 def bars_table(bars: dict[str, Any]) -> str:
     lines = ["| bar | target | measured | result |", "|---|---|---|---|"]
     for name, bar in bars.items():
-        if isinstance(bar, dict):
+        if isinstance(bar, dict) and "pass" in bar:
             measured = bar["measured"]
             if isinstance(measured, dict):
                 text = ", ".join(f"{k} {v:.0f}" if v is not None else f"{k} -" for k, v in measured.items())
