@@ -53,8 +53,6 @@ HOPS = "adaserve-forwarded"
 MAX_HOPS = 2
 #: How often request counts go up to the controller.
 REPORT_EVERY_S = 1.0
-#: The gRPC service whose calls are relayed.
-SERVICE = "/inference.GRPCInferenceService/"
 
 Answer = TypeVar("Answer")
 
@@ -232,7 +230,7 @@ class ClusterMember:
         metadata = [(key, value) for key, value in context.invocation_metadata() or () if key != HOPS]
         hops = _hops(next((str(v) for k, v in context.invocation_metadata() or () if k == HOPS), None))
         sent = (*metadata, (HOPS, str(hops + 1)))
-        return await self.relay(model, hops, lambda node: self.forwarder.grpc(node, SERVICE + rpc, raw, sent))
+        return await self.relay(model, hops, lambda node: self.forwarder.grpc(node, rpc, raw, sent))
 
     # -- what the node server says of the cluster ---------------------------------------------------------------
     def held_elsewhere(self) -> dict[str, list[str]]:

@@ -150,15 +150,20 @@ async def serve(options: ServeOptions) -> None:
     response_cache = ResponseCache(cache_bytes) if cache_bytes is not None else None
     plane = DataPlane(router, options.model_control_mode, options.allow_client_shm, tracer, response_cache)
     grpc_bytes = limits.grpc_message_bytes or grpc_message_bytes(router.repository, limits.max_body_bytes)
-    member = None
+    member, internal = None, []
     if options.cluster_control is not None:
         from adaserve.distributed.forward import Forwarder
         from adaserve.distributed.member import ClusterMember
 
-        member = ClusterMember(options.cluster_node, plane, Forwarder(grpc_bytes))
+        member = ClusterMember(options.cluster_node, plane, Forwarder())
+    servicer = InferenceServicer(plane, grpc_restrictions, member.grpc_relay if member is not None else None)
+    if member is not None:
+        from adaserve.distributed.forward import GRPC_PATH, grpc_endpoint
+
+        internal = [("POST", GRPC_PATH + "{rpc}", grpc_endpoint(servicer.relayed_call))]
     http_socket = _listen(options.host, options.http_port, options.reuse_port)
     app, body_limit = create_app(
-        plane, limits.max_body_bytes, http_restrictions, member.rest_route if member is not None else None
+        plane, limits.max_body_bytes, http_restrictions, member.rest_route if member is not None else None, internal
     )
     http = HttpServer(app, on_error=error_response, limits=limits, body_limit=body_limit)
     grpc_server = grpc.aio.server(
@@ -173,8 +178,7 @@ async def serve(options: ServeOptions) -> None:
             ("grpc.default_compression_level", GRPC_COMPRESSION_LEVELS.index(options.grpc_compression_level)),
         ]
     )
-    relay = member.grpc_relay if member is not None else None
-    add_to_server(InferenceServicer(plane, grpc_restrictions, relay), grpc_server)
+    add_to_server(servicer, grpc_server)
     health_pb2_grpc.add_HealthServicer_to_server(HealthService(plane, grpc_restrictions), grpc_server)
     grpc_address = f"{options.host}:{options.grpc_port}"
     try:  # grpcio raises when the port is taken, with no reason: only its C core logs one

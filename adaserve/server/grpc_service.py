@@ -114,6 +114,17 @@ def _status(exc: Exception, rpc: str) -> tuple[grpc.StatusCode, str]:
 _SETTING_KINDS = {bool: "bool_param", int: "uint32_param", str: "string_param"}
 
 
+#: The calls relayed to the node that holds their model (`Relay`), by their request's message type; ModelInfer's
+#: comes as its bytes (`add_to_server`), and each message of a ModelStreamInfer is relayed as a ModelInfer.
+RELAYED = {
+    "ModelInfer": None,
+    "ModelReady": service_pb2.ModelReadyRequest,
+    "ModelMetadata": service_pb2.ModelMetadataRequest,
+    "ModelConfig": service_pb2.ModelConfigRequest,
+    "ModelStatistics": service_pb2.ModelStatisticsRequest,
+}
+
+
 class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     def __init__(self, plane: DataPlane, restrictions: Restrictions | None = None, relay: Relay | None = None) -> None:
         """`restrictions`: the RPC categories that answer only calls with a given metadata key
@@ -121,6 +132,13 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         self.plane = plane
         self.restrictions = restrictions or Restrictions()
         self.relay = relay
+
+    async def relayed_call(self, rpc: str, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        """A call another node relayed here (`Relay`), as its request's bytes: run by the method that runs it when
+        a client calls this frontend, its answer's bytes. An error is `context.abort`ed, as on a call."""
+        request_type = RELAYED[rpc]
+        answer = await getattr(self, rpc)(raw if request_type is None else request_type.FromString(raw), context)
+        return _serialize(answer)
 
     async def _relayed(self, rpc: str, name: str, request: Any, context: grpc.aio.ServicerContext) -> bytes | None:
         """The answer's bytes from the node that holds model `name`, or None to serve the call here."""

@@ -14,7 +14,7 @@ import base64
 import binascii
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from adaserve.config import Interface
@@ -55,12 +55,15 @@ def create_app(
     max_body_bytes: int,
     restrictions: Restrictions | None = None,
     model_routes: Callable[[Handler], Handler] | None = None,
+    internal: Sequence[tuple[str, str, Handler]] = (),
 ) -> tuple[Application, BodyLimit]:
     """The application, which routes a request to its handler and maps every error to a response, and the limit on
     each route's body (`body_limit`). `max_body_bytes`: the most a request body may be once decompressed.
     `restrictions`: the API categories that answer only requests with a given header (`--restricted-api`).
     `model_routes`: wraps the handler of every route that names a model (on a cluster, it forwards the requests for
-    models held elsewhere: `adaserve.distributed.member`)."""
+    models held elsewhere: `adaserve.distributed.member`). `internal`: (method, template, handler) of the routes
+    only other node servers call (on a cluster, relayed gRPC calls: `adaserve.distributed.forward`), added as they
+    are: the handler checks what it needs to."""
     restrictions = restrictions or Restrictions()
 
     async def body(request: Request, limit: int = max_body_bytes, what: str = "request body") -> bytes:
@@ -241,6 +244,8 @@ def create_app(
 
     for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
         add("POST", f"{prefix}/infer", "inference", infer)  # first: the hot path matches at once
+    for method, template, handler in internal:  # next: on a cluster, the other hot path
+        routes.add(method, template, handler)
     add("GET", "/v2/health/live", "health", live)
     add("GET", "/v2/health/ready", "health", ready)
     add("GET", "/v2", "metadata", server_metadata)
