@@ -1,28 +1,34 @@
 """Two real node servers (`adaserve serve --cluster-control FD`) with this test as their node actor: it sends the
 routing tables and load orders a controller would, over the same channel, and checks that a request for a model
-held on the other node is forwarded there, its answer unchanged, over REST and gRPC; that a model held nowhere is
-placed once for concurrent requests; that a request caught by a dead node is sent again elsewhere; and that a node
-server whose actor goes away stops. No Ray: the cluster's data path alone."""
+held on the other node is forwarded there, its answer unchanged, over REST and gRPC (whose calls go to the holder's
+endpoint for relayed calls, checked on its own too); that a model held nowhere is placed once for concurrent
+requests; that a request caught by a dead node is sent again elsewhere, and one two nodes fail is answered naming
+the node; and that a node server whose actor goes away stops. No Ray: the cluster's data path alone."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import queue
 import signal
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from adaserve.distributed.forward import GRPC_PATH, METADATA_PREFIX
+from adaserve.distributed.member import HOPS, MAX_HOPS
 from adaserve.distributed.messages import (
     NodeAddress,
     Place,
@@ -35,7 +41,8 @@ from adaserve.distributed.messages import (
 )
 from adaserve.distributed.routes import ASK_AGAIN_S
 from adaserve.distributed.testing import FakeActor, node_server
-from tests.server_utils import Clients, ServerHandle, link_example, running_server
+from adaserve.server.protos import grpc_service_pb2 as service_pb2
+from tests.server_utils import Clients, ServerHandle, free_ports, link_example, running_server
 
 
 @pytest.fixture(scope="module")
@@ -119,6 +126,50 @@ def test_forwarded_requests_are_answered_as_the_holder_answers(
     # three inferences, then metadata, config and statistics
     assert 'adaserve_cluster_forwarded_requests_total{model="mlp",node="b"} 6.0' in metrics
     assert 'adaserve_cluster_replicas{model="mlp"} 1.0' in metrics
+
+
+def _relayed(url: str, rpc: str, raw: bytes, metadata: dict[str, str] | None = None) -> tuple[int, bytes]:
+    """A call to node `url`'s endpoint for relayed gRPC calls, as a forwarding node makes it: status and body."""
+    headers = {f"{METADATA_PREFIX}{key}": value for key, value in (metadata or {}).items()}
+    sent = urllib.request.Request(f"http://{url}{GRPC_PATH}{rpc}", data=raw, headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(sent, timeout=60) as answer:
+            return answer.status, answer.read()
+    except urllib.error.HTTPError as refused:
+        return refused.code, refused.read()
+
+
+def _infer_bytes(model: str, image: np.ndarray, name: str = "image") -> bytes:
+    request = service_pb2.ModelInferRequest(model_name=model)
+    request.inputs.add(name=name, datatype="FP32", shape=list(image.shape))
+    request.raw_input_contents.append(image.tobytes())
+    return bytes(request.SerializeToString())
+
+
+def test_the_holder_answers_a_relayed_call_as_its_grpc_port_would(
+    nodes: dict[str, tuple[ServerHandle, FakeActor]],
+) -> None:
+    """The endpoint a forwarding node sends gRPC calls to: the answer's bytes, or the call's status and message;
+    the metadata it is sent with are the call's (here the hop count: a call forwarded twice is served where it
+    lands, so `a`, which does not hold mlp, answers it not ready instead of forwarding it)."""
+    (a, _), (b, _) = nodes["a"], nodes["b"]
+    image = _image(3)
+    status, raw = _relayed(b.http_url, "ModelInfer", _infer_bytes("mlp", image))
+    assert status == 200
+    answer = service_pb2.ModelInferResponse.FromString(raw)
+    _same(
+        np.frombuffer(answer.raw_output_contents[0], np.float32).reshape(3, -1), _http_infer(b.http_url, "mlp", image)
+    )
+    status, raw = _relayed(b.http_url, "ModelInfer", _infer_bytes("mlp", image, name="pixels"))
+    refused = json.loads(raw)
+    assert status == 500 and refused["grpc_status"] == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert "unknown input 'pixels'" in refused["error"]
+    status, raw = _relayed(b.http_url, "ModelConfig", service_pb2.ModelConfigRequest(name="mlp").SerializeToString())
+    assert status == 200 and service_pb2.ModelConfigResponse.FromString(raw).config.name == "mlp"
+    assert _relayed(a.http_url, "ModelInfer", _infer_bytes("mlp", image))[0] == 200  # forwarded on to b
+    status, raw = _relayed(a.http_url, "ModelInfer", _infer_bytes("mlp", image), {HOPS: str(MAX_HOPS)})
+    assert status == 500 and json.loads(raw)["grpc_status"] == grpc.StatusCode.UNAVAILABLE.value[0]
+    assert _relayed(b.http_url, "ServerLive", b"")[0] == 404  # only the calls that name a model are relayed
 
 
 def test_a_forwarded_stream_is_answered_request_by_request(nodes: dict[str, tuple[ServerHandle, FakeActor]]) -> None:
@@ -206,14 +257,43 @@ def test_a_request_caught_by_a_dead_node_is_sent_again_where_it_is_placed(
     os.kill(b.pid, signal.SIGKILL)  # the table still sends mlp's requests to b
     a_actor.drain()
     image = _image(2)
-    with ThreadPoolExecutor(1) as pool:
-        answer = pool.submit(_http_infer, a.http_url, "mlp", image)
+    with ThreadPoolExecutor(2) as pool:
+        answers = [
+            pool.submit(_http_infer, a.http_url, "mlp", image),
+            pool.submit(_grpc_infer, a.grpc_url, "mlp", image),
+        ]
         place = a_actor.expect(Place)
         assert isinstance(place, Place) and place.model == "mlp" and place.avoid == ["b"]
         a_actor.load("mlp")
         _table(nodes, 3, {"mlp": ["a", "b"]}, to="a")
-        served = answer.result(timeout=120)
-    _same(served, _http_infer(a.http_url, "mlp", image))
+        served = [answer.result(timeout=120) for answer in answers]
+    for answer in served:
+        _same(answer, _http_infer(a.http_url, "mlp", image))
+
+
+def test_a_request_two_nodes_fail_is_unavailable_naming_the_node(
+    nodes: dict[str, tuple[ServerHandle, FakeActor]],
+) -> None:
+    """b is dead (the test before) and c never ran: a gRPC call and a REST request for cnn, which the table says
+    both hold, are sent to one, then once more to the other, and answered UNAVAILABLE / 503 naming the second."""
+    (a, _), (b, _) = nodes["a"], nodes["b"]
+    closed = free_ports(1)[0]
+    addresses = {
+        "a": NodeAddress(a.http_url, a.grpc_url),
+        "b": NodeAddress(b.http_url, b.grpc_url),
+        "c": NodeAddress(f"127.0.0.1:{closed}", f"127.0.0.1:{closed}"),
+    }
+    nodes["a"][1].send(Routes(4, addresses, {"mlp": ["a"], "cnn": ["b", "c"]}))
+    image = np.zeros((1, 1, 28, 28), dtype=np.float32)
+    with pytest.raises(InferenceServerException, match="did not answer the forwarded request") as failed:
+        _grpc_infer(a.grpc_url, "cnn", image)
+    assert failed.value.status() == "StatusCode.UNAVAILABLE"
+    assert any(address.http in str(failed.value) for name, address in addresses.items() if name != "a")
+    with pytest.raises(InferenceServerException, match="did not answer the forwarded request") as failed:
+        _http_infer(a.http_url, "cnn", image)
+    assert failed.value.status() == "503"
+    metrics = urllib.request.urlopen(f"http://{a.http_url}/metrics", timeout=10).read().decode()
+    assert 'adaserve_cluster_forward_retries_total{model="cnn"} 2.0' in metrics
 
 
 def test_a_node_server_whose_actor_is_gone_stops(repository: Path) -> None:
