@@ -26,9 +26,10 @@ import grpc
 from adaserve.bench.http1 import ConnectionPool
 from adaserve.bench.http1 import Response as Answer
 from adaserve.distributed.messages import NodeAddress
-from adaserve.errors import AdaserveError, ModelNotFoundError, ModelNotReadyError
+from adaserve.errors import AdaserveError, ModelNotReadyError
 from adaserve.server.grpc_service import RELAYED
 from adaserve.server.http import Handler, Request, Response
+from adaserve.server.rest import error_response, json_response
 
 #: The request headers that travel with a forwarded body.
 FORWARDED_HEADERS = ("content-type", "content-encoding", "inference-header-content-length", "accept-encoding")
@@ -146,23 +147,22 @@ def _grpc_error(answer: Answer) -> tuple[grpc.StatusCode, str]:
 RelayedCall = Callable[[str, bytes, "_ForwardedCall"], Awaitable[bytes]]
 
 
-def grpc_endpoint(relayed_call: RelayedCall) -> Handler:
-    """The handler of `POST /_adaserve/grpc/{rpc}`: the call run by this node's servicer, as if it had come to its
-    gRPC port with the metadata the headers carry (its restrictions checked on them, its trace context taken)."""
+def grpc_route(relayed_call: RelayedCall) -> tuple[str, str, Handler]:
+    """The route `POST /_adaserve/grpc/{rpc}` (`create_app`'s `internal`): the call run by this node's servicer, as
+    if it had come to its gRPC port with the metadata the headers carry (its restrictions checked on them, its trace
+    context taken)."""
 
     async def endpoint(request: Request) -> Response:
         rpc = request.params["rpc"]
         if rpc not in RELAYED:
-            raise ModelNotFoundError(f"no relayed gRPC call named '{rpc}'")
-        call = _ForwardedCall(request.headers)
+            return error_response(404, f"no relayed gRPC call named '{rpc}'")
         try:
-            answer = await relayed_call(rpc, request.body, call)
-        except _Aborted as aborted:
-            document = {"error": aborted.message, "grpc_status": aborted.code.value[0]}
-            return Response(500, json.dumps(document).encode())  # the status says failed; the body says how
+            answer = await relayed_call(rpc, request.body, _ForwardedCall(request.headers))
+        except _Aborted as aborted:  # the HTTP status says it failed; the body says how
+            return json_response({"error": aborted.message, "grpc_status": aborted.code.value[0]}, 500)
         return Response(200, answer, "application/x-protobuf")
 
-    return endpoint
+    return "POST", GRPC_PATH + "{rpc}", endpoint
 
 
 class _Aborted(Exception):

@@ -150,17 +150,14 @@ async def serve(options: ServeOptions) -> None:
     response_cache = ResponseCache(cache_bytes) if cache_bytes is not None else None
     plane = DataPlane(router, options.model_control_mode, options.allow_client_shm, tracer, response_cache)
     grpc_bytes = limits.grpc_message_bytes or grpc_message_bytes(router.repository, limits.max_body_bytes)
-    member, internal = None, []
+    member = None
     if options.cluster_control is not None:
-        from adaserve.distributed.forward import Forwarder
+        from adaserve.distributed.forward import Forwarder, grpc_route
         from adaserve.distributed.member import ClusterMember
 
         member = ClusterMember(options.cluster_node, plane, Forwarder())
     servicer = InferenceServicer(plane, grpc_restrictions, member.grpc_relay if member is not None else None)
-    if member is not None:
-        from adaserve.distributed.forward import GRPC_PATH, grpc_endpoint
-
-        internal = [("POST", GRPC_PATH + "{rpc}", grpc_endpoint(servicer.relayed_call))]
+    internal = [grpc_route(servicer.relayed_call)] if member is not None else []  # relayed gRPC calls arrive there
     http_socket = _listen(options.host, options.http_port, options.reuse_port)
     app, body_limit = create_app(
         plane, limits.max_body_bytes, http_restrictions, member.rest_route if member is not None else None, internal
