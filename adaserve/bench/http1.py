@@ -126,7 +126,8 @@ class ConnectionPool:
         """Send one complete request and read the answer.
 
         Raises ConnectFailed, TimeoutError past the timeout, another OSError when the connection breaks, and
-        ValueError for a response that is not HTTP.
+        ValueError for a response that is not HTTP. Cancelled, it closes the connection: the server stops working on
+        a request nobody waits for (a node forwarding the request of a client that went away, say).
         """
         if self._sweeper is None:
             self._sweeper = asyncio.ensure_future(self._sweep())
@@ -139,6 +140,9 @@ class ConnectionPool:
             if not reused:
                 raise
             return await self.request(data)
+        except asyncio.CancelledError:
+            connection.fail(ConnectionAbortedError("the request was cancelled"))
+            raise
 
     def release(self, connection: _Connection) -> None:
         """An answered connection goes back to the idle list; busy/idle change only on connection events."""

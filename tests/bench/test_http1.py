@@ -96,6 +96,25 @@ def test_no_answer_is_a_timeout() -> None:
     asyncio.run(_with_server(silent, client, timeout_s=0.2))
 
 
+def test_a_cancelled_request_closes_its_connection() -> None:
+    """So the server sees its client gone and stops working on the request (a forwarding node's caller left)."""
+    closed = asyncio.Event()
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
+        await reader.read()  # returns at end of file: the client closed
+        closed.set()
+
+    async def client(pool: ConnectionPool) -> None:
+        request = asyncio.ensure_future(pool.request(REQUEST))
+        await asyncio.sleep(0.1)
+        request.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await request
+        await asyncio.wait_for(closed.wait(), 2)
+
+    asyncio.run(_with_server(silent, client))
+
+
 def test_a_broken_answer_is_an_error_not_a_hang() -> None:
     async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
         await reader.readuntil(b"\r\n\r\n")
