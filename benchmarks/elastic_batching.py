@@ -17,6 +17,8 @@ sends through adaserve.bench instead, as this benchmark did before:
 * `cnn_nowait`   — the paper's NO Wait: the sweep's best worker set at delay 0 at the high rate;
 * `cnn_elastic_nopoll` — elastic with `idle_spin_us: 0` (workers sleep between batches): a sensitivity check showing
   what polling for the next batch adds;
+* `cnn_elastic_nolimit` — elastic with `max_busy_threads: 0`, no core kept for the frontend, as OPT Wait runs: a
+  sensitivity check;
 * `cnn_none`     — `batching: {policy: none}`, two workers of batch 1, 1 thread each.
 
 The paper's padded Static policy is left out: it is OPT Wait with every batch padded to 32 rows, which the paper
@@ -104,6 +106,8 @@ class Policy:
 
 #: Elastic with its workers sleeping between batches: what `batching.idle_spin_us` (on by default) adds.
 NO_POLLING = {"policy": "elastic", "idle_spin_us": 0}
+#: Elastic with no busy-thread limit (by default one core is kept for the frontend on CPU).
+NO_LIMIT = {"policy": "elastic", "max_busy_threads": 0}
 
 #: The served model's largest batch: fixed-timeout's one worker takes this many rows, elastic's largest too.
 MAX_BATCH = 16
@@ -174,6 +178,8 @@ def policies(tuned: dict[str, Fixed], model: str = "cnn", device: str = "cpu") -
         *fixed,
         # What polling for the next batch between batches (batching.idle_spin_us, on by default) adds to elastic.
         Policy("elastic no polling", f"{model}_elastic_nopoll", {"batching": NO_POLLING}, False),
+        # Elastic with no busy-thread limit, as OPT Wait runs: what keeping a core for the frontend costs or gains.
+        Policy("elastic no limit", f"{model}_elastic_nolimit", {"batching": NO_LIMIT}, False),
         Policy("none", f"{model}_none", {"batching": {"policy": "none"}, "workers": [{"batch": 1, "threads": 1}] * 2}),
     ]
 
