@@ -12,13 +12,15 @@ The engine does not know it is in a cluster: a request served here takes the sin
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import socket
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
+from urllib.parse import quote
 
 import grpc
 
@@ -41,9 +43,10 @@ from adaserve.distributed.messages import (
 )
 from adaserve.distributed.routes import ClusterRoutes
 from adaserve.engine.engine import EngineState
-from adaserve.errors import AdaserveError
-from adaserve.server.dataplane import ClusterState, DataPlane
+from adaserve.errors import AdaserveError, ModelNotReadyError
+from adaserve.server.dataplane import ClusterState, DataPlane, merge_statistics
 from adaserve.server.http import Handler, Request, Response
+from adaserve.server.rest import json_response
 
 log = logging.getLogger("adaserve.cluster")
 
@@ -53,6 +56,8 @@ HOPS = "adaserve-forwarded"
 MAX_HOPS = 2
 #: How often request counts go up to the controller.
 REPORT_EVERY_S = 1.0
+#: How long a node waits for another's statistics before it answers without them.
+STATS_TIMEOUT_S = 5.0
 
 Answer = TypeVar("Answer")
 
@@ -202,10 +207,13 @@ class ClusterMember:
                 log.warning("forwarded request failed: sending it again", extra={"model": model, "node": node})
 
     # -- the frontends' hooks ---------------------------------------------------------------------------------
-    def rest_route(self, handler: Handler) -> Handler:
-        """`handler`, for a route that names a model, behind the cluster's routing: a request for a model held
-        elsewhere is forwarded and answered with what comes back (`create_app`'s `model_routes`)."""
+    def rest_route(self, category: str, handler: Handler) -> Handler:
+        """`handler` behind the cluster (`create_app`'s `model_routes`): the statistics routes answer for every
+        replica (`statistics`); on any other route, which names a model, a request for a model held elsewhere is
+        forwarded and answered with what comes back."""
+        return self._rest_statistics(handler) if category == "statistics" else self._rest_relay(handler)
 
+    def _rest_relay(self, handler: Handler) -> Handler:
         async def routed(request: Request) -> Response:
             if request.method == "HEAD":  # an answer without its body: nothing to forward
                 return await handler(request)
@@ -225,6 +233,16 @@ class ClusterMember:
 
         return routed
 
+    def _rest_statistics(self, handler: Handler) -> Handler:
+        async def statistics(request: Request) -> Response:
+            if _hops(request.headers.get(HOPS)):  # another node asking for this one's own
+                return await handler(request)
+            return json_response(
+                await self.statistics(request.params.get("model", ""), request.params.get("version", ""))
+            )
+
+        return statistics
+
     async def grpc_relay(self, rpc: str, model: str, raw: bytes, context: grpc.aio.ServicerContext) -> bytes | None:
         """The gRPC servicer's `relay`: a call for a model held elsewhere, sent there as its bytes."""
         metadata = [(key, value) for key, value in context.invocation_metadata() or () if key != HOPS]
@@ -233,6 +251,46 @@ class ClusterMember:
         return await self.relay(model, hops, lambda node: self.forwarder.grpc(node, rpc, raw, sent))
 
     # -- what the node server says of the cluster ---------------------------------------------------------------
+    async def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
+        """Triton's statistics of model `name` (of every model, if empty) for the whole cluster: this server's own
+        and what each other node holding it (every other node) says of its own, merged (`merge_statistics`). A node
+        that does not answer within STATS_TIMEOUT_S is left out, and logged; a 503 names them when none answers."""
+        peers = [n for n in (self.routes.holders(name) if name else self.routes.table.nodes) if n != self.node]
+        try:
+            rows = self.plane.statistics(name, version)["model_stats"]
+        except ModelNotReadyError:  # not held here
+            if not peers:
+                raise ModelNotReadyError(
+                    f"model '{name}' is held by no node: it has statistics once a request places it"
+                ) from None
+            rows = []
+        answers = await asyncio.gather(*(self._statistics_of(n, name, version) for n in peers), return_exceptions=True)
+        missing = {
+            node: str(answer) for node, answer in zip(peers, answers, strict=True) if isinstance(answer, Exception)
+        }
+        if missing and not rows and len(missing) == len(peers):
+            raise ModelNotReadyError(f"no node answered for the statistics: {'; '.join(missing.values())}")
+        if missing:
+            log.warning("statistics without some nodes", extra={"model": name, "missing": missing})
+        rows += [row for answer in answers if isinstance(answer, list) for row in answer]
+        return {"model_stats": merge_statistics(rows)}
+
+    async def _statistics_of(self, node: str, name: str, version: str) -> list[dict[str, Any]]:
+        """The statistics rows node `node` gives of its own replicas (asked as a forwarded request: it asks no
+        further)."""
+        path = "/v2/models/stats"
+        if name:
+            path = f"/v2/models/{quote(name)}{f'/versions/{quote(version)}' if version else ''}/stats"
+        asking = self.forwarder.http(self.routes.table.nodes[node], "GET", path, {}, b"", f"{HOPS}: 1")
+        try:
+            status, _, body = await asyncio.wait_for(asking, STATS_TIMEOUT_S)
+        except TimeoutError:
+            raise ForwardFailed(f"node {node} did not answer within {STATS_TIMEOUT_S:g} s") from None
+        if status != 200:
+            raise ForwardFailed(f"node {node} answered {status}: {body[:300].decode(errors='replace')}")
+        rows: list[dict[str, Any]] = json.loads(body)["model_stats"]
+        return rows
+
     def held_elsewhere(self) -> dict[str, list[str]]:
         return {
             model: [node for node in nodes if node != self.node]

@@ -156,7 +156,8 @@ async def serve(options: ServeOptions) -> None:
         from adaserve.distributed.member import ClusterMember
 
         member = ClusterMember(options.cluster_node, plane, Forwarder())
-    servicer = InferenceServicer(plane, grpc_restrictions, member.grpc_relay if member is not None else None)
+    relay, statistics = (member.grpc_relay, member.statistics) if member is not None else (None, None)
+    servicer = InferenceServicer(plane, grpc_restrictions, relay, statistics)
     internal = [grpc_route(servicer.relayed_call)] if member is not None else []  # relayed gRPC calls arrive there
     http_socket = _listen(options.host, options.http_port, options.reuse_port)
     app, body_limit = create_app(

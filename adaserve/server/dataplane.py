@@ -6,10 +6,11 @@ them as JSON, the gRPC adapter parses them into the protobuf messages of the sam
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import partial
@@ -572,6 +573,37 @@ def model_statistics(engine: ModelEngine) -> dict[str, Any]:
             for size, count in sorted(stats.batches.items())
         ],
     }
+
+
+def merge_statistics(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Statistics rows (`model_statistics`, `dag_statistics`) of several replicas as one row per model version, in
+    the order first met: counts and durations summed, per batch size too; `last_inference` the latest. On a cluster
+    each node reports its own replicas, and any node answers for all of them."""
+    merged: dict[tuple[str, str], dict[str, Any]] = {}
+    for row in rows:
+        total = merged.get((row["name"], row["version"]))
+        if total is None:
+            merged[(row["name"], row["version"])] = copy.deepcopy(dict(row))
+            continue
+        total["last_inference"] = max(total["last_inference"], row["last_inference"])
+        total["inference_count"] += row["inference_count"]
+        total["execution_count"] += row["execution_count"]
+        _add_durations(total["inference_stats"], row["inference_stats"])
+        sizes = {entry["batch_size"]: entry for entry in total["batch_stats"]}
+        for entry in row["batch_stats"]:
+            if entry["batch_size"] in sizes:
+                _add_durations(sizes[entry["batch_size"]], entry)
+            else:
+                total["batch_stats"].append(copy.deepcopy(entry))
+        total["batch_stats"].sort(key=lambda entry: entry["batch_size"])
+    return list(merged.values())
+
+
+def _add_durations(total: dict[str, Any], more: Mapping[str, Any]) -> None:
+    """Add `more`'s `{"count", "ns"}` entries to `total`'s of the same names (other fields, a batch's size, stay)."""
+    for kind, duration in more.items():
+        if isinstance(duration, Mapping):
+            total[kind] = {"count": total[kind]["count"] + duration["count"], "ns": total[kind]["ns"] + duration["ns"]}
 
 
 def dag_config(config: DagConfig) -> dict[str, Any]:

@@ -75,6 +75,9 @@ Method = Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[Message]]
 #: On a cluster, where a call that names a model goes (`adaserve.distributed.member`): given the RPC's name, the
 #: model, the request's bytes and the call, the answer's bytes from the node that served it, or None to serve it here.
 Relay = Callable[[str, str, bytes, grpc.aio.ServicerContext], Awaitable[bytes | None]]
+#: On a cluster, the statistics extension's answer for every replica: given a model and version (empty: all), the
+#: document `DataPlane.statistics` gives for one server.
+Statistics = Callable[[str, str], Awaitable[dict[str, Any]]]
 
 
 def _rpc(category: str) -> Callable[[Method[Message]], Method[Message]]:
@@ -121,17 +124,24 @@ RELAYED = {
     "ModelReady": service_pb2.ModelReadyRequest,
     "ModelMetadata": service_pb2.ModelMetadataRequest,
     "ModelConfig": service_pb2.ModelConfigRequest,
-    "ModelStatistics": service_pb2.ModelStatisticsRequest,
 }
 
 
 class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, plane: DataPlane, restrictions: Restrictions | None = None, relay: Relay | None = None) -> None:
+    def __init__(
+        self,
+        plane: DataPlane,
+        restrictions: Restrictions | None = None,
+        relay: Relay | None = None,
+        statistics: Statistics | None = None,
+    ) -> None:
         """`restrictions`: the RPC categories that answer only calls with a given metadata key
-        (`--grpc-restricted-protocol`). `relay`: on a cluster, sends the calls for models held elsewhere there."""
+        (`--grpc-restricted-protocol`). `relay`: on a cluster, sends the calls for models held elsewhere there.
+        `statistics`: on a cluster, the statistics of every replica (the data plane's are this server's own)."""
         self.plane = plane
         self.restrictions = restrictions or Restrictions()
         self.relay = relay
+        self.statistics = statistics
 
     async def relayed_call(self, rpc: str, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         """A call another node relayed here (`Relay`), as its request's bytes: run by the method that runs it when
@@ -189,9 +199,10 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @_rpc("statistics")
     async def ModelStatistics(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        if (answer := await self._relayed("ModelStatistics", request.name, request, context)) is not None:
-            return service_pb2.ModelStatisticsResponse.FromString(answer)
-        document = self.plane.statistics(request.name, request.version)
+        if self.statistics is not None:
+            document = await self.statistics(request.name, request.version)
+        else:
+            document = self.plane.statistics(request.name, request.version)
         return json_format.ParseDict(document, service_pb2.ModelStatisticsResponse())
 
     @_rpc("logging")

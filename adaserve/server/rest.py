@@ -54,16 +54,17 @@ def create_app(
     plane: DataPlane,
     max_body_bytes: int,
     restrictions: Restrictions | None = None,
-    model_routes: Callable[[Handler], Handler] | None = None,
+    model_routes: Callable[[str, Handler], Handler] | None = None,
     internal: Sequence[tuple[str, str, Handler]] = (),
 ) -> tuple[Application, BodyLimit]:
     """The application, which routes a request to its handler and maps every error to a response, and the limit on
     each route's body (`body_limit`). `max_body_bytes`: the most a request body may be once decompressed.
     `restrictions`: the API categories that answer only requests with a given header (`--restricted-api`).
-    `model_routes`: wraps the handler of every route that names a model (on a cluster, it forwards the requests for
-    models held elsewhere: `adaserve.distributed.member`). `internal`: (method, template, handler) of the routes
-    only other node servers call (on a cluster, relayed gRPC calls: `adaserve.distributed.forward`), added as they
-    are: the handler checks what it needs to."""
+    `model_routes`: wraps the handler of every route that names a model, and of the statistics routes, given the
+    route's API category (on a cluster, it forwards the requests for models held elsewhere, and statistics answer
+    for every replica: `adaserve.distributed.member`). `internal`: (method, template, handler) of the routes only
+    other node servers call (on a cluster, relayed gRPC calls: `adaserve.distributed.forward`), added as they are:
+    the handler checks what it needs to."""
     restrictions = restrictions or Restrictions()
 
     async def body(request: Request, limit: int = max_body_bytes, what: str = "request body") -> bytes:
@@ -234,8 +235,8 @@ def create_app(
 
     def add(method: str, template: str, category: str, handler: Handler) -> None:
         """A route in one of Triton's API categories, which `restrictions` may guard with a header."""
-        if model_routes is not None and "{model}" in template:
-            handler = model_routes(handler)
+        if model_routes is not None and ("{model}" in template or category == "statistics"):
+            handler = model_routes(category, handler)
         if restrictions.restricts(category):
             handler = _guarded(restrictions, category, handler)
         if category == "inference":

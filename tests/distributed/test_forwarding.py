@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -41,6 +42,7 @@ from adaserve.distributed.messages import (
 )
 from adaserve.distributed.routes import ASK_AGAIN_S
 from adaserve.distributed.testing import FakeActor, node_server
+from adaserve.server.dataplane import merge_statistics
 from adaserve.server.protos import grpc_service_pb2 as service_pb2
 from tests.server_utils import Clients, ServerHandle, free_ports, link_example, running_server
 
@@ -123,8 +125,8 @@ def test_forwarded_requests_are_answered_as_the_holder_answers(
         grpc_index = clients.grpc(a.grpc_url).get_model_repository_index(as_json=True)["models"]
         assert {row["name"]: row.get("state") for row in grpc_index}["mlp"] == "READY"
     metrics = urllib.request.urlopen(f"http://{a.http_url}/metrics", timeout=10).read().decode()
-    # three inferences, then metadata, config and statistics
-    assert 'adaserve_cluster_forwarded_requests_total{model="mlp",node="b"} 6.0' in metrics
+    # three inferences, then metadata and config (statistics are asked of every holder, not forwarded)
+    assert 'adaserve_cluster_forwarded_requests_total{model="mlp",node="b"} 5.0' in metrics
     assert 'adaserve_cluster_replicas{model="mlp"} 1.0' in metrics
 
 
@@ -170,6 +172,37 @@ def test_the_holder_answers_a_relayed_call_as_its_grpc_port_would(
     status, raw = _relayed(a.http_url, "ModelInfer", _infer_bytes("mlp", image), {HOPS: str(MAX_HOPS)})
     assert status == 500 and json.loads(raw)["grpc_status"] == grpc.StatusCode.UNAVAILABLE.value[0]
     assert _relayed(b.http_url, "ServerLive", b"")[0] == 404  # only the calls that name a model are relayed
+
+
+def _own_statistics(url: str, path: str = "/v2/models/stats") -> list[dict[str, Any]]:
+    """What the node at `url` says of its own replicas (as another node asks it: a forwarded request)."""
+    request = urllib.request.Request(f"http://{url}{path}", headers={HOPS: "1"})
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        rows: list[dict[str, Any]] = json.load(answer)["model_stats"]
+    return rows
+
+
+def test_statistics_on_any_node_sum_every_replica(nodes: dict[str, tuple[ServerHandle, FakeActor]]) -> None:
+    (a, a_actor), (b, _) = nodes["a"], nodes["b"]
+    a_actor.load("mlp")
+    _table(nodes, 2, {"mlp": ["a", "b"]})
+    for seed in range(3):  # each node serves the requests it gets itself: it holds the model
+        _http_infer(a.http_url, "mlp", _image(seed))
+        _http_infer(b.http_url, "mlp", _image(seed))
+    own = {name: _own_statistics(handle.http_url) for name, (handle, _) in nodes.items()}
+    assert [row["name"] for row in own["a"]] == ["mlp"]
+    expected = merge_statistics(own["a"] + own["b"])[0]
+    assert expected["inference_count"] == own["a"][0]["inference_count"] + own["b"][0]["inference_count"]
+    with Clients() as clients:
+        for url in (a.http_url, b.http_url):
+            assert clients.http(url).get_inference_statistics("mlp")["model_stats"] == [expected]
+            assert clients.http(url).get_inference_statistics()["model_stats"] == [expected]
+        answer = clients.grpc(a.grpc_url).get_inference_statistics("mlp", as_json=True)["model_stats"][0]
+    assert int(answer["inference_count"]) == expected["inference_count"]
+    assert int(answer["inference_stats"]["success"]["ns"]) == expected["inference_stats"]["success"]["ns"]
+    a_actor.send(Unload("mlp"))
+    assert a_actor.expect(Unloaded) == Unloaded("mlp")
+    _table(nodes, 3, {"mlp": ["b"]})
 
 
 def test_a_forwarded_stream_is_answered_request_by_request(nodes: dict[str, tuple[ServerHandle, FakeActor]]) -> None:
@@ -230,7 +263,7 @@ def test_a_model_held_nowhere_is_placed_once_for_concurrent_requests(
         asked_at = time.monotonic()
         assert isinstance(place, Place) and place.model == "cnn" and place.avoid == [] and place.size_bytes > 0
         b_actor.load("cnn")
-        _table(nodes, 2, {"mlp": ["b"], "cnn": ["b"]})
+        _table(nodes, 4, {"mlp": ["b"], "cnn": ["b"]})
         answers = [future.result(timeout=120) for future in waiting]
     for answer in answers:
         _same(answer, answers[0])
@@ -265,7 +298,7 @@ def test_a_request_caught_by_a_dead_node_is_sent_again_where_it_is_placed(
         place = a_actor.expect(Place)
         assert isinstance(place, Place) and place.model == "mlp" and place.avoid == ["b"]
         a_actor.load("mlp")
-        _table(nodes, 3, {"mlp": ["a", "b"]}, to="a")
+        _table(nodes, 5, {"mlp": ["a", "b"]}, to="a")
         served = [answer.result(timeout=120) for answer in answers]
     for answer in served:
         _same(answer, _http_infer(a.http_url, "mlp", image))
@@ -283,7 +316,7 @@ def test_a_request_two_nodes_fail_is_unavailable_naming_the_node(
         "b": NodeAddress(b.http_url, b.grpc_url),
         "c": NodeAddress(f"127.0.0.1:{closed}", f"127.0.0.1:{closed}"),
     }
-    nodes["a"][1].send(Routes(4, addresses, {"mlp": ["a"], "cnn": ["b", "c"]}))
+    nodes["a"][1].send(Routes(6, addresses, {"mlp": ["a"], "cnn": ["b", "c"]}))
     image = np.zeros((1, 1, 28, 28), dtype=np.float32)
     with pytest.raises(InferenceServerException, match="did not answer the forwarded request") as failed:
         _grpc_infer(a.grpc_url, "cnn", image)
@@ -294,6 +327,17 @@ def test_a_request_two_nodes_fail_is_unavailable_naming_the_node(
     assert failed.value.status() == "503"
     metrics = urllib.request.urlopen(f"http://{a.http_url}/metrics", timeout=10).read().decode()
     assert 'adaserve_cluster_forward_retries_total{model="cnn"} 2.0' in metrics
+
+
+def test_statistics_leave_out_a_node_that_does_not_answer(nodes: dict[str, tuple[ServerHandle, FakeActor]]) -> None:
+    a, _ = nodes["a"]  # b is dead (the test before); the table still names it
+    _table(nodes, 7, {"mlp": ["a", "b"], "cnn": ["b"]}, to="a")
+    with Clients() as clients:
+        rows = clients.http(a.http_url).get_inference_statistics("mlp")["model_stats"]
+        assert rows == _own_statistics(a.http_url, "/v2/models/mlp/stats")  # a's own, b left out (logged)
+        with pytest.raises(InferenceServerException, match="no node answered for the statistics: node ") as refused:
+            clients.http(a.http_url).get_inference_statistics("cnn")
+        assert refused.value.status() == "503"
 
 
 def test_a_node_server_whose_actor_is_gone_stops(repository: Path) -> None:
