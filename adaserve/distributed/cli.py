@@ -1,15 +1,20 @@
 """`adaserve cluster up`: a local Ray cluster of N nodes on this machine, a node server on each (for trying the
-cluster and for tests); and the settings `adaserve serve --ray ADDRESS` shares with it."""
+cluster and for tests); `cluster drain` and `undrain`, which ask a running cluster's controller to take a node out
+and let it back; and the settings `adaserve serve --ray ADDRESS` shares with `up`."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import logging
 import os
 from pathlib import Path
+from typing import Any
 
-from adaserve.distributed.controller import ClusterSettings
+from adaserve.distributed.controller import DRAIN_MOVES_USED_WITHIN_S, DRAIN_TIMEOUT_S, ClusterSettings
 from adaserve.distributed.node import NodeSettings
 from adaserve.errors import ConfigError
+from adaserve.extras import needs_extra
 
 #: On one machine, node i listens on the first node's ports plus i times this.
 LOCAL_PORT_STRIDE = 2
@@ -48,6 +53,41 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="the least level the node servers, their actors and the controller log (default: %(default)s)",
     )
     up.set_defaults(func=_up)
+
+    drain = cluster_commands.add_parser(
+        "drain",
+        help="take a node out of a running cluster without losing a request: nothing more is placed there, the "
+        f"models it alone holds that had requests in the last {DRAIN_MOVES_USED_WITHIN_S:g} s are loaded elsewhere, "
+        "every node stops sending it requests (it forwards what still reaches it), its engines finish what they "
+        "accepted, then its server and Ray actor stop and its CPUs are free in Ray's books. It stays out while its "
+        "Ray node stays (cluster undrain brings it back). Prints what moved as JSON",
+    )
+    _add_node_arguments(drain)
+    drain.add_argument(
+        "--timeout-s",
+        type=float,
+        default=DRAIN_TIMEOUT_S,
+        help="the longest its engines may take to answer what they accepted before it stops (default: %(default)g)",
+    )
+    drain.set_defaults(func=_drain)
+    undrain = cluster_commands.add_parser(
+        "undrain", help="let a drained node serve again: its node server starts within a second"
+    )
+    _add_node_arguments(undrain)
+    undrain.set_defaults(func=_undrain)
+
+
+def _add_node_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "node", metavar="NODE", help="the node as cluster up and models list --cluster name it, or its first characters"
+    )
+    parser.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        default="auto",
+        help="the Ray cluster (host:port of its head, as cluster up prints it; default: %(default)s, the one this "
+        "machine is part of)",
+    )
 
 
 def add_cluster_arguments(parser: argparse.ArgumentParser, budget: object) -> None:
@@ -111,3 +151,35 @@ def _up(args: argparse.Namespace) -> int:
 
     settings = cluster_settings(args, port_stride=LOCAL_PORT_STRIDE, host_from_ray=False, nodes_here=args.nodes)
     return run(settings, nodes=args.nodes)
+
+
+def _drain(args: argparse.Namespace) -> int:
+    print(json.dumps(_ask_controller(args.ray, "drain", args.node, args.timeout_s)))
+    return 0
+
+
+def _undrain(args: argparse.Namespace) -> int:
+    print(json.dumps({"undrained": _ask_controller(args.ray, "undrain", args.node)}))
+    return 0
+
+
+def _ask_controller(address: str, method: str, *args: object) -> Any:
+    """Call the placement controller of the adaserve cluster on the Ray cluster at `address`, as a Ray driver; an
+    error it raises (a node it does not know) comes back as its own."""
+    with needs_extra("cluster", f"cluster {method}"):
+        import ray
+
+    from adaserve.distributed.controller import CONTROLLER, NAMESPACE
+
+    ray.init(address=address, namespace=NAMESPACE, logging_level=logging.WARNING)
+    try:
+        try:
+            controller = ray.get_actor(CONTROLLER)
+        except ValueError:
+            raise ConfigError(f"no adaserve cluster runs on the Ray cluster at {address}") from None
+        try:
+            return ray.get(getattr(controller, method).remote(*args))
+        except ray.exceptions.RayTaskError as exc:
+            raise exc.cause from None
+    finally:
+        ray.shutdown()

@@ -3,24 +3,27 @@
 It keeps the cluster's books in `Placement` (`placement.py`: one resident set per node under its memory budget,
 the policy that picks a node for a new replica, and mCache's eviction policies choosing victims), the same objects
 the fleet-scale simulator replays traces through. It follows Ray's membership (a node server for each node that
-joins, its replicas written off when it leaves), places a model on its first request, evicts to make room, and
-sends every node the routing table whenever it changes. It is restartable: its state is rebuilt from what the
+joins, its replicas written off when it leaves), places a model on its first request, evicts to make room,
+drains a node on request (its loaded models moved, its requests answered, then it stops), and sends every node the
+routing table whenever it changes. It is restartable: its state is rebuilt from what the
 node servers hold, and while it is away the nodes keep routing by the last table they have.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections import Counter
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
 from adaserve.distributed.messages import NodeAddress, Requests, Routes
 from adaserve.distributed.node import NodeServer, NodeSettings
 from adaserve.distributed.placement import ModelLoad, Placement, ScaleKind
-from adaserve.errors import CacheBusyError, ModelTooLargeError
+from adaserve.errors import CacheBusyError, ConfigError, ModelTooLargeError
 
 log = logging.getLogger("adaserve.cluster")
 
@@ -34,6 +37,13 @@ MEMBERSHIP_EVERY_S = 1.0
 SCALE_EVERY_S = 2.0
 #: How long a placement waits for room (models in the way still loading) before the request is refused.
 PLACE_TIMEOUT_S = 60.0
+#: How long a drain waits, by default, for the requests a node's engines accepted before it stops the node.
+DRAIN_TIMEOUT_S = 30.0
+#: A model on a node being drained is placed elsewhere first when it has no other replica and was requested (or
+#: loaded) this recently; the others are written off and placed again on their next request.
+DRAIN_MOVES_USED_WITHIN_S = 60.0
+#: Where the drained nodes are kept, in Ray's key-value store (its GCS): a restarted controller starts none of them.
+DRAINED_KEY = "drained-nodes"
 #: A node server that failed to start is tried again after this long, the wait doubling with each failure in a row
 #: up to the cap: a node that cannot start (a port taken, a broken repository) is not restarted every second.
 START_RETRY_FIRST_S, START_RETRY_MAX_S = 2.0, 60.0
@@ -108,6 +118,8 @@ class Controller:
         self._queued: dict[str, dict[str, int]] = {}  # model → node → rows queued there (its last report)
         self._capacity: dict[str, dict[str, float]] = {}  # model → node → requests a second it serves there
         self._sizes: dict[str, int] = {}  # model → its bytes once loaded
+        self.draining: dict[str, bool] = {}  # node being drained → whether it is out of the routing table yet
+        self.drained: set[str] = set()  # drained nodes, not started again while their Ray node stays
 
     # -- start, membership -------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -119,6 +131,7 @@ class Controller:
         await asyncio.shield(self._starting)
 
     async def _start(self) -> None:
+        self.drained = _load_drained()
         await self._adopt_running_nodes()
         await self._follow_membership_once()
         self._membership = asyncio.get_running_loop().create_task(self._follow_membership())
@@ -162,15 +175,17 @@ class Controller:
         alive = {node["NodeID"]: node for node in ray.nodes() if node["Alive"]}
         for name in [name for name in self.nodes if name not in alive]:
             await self._lose(name, "its Ray node left the cluster")
-            handle = self.nodes.pop(name)
-            self._ports.pop(name, None)
-            ray.kill(handle, no_restart=True)
+            ray.kill(self._remove_actor(name), no_restart=True)
+        if not self.drained <= alive.keys():  # a machine that rejoins is a new Ray node: it is started
+            self.drained &= alive.keys()
+            _save_drained(self.drained)
         now = time.monotonic()
         joined = [
             (node_id, node)
             for node_id, node in alive.items()
             if node_id not in self.nodes
             and node_id not in self._ports
+            and node_id not in self.drained
             and node.get("Resources", {}).get("CPU", 0) > 0
             and self.start_failures.may_start(node_id, now)
         ]
@@ -245,7 +260,13 @@ class Controller:
             self.placement.place(model, size, now, exclude=[node for node in self.placement.nodes() if node != name])
             self.placement.loaded(name, model, size, now)
 
-    async def _lose(self, name: str, reason: str) -> None:
+    def _remove_actor(self, name: str) -> Any:
+        """Node `name`'s actor handle, off the controller's list (the caller stops it)."""
+        self._ports.pop(name, None)
+        return self.nodes.pop(name, None)
+
+    def _forget(self, name: str) -> list[str]:
+        """Node `name` off the books (its replicas written off, returned) and out of the routing table."""
         lost = self.placement.remove_node(name) if name in self.placement.nodes() else []
         for capacities in self._capacity.values():
             capacities.pop(name, None)
@@ -253,6 +274,10 @@ class Controller:
             queued.pop(name, None)
         self.addresses.pop(name, None)
         self.pids.pop(name, None)
+        return lost
+
+    async def _lose(self, name: str, reason: str) -> None:
+        lost = self._forget(name)
         self.decisions["lost"] += 1
         log.warning("node lost", extra={"node": name, "reason": reason, "models": lost})
         await self._broadcast()
@@ -381,17 +406,84 @@ class Controller:
         log.warning("cannot place", extra={"model": model, "reason": reason})
         await asyncio.gather(*(h.refused.remote(model, reason) for h in self.nodes.values()), return_exceptions=True)
 
+    # -- draining ------------------------------------------------------------------------------------------------
+    async def drain(self, node: str, timeout_s: float = DRAIN_TIMEOUT_S) -> dict[str, Any]:
+        """Take node `node` (its name, or the start of one) out of the cluster without losing a request: nothing
+        more is placed there; each model it alone holds that still has load is placed elsewhere (loaded, and in
+        the table, before the node leaves it); every node gets a table without it (what still arrives there is
+        forwarded); its engines finish what they accepted, for up to `timeout_s`; then its servers and actor stop,
+        freeing its CPUs in Ray's books. It is not started again while its Ray node stays, unless `undrain`ed."""
+        await self.start()
+        name = _one_of(node, [n for n in self.nodes if n not in self.draining], "serving node")
+        started = time.monotonic()
+        self.draining[name] = False
+        held = sorted(self.placement.snapshot()["nodes"][name]["residents"])
+        moves = self.placement.drain(name, time.monotonic(), DRAIN_MOVES_USED_WITHIN_S)
+        log.info("draining", extra={"node": name, "moving": [model for model, _ in moves]})
+        for model, size in moves:
+            if model not in self._placing:
+                self._start_placing(model, size, [name])
+        await asyncio.gather(*(self._placing[m] for m, _ in moves if m in self._placing), return_exceptions=True)
+        self.draining[name] = True
+        await self._broadcast()  # every node, this one too, sends the requests for its models elsewhere now
+        busy = await self._drained(name, timeout_s)
+        await self._retire(name)
+        summary = {
+            "node": name,
+            "moved": [model for model, _ in moves if self.placement.replicas(model)],
+            "written_off": [model for model in held if not self.placement.replicas(model)],
+            "busy": busy,
+            "drain_s": round(time.monotonic() - started, 3),
+        }
+        log.info("drained", extra=summary)
+        return summary
+
+    async def _drained(self, name: str, timeout_s: float) -> list[str]:
+        """Node `name`'s answer once its engines answered what they accepted: the models still busy when
+        `timeout_s` ran out. A node that does not answer is logged, and stopped all the same."""
+        try:
+            busy: list[str] = await asyncio.wait_for(self.nodes[name].drain.remote(timeout_s), timeout_s + 10.0)
+        except Exception as exc:
+            log.warning("drain not confirmed: stopping the node", extra={"node": name, "error": repr(exc)})
+            return []
+        return busy
+
+    async def _retire(self, name: str) -> None:
+        """Keep a drained node out (books first, so the membership check, which runs while the stop is awaited,
+        does not start it again), then stop its servers (SIGTERM: what they accepted finishes) and its actor."""
+        import ray
+
+        handle = self._remove_actor(name)
+        self._forget(name)
+        del self.draining[name]
+        self.drained.add(name)
+        _save_drained(self.drained)
+        if handle is not None:
+            await asyncio.gather(handle.stop.remote(), return_exceptions=True)
+            ray.kill(handle, no_restart=True)
+
+    async def undrain(self, node: str) -> str:
+        """Let drained node `node` (its name, or the start of one) serve again: its node server starts at the next
+        membership check, within a second."""
+        await self.start()
+        name = _one_of(node, self.drained, "drained node")
+        self.drained.discard(name)
+        _save_drained(self.drained)
+        return name
+
     # -- the routing table ---------------------------------------------------------------------------------------
     def table(self) -> Routes:
-        """The routing table: every node's address, and where each model is loaded."""
+        """The routing table: every node's address, and where each model is loaded (a node drained out of it
+        left out)."""
         self._version = max(self._version + 1, time.time_ns() // 1000)  # grows across restarts too
         snapshot = self.placement.snapshot()
+        serving = {name: address for name, address in self.addresses.items() if not self.draining.get(name)}
         replicas: dict[str, list[str]] = {}
         for node, state in snapshot["nodes"].items():
             for model, resident in state["residents"].items():
-                if resident["state"] == "LOADED" and node in self.addresses:
+                if resident["state"] == "LOADED" and node in serving:
                     replicas.setdefault(model, []).append(node)
-        return Routes(self._version, dict(self.addresses), replicas, dict(self.decisions))
+        return Routes(self._version, serving, replicas, dict(self.decisions))
 
     async def _broadcast(self) -> None:
         table = self.table()
@@ -415,6 +507,8 @@ class Controller:
             },
             "decisions": dict(self.decisions),
             "start_failures": self.start_failures.describe(time.monotonic()),
+            "draining": sorted(self.draining),
+            "drained": sorted(self.drained),
         }
 
     async def stop(self) -> None:
@@ -428,3 +522,27 @@ class Controller:
         for handle in self.nodes.values():
             ray.kill(handle, no_restart=True)
         self.nodes.clear()
+
+
+def _one_of(name: str, among: Collection[str], what: str) -> str:
+    """The one of `among` called `name`, or the only one whose name starts with it; a ConfigError names them else."""
+    if name in among:
+        return name
+    matches = [candidate for candidate in among if candidate.startswith(name)]
+    if len(matches) != 1:
+        known = ", ".join(sorted(among)) or "none"
+        raise ConfigError(f"{len(matches) or 'no'} {what}s match {name!r}; the {what}s: {known}")
+    return matches[0]
+
+
+def _load_drained() -> set[str]:
+    from ray.experimental.internal_kv import _internal_kv_get
+
+    value = _internal_kv_get(DRAINED_KEY, namespace=NAMESPACE)
+    return set(json.loads(value)) if value else set()
+
+
+def _save_drained(nodes: set[str]) -> None:
+    from ray.experimental.internal_kv import _internal_kv_put
+
+    _internal_kv_put(DRAINED_KEY, json.dumps(sorted(nodes)), namespace=NAMESPACE)

@@ -12,6 +12,7 @@ The engine does not know it is in a cluster: a request served here takes the sin
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -28,6 +29,9 @@ from adaserve.distributed.control import Channel
 from adaserve.distributed.forward import Forwarder, ForwardFailed
 from adaserve.distributed.load import LoadMeter
 from adaserve.distributed.messages import (
+    Drain,
+    Drained,
+    FromNode,
     Load,
     Loaded,
     NodeAddress,
@@ -101,7 +105,7 @@ class ClusterMember:
         await self.forwarder.close()
 
     # -- the control channel ------------------------------------------------------------------------------------
-    def _send(self, message: Place | Loaded | Unloaded | Resident | Requests) -> None:
+    def _send(self, message: FromNode) -> None:
         assert self._channel is not None
         self._channel.send(message)
 
@@ -120,6 +124,8 @@ class ClusterMember:
                     self._send(Resident(self.resident()))
                 case Refused(model, reason):
                     self.routes.refused(model, reason)
+                case Drain(timeout_s):
+                    self._spawn(self._drain(timeout_s))
         log.warning("the node actor is gone: stopping")
         on_end()
 
@@ -139,6 +145,16 @@ class ClusterMember:
         except AdaserveError as exc:
             log.warning("unload failed", extra={"model": model, "error": str(exc)})
         self._send(Unloaded(model))
+
+    async def _drain(self, timeout_s: float) -> None:
+        """Wait up to `timeout_s` for the requests this server's engines accepted to be answered (the table it has
+        sends it no more: `leaving`), then say which models still had some. From now on it is not ready: health
+        checks tell load balancers to send it no more either."""
+        self.plane.stopping = True
+        engines = self.plane.router.all_engines()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.gather(*(engine.wait_idle() for engine in engines)), timeout_s)
+        self._send(Drained(sorted({engine.model.name for engine in engines if not engine.idle})))
 
     def resident(self) -> dict[str, int]:
         """The models loaded and ready here, with their bytes."""
@@ -166,12 +182,19 @@ class ClusterMember:
         self._send(Place(model, size, avoid))
 
     # -- where a request goes -------------------------------------------------------------------------------------
+    @property
+    def leaving(self) -> bool:
+        """The table has this node no more (it is being drained, or its server restarted and holds nothing yet):
+        requests that arrive here are forwarded to the nodes the table names, not served by the engines here."""
+        table = self.routes.table
+        return table.version > 0 and self.node not in table.nodes
+
     def _here(self, model: str, hops: int) -> bool:
-        """Serve it here: the model is loaded and ready on this node; or it was forwarded as often as a request may
-        be; or the repository has no such model (this node's answer names the problem: a 404, or a 400 for a name
-        no model can have)."""
+        """Serve it here: the model is loaded and ready on this node, which the table still has; or it was
+        forwarded as often as a request may be; or the repository has no such model (this node's answer names the
+        problem: a 404, or a 400 for a name no model can have)."""
         engine = self.plane.router.engines.get(model)
-        if engine is not None and engine.state is EngineState.READY:
+        if engine is not None and engine.state is EngineState.READY and not self.leaving:
             return True
         return hops >= MAX_HOPS or (not self.routes.holders(model) and not self.plane.router.repository.holds(model))
 

@@ -1,6 +1,6 @@
 """Typed messages between a node server and the node actor that supervises it, on the socket pair the server
-inherits (`adaserve serve --cluster-control FD`): the routing table and load orders down, placement requests, load
-reports and request counts up. Each is msgpack behind a 4-byte length (`control.py`)."""
+inherits (`adaserve serve --cluster-control FD`): the routing table, load and drain orders down, placement
+requests, load reports and request counts up. Each is msgpack behind a 4-byte length (`control.py`)."""
 
 from __future__ import annotations
 
@@ -49,6 +49,13 @@ class Refused(msgspec.Struct, frozen=True, tag="refused"):
     reason: str
 
 
+class Drain(msgspec.Struct, frozen=True, tag="drain"):
+    """This node is being drained: the table it has sends it no more requests (what still arrives here is
+    forwarded). Answer `Drained` once every request its engines accepted is answered, or after `timeout_s`."""
+
+    timeout_s: float
+
+
 class Place(msgspec.Struct, frozen=True, tag="place"):
     """A request arrived for `model`, which no node in the table holds, or none outside `avoid` (nodes a forwarded
     request just failed on): the controller is to place it. `size_bytes`: its size as far as this node can tell
@@ -90,5 +97,11 @@ class Requests(msgspec.Struct, frozen=True, tag="requests"):
     capacity_rps: dict[str, float] = {}
 
 
-ToNode = Routes | Load | Unload | Report | Refused
-FromNode = Place | Loaded | Unloaded | Resident | Requests
+class Drained(msgspec.Struct, frozen=True, tag="drained"):
+    """The answer to `Drain`: the models whose engines still had requests unanswered when its time ran out."""
+
+    busy: list[str] = []
+
+
+ToNode = Routes | Load | Unload | Report | Refused | Drain
+FromNode = Place | Loaded | Unloaded | Resident | Requests | Drained

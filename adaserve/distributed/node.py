@@ -3,7 +3,7 @@
 The node server is a process of its own (today's whole server: frontends, engine, workers), not the actor: Ray's
 actor runtime stays off the request path, and the server's event loop is not shared with Ray's. The actor holds the
 node's CPUs in Ray's books, so nothing else is scheduled onto the cores the server's Packrat plans. It talks to the
-server over a socket pair (`control.py`): orders down (load, unload, the routing table), reports up (placement
+server over a socket pair (`control.py`): orders down (load, unload, drain, the routing table), reports up (placement
 requests and request counts, which it passes to the controller). When the server dies the actor tells the
 controller (its replicas are gone) and starts it again; when the actor dies the socket closes and the server stops.
 """
@@ -19,6 +19,8 @@ from typing import Any
 
 from adaserve.distributed.control import Channel
 from adaserve.distributed.messages import (
+    Drain,
+    Drained,
     FromNode,
     Load,
     Loaded,
@@ -29,6 +31,7 @@ from adaserve.distributed.messages import (
     Requests,
     Resident,
     Routes,
+    ToNode,
     Unload,
     Unloaded,
 )
@@ -72,7 +75,7 @@ class _Server:
         self.channel = channel
         self.loads: dict[str, asyncio.Future[Loaded]] = {}
         self.unloads: dict[str, asyncio.Future[None]] = {}
-        self.resident: asyncio.Future[dict[str, int]] | None = None
+        self.asked: dict[type, asyncio.Future[Any]] = {}  # the answer's type → the future of the question asked
 
     def load(self, model: str) -> asyncio.Future[Loaded]:
         return self._ask(self.loads, model, Load(model))
@@ -81,27 +84,34 @@ class _Server:
         return self._ask(self.unloads, model, Unload(model))
 
     def report(self) -> asyncio.Future[dict[str, int]]:
-        if self.resident is None or self.resident.done():
-            self.resident = asyncio.get_running_loop().create_future()
-            self.channel.send(Report())
-        return self.resident
+        return self._ask(self.asked, Resident, Report())
 
-    def _ask(self, waiting: dict[str, asyncio.Future[Any]], model: str, order: Load | Unload) -> asyncio.Future[Any]:
-        """The answer to `order`, sent once however many wait for it."""
-        future = waiting.get(model)
+    def drain(self, timeout_s: float) -> asyncio.Future[list[str]]:
+        return self._ask(self.asked, Drained, Drain(timeout_s))
+
+    def _ask(self, waiting: dict[Any, asyncio.Future[Any]], key: object, order: ToNode) -> asyncio.Future[Any]:
+        """The answer to `order`, sent once however many wait for it (`_follow` pops the future as it answers)."""
+        future = waiting.get(key)
         if future is None:
-            future = waiting[model] = asyncio.get_running_loop().create_future()
+            future = waiting[key] = asyncio.get_running_loop().create_future()
             self.channel.send(order)
         return future
+
+    def answer(self, waiting: dict[Any, asyncio.Future[Any]], key: object, result: object) -> bool:
+        """Give the answer awaited under `key` in `waiting`; False when none was awaited."""
+        future = waiting.pop(key, None)
+        if future is not None and not future.done():
+            future.set_result(result)
+        return future is not None
 
     def gone(self) -> None:
         """The server stopped: everything awaited from it fails."""
         error = ConnectionError("the node server stopped")
-        for pending in (*self.loads.values(), *self.unloads.values(), self.resident):
-            if pending is not None and not pending.done():
-                pending.set_exception(error)
-        self.loads.clear()
-        self.unloads.clear()
+        for waiting in (self.loads, self.unloads, self.asked):
+            for pending in waiting.values():
+                if not pending.done():
+                    pending.set_exception(error)
+            waiting.clear()
 
 
 class NodeServer:
@@ -158,6 +168,12 @@ class NodeServer:
         reports = await asyncio.gather(*(server.report() for server in self._servers))
         held = set.intersection(*(set(report) for report in reports)) if reports else set()
         return {model: sum(report[model] for report in reports) for model in held}
+
+    async def drain(self, timeout_s: float) -> list[str]:
+        """Wait up to `timeout_s` until the requests the node's servers accepted are answered (the table they have
+        sends them no more); the models that still had some."""
+        answers = await asyncio.gather(*(server.drain(timeout_s) for server in self._servers), return_exceptions=True)
+        return sorted({model for answer in answers if isinstance(answer, list) for model in answer})
 
     async def info(self) -> tuple[NodeAddress, int]:
         return self.settings.address, self._servers[0].process.pid
@@ -244,18 +260,15 @@ class NodeServer:
         while (message := await server.channel.receive()) is not None:
             match message:
                 case Loaded(model):
-                    if (future := server.loads.pop(model, None)) is not None and not future.done():
-                        future.set_result(message)
+                    server.answer(server.loads, model, message)
                 case Unloaded(model):
-                    done = server.unloads.pop(model, None)
-                    if done is None:  # not ordered: the server lost it (unloaded through its API, say)
-                        self._controller().unloaded.remote(self.name, model)
+                    if not server.answer(server.unloads, model, None):  # not ordered: the server lost it (say,
+                        self._controller().unloaded.remote(self.name, model)  # unloaded through its API)
                         self._forget(model)
-                    elif not done.done():
-                        done.set_result(None)
                 case Resident(models):
-                    if server.resident is not None and not server.resident.done():
-                        server.resident.set_result(models)
+                    server.answer(server.asked, Resident, models)
+                case Drained(busy):
+                    server.answer(server.asked, Drained, busy)
                 case Place(model, size, avoid):
                     self._controller().place.remote(self.name, model, size, avoid)
                 case Requests():

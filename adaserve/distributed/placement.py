@@ -171,7 +171,7 @@ class Room:
         self.model, self.size_bytes, self.stats = model, size_bytes, placement.stats
         self._placement = placement
         self._nodes = placement._nodes
-        self._exclude = set(exclude) | set(placement._where.get(model, ()))
+        self._exclude = set(exclude) | set(placement._where.get(model, ())) | placement._cordoned
 
     def nodes(self) -> list[str]:
         """Every node (do not change the list)."""
@@ -362,6 +362,7 @@ class Placement:
         self._order: _Sorted[tuple[str, str]] = _Sorted()  # loaded (node, model) by order_key, with their bytes
         self._free: _Sorted[str] = _Sorted()  # nodes by -free bytes
         self._low_since: dict[str, float] = {}  # model -> since when it could do with a replica fewer
+        self._cordoned: set[str] = set()  # nodes being drained: nothing is placed there, their replicas not counted
         self._now = 0.0  # the latest time a call passed, for the calls that take none
 
     # -- membership -----------------------------------------------------------------------------------------------
@@ -377,6 +378,7 @@ class Placement:
     def remove_node(self, node: str) -> list[str]:
         """The node left or died: forget it; returns the models it held or was loading (those replicas are gone)."""
         entry = self._nodes.pop(node)
+        self._cordoned.discard(node)
         self._node_list = self._largest = None
         self._free.discard(node)
         held = sorted(entry.residency.residents())
@@ -384,16 +386,35 @@ class Placement:
             self._drop(node, model)
         return held
 
+    def drain(self, node: str, now: float, used_within_s: float) -> list[tuple[str, int]]:
+        """Take `node` out of placement (it is being drained): nothing more is placed there, and its replicas no
+        longer count as the model's (`replicas`, `loading`, `scale`), so a removal never leaves a model only there.
+        Returns the models to place elsewhere before it goes, with their bytes: those loaded there, with no replica
+        on another node, requested (or loaded) within `used_within_s` of `now`; the others are placed again on their
+        next request."""
+        self._now = max(self._now, now)
+        self._cordoned.add(node)
+        moves = []
+        for model, (loaded_at, size) in sorted(self._nodes[node].loaded.items()):
+            recent = max(self.stats.get(model).last_request_s or 0.0, loaded_at) >= now - used_within_s
+            if recent and not self.replicas(model) and not self.loading(model):
+                moves.append((model, size))
+        return moves
+
     def nodes(self) -> list[str]:
         return list(self._node_names())
 
     def replicas(self, model: str) -> list[str]:
-        """The nodes where `model` is loaded."""
-        return [node for node, state in self._where.get(model, {}).items() if state is State.LOADED]
+        """The nodes where `model` is loaded (a node being drained not counted)."""
+        return self._in_state(model, State.LOADED)
 
     def loading(self, model: str) -> list[str]:
-        """The nodes where `model` is being loaded."""
-        return [node for node, state in self._where.get(model, {}).items() if state is State.LOADING]
+        """The nodes where `model` is being loaded (a node being drained not counted)."""
+        return self._in_state(model, State.LOADING)
+
+    def _in_state(self, model: str, wanted: State) -> list[str]:
+        where = self._where.get(model, {})
+        return [node for node, state in where.items() if state is wanted and node not in self._cordoned]
 
     # -- loads ----------------------------------------------------------------------------------------------------
 

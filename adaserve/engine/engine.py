@@ -403,6 +403,15 @@ class ModelEngine:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    @property
+    def idle(self) -> bool:
+        """No request holds slots: everything accepted has been answered."""
+        return self._idle.is_set()
+
+    async def wait_idle(self) -> None:
+        """Return once the engine is `idle` (a stop, and a cluster node being drained, wait for this)."""
+        await self._idle.wait()
+
     async def stop(self, drain_timeout_s: float = 30.0) -> None:
         """Finish what was accepted (up to `drain_timeout_s`), then stop the workers and release the pool."""
         self.state = EngineState.UNLOADING
@@ -415,7 +424,7 @@ class ModelEngine:
         if self.adaptation is not None:
             self.adaptation.close()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._idle.wait(), drain_timeout_s)
+            await asyncio.wait_for(self.wait_idle(), drain_timeout_s)
         for process in list(self._processes.values()):
             process.stop()
         try:

@@ -31,6 +31,8 @@ from tritonclient.utils import InferenceServerException
 from adaserve.distributed.forward import GRPC_PATH, METADATA_PREFIX
 from adaserve.distributed.member import HOPS, MAX_HOPS
 from adaserve.distributed.messages import (
+    Drain,
+    Drained,
     NodeAddress,
     Place,
     Report,
@@ -68,10 +70,15 @@ def nodes(repository: Path) -> Iterator[dict[str, tuple[ServerHandle, FakeActor]
 
 
 def _table(
-    nodes: dict[str, tuple[ServerHandle, FakeActor]], version: int, replicas: dict[str, list[str]], to: str = "ab"
+    nodes: dict[str, tuple[ServerHandle, FakeActor]],
+    version: int,
+    replicas: dict[str, list[str]],
+    to: str = "ab",
+    members: str = "ab",
 ) -> None:
-    """Send the routing table to the nodes named in `to`."""
+    """Send the routing table of the nodes named in `members` to those named in `to`."""
     addresses = {name: NodeAddress(handle.http_url, handle.grpc_url) for name, (handle, _) in nodes.items()}
+    addresses = {name: address for name, address in addresses.items() if name in members}
     for name in to:
         nodes[name][1].send(Routes(version, addresses, replicas))
 
@@ -205,6 +212,28 @@ def test_statistics_on_any_node_sum_every_replica(nodes: dict[str, tuple[ServerH
     _table(nodes, 3, {"mlp": ["b"]})
 
 
+def test_a_node_drained_out_of_the_table_forwards_what_it_holds(
+    nodes: dict[str, tuple[ServerHandle, FakeActor]],
+) -> None:
+    (a, a_actor), (b, b_actor) = nodes["a"], nodes["b"]
+    a_actor.load("mlp")
+    _table(nodes, 4, {"mlp": ["a"]}, members="a")  # b, which holds mlp too, is being drained
+    b_actor.send(Report())
+    b_actor.expect(Resident)  # answered after the table before it: b has it
+    served_on_a = _own_statistics(a.http_url, "/v2/models/mlp/stats")[0]["inference_stats"]["success"]["count"]
+    image = _image(5)
+    _same(_http_infer(b.http_url, "mlp", image), _http_infer(a.http_url, "mlp", image))
+    after = _own_statistics(a.http_url, "/v2/models/mlp/stats")[0]["inference_stats"]["success"]["count"]
+    assert after == served_on_a + 2  # b forwarded its request to a
+    b_actor.send(Drain(5.0))
+    assert b_actor.expect(Drained) == Drained([])  # nothing was left to answer
+    with Clients() as clients:
+        assert not clients.http(b.http_url).is_server_ready()  # load balancers send it no more
+    a_actor.send(Unload("mlp"))
+    assert a_actor.expect(Unloaded) == Unloaded("mlp")
+    _table(nodes, 5, {"mlp": ["b"]})
+
+
 def test_a_forwarded_stream_is_answered_request_by_request(nodes: dict[str, tuple[ServerHandle, FakeActor]]) -> None:
     (a, _), (b, b_actor) = nodes["a"], nodes["b"]
     b_actor.send(Report())
@@ -263,7 +292,7 @@ def test_a_model_held_nowhere_is_placed_once_for_concurrent_requests(
         asked_at = time.monotonic()
         assert isinstance(place, Place) and place.model == "cnn" and place.avoid == [] and place.size_bytes > 0
         b_actor.load("cnn")
-        _table(nodes, 4, {"mlp": ["b"], "cnn": ["b"]})
+        _table(nodes, 6, {"mlp": ["b"], "cnn": ["b"]})
         answers = [future.result(timeout=120) for future in waiting]
     for answer in answers:
         _same(answer, answers[0])
@@ -298,7 +327,7 @@ def test_a_request_caught_by_a_dead_node_is_sent_again_where_it_is_placed(
         place = a_actor.expect(Place)
         assert isinstance(place, Place) and place.model == "mlp" and place.avoid == ["b"]
         a_actor.load("mlp")
-        _table(nodes, 5, {"mlp": ["a", "b"]}, to="a")
+        _table(nodes, 7, {"mlp": ["a", "b"]}, to="a")
         served = [answer.result(timeout=120) for answer in answers]
     for answer in served:
         _same(answer, _http_infer(a.http_url, "mlp", image))
@@ -316,7 +345,7 @@ def test_a_request_two_nodes_fail_is_unavailable_naming_the_node(
         "b": NodeAddress(b.http_url, b.grpc_url),
         "c": NodeAddress(f"127.0.0.1:{closed}", f"127.0.0.1:{closed}"),
     }
-    nodes["a"][1].send(Routes(6, addresses, {"mlp": ["a"], "cnn": ["b", "c"]}))
+    nodes["a"][1].send(Routes(8, addresses, {"mlp": ["a"], "cnn": ["b", "c"]}))
     image = np.zeros((1, 1, 28, 28), dtype=np.float32)
     with pytest.raises(InferenceServerException, match="did not answer the forwarded request") as failed:
         _grpc_infer(a.grpc_url, "cnn", image)
@@ -330,8 +359,8 @@ def test_a_request_two_nodes_fail_is_unavailable_naming_the_node(
 
 
 def test_statistics_leave_out_a_node_that_does_not_answer(nodes: dict[str, tuple[ServerHandle, FakeActor]]) -> None:
-    a, _ = nodes["a"]  # b is dead (the test before); the table still names it
-    _table(nodes, 7, {"mlp": ["a", "b"], "cnn": ["b"]}, to="a")
+    a, _ = nodes["a"]  # b is dead (the tests before); the table still names it
+    _table(nodes, 9, {"mlp": ["a", "b"], "cnn": ["b"]}, to="a")
     with Clients() as clients:
         rows = clients.http(a.http_url).get_inference_statistics("mlp")["model_stats"]
         assert rows == _own_statistics(a.http_url, "/v2/models/mlp/stats")  # a's own, b left out (logged)

@@ -163,6 +163,23 @@ def test_remove_node_returns_what_it_held_and_forgets_those_replicas() -> None:
     assert made.place("y", 4, 2.0) == Decision("b", [])
 
 
+def test_a_node_being_drained_takes_no_placement_and_names_the_models_to_move() -> None:
+    made = cluster({"a": 10, "b": 10, "c": 10})
+    put(made, "a", "busy", 2, now=0.0)  # requested lately, held only on a: moved
+    put(made, "a", "idle", 2, now=0.0)  # not requested for longer than the window: written off
+    put(made, "a", "shared", 2, now=0.0)  # held on b too: not moved
+    put(made, "b", "shared", 2, now=0.0)
+    ask(made, {"busy": 1, "shared": 1}, 100.0)
+    assert made.drain("a", now=120.0, used_within_s=60.0) == [("busy", 2)]
+    assert made.replicas("shared") == ["b"] and made.replicas("busy") == []  # a's replicas no longer count
+    assert made.place("busy", 2, 121.0, exclude=["c"]) == Decision("b", [])  # a is never chosen, whatever its room
+    with pytest.raises(CacheBusyError):
+        made.place("other", 2, 121.0, exclude=["b", "c"])
+    for now in (500.0, 600.0):  # a sustained fall would remove one of two replicas: b is the one counted, it stays
+        assert made.scale({"shared": ModelLoad(0, 10)}, now) == []
+    assert made.remove_node("a") == ["busy", "idle", "shared"]
+
+
 def test_requests_feed_the_shared_statistics_and_each_holder_s_eviction_policy() -> None:
     made = cluster({"a": 10, "b": 10}, placement="iam", eviction="iam")
     put(made, "a", "x", 5)
