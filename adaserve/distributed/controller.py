@@ -5,8 +5,8 @@ the policy that picks a node for a new replica, and mCache's eviction policies c
 the fleet-scale simulator replays traces through. It follows Ray's membership (a node server for each node that
 joins, its replicas written off when it leaves), places a model on its first request, evicts to make room,
 drains a node on request (its loaded models moved, its requests answered, then it stops), and sends every node the
-routing table whenever it changes. It is restartable: its state is rebuilt from what the
-node servers hold, and while it is away the nodes keep routing by the last table they have.
+routing table whenever it changes. It is restartable: its state is rebuilt from what the node servers hold (and the
+drained nodes from Ray's key-value store), and while it is away the nodes keep routing by the last table they have.
 """
 
 from __future__ import annotations
@@ -176,8 +176,8 @@ class Controller:
         for name in [name for name in self.nodes if name not in alive]:
             await self._lose(name, "its Ray node left the cluster")
             ray.kill(self._remove_actor(name), no_restart=True)
-        if not self.drained <= alive.keys():  # a machine that rejoins is a new Ray node: it is started
-            self.drained &= alive.keys()
+        if not self.drained <= set(alive):  # a machine that rejoins is a new Ray node: it is started
+            self.drained &= set(alive)
             _save_drained(self.drained)
         now = time.monotonic()
         joined = [
@@ -414,7 +414,7 @@ class Controller:
         forwarded); its engines finish what they accepted, for up to `timeout_s`; then its servers and actor stop,
         freeing its CPUs in Ray's books. It is not started again while its Ray node stays, unless `undrain`ed."""
         await self.start()
-        name = _one_of(node, [n for n in self.nodes if n not in self.draining], "serving node")
+        name = self._to_drain(node)
         started = time.monotonic()
         self.draining[name] = False
         held = sorted(self.placement.snapshot()["nodes"][name]["residents"])
@@ -437,6 +437,15 @@ class Controller:
         }
         log.info("drained", extra=summary)
         return summary
+
+    def _to_drain(self, node: str) -> str:
+        """The serving node `node` names; a ConfigError if none, or if it is the last (a drain would stop the
+        service: stop the cluster instead)."""
+        serving = [name for name in self.nodes if name not in self.draining]
+        name = _one_of(node, serving, "serving node")
+        if len(serving) == 1:
+            raise ConfigError(f"node {name} is the last serving node: no other could take its models and requests")
+        return name
 
     async def _drained(self, name: str, timeout_s: float) -> list[str]:
         """Node `name`'s answer once its engines answered what they accepted: the models still busy when
