@@ -31,6 +31,8 @@ case "${1:-}" in
 esac
 VENV=$ROOT/.venv-$1
 [ ${#TORCH[@]} -eq 0 ] || CHECK="import torch; $CHECK"
+exec 9>"$VENV.lock"  # one set-up at a time (the suite's parallel workers): the others wait, then find it done
+flock 9
 
 if ! "$VENV/bin/python" -c "$CHECK" >/dev/null 2>&1; then
     "$PYTHON" -m venv "$VENV" >&2

@@ -12,6 +12,11 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${PERF_VENV:-$ROOT/.venv-perf}
 PYTHON=${PYTHON:-python3.11}
 
+# One set-up at a time (the suite's parallel workers may all ask at once): the others wait, then find it done.
+mkdir -p "$(dirname "$VENV")"
+exec 9>"$VENV.lock"
+flock 9
+
 if [ ! -x "$VENV/bin/perf_analyzer" ]; then
     "$PYTHON" -m venv "$VENV" >&2
     "$VENV/bin/pip" install -q "tritonclient[all]==2.48.0" nvidia-cuda-runtime-cu12 >&2
