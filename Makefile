@@ -31,8 +31,10 @@ lint: install
 docs: install
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site  # the variable quiets Material's notice of its successor
 
+# Two workers, a test file each at a time (its module fixtures start once): the tests wait on servers and processes
+# most of their time, so two share the 2-core VM's cores and the suite takes about two thirds of its serial time.
 test: lint docs
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n 2 --dist loadfile
 
 # The gRPC protocol's Python modules, generated from the vendored .proto files and committed. grpcio-tools is pinned
 # in the test extra: its protoc 25 writes modules with no runtime-version check, which load on protobuf 4.25 (where
