@@ -19,6 +19,8 @@ sends through adaserve.bench instead, as this benchmark did before:
   what polling for the next batch adds;
 * `cnn_elastic_nolimit` — elastic with `max_busy_threads: 0`, no core kept for the frontend, as OPT Wait runs: a
   sensitivity check;
+* `cnn_elastic_saturated` — the same until its workers were busy 80% of the last second, then as many busy threads
+  as usable cores (`max_busy_threads_saturated`): a sensitivity check;
 * `cnn_none`     — `batching: {policy: none}`, two workers of batch 1, 1 thread each.
 
 The paper's padded Static policy is left out: it is OPT Wait with every batch padded to 32 rows, which the paper
@@ -109,6 +111,12 @@ NO_POLLING = {"policy": "elastic", "idle_spin_us": 0}
 #: Elastic with no busy-thread limit (by default one core is kept for the frontend on CPU).
 NO_LIMIT = {"policy": "elastic", "max_busy_threads": 0}
 
+
+def _saturated() -> dict[str, Any]:
+    """Elastic with no busy-thread limit while the load is light, and a thread per usable core once saturated."""
+    return {**NO_LIMIT, "max_busy_threads_saturated": len(os.sched_getaffinity(0))}
+
+
 #: The served model's largest batch: fixed-timeout's one worker takes this many rows, elastic's largest too.
 MAX_BATCH = 16
 
@@ -180,6 +188,9 @@ def policies(tuned: dict[str, Fixed], model: str = "cnn", device: str = "cpu") -
         Policy("elastic no polling", f"{model}_elastic_nopoll", {"batching": NO_POLLING}, False),
         # Elastic with no busy-thread limit, as OPT Wait runs: what keeping a core for the frontend costs or gains.
         Policy("elastic no limit", f"{model}_elastic_nolimit", {"batching": NO_LIMIT}, False),
+        # No limit until workers were busy 80% of the last second, then one busy thread per core (two batches on
+        # two cores, each taking what is ready, as OPT Wait's two instances do).
+        Policy("elastic saturated", f"{model}_elastic_saturated", {"batching": _saturated()}, False),
         Policy("none", f"{model}_none", {"batching": {"policy": "none"}, "workers": [{"batch": 1, "threads": 1}] * 2}),
     ]
 
