@@ -146,6 +146,12 @@ FIXED_ENTRIES = {"fixed-timeout": "fixed", "fixed-timeout low": "fixed_low", "no
 OPT_WAIT = ("fixed-timeout", "fixed-timeout low")
 
 
+def fixed_policy(label: str, setting: Fixed, model: str, device: str) -> Policy:
+    """The fixed-timeout entry `label` (one of FIXED_ENTRIES) at `setting`."""
+    on = {"device": device} if device == "cuda" else {}
+    return Policy(label, f"{model}_{FIXED_ENTRIES[label]}", {**on, **setting.config(device)}, label in OPT_WAIT)
+
+
 def worker_sets(cores: int, device: str) -> list[tuple[int, int]]:
     """⟨instances, threads⟩ OPT Wait's sweep tries: on CPU every split of all the cores, and of all but the
     frontend's one, into instances of power-of-two threads; on CUDA one and two streams."""
@@ -165,10 +171,7 @@ def policies(tuned: dict[str, Fixed], model: str = "cnn", device: str = "cpu") -
     """The entries measured, the fixed-timeout ones at their `tuned` settings (the sweep's winners). OPT Wait tuned at
     the low rate is measured even where it is the high rate's setting: then the two are a repeat."""
     on = {"device": device} if device == "cuda" else {}
-    fixed = [
-        Policy(label, f"{model}_{FIXED_ENTRIES[label]}", {**on, **setting.config(device)}, label in OPT_WAIT)
-        for label, setting in tuned.items()
-    ]
+    fixed = [fixed_policy(label, setting, model, device) for label, setting in tuned.items()]
     if device == "cuda":  # a worker is a stream: no threads to set; the sensitivity check is two busy streams
         elastic = {**on, "batching": {"policy": "elastic"}}
         busy = [{**on, "batching": {"policy": "elastic", "max_busy_threads": n}} for n in (1, 2)]
@@ -461,7 +464,7 @@ def _sweep_opt_wait(bench: Bench, rates: dict[str, Any]) -> tuple[dict[str, Fixe
     for instances, threads in args.worker_sets:
         for delay in args.delays_us:
             setting = Fixed(delay, instances, threads)
-            [policy] = [p for p in policies({"fixed-timeout": setting}, args.model, args.device) if p.label in OPT_WAIT]
+            policy = fixed_policy("fixed-timeout", setting, args.model, args.device)
             bench.reconfigure(policy)
             for level in ("low", "high"):
                 load = {"kind": "poisson", "rate": rates[f"{level}_rps"], "seed": args.seed}
