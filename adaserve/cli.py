@@ -543,8 +543,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--spare-hosts",
         type=spare_hosts,
-        help="model host processes kept started ahead of loads, Python and torch already imported, so a load "
-        "skips that start (default: 1 with --model-memory-budget, where models load on demand; else 0)",
+        help="model host processes kept forked ahead of loads, so a load skips the fork (milliseconds: every host is "
+        "forked from one process that imported torch) (default: 1 with --model-memory-budget, where models load on "
+        "demand; else 0)",
     )
     serve.add_argument(
         "--repository-poll-secs",

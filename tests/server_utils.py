@@ -163,7 +163,25 @@ def running_server(
         if not log.exists():
             break
         log = repository.parent / f"server-{http_port}-{copy}.log"
-    command = [
+    command = serve_command(repository, http_port, grpc_port, *extra_args)
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, pass_fds=pass_fds
+        )
+    handle = ServerHandle(f"127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}", process.pid, log)
+    try:
+        if ports is None:
+            _wait_ready(handle, process, ready_timeout_s, https)
+        else:
+            wait_until_ready(handle, process, ready_timeout_s, lambda: logged_serving(handle))
+        yield handle
+    finally:
+        stop_server(process)
+
+
+def serve_command(repository: Path, http_port: int, grpc_port: int, *extra_args: str) -> list[str]:
+    """`adaserve serve` on `repository`, listening on 127.0.0.1 only."""
+    return [
         sys.executable,
         "-m",
         "adaserve",
@@ -178,19 +196,6 @@ def running_server(
         str(grpc_port),
         *extra_args,
     ]
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, pass_fds=pass_fds
-        )
-    handle = ServerHandle(f"127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}", process.pid, log)
-    try:
-        if ports is None:
-            _wait_ready(handle, process, ready_timeout_s, https)
-        else:
-            wait_until_ready(handle, process, ready_timeout_s, lambda: logged_serving(handle))
-        yield handle
-    finally:
-        stop_server(process)
 
 
 def stop_server(process: subprocess.Popen[bytes]) -> None:

@@ -42,7 +42,7 @@ from adaserve.engine.messages import (
     write_staged,
 )
 from adaserve.engine.pool import PoolLayout, SharedRings, SlotRing
-from adaserve.engine.processes import HostLauncher, ModelHost, WorkerProcess
+from adaserve.engine.processes import HostLauncher, ModelHost, ProcessMemory, WorkerProcess
 from adaserve.engine.schedule_policy import queue_rank, rank_level, schedule
 from adaserve.engine.scheduler import Batch, Scheduler
 from adaserve.engine.stats import ModelStats, RetrainingStats
@@ -274,6 +274,12 @@ class ModelEngine:
         """Started and not unloading: ready, or unavailable while its workers cannot be restarted."""
         return self.state in (EngineState.READY, EngineState.UNAVAILABLE)
 
+    def process_memory(self) -> ProcessMemory:
+        """What the model's host and workers add to the machine's memory now (its share of what they share with the
+        zygote and the other models' processes included)."""
+        host = [self._host.process.pid] if self._host is not None else []
+        return ProcessMemory.of(host + [worker.pid for worker in self.workers.values()])
+
     @property
     def memory_bytes(self) -> int:
         """What serving this model holds: its weights (shared by the workers) and each worker's own workspace."""
@@ -293,7 +299,9 @@ class ModelEngine:
         stage_fd = self._stage_pipe[0] if self._stage_pipe is not None else None
         launched = time.perf_counter()
         try:
-            self._host = self._hosts.launch(self.model, pool_fd=self._pool_fd, slots=self.slots, stage_fd=stage_fd)
+            self._host = await self._hosts.launch(
+                self.model, pool_fd=self._pool_fd, slots=self.slots, stage_fd=stage_fd
+            )
         finally:
             if stage_fd is not None:
                 os.close(stage_fd)  # the host holds its own copy

@@ -1,12 +1,12 @@
-"""A model host: the process that loads one model once and forks its workers on request (a zygote).
+"""A model host: the process that loads one model once and forks its workers on request.
 
-Started by the server as `python -m adaserve.engine.host CONTROL_FD`, possibly long before it has a model (a spare,
-`processes.HostLauncher`): it imports torch and the engine, then waits for a HostLaunch on its control socket, with
-the model's shared pool beside it. A spare also pays the first program load's one-off cost while it waits
-(`prime_program_loading`). Importing torch and loading a program take seconds; forking a worker from a host
-that has done both takes milliseconds, and the workers share the weights copy-on-write instead of each holding a
-copy. The host never computes, so no intra-op thread pool exists at fork time. When the server's end of the control
-socket closes, the host exits (a spare too); its workers exit when their command pipes close.
+Forked by the zygote (`adaserve.engine.zygote`), which has imported torch and the engine and paid the first program
+load's one-off cost (`prime_program_loading`) once for every host, possibly long before it has a model (a spare,
+`processes.HostLauncher`): it waits for a HostLaunch on its control socket, with the model's shared pool beside it.
+Loading a program takes a fraction of a second; forking a worker from a host that has done it takes milliseconds,
+and the workers share the weights copy-on-write instead of each holding a copy. The host never computes, so no
+intra-op thread pool exists at fork time. When the server's end of the control socket closes, the host exits (a
+spare too); its workers exit when their command pipes close.
 
 A `device: cuda` model's host forks nothing: its workers are threads with CUDA streams (`adaserve.engine.streams`),
 started on the same spawn requests and talking to the engine over the same pipes.
@@ -35,12 +35,10 @@ from adaserve.engine.messages import (
     decode_launch,
     decode_spawn,
     encode,
-    readable,
 )
 from adaserve.engine.pool import PoolLayout, SharedRings
 from adaserve.engine.worker import BatchRunner, Lane, RowStrategy, serve_worker
 from adaserve.errors import ConfigError
-from adaserve.malloc import keep_freed_memory
 from adaserve.repository import executable, read_artifact, weight_bytes
 
 if TYPE_CHECKING:
@@ -51,8 +49,6 @@ if TYPE_CHECKING:
 def host(control: socket.socket) -> int:
     """Wait for a model, load it, report, then start a worker per spawn request (a fork; on CUDA a thread) until the
     server hangs up."""
-    if not _launch_waiting(control):
-        prime_program_loading()
     data, fds, _, _ = socket.recv_fds(control, 1 << 20, 2)
     if not data:
         return 0  # a spare the server no longer needs
@@ -110,17 +106,12 @@ def host(control: socket.socket) -> int:
         control.send(encode(WorkerSpawned(spawn.worker_id, pid)))
 
 
-def _launch_waiting(control: socket.socket) -> bool:
-    """Whether the server has sent the model already: a host started for a load rather than a spare."""
-    return readable(control, 0)
-
-
 def prime_program_loading() -> None:
-    """Pay the first `torch.export.load`'s one-off cost now, in a spare, rather than in the load a request waits for.
+    """Pay the first `torch.export.load`'s one-off cost once, in the zygote, rather than in each host's load.
 
     Whatever the program, the first load in a process imports and initialises the serializer, dynamo and sympy: on
     the 2-core VM 1.2 s of the example MLP's 1.25 s first load, and 20-40 ms for a later one. A one-layer program
-    saved and loaded in memory pays it (1.3 s of the spare's CPU, otherwise spent in the load). The garbage that
+    saved and loaded in memory pays it (1.3 s of CPU, otherwise spent in every host's load). The garbage that
     leaves is collected and what survives is frozen out of the collector: else the next full collection, in the
     real load, walked it for another 0.2 s, and forked workers' collections would touch the shared pages."""
     import torch
@@ -188,19 +179,9 @@ def _early_exit(
         return None, str(exc)
 
 
-def main() -> None:
-    # The server owns this process and the workers it forks (they inherit this): a service manager's stop signals
-    # every process of the server's cgroup at once, and a host or worker that died then would be replaced while the
-    # server drains. They end when the server closes their control socket and command pipes, or when it is gone.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    keep_freed_memory()  # a forward pass's activations of some MiB are reused, not faulted in again each pass
+def serve(control: socket.socket) -> int:
+    """The host's life in a process the zygote has just forked: its exit code."""
     try:
-        code = host(socket.socket(fileno=int(sys.argv[1])))
+        return host(control)
     except (BrokenPipeError, ConnectionResetError):
-        code = 0  # the server hung up mid-exchange (it stopped, or gave up on this host): no one to tell
-    sys.exit(code)
-
-
-if __name__ == "__main__":
-    main()
+        return 0  # the server hung up mid-exchange (it stopped, or gave up on this host): no one to tell

@@ -20,9 +20,28 @@ from adaserve.errors import InvalidInputError
 _LENGTH = struct.Struct("<I")
 
 
+class ForkHost(msgspec.Struct, frozen=True, tag="fork_host"):
+    """To the zygote (`adaserve.engine.zygote`): fork a model host; the host's control socket travels beside this
+    message (SCM_RIGHTS)."""
+
+
+class HostForked(msgspec.Struct, frozen=True, tag="host_forked"):
+    """From the zygote, in the order of the `ForkHost`s: the new host's PID."""
+
+    pid: int
+
+
+class HostExited(msgspec.Struct, frozen=True, tag="host_exited"):
+    """From the zygote, whenever it reaps a host: how the host ended (a return code as `subprocess` gives it)."""
+
+    pid: int
+    returncode: int
+
+
 class HostLaunch(msgspec.Struct, frozen=True, tag="launch"):
-    """Everything a model host (the zygote that forks workers) needs; the first message on its control socket, with
-    the shared pool's fd beside it (SCM_RIGHTS). Spawn requests follow on the same socket."""
+    """Everything a model host (the process that loads the model and forks its workers) needs; the first message on
+    its control socket, with the shared pool's fd beside it (SCM_RIGHTS). Spawn requests follow on the same
+    socket."""
 
     config_json: str  # the validated ModelConfig, so no process re-reads a file that may have changed
     artifact: str  # path of model.pt2 / model.pt
@@ -135,6 +154,7 @@ ToWorker = RunBatch | Stop | Rest
 FromWorker = WorkerReady | WorkerFailed | BatchDone | RowsDone
 
 FromHost = HostReady | HostFailed | WorkerSpawned
+FromZygote = HostForked | HostExited
 
 _encoder = msgspec.msgpack.Encoder()
 _to_worker = msgspec.msgpack.Decoder(ToWorker)
@@ -142,6 +162,8 @@ _from_worker = msgspec.msgpack.Decoder(FromWorker)
 _from_host = msgspec.msgpack.Decoder(FromHost)
 _spawn = msgspec.msgpack.Decoder(SpawnWorker)
 _launch = msgspec.msgpack.Decoder(HostLaunch)
+_from_zygote = msgspec.msgpack.Decoder(FromZygote)
+_fork_host = msgspec.msgpack.Decoder(ForkHost)
 
 
 def encode(message: msgspec.Struct) -> bytes:
@@ -159,6 +181,14 @@ def decode_spawn(data: bytes) -> SpawnWorker:
 
 def decode_launch(data: bytes) -> HostLaunch:
     return _launch.decode(data)
+
+
+def decode_from_zygote(data: bytes) -> FromZygote:
+    return _from_zygote.decode(data)
+
+
+def decode_fork_host(data: bytes) -> ForkHost:
+    return _fork_host.decode(data)
 
 
 def frame(message: msgspec.Struct) -> bytes:

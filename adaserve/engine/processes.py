@@ -13,11 +13,17 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
 
 from adaserve.config import WorkerSpec
 from adaserve.engine.messages import (
+    ForkHost,
+    HostExited,
     HostFailed,
+    HostForked,
     HostLaunch,
     HostReady,
     Rest,
@@ -26,7 +32,9 @@ from adaserve.engine.messages import (
     Stop,
     WorkerSpawned,
     decode_from_host,
+    decode_from_zygote,
     encode,
+    readable,
     write_message,
 )
 from adaserve.errors import ConfigError
@@ -78,10 +86,10 @@ class WorkerProcess:
 class ModelHost:
     """The host process of one model: it loads the model once, then forks a worker per `spawn`.
 
-    Made by `HostLauncher.launch`, which hands the model to a host process that has already started.
+    Made by `HostLauncher.launch`, which hands the model to a host the zygote has forked.
     """
 
-    def __init__(self, model: ModelSpec, process: subprocess.Popen[bytes], control: socket.socket) -> None:
+    def __init__(self, model: ModelSpec, process: HostProcess, control: socket.socket) -> None:
         self.model = model
         self.process = process
         self._control = control
@@ -89,26 +97,16 @@ class ModelHost:
         # One exchange at a time; `stop` takes it too, since a socket closed under a pending receive never wakes it.
         self._lock = asyncio.Lock()
         self._stopping = False
-        self._loop = asyncio.get_running_loop()
-        # Readable once the process has exited, whenever that is: then it is reaped at once. A host killed from
-        # outside stayed a zombie until a worker died and its restart found the host gone.
-        self._exit_fd: int | None = os.pidfd_open(process.pid)
-        self._loop.add_reader(self._exit_fd, self._exited)
+        self._watch = asyncio.ensure_future(self._log_exit())
 
-    def _exited(self) -> None:
-        self._unwatch()
-        code = self.process.poll()  # reaps it
+    async def _log_exit(self) -> None:
+        """Log a host that exited on its own, whenever that is."""
+        code = await self.process.wait()
         if not self._stopping:
             log.warning(
                 "model host exited; its workers serve on, and the next worker to start starts another host",
-                extra={"model": self.model.name, "pid": self.process.pid, "how": how_it_exited(code or 0)},
+                extra={"model": self.model.name, "pid": self.process.pid, "how": _in_words(code)},
             )
-
-    def _unwatch(self) -> None:
-        if self._exit_fd is not None:
-            self._loop.remove_reader(self._exit_fd)
-            os.close(self._exit_fd)
-            self._exit_fd = None
 
     async def ready(self) -> HostReady:
         """Wait until the model is loaded; ConfigError with the host's reason when it cannot be."""
@@ -154,8 +152,9 @@ class ModelHost:
             self._control.close()  # its answer, left unread, would be taken for the next exchange's: end the host
             raise
         if not data:
-            how = await _how_it_ended(self.process)
-            raise ConfigError(f"model '{self.model.name}': its host process {how}")
+            # The socket closes as the process exits, a moment before the zygote has reaped it and said how.
+            code = await self.process.wait(timeout_s=1.0)
+            raise ConfigError(f"model '{self.model.name}': its host process {_in_words(code)}")
         return decode_from_host(data)
 
     async def stop(self) -> None:
@@ -164,48 +163,64 @@ class ModelHost:
         self._stopping = True
         async with self._lock:
             self._control.close()
-        await _wait_or_kill(self.process)
-        self._unwatch()
+        if await self.process.wait(timeout_s=10.0) is None:
+            self.process.kill()
+            await self.process.wait()
+        self._watch.cancel()
 
 
 class HostLauncher:
-    """Starts model hosts, keeping `spares` of them started ahead: a spare has started Python, imported torch and
-    adaserve's engine (about 2.5 s of CPU on the 2-core machine, more than half of loading a small model), paid the
-    first program load's one-off second (`host.prime_program_loading`), and waits on its control socket for a model.
-    A load takes a spare, if one is alive, and a new spare starts behind it.
+    """Hands models to hosts forked by the zygote, keeping `spares` of them forked ahead, waiting on their control
+    sockets for a model. A load takes a spare, if one is alive, and a new spare is forked behind it.
 
-    With `spares=0` every load starts its host then; the host code is the same either way.
+    The first spares are forked behind the first load. With `spares=0` every load forks its host then; the host
+    code is the same either way. Since the zygote has imported torch and primed program loading for every host, a
+    spare saves a load only the fork (milliseconds).
     """
 
-    def __init__(self, spares: int = 0) -> None:
+    def __init__(self, spares: int = 0, zygote: Zygote | None = None) -> None:
         if spares < 0:
             raise ConfigError(f"spare hosts must be 0 or more, got {spares}")
         self.spares = spares
-        self.launches = {"spare": 0, "cold": 0}  # loads given to a spare / to a host started for them
-        self._waiting: deque[tuple[subprocess.Popen[bytes], socket.socket]] = deque()
-        self._refill()
+        self.launches = {"spare": 0, "cold": 0}  # loads given to a spare / to a host forked for them
+        self._zygote = zygote or ZYGOTE
+        self._zygote.start()  # its imports overlap whatever the server does before its first load
+        self._waiting: deque[tuple[HostProcess, socket.socket]] = deque()
+        self._lock = threading.Lock()  # launches run in threads (`launch`): one takes from the spares at a time
 
-    def launch(self, model: ModelSpec, *, pool_fd: int, slots: int, stage_fd: int | None = None) -> ModelHost:
+    async def launch(self, model: ModelSpec, *, pool_fd: int, slots: int, stage_fd: int | None = None) -> ModelHost:
         """Give `model` (its shared pool and slot count, and a CUDA model's stage pipe) to a spare, or to a host
-        started now when none is alive."""
+        forked now. Off the event loop: the first fork waits for the zygote's imports."""
         launch = encode(
             HostLaunch(config_json=model.config.model_dump_json(), artifact=str(model.artifact), slots=slots)
         )
-        while True:
-            kind, (process, control) = ("spare", self._waiting.popleft()) if self._waiting else ("cold", _start_host())
-            try:
-                socket.send_fds(control, [launch], [pool_fd] if stage_fd is None else [pool_fd, stage_fd])
-                break
-            except OSError as exc:
-                control.close()
-                if kind == "cold":  # the fault is on this side (a closed pool, say): another host would fail too
-                    process.kill()
-                    process.wait()
-                    raise ConfigError(f"model '{model.name}': cannot hand the model to a host: {exc}") from None
-                process.wait()  # a spare that died while it waited (killed from outside): discard it, take the next
-        self.launches[kind] += 1
-        self._refill()
+        fds = [pool_fd] if stage_fd is None else [pool_fd, stage_fd]
+        process, control = await asyncio.to_thread(self._hand_over, model, launch, fds)
         return ModelHost(model, process, control)
+
+    def _hand_over(self, model: ModelSpec, launch: bytes, fds: list[int]) -> tuple[HostProcess, socket.socket]:
+        with self._lock:
+            while True:
+                kind = "spare" if self._waiting else "cold"
+                process, control = self._waiting.popleft() if self._waiting else self._fork()
+                try:
+                    socket.send_fds(control, [launch], fds)
+                    break
+                except OSError as exc:
+                    control.close()
+                    if kind == "cold":  # the fault is on this side (a closed pool, say): another host would fail too
+                        process.kill()
+                        raise ConfigError(f"model '{model.name}': cannot hand the model to a host: {exc}") from None
+                    # a spare that died while it waited (killed from outside): discard it, take the next
+            self.launches[kind] += 1
+            while len(self._waiting) < self.spares:
+                self._waiting.append(self._fork())
+            return process, control
+
+    def _fork(self) -> tuple[HostProcess, socket.socket]:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        with theirs:
+            return self._zygote.fork(theirs), ours
 
     @property
     def waiting_pids(self) -> list[int]:
@@ -216,16 +231,147 @@ class HostLauncher:
         waiting, self._waiting = list(self._waiting), deque()
         for _, control in waiting:
             control.close()
-        await asyncio.gather(*(_wait_or_kill(process) for process, _ in waiting))
+        codes = await asyncio.gather(*(process.wait(timeout_s=10.0) for process, _ in waiting))
+        for (process, _), code in zip(waiting, codes, strict=True):
+            if code is None:
+                process.kill()
 
-    def _refill(self) -> None:
-        while len(self._waiting) < self.spares:
-            self._waiting.append(_start_host())
+
+class HostProcess:
+    """A model host forked by the zygote. Not this process's child: it is watched through a pidfd, signalled
+    through it (never a reused PID), and its return code is what the zygote reports when it reaps it."""
+
+    def __init__(self, pid: int, zygote: Zygote) -> None:
+        self.pid = pid
+        self._zygote = zygote
+        self._exit_fd: int | None = None
+        self._exit: asyncio.Future[None] | None = None  # done once the host has exited
+        with contextlib.suppress(ProcessLookupError):  # already exited and reaped
+            self._exit_fd = os.pidfd_open(pid)
+
+    def kill(self) -> None:
+        if self._exit_fd is not None:
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(self._exit_fd, signal.SIGKILL)
+
+    async def wait(self, timeout_s: float | None = None) -> int | None:
+        """Until the host has exited: its return code (None when the host has not exited within `timeout_s`, or
+        the zygote has not said how within a second)."""
+        if self._exit_fd is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._exited()), timeout_s)
+            except TimeoutError:
+                return None
+        for _ in range(100):  # the zygote reaps it and reports at once, after the pidfd has woken us
+            code = self._zygote.returncode(self.pid)
+            if code is not None:
+                return code
+            await asyncio.sleep(0.01)
+        return None
+
+    def _exited(self) -> asyncio.Future[None]:
+        """One future for every waiter: the pidfd is watched by one reader."""
+        fd = self._exit_fd
+        assert fd is not None
+        if self._exit is None:
+            loop = asyncio.get_running_loop()
+            exit = self._exit = loop.create_future()
+
+            def woke() -> None:
+                loop.remove_reader(fd)
+                if not exit.done():
+                    exit.set_result(None)
+
+            loop.add_reader(fd, woke)
+        return self._exit
+
+    def __del__(self) -> None:
+        if self._exit_fd is not None:
+            os.close(self._exit_fd)
 
 
-def _start_host() -> tuple[subprocess.Popen[bytes], socket.socket]:
-    """A host process, told its model later over the returned control socket (`adaserve/engine/host.py`)."""
+class Zygote:
+    """The server's end of the zygote (`adaserve/engine/zygote.py`), the process that forks every model host: one per
+    server process (`ZYGOTE`), started when the first launcher is made, started again when it has died.
+
+    `fork` blocks (a fork takes milliseconds, but the first waits for the zygote's imports): launchers call it off
+    the event loop, one at a time."""
+
+    def __init__(self) -> None:
+        self._process: subprocess.Popen[bytes] | None = None
+        self._control: socket.socket | None = None
+        self._returncodes: dict[int, int] = {}  # hosts the zygote has reported exited
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        """Start the zygote process unless it is running."""
+        with self._lock:
+            self._started()
+
+    def fork(self, host_control: socket.socket) -> HostProcess:
+        """A new host, talking on `host_control`'s other end. A zygote that died is started again once."""
+        with self._lock:
+            for attempt in (1, 2):
+                control = self._started()
+                try:
+                    socket.send_fds(control, [encode(ForkHost())], [host_control.fileno()])
+                    while True:
+                        message = self._receive(control)
+                        if isinstance(message, HostForked):
+                            return HostProcess(message.pid, self)
+                except OSError as exc:
+                    how = self._discard()
+                    if attempt == 2:
+                        raise ConfigError(f"cannot start a model host: the zygote process {how} ({exc})") from None
+                    log.warning("the zygote process ended; starting it again", extra={"how": how})
+        raise AssertionError("unreachable")
+
+    def returncode(self, pid: int) -> int | None:
+        """How host `pid` ended, if the zygote has said so; reads what it has said without waiting (nor while a
+        fork is under way, whose reading keeps what it finds)."""
+        if self._lock.acquire(blocking=False):
+            try:
+                while self._control is not None and readable(self._control, 0):
+                    self._receive(self._control)
+            except OSError:
+                pass  # a zygote gone: the next fork starts another
+            finally:
+                self._lock.release()
+        return self._returncodes.get(pid)
+
+    def _receive(self, control: socket.socket) -> HostForked | HostExited:
+        data = control.recv(1024)
+        if not data:
+            raise ConnectionResetError("the zygote closed its socket")
+        message = decode_from_zygote(data)
+        if isinstance(message, HostExited):
+            self._returncodes[message.pid] = message.returncode
+        return message
+
+    def _started(self) -> socket.socket:
+        if self._process is not None and self._process.poll() is not None:
+            self._discard()
+        if self._control is None:
+            self._process, self._control = _start_zygote()
+        return self._control
+
+    def _discard(self) -> str:
+        """Forget a zygote that is gone (or broken): how it ended."""
+        assert self._process is not None and self._control is not None
+        self._control.close()
+        self._control = None
+        try:
+            code = self._process.wait(timeout=5.0)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            code = self._process.wait()
+        self._process = None
+        return how_it_exited(code)
+
+
+def _start_zygote() -> tuple[subprocess.Popen[bytes], socket.socket]:
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    ours.settimeout(300.0)  # a zygote that does not answer a fork (it cannot import torch, say) is started again
     # Passive OpenMP waiting unless the operator chose otherwise: workers share cores with each other and with
     # the server, and spinning idle OpenMP threads took them (a 2-thread worker beside others ran ~9× slower).
     env = {
@@ -235,9 +381,9 @@ def _start_host() -> tuple[subprocess.Popen[bytes], socket.socket]:
         "TORCH_FORCE_WEIGHTS_ONLY_LOAD": "1",
     }
     # A session of its own: a terminal's Ctrl-C (SIGINT to its foreground process group) and the like reach the
-    # server alone, which stops its hosts and workers in order; the host also ignores SIGINT and SIGTERM itself.
+    # server alone, which stops its hosts and workers in order; the zygote and hosts also ignore SIGINT and SIGTERM.
     process = subprocess.Popen(
-        [sys.executable, "-m", "adaserve.engine.host", str(theirs.fileno())],
+        [sys.executable, "-m", "adaserve.engine.zygote", str(theirs.fileno())],
         pass_fds=(theirs.fileno(),),
         stdin=subprocess.DEVNULL,
         env=env,
@@ -247,13 +393,40 @@ def _start_host() -> tuple[subprocess.Popen[bytes], socket.socket]:
     return process, ours
 
 
-async def _how_it_ended(process: subprocess.Popen[bytes], timeout_s: float = 1.0) -> str:
-    """How a process whose end of a socket closed ended, for an error message: its exit code or the signal that
-    killed it. The socket closes before the process is reaped, so it is waited for a moment first."""
-    with contextlib.suppress(TimeoutError):
-        await _wait(process, timeout_s)
-    code = process.poll()
-    return "closed its control socket" if code is None else how_it_exited(code)
+#: This process's zygote: every launcher forks its hosts from it, so torch is imported once per server.
+ZYGOTE = Zygote()
+
+
+@dataclass(frozen=True)
+class ProcessMemory:
+    """What processes add to the machine's memory, from /proc/PID/smaps_rollup: PSS counts each shared page divided
+    among the processes sharing it (summed over a process tree, what the tree adds), USS the pages only a process
+    holds, RSS every page it maps."""
+
+    pss_bytes: int
+    uss_bytes: int
+    rss_bytes: int
+
+    @staticmethod
+    def of(pids: list[int]) -> ProcessMemory:
+        """The sum over `pids`; a process that has exited meanwhile counts nothing."""
+        pss = uss = rss = 0
+        for pid in pids:
+            try:
+                lines = Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:]
+            except OSError:
+                continue
+            fields = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in lines}
+            pss += fields["Pss"]
+            uss += fields["Private_Clean"] + fields["Private_Dirty"]
+            rss += fields["Rss"]
+        return ProcessMemory(pss, uss, rss)
+
+
+def _in_words(returncode: int | None) -> str:
+    """How a host ended, as far as is known: it closed its socket, and its code is unknown when the zygote that
+    reaped it was gone."""
+    return "closed its control socket" if returncode is None else how_it_exited(returncode)
 
 
 def how_it_exited(returncode: int) -> str:
@@ -264,16 +437,3 @@ def how_it_exited(returncode: int) -> str:
         return f"was killed by {signal.Signals(-returncode).name}"
     except ValueError:  # a signal Python has no name for (a real-time one)
         return f"was killed by signal {-returncode}"
-
-
-async def _wait_or_kill(process: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
-    try:
-        await _wait(process, timeout_s)
-    except TimeoutError:
-        process.kill()
-        await _wait(process)
-
-
-async def _wait(process: subprocess.Popen[bytes], timeout_s: float | None = None) -> None:
-    """Until the process has exited (TimeoutError after `timeout_s`), off the event loop."""
-    await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(None, process.wait), timeout_s)

@@ -65,6 +65,12 @@ class EngineCollector:
         workers = GaugeMetricFamily(
             "adaserve_workers", "Workers of the running set, by batch and threads", labels=[*LABELS, "batch", "threads"]
         )
+        memory = GaugeMetricFamily(
+            "adaserve_model_process_memory_bytes",
+            "What the model's host and workers add to the machine's memory: pss (shared pages divided among their "
+            "sharers), uss (pages only they hold)",
+            labels=[*LABELS, "measure"],
+        )
         histograms = {
             "queue_duration_seconds": ("Time from arrival to dispatch to a worker", "queue_s"),
             "compute_duration_seconds": ("Time a worker spent computing a batch", "compute_s"),
@@ -93,6 +99,9 @@ class EngineCollector:
                 failures.add_metric([*labels, reason], count)
             for size, count in sorted(stats.batches.items()):
                 batches.add_metric([*labels, str(size)], count)
+            held = engine.process_memory()
+            memory.add_metric([*labels, "pss"], held.pss_bytes)
+            memory.add_metric([*labels, "uss"], held.uss_bytes)
             inflight.add_metric(labels, engine.scheduler.inflight)
             queued.add_metric(labels, engine.scheduler.ready)
             for level in range(1, engine.model.config.batching.priority_levels + 1):
@@ -101,7 +110,7 @@ class EngineCollector:
                 histogram: Histogram = getattr(stats, attribute)
                 histogram_families[name_].add_metric(labels, _buckets(histogram), histogram.total)
         yield from families.values()
-        yield from (failures, batches, inflight, queued, queued_by_level, planned, workers)
+        yield from (failures, batches, inflight, queued, queued_by_level, planned, workers, memory)
         yield from histogram_families.values()
         yield from self._early_exit()
 
@@ -206,14 +215,13 @@ class CacheCollector:
 
 
 class HostCollector:
-    """Model host processes: spares waiting, and how loads got their host (a spare saves a load the interpreter
-    start and the imports)."""
+    """Model host processes: spares waiting, and how loads got their host (a spare saves a load the fork)."""
 
     def __init__(self, hosts: HostLauncher) -> None:
         self.hosts = hosts
 
     def collect(self) -> Iterator[Metric]:
-        spares = GaugeMetricFamily("adaserve_spare_hosts", "Model host processes started ahead, waiting for a load")
+        spares = GaugeMetricFamily("adaserve_spare_hosts", "Model host processes forked ahead, waiting for a load")
         spares.add_metric([], len(self.hosts.waiting_pids))
         launches = CounterMetricFamily(
             "adaserve_model_host_launches", "Model hosts given a model, by where the host came from", labels=["host"]

@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from adaserve.engine.engine import ModelEngine
+from adaserve.engine.processes import ZYGOTE
 from adaserve.repository import ModelRepository
 
 
@@ -40,3 +41,9 @@ def live_children(pid: int | None = None) -> list[int]:
             if Path(f"/proc/{child}/stat").read_text().split()[2] != "Z":
                 alive.append(int(child))
     return alive
+
+
+def live_hosts() -> list[int]:
+    """The model hosts alive in this process's server: the children of its zygote (none before it started)."""
+    process = ZYGOTE._process
+    return [] if process is None else live_children(process.pid)

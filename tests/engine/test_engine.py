@@ -18,7 +18,7 @@ from adaserve.engine.worker_sets import WorkerSetChoice
 from adaserve.errors import InvalidInputError, ModelNotReadyError, OverloadedError
 from adaserve.repository import ModelRepository
 from benchmarks.common import tree_cpu_s
-from tests.engine.engines import live_children, run_engine
+from tests.engine.engines import live_hosts, run_engine
 from tests.server_utils import link_example, write_slow_model
 
 ONE_WORKER = [{"batch": 4, "threads": 1}]
@@ -162,7 +162,7 @@ def test_a_switch_under_way_when_the_model_unloads_ends_and_leaves_no_process(tm
     link_example(tmp_path, "mlp", workers=ONE_WORKER)
 
     async def main() -> None:
-        others = live_children()  # the suite's own server, say
+        others = live_hosts()
         engine = ModelEngine(ModelRepository(tmp_path).read("mlp"))
         await engine.start()
         switch = asyncio.get_running_loop().create_task(engine.switch_workers(WorkerSetChoice(TWO_OF_BATCH_2, "test")))
@@ -171,7 +171,7 @@ def test_a_switch_under_way_when_the_model_unloads_ends_and_leaves_no_process(tm
         await asyncio.wait_for(engine.stop(drain_timeout_s=5.0), 8.0)
         await asyncio.wait_for(switch, 5.0)  # at once: a spawn the host had answered, or one it never will
         assert engine._processes == {} and engine.stats.host_restarts == 0
-        assert set(live_children()) <= set(others)  # the host is gone (its workers were waited for by stop())
+        assert set(live_hosts()) <= set(others)  # the host is gone (its workers were waited for by stop())
 
     asyncio.run(main())
 
@@ -185,18 +185,18 @@ def test_a_start_that_is_cancelled_stops_the_processes_it_had_started(
     link_example(tmp_path, "mlp", workers=ONE_WORKER)
 
     async def main() -> None:
-        others = live_children()
+        others = live_hosts()
         engine = ModelEngine(ModelRepository(tmp_path).read("mlp"))
         start = asyncio.get_running_loop().create_task(engine.start())
         deadline = time.monotonic() + 60.0
-        while len(live_children()) == len(others) and time.monotonic() < deadline:
+        while len(live_hosts()) == len(others) and time.monotonic() < deadline:
             await asyncio.sleep(0.01)  # the host is starting
         start.cancel()
         with pytest.raises(asyncio.CancelledError):
             await start
         assert engine._processes == {}
-        assert set(live_children()) <= set(others)
-        assert engine._host is not None and engine._host.process.returncode == 0
+        assert set(live_hosts()) <= set(others)
+        assert engine._host is not None and await engine._host.process.wait() == 0
 
     asyncio.run(main())
     assert "Traceback" not in capfd.readouterr().err

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from adaserve.engine.engine import EngineState
 from adaserve.engine.router import CacheSettings, ModelRouter
 from adaserve.repository import ModelRepository
-from tests.engine.engines import live_children
+from tests.engine.engines import live_children, live_hosts
 from tests.engine.test_poller import add_identity_version
 from tests.server_utils import link_example, write_fussy_model
 
@@ -25,32 +26,40 @@ def test_a_repository_operation_whose_caller_stops_waiting_still_ends(tmp_path: 
     link_example(tmp_path, "mlp", workers=ONE_WORKER)
 
     async def main() -> None:
-        others = live_children()
+        others = live_hosts()
         router = ModelRouter(ModelRepository(tmp_path))
         try:
             if operation == "unload":
                 await router.load("mlp")
+                engine = router.engines["mlp"]
             call = asyncio.get_running_loop().create_task(getattr(router, operation)("mlp"))
-            await asyncio.sleep(0.2)  # a load has started its host by now; an unload is stopping the workers
+
+            def underway() -> bool:
+                if operation == "load":
+                    return bool(set(live_hosts()) - set(others))
+                return engine.state is EngineState.UNLOADING
+
+            while not underway():  # a load has forked its host; an unload is stopping the model's processes
+                await asyncio.sleep(0.001)
             call.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await call
             wanted = ("READY", 1) if operation == "load" else ("UNAVAILABLE", 0)  # the state, and host processes
 
             def now() -> tuple[str, int]:
-                return router.index()[0].state, len(set(live_children()) - set(others))
+                return router.index()[0].state, len(set(live_hosts()) - set(others))
 
             deadline = time.monotonic() + 120.0
             while now() != wanted and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
             assert now() == wanted
-            hosts = set(live_children()) - set(others)  # a host forks the model's workers: they are its children
+            hosts = set(live_hosts()) - set(others)  # a host forks the model's workers: they are its children
             if hosts:
                 workers = router.engines["mlp"].workers.values()
                 assert sorted(live_children(hosts.pop())) == sorted(w.pid for w in workers)
         finally:
             await router.close()
-        assert set(live_children()) <= set(others)
+        assert set(live_hosts()) <= set(others)
 
     asyncio.run(main())
 

@@ -389,6 +389,13 @@ def test_metrics_endpoint(server: ServerHandle, client: httpclient.InferenceServ
         'adaserve_queued_rows_by_priority_level{level="2",model="mlp_fixed",version="1"} 0.0',
     ):
         assert metric in text
+    memory = {
+        measure: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        for measure in ("pss", "uss")
+        if line.startswith(f'adaserve_model_process_memory_bytes{{measure="{measure}",model="cnn",version="1"}}')
+    }
+    assert 0 < memory["uss"] < memory["pss"]  # the host and workers share pages with each other and the zygote
 
 
 def test_unload_and_load_through_the_repository_api(
