@@ -69,15 +69,19 @@ EXIT_CODES: dict[type[Exception], int] = {AdaserveError: 2, Refused: 3, Unreacha
 
 
 def _serve(args: argparse.Namespace) -> int:
+    if args.cpus is not None:  # first: every thread and process the server starts inherits the cores
+        from adaserve.cpu.groups import restrict_to
+
+        restrict_to(args.cpus)
+    if args.ray is None:
+        from adaserve.engine.processes import ZYGOTE
+
+        ZYGOTE.start()  # next: its imports of torch (seconds) overlap the server's own start
     import uvloop
 
     from adaserve.logs import configure_logging
     from adaserve.server.app import ServeOptions, serve
 
-    if args.cpus is not None:  # first: every thread and process the server starts inherits the cores
-        from adaserve.cpu.groups import restrict_to
-
-        restrict_to(args.cpus)
     configure_logging(args.log_level)
     if args.ray is not None:
         from adaserve.distributed.cli import cluster_settings
