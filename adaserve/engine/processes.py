@@ -379,6 +379,9 @@ def _start_zygote() -> tuple[subprocess.Popen[bytes], socket.socket]:
         "OMP_NUM_THREADS": "1",
         "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
         "TORCH_FORCE_WEIGHTS_ONLY_LOAD": "1",
+        # A CUDA model's host initialises CUDA after its fork; torch asks whether CUDA is there through NVML, which
+        # leaves the zygote's CUDA uninitialised (a CUDA runtime does not survive a fork).
+        "PYTORCH_NVML_BASED_CUDA_CHECK": "1",
     }
     # A session of its own: a terminal's Ctrl-C (SIGINT to its foreground process group) and the like reach the
     # server alone, which stops its hosts and workers in order; the zygote and hosts also ignore SIGINT and SIGTERM.
