@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import shutil
 import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any, Literal, get_args
 
@@ -113,7 +114,9 @@ def main(argv: list[str] | None = None) -> None:
     settings = {"build_rows": BUILD_ROWS, "chunk_rows": CHUNK_ROWS, "chunk_s": CHUNK_S, "seed": args.seed}
     record = header("gati_adaptation", args.quick, settings | {"severities": SEVERITIES}, args.target)
     with load_window(record):
-        record |= serve_stream(build(args.target, args.quick), args.target, CHUNK_ROWS, plan, args.seed, args.expect)
+        built = build(args.target, args.quick)
+        stream = drifting(built, CHUNK_ROWS, plan, args.seed)
+        record |= serve_stream(built, args.target, CHUNK_ROWS, stream, args.seed, args.expect)
     write_json(record, out)
     plot(record, out.with_suffix(".png"))
     print(f"wrote {out} and {out.with_suffix('.png')}")
@@ -174,22 +177,67 @@ def build(target: float, quick: bool) -> Build:
     return Build(spec, built, build_s, validation_x, images, labels, np.setdiff1d(np.arange(len(images)), used))
 
 
+@dataclass(frozen=True)
+class Chunk:
+    """One chunk of a stream: its rows, their true labels, and the fields that describe it in the record."""
+
+    x: np.ndarray
+    labels: np.ndarray
+    about: dict[str, Any]
+
+
+def drifting(built: Build, chunk_rows: int, plan: list[tuple[str, int]], seed: int) -> Iterator[Chunk]:
+    """The drifting stream: the unused test rows in a seeded order, each chunk with its (corruption, severity)."""
+    stream = built.unused[: len(plan) * chunk_rows].copy()
+    rng = np.random.default_rng(seed)
+    rng.shuffle(stream)
+    for index, (kind, severity) in enumerate(plan):
+        rows = stream[index * chunk_rows : (index + 1) * chunk_rows]
+        x = corrupt(built.images[rows], kind, severity, rng)
+        yield Chunk(x, built.labels[rows], {"corruption": kind, "severity": severity})
+
+
+@dataclass(frozen=True)
+class Served:
+    """A chunk as both sides served it: the base model's classes, each side's figures by name (`static`,
+    `adapted`, and any other side measured), and the adapted side's exit counts, what the monitor observes."""
+
+    base: np.ndarray
+    sides: dict[str, dict[str, Any]]
+    counts: ExitCounts
+
+
+#: How a stream's chunk is served: (static runtime, adapted runtime, rows) → what they did.
+ServeChunk = Callable[[EarlyExit, EarlyExit, np.ndarray], Served]
+
+
+def batched(batch: int) -> ServeChunk:
+    """Each chunk through both runtimes in batches of `batch` rows, one request per row, untimed."""
+
+    def serve_chunk(static: EarlyExit, adapted: EarlyExit, x: np.ndarray) -> Served:
+        base = static.chain.run(torch.from_numpy(x)).argmax(1).numpy()
+        static_side, _ = serve(static, x, base, batch)
+        adapted_side, counts = serve(adapted, x, base, batch)
+        return Served(base, {"static": static_side, "adapted": adapted_side}, counts)
+
+    return serve_chunk
+
+
 def serve_stream(
     built: Build,
     target: float,
     chunk_rows: int,
-    plan: list[tuple[str, int]],
+    stream: Iterable[Chunk],
     seed: int,
     expect: Expectation,
     scratch: bool = True,
+    serve_chunk: ServeChunk | None = None,
 ) -> dict[str, Any]:
-    """The stream through static and adapted caches of a built set (v1; versions after it are written beside);
-    `scratch`: also run each retraining from scratch, to compare with the warm start."""
-    spec, validation_x, images, labels = built.spec, built.validation_x, built.images, built.labels
-    stream = built.unused[: len(plan) * chunk_rows].copy()
-    rng = np.random.default_rng(seed)
-    rng.shuffle(stream)
-
+    """A stream through static and adapted caches of a built set (v1; versions after it are written beside), each
+    chunk served by `serve_chunk` (default: `batched` at the model's largest batch); `scratch`: also run each
+    retraining from scratch, to compare with the warm start."""
+    spec, validation_x = built.spec, built.validation_x
+    serve_chunk = serve_chunk or batched(spec.config.max_batch_size)
     static = load_runtime(spec, target, built.cache_set.version)
     adapted, current = static, built.cache_set
     monitor = HitRateMonitor(
@@ -198,26 +246,19 @@ def serve_stream(
     window = SampleWindow(int(WINDOW["capacity"]), fraction=WINDOW["fraction"], seed=seed)
     adapt_settings = AdaptSettings()
     chunks, retrains = [], []
-    for index, (kind, severity) in enumerate(plan):
-        rows = stream[index * chunk_rows : (index + 1) * chunk_rows]
-        x = corrupt(images[rows], kind, severity, rng)
-        base = static.chain.run(torch.from_numpy(x)).argmax(1).numpy()
-        static_side, _ = serve(static, x, base, spec.config.max_batch_size)
-        adapted_side, counts = serve(adapted, x, base, spec.config.max_batch_size)
-        monitor.observe(counts)
-        window.offer(x)
+    for index, chunk in enumerate(stream):
+        served = serve_chunk(static, adapted, chunk.x)
+        monitor.observe(served.counts)
+        window.offer(chunk.x)
         chunks.append(
-            {
-                "chunk": index,
-                "corruption": kind,
-                "severity": severity,
-                "rows": len(x),
-                "base_accuracy": float(np.mean(base == labels[rows])),
-                "static": static_side,
-                "adapted": adapted_side | {"version": current.version},
-            }
+            {"chunk": index}
+            | chunk.about
+            | {"rows": len(chunk.x), "base_accuracy": float(np.mean(served.base == chunk.labels))}
+            | served.sides
         )
-        print(f"chunk {index:2d} {kind:>10} {severity}: static {static_side} adapted {adapted_side}", flush=True)
+        chunks[-1]["adapted"] = served.sides["adapted"] | {"version": current.version}
+        about = " ".join(str(value) for value in chunk.about.values())
+        print(f"chunk {index:2d} {about}: static {served.sides['static']} adapted {chunks[-1]['adapted']}", flush=True)
         now = (index + 1) * CHUNK_S
         reason = monitor.check(now)
         if reason is None or len(window) < WINDOW["min_rows"]:

@@ -38,6 +38,7 @@ from benchmarks.gati.adaptation import (
     CHUNK_ROWS,
     TARGET,
     build,
+    drifting,
     header,
     label_chunks,
     outcome_colour,
@@ -67,7 +68,10 @@ def main(argv: list[str] | None = None) -> None:
     with load_window(record):
         built = build(TARGET, args.quick)
         for name, plan in streams.items():
-            sides = {e: serve_stream(built, TARGET, CHUNK_ROWS, plan, 0, e, scratch=False) for e in EXPECTATIONS}
+            sides = {
+                e: serve_stream(built, TARGET, CHUNK_ROWS, drifting(built, CHUNK_ROWS, plan, 0), 0, e, scratch=False)
+                for e in EXPECTATIONS
+            }
             record |= {key: sides["traffic"][key] for key in ("cache_set", "window", "adapt_settings")}
             record["streams"][name] = {
                 "sides": {e: {k: s[k] for k in ("monitor", "chunks", "retrains", "bar")} for e, s in sides.items()},
