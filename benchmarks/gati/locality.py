@@ -284,8 +284,16 @@ def mean_ratio(adapted_us: list[int], static_us: list[int]) -> dict[str, Any]:
 
 
 def _print(report: dict[str, Any], output: Path) -> None:
-    """The overall figures, the bars, the retrainings and the chunks, as Markdown tables."""
-    figures = report["overall"]
+    """The cache set, the overall figures, the bars, the retrainings and the chunks, as Markdown tables."""
+    cache_set, figures, cpu = report["cache_set"], report["overall"], report["cpu"]
+    exits = ", ".join(f"{e['key']} (threshold {e['threshold']:.3f})" for e in cache_set["exits"])
+    expected = cache_set["expected"]
+    print(
+        f"Cache set v1: exits {exits}; on its held-out rows agreement {expected['agreement']:.4f}, hit rate "
+        f"{expected['hit_rate']:.3f}; built in {cache_set['build_s']:.0f} s. The stream: {figures['rows']} requests "
+        f"in {cpu['wall_s']:.0f} s, this process {cpu['own_cores']:.2f} cores, others {cpu['other_cores']:.2f}."
+    )
+    print()
     rows = []
     for side in SIDES:
         s = figures[side]

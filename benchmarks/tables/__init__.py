@@ -115,6 +115,7 @@ RENDERERS: dict[str, Renderer] = {
     "gati_explore": _per_model("benchmarks.gati.explore"),
     "gati_fit_data": _per_model("benchmarks.gati.fit_data"),
     "gati_early_exit": _per_model("benchmarks.gati.early_exit"),
+    "gati_locality": _module_printer("benchmarks.gati.locality"),
     "planner_replanning": _planner,
     "slo_nns": _slo_nns,
     **summaries.RENDERERS,

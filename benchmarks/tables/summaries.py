@@ -259,6 +259,8 @@ def headline_rows(results: Path) -> Iterator[tuple[str, str, str, str, str]]:
     )
     gati = read("gati_early_exit.json")["bars"][0]
     yield "GATI", gati["bar"], gati["measured"], _verdict(gati["pass"]), "gati_early_exit.json"
+    locality = read("gati_locality.json")["bars"][0]
+    yield "GATI", locality["bar"], locality["measured"], _verdict(locality["pass"]), "gati_locality.json"
     slo_bars = read("slo_nns.json")["bars"]
     aclo, small = slo_bars["aclo_wide_speedup"], slo_bars["aclo_small_never_slower"]
     calibrated = aclo["calibrated"]
