@@ -92,6 +92,13 @@ def command_line() -> str:
     return shlex.join([os.path.relpath(sys.executable, ROOT), "-m", name, *sys.argv[1:]])
 
 
+def shown_path(path: Path) -> str:
+    """`path` relative to the checkout when it lies inside it (records stay comparable across checkouts), else
+    absolute (a smoke run's scratch directory)."""
+    resolved = path.resolve()
+    return str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else str(resolved)
+
+
 def process_command(pid: int) -> str:
     """The command line a running process was started with, as one string (for a result file)."""
     parts = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")

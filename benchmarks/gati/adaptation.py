@@ -52,7 +52,16 @@ from adaserve.config import Expectation, LearnedCachesSpec
 from adaserve.datasets import load_fashion_mnist
 from adaserve.engine.messages import ExitCounts, RowParameters
 from adaserve.repository import ModelSpec, read_artifact
-from benchmarks.common import RESULTS, ROOT, SCRATCH, command_line, figure, load_window, machine, write_json
+from benchmarks.common import (
+    RESULTS,
+    SCRATCH,
+    command_line,
+    figure,
+    load_window,
+    machine,
+    shown_path,
+    write_json,
+)
 from benchmarks.gati.early_exit import FIT_SOURCE, explore_settings
 from benchmarks.gati.models import NETS, export, trained
 
@@ -372,7 +381,7 @@ def chain_record(chain: ChainRecord) -> dict[str, float]:
 def summary(cache_set: CacheSet, target: float, build_s: float) -> dict[str, Any]:
     composition = cache_set.composition(target)
     return {
-        "directory": str(cache_set.directory.relative_to(ROOT)),
+        "directory": shown_path(cache_set.directory),
         "build_s": round(build_s, 1),
         "rows": cache_set.manifest.data.splits,
         "exits": [{"key": e.key, "threshold": e.threshold} for e in composition.exits],

@@ -46,7 +46,7 @@ from adaserve.adaptive.gati.explore import ExploreSettings, build_cache_set
 from adaserve.adaptive.gati.runtime import EarlyExit, ExitPlan
 from adaserve.datasets import load_fashion_mnist
 from adaserve.repository import ModelSpec, executable, read_artifact
-from benchmarks.common import RESULTS, ROOT, SCRATCH, command_line, machine, wait_for_quiet, write_json
+from benchmarks.common import RESULTS, SCRATCH, command_line, machine, shown_path, wait_for_quiet, write_json
 from benchmarks.gati import baselines, plots
 from benchmarks.gati.models import CLASSES, NETS, ROW_SHAPE, Net, Teacher, export, predict, trained
 from benchmarks.gati.runs import Method, Model, cpu_window, early_exit, interleave, plain, summary
@@ -195,7 +195,7 @@ def prepare(net: Net, train: Data, test: Data, quick: bool) -> Prepared:
         "parameters": {name: sum(p.numel() for p in m.parameters()) for name, m in forms.items()},
         "training": {"base": base_record, "student": student_record, "pruned": pruned_record},
         "test_accuracy": {name: float(np.mean(predict(m, test[0]) == test[1])) for name, m in forms.items()},
-        "cache_set": {"directory": str(cache_set.directory.relative_to(ROOT)), "build": build} | _manifest(cache_set),
+        "cache_set": {"directory": shown_path(cache_set.directory), "build": build} | _manifest(cache_set),
     }
     return Prepared(spec, cache_set, base, student, pruned, record)
 

@@ -50,6 +50,7 @@ from benchmarks.common import (
     figure,
     load_window,
     machine,
+    shown_path,
     wait_for_quiet,
     write_json,
 )
@@ -105,7 +106,7 @@ def run_model(name: str, targets: list[float], quick: bool) -> dict[str, Any]:
     whole, chain = load_shared(spec.artifact)
     measured = measure(whole, chain, cache_set, compositions, rows)
     result = {
-        "build": build | {"directory": str(cache_set.directory.relative_to(ROOT))},
+        "build": build | {"directory": shown_path(cache_set.directory)},
         "manifest": summary(manifest),
         "evaluate_rows": len(rows),
         "quiet_wait": wait,

@@ -14,8 +14,8 @@ Models: the example CNN and MLP (trained 5 and 10 epochs, so closer fits of thei
 networks) and the GATI benchmark's ResNet-style CNN (one epoch; trained as `early_exit` trains it, or its kept
 weights).
 
-Usage: .venv/bin/python -m benchmarks.gati.fit_data [--models cnn mlp resnet]
-Writes benchmarks/results/gati_fit_data.json and .png.
+Usage: .venv/bin/python -m benchmarks.gati.fit_data [--models cnn mlp resnet] [--output FILE]
+Writes benchmarks/results/gati_fit_data.json and .png (or --output and the PNG beside it).
 """
 
 from __future__ import annotations
@@ -46,9 +46,10 @@ REPOSITORY = SCRATCH / "gati" / "fit-data"
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["cnn", "mlp", "resnet"], choices=["cnn", "mlp", "resnet"])
+    parser.add_argument("--output", type=Path, default=RESULTS / "gati_fit_data.json", help="the PNG goes beside it")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    out = RESULTS / "gati_fit_data.json"
+    out = args.output
     record: dict[str, Any] = {
         "benchmark": "gati_fit_data",
         "command": command_line(),

@@ -96,7 +96,7 @@ def run(quick: bool, pairs: tuple[tuple[str, str], ...]) -> dict[str, Any]:
             trained_on = window.draw(count)
             result = adapt(static.chain, cache_set, composition, trained_on, built.validation_x, AdaptSettings())
             entry[side] = {
-                "rows": len(trained_on),
+                "window_rows": len(trained_on),  # not "rows": adaptation_record's splits would overwrite it
                 "newer_share": float(np.mean([row.tobytes() in newer_rows for row in trained_on])),
                 "fresh": serve_retrained(spec, TARGET, result, fresh, base),
             } | adaptation_record(result)

@@ -17,6 +17,7 @@ as they do under mCache, and the repository API's unload makes the next load a c
 
     .venv/bin/python -m benchmarks.mcache.spare_hosts              # ~8 minutes
     .venv/bin/python -m benchmarks.mcache.spare_hosts --rounds 1   # ~4 minutes
+    .venv/bin/python -m benchmarks.mcache.spare_hosts --rounds 1 --models mlp_small --gap-s 0.1  # the smoke test's
 
 Writes `benchmarks/results/mcache_spare_hosts.json` and `.png`.
 """
@@ -39,20 +40,28 @@ from tests.server_utils import ServerHandle, running_server
 
 ROOMY_BUDGET = "50GiB"
 SIDES = (0, 1)  # --spare-hosts of the baseline and of the technique
+#: The wait after the servers start: the spare's first start is not part of any load.
+SETTLE_S = 5.0
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=2, help="times each model is loaded per mode and side")
     parser.add_argument("--gap-s", type=float, default=4.0, help="paced mode: pause after an unload (default 4)")
+    parser.add_argument(
+        "--models", type=lambda s: tuple(s.split(",")), default=MODELS, help="comma-separated (default: all eight)"
+    )
     parser.add_argument("--output", type=Path, default=RESULTS / "mcache_spare_hosts.json")
     args = parser.parse_args()
-    repository = serving_repository(SCRATCH / "mcache", MODELS)
+    unknown = set(args.models) - set(MODELS)
+    if unknown:
+        parser.error(f"unknown model(s) {sorted(unknown)}; known: {', '.join(MODELS)}")
+    repository = serving_repository(SCRATCH / "mcache", args.models)
     report: dict[str, Any] = {
         "benchmark": "mcache_spare_hosts",
         "command": command_line(),
         "machine": machine(),
-        "settings": {"models": list(MODELS), "rounds": args.rounds, "gap_s": args.gap_s, "budget": ROOMY_BUDGET},
+        "settings": {"models": list(args.models), "rounds": args.rounds, "gap_s": args.gap_s, "budget": ROOMY_BUDGET},
         "loads": [],
     }
     with ExitStack() as stack, load_window(report):
@@ -63,10 +72,10 @@ def main() -> int:
             for spares in SIDES
         }
         cpu = {spares: TreeCPU(server.pid) for spares, server in servers.items()}
-        time.sleep(5.0)  # the spare's first start is not part of any load
+        time.sleep(SETTLE_S)
         for mode, gap_s in (("paced", args.gap_s), ("back_to_back", 0.0)):
             for round_ in range(args.rounds):
-                for spares, model in _order(mode, round_):
+                for spares, model in _order(args.models, mode, round_):
                     load = _load_once(servers[spares], cpu[spares], model, gap_s)
                     load.update(mode=mode, round=round_, spare_hosts=spares)
                     report["loads"].append(load)
@@ -76,21 +85,21 @@ def main() -> int:
                         flush=True,
                     )
         report["server_cpu_s"] = {str(spares): round(cpu[spares].sample(), 1) for spares in SIDES}
-    report["summary"] = _summarize(report["loads"])
+    report["summary"] = _summarize(report["loads"], args.models)
     write_json(report, args.output)
     _plot(report, args.output.with_suffix(".png"))
     print(f"wrote {args.output}")
     return 0
 
 
-def _order(mode: str, round_: int) -> list[tuple[int, str]]:
+def _order(models: tuple[str, ...], mode: str, round_: int) -> list[tuple[int, str]]:
     """(side, model) in the order they load. Paced: model by model, the two sides in turn. Back to back: all models
     on one side, then on the other, so each server's loads follow one another with no time between them. The side
     that goes first alternates by round."""
     sides = SIDES if round_ % 2 == 0 else SIDES[::-1]
     if mode == "paced":
-        return [(spares, model) for model in MODELS for spares in sides]
-    return [(spares, model) for spares in sides for model in MODELS]
+        return [(spares, model) for model in models for spares in sides]
+    return [(spares, model) for spares in sides for model in models]
 
 
 def _post(server: ServerHandle, path: str) -> None:
@@ -114,7 +123,7 @@ def _load_once(server: ServerHandle, cpu: TreeCPU, model: str, gap_s: float) -> 
     return {"model": model, "client_s": round(client_s, 3), "server_s": round(after - before, 3)}
 
 
-def _summarize(loads: list[dict[str, Any]]) -> dict[str, Any]:
+def _summarize(loads: list[dict[str, Any]], models: tuple[str, ...]) -> dict[str, Any]:
     """Per mode: mean and median load time per side, the ratio, and the per-model means."""
     summary: dict[str, Any] = {}
     for mode in dict.fromkeys(load["mode"] for load in loads):
@@ -130,7 +139,7 @@ def _summarize(loads: list[dict[str, Any]]) -> dict[str, Any]:
                     str(s): round(statistics.mean(x["client_s"] for x in side[s] if x["model"] == model), 3)
                     for s in SIDES
                 }
-                for model in MODELS
+                for model in models
             },
         }
         print(
@@ -145,13 +154,14 @@ def _plot(report: dict[str, Any], path: Path) -> None:
     modes = list(report["summary"])
     fig = figure(6 * len(modes), 4)
     axes = np.atleast_1d(fig.subplots(1, len(modes)))
-    x = np.arange(len(MODELS))
+    models = report["settings"]["models"]
+    x = np.arange(len(models))
     for axis, mode in zip(axes, modes, strict=True):
         per_model = report["summary"][mode]["per_model_mean_s"]
         for offset, spares in ((-0.2, 0), (0.2, 1)):
             label = "no spare host (baseline)" if spares == 0 else "one spare host"
-            axis.bar(x + offset, [per_model[m][str(spares)] for m in MODELS], width=0.4, label=label)
-        axis.set_xticks(x, MODELS, rotation=40, ha="right", fontsize=8)
+            axis.bar(x + offset, [per_model[m][str(spares)] for m in models], width=0.4, label=label)
+        axis.set_xticks(x, models, rotation=40, ha="right", fontsize=8)
         reduction = report["summary"][mode]["reduction"]
         axis.set(ylabel="load time (s)", title=f"{mode.replace('_', ' ')}: mean {reduction:.0%} lower")
         axis.grid(axis="y", alpha=0.3)

@@ -86,6 +86,14 @@ REFERENCES: dict[str, Reference] = {
             "ResNet-18 (zoo.resnet) at 3×64×64, the reconfiguration timeline's model: batching halves its cost per row",
             False,
         ),
+        Reference(
+            "mlp",
+            lambda: zoo.mlp([256, 512, 512, 10]),
+            ({"name": "x", "datatype": "FP32", "shape": [-1, 256]},),
+            ({"name": "y", "datatype": "FP32", "shape": [-1, 10]},),
+            "a 256-512-512-10 MLP (zoo.mlp): the smoke tests' model, the least that runs every step",
+            False,
+        ),
     )
 }
 

@@ -148,7 +148,14 @@ def _prepare(args: argparse.Namespace, stem: str) -> tuple[dict[str, Any], Model
     spec, _ = export_model(args.scratch / "repo", reference, args.max_batch_size)
     settings = ProfileSettings.for_run(quick=args.quick)
     record, measured = ensure_profile(
-        spec, threads, args.max_batch_size, settings, topology, attempts=3, noise_cores=0.25, quiet_s=15.0
+        spec,
+        threads,
+        args.max_batch_size,
+        settings,
+        topology,
+        attempts=args.attempts,
+        noise_cores=args.noise_cores,
+        quiet_s=args.quiet_s,
     )
     planner = AutoPlanner(spec, threads=threads, topology=topology)
     packrat = {

@@ -34,7 +34,7 @@ from adaserve import zoo
 from adaserve.adaptive.gati.cacheset import CacheSet
 from adaserve.adaptive.gati.explore import build_cache_set
 from adaserve.datasets import load_fashion_mnist
-from benchmarks.common import ROOT
+from benchmarks.common import shown_path
 from benchmarks.gati.early_exit import FIT_SOURCE, TARGET, explore_settings
 from benchmarks.gati.models import CLASSES, NETS, export, predict, trained
 from benchmarks.gati.runs import cpu_window
@@ -151,7 +151,7 @@ def build_repository(root: Path, quick: bool) -> Built:
             "epochs": {s.name: s.quick_epochs if quick else s.epochs for s in SPECIALISTS},
             "latency_calls": {"warmup_per_round": WARMUP_CALLS, "timed": TIMED_CALLS, "round": ROUND_CALLS},
         },
-        "repository": _shown(root),
+        "repository": shown_path(root),
         "validation_rows": {
             "all": len(labels),
             "tops": int(on_tops.sum()),
@@ -205,7 +205,7 @@ def _cache_summary(cache_set: CacheSet, build: dict[str, Any]) -> dict[str, Any]
     manifest = cache_set.manifest
     default = cache_set.composition(TARGET)
     return {
-        "directory": _shown(cache_set.directory),
+        "directory": shown_path(cache_set.directory),
         "build": build,
         "blocks": list(manifest.blocks),
         "block_latency_ms": round(sum(manifest.block_latency_s) * 1e3, 4),
@@ -218,9 +218,3 @@ def _cache_summary(cache_set: CacheSet, build: dict[str, Any]) -> dict[str, Any]
             "exit_rates": list(default.evaluate.exit_rates),
         },
     }
-
-
-def _shown(path: Path) -> str:
-    """`path` relative to the checkout when it lies inside it (records stay comparable across checkouts)."""
-    resolved = path.resolve()
-    return str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else str(resolved)

@@ -1,0 +1,73 @@
+"""The Packrat benchmarks at their smallest, on the small MLP every step runs in seconds (`mlp` in
+`benchmarks/packrat/models.py`): the speedup benchmark at B = 2 (profile, plan, in-process and end to end) and the
+reconfiguration timeline with phases of a second or two. They check that each runs end to end and what it records;
+the figures are the benchmarks', not these tests' (on a shared machine anything may be slower)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from benchmarks.packrat import reconfiguration, speedup
+from tests.bench.factories import positive, recorded, run_benchmark
+
+
+@pytest.fixture(autouse=True)
+def _omp_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both benchmarks set these for the processes they start; set here first, they are put back after the test."""
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+@pytest.mark.slow
+def test_speedup_profiles_plans_and_measures_both_sides(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    output = tmp_path / "speedup.json"
+    args = ["--quick", "--models", "mlp", "--batches", "2", "--threads", "2", "--profile-max-batch", "2"]
+    args += ["--max-repeats", "1", "--budget-s", "0.1", "--attempts", "1", "--output", str(output)]
+    run_benchmark(monkeypatch, tmp_path, speedup, *args)
+    report = recorded(output, "benchmarks.packrat.speedup")
+    model = report["models"]["mlp"]
+    assert model["profile"]["batches"] == [1, 2] and set(model["profile"]["latency_ms"]) == {
+        f"t={t},b={b}" for t in (1, 2) for b in (1, 2)
+    }
+    (row,) = model["rows"]
+    assert row["batch"] == 2 and sum(i * b for i, _, b in row["plan"]) == 2
+    assert positive(row["expected"]["fat_ms"], row["expected"]["packrat_ms"])
+    for part in ("in_process", "end_to_end"):
+        assert positive(row[part]["fat_ms"], row[part]["packrat_ms"], row[part]["speedup"]), row[part]
+        assert [len(row[part]["samples"][side]) for side in speedup.SIDES] == [1, 1]
+    assert row["end_to_end_matches_plan"] in (True, False) and model["server"]
+    assert model["summary"]["all_b"]["batches"] == [2] and model["summary"]["b_ge_8"]["batches"] == []
+    assert report["bars"] == {"all_pass": False}  # no B ≥ 8 measured: nothing passes
+
+
+@pytest.mark.slow
+def test_reconfiguration_calibrates_both_sets_and_runs_the_stepped_timeline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    output = tmp_path / "reconfiguration.json"
+    args = [
+        "--quick",
+        "--model",
+        "mlp",
+        "--phases-s",
+        "1,2,1",
+        "--calibration-s",
+        "1",
+        "--attempts",
+        "1",
+        "--quiet-s",
+        "0",
+    ]
+    run_benchmark(monkeypatch, tmp_path, reconfiguration, *args, "--output", str(output))
+    report = recorded(output, "benchmarks.packrat.reconfiguration")
+    assert report["model"]["name"] == "mlp_auto" and set(report["entries"]) == {"mlp_auto", "mlp_set8", "mlp_set64"}
+    calibration = report["calibration"]
+    assert set(calibration) == {"8", "64"}
+    assert all(positive(c["requests_per_s"], c["mean_ms"]) and c["errors"] == 0 for c in calibration.values())
+    assert [(phase["from_s"], phase["to_s"]) for phase in report["phases"]] == [(0.0, 1.0), (1.0, 3.0), (3.0, 4.0)]
+    assert report["summary"]["requests"] == sum(phase["requests"] for phase in report["phases"]) > 0
+    assert report["summary"]["ok"] > 0 and report["failed_requests"]["server_failures"] == 0
+    assert report["initial_worker_set"]["batch"] == 8 and report["final_worker_set"]["workers"]
+    assert report["polls"] and set(report["timeline"]) >= {"t_s", "requests", "mean_ms"}
