@@ -41,8 +41,9 @@ OPEN_LOOP_THREADS = 256
 @dataclass(frozen=True)
 class PerfAnalyzer:
     """The perf_analyzer binary of a venv (benchmarks/perf_analyzer_env.sh) and the environment it runs in.
-    `judge_stability` False: closed loops accept their first windows whatever their spread (a smoke run, whose
-    figures are not claimed; on a busy machine perf_analyzer would otherwise try ten times and give up)."""
+    `judge_stability` False: closed loops accept their first windows whatever their spread, and a run starts without
+    waiting for a quiet machine (a smoke run, whose figures are not claimed; on a busy machine perf_analyzer would
+    otherwise try ten times and give up, and each run would first wait its 10 s for a quiet second in vain)."""
 
     binary: Path
     env: dict[str, str]

@@ -66,6 +66,8 @@ PROTOCOLS = ("http", "grpc", "grpc_stream")  # grpc_stream: ModelStreamInfer, pe
 CONCURRENCIES = (1, 8)
 #: Sleep between the paced in-process calls: about the gap a worker sees between requests at concurrency 1.
 IDLE_GAP_S = 0.001
+#: The longest wait for a quiet second before each perf_analyzer run (the wait and the reading are recorded).
+QUIET_WAIT_S = 10.0
 #: The issue's bars on the 2-core machine.
 BAR_REST_C8_RPS = 2000.0
 BAR_C1_P50_MS = 0.6
@@ -255,7 +257,7 @@ def perf_run(
     if rate is not None:
         run["offered_rps"] = rate
     run["command"] = perf.shell_text(arguments)
-    run["quiet"] = wait_for_quiet(10.0)
+    run["quiet"] = wait_for_quiet(QUIET_WAIT_S if perf.judge_stability else 0.0)  # a smoke run does not wait
     server_cpu = tree_cpu_s(server.pid)
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     with load_window(run):
