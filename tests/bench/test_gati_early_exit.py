@@ -1,0 +1,73 @@
+"""The GATI early-exit benchmark and the planner's replanning benchmark at their smallest
+(`tests/bench/gati_smoke.py`), to check that each runs end to end and what it records; the figures are the
+benchmarks', not these tests'. Both train the small base network; the second reuses its weights."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from benchmarks.gati import early_exit
+from benchmarks.planner import models as planner_models
+from benchmarks.planner import replanning
+from tests.bench.factories import recorded, run_benchmark
+from tests.bench.gati_smoke import SMALL_SPECIALISTS, small_gati
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    with small_gati(tmp_path_factory.mktemp("gati-weights")):
+        yield
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings(  # its int8 baselines use torch's deprecated quantization, as the paper's did
+    "ignore:torch.ao.quantization is deprecated:DeprecationWarning",
+    "ignore::UserWarning:torch.ao",
+)
+def test_early_exit_measures_every_method_sweep_batch_and_the_server(
+    small: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(early_exit, "QUICK", early_exit.Rows(40, 40, 40, 20))
+    monkeypatch.setattr(early_exit, "DISTILL_ROWS", 500)
+    monkeypatch.setattr(early_exit, "FINE_TUNE_ROWS", 500)
+    monkeypatch.setattr(early_exit, "ALPHAS", (0.0, 1.0))
+    monkeypatch.setattr(early_exit, "BUDGET_FRACTIONS", (0.5, None))
+    monkeypatch.setattr(early_exit, "BATCHES", (1, 2))
+    run_benchmark(monkeypatch, tmp_path, early_exit, "--quick", "--models", "resnet")
+    report = recorded(tmp_path / "gati_early_exit.json", "benchmarks.gati.early_exit", png=False)
+    resnet = report["models"]["resnet"]
+    methods = resnet["methods"]
+    assert {"base", "base chain", "gati", "gati process", "cascade", "distilled"} <= set(methods)
+    assert all(methods[name]["requests"] == 40 for name in ("base", "gati", "gati process"))
+    assert {key for key in resnet["sweeps"] if key.startswith("alpha")} == {"alpha 0", "alpha 1"}
+    assert set(resnet["batching"]) == {"1", "2"}
+    assert resnet["server"]
+    assert len(report["bars"]) == 4 and all(bar["pass"] in (True, False) for bar in report["bars"])
+    assert all(len(bar["p99_ratio_95"]) == 2 for bar in report["bars"][1::2])
+    assert all((tmp_path / f"gati_early_exit.{kind}.png").stat().st_size > 0 for kind in ("latency", "sweeps"))
+
+
+@pytest.mark.slow
+def test_replanning_builds_the_query_and_measures_every_policy_slo_and_method(
+    small: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for module in (planner_models, replanning):
+        monkeypatch.setattr(module, "SPECIALISTS", SMALL_SPECIALISTS)
+    monkeypatch.setattr(planner_models, "QUICK_ROWS", 400)
+    monkeypatch.setattr(planner_models, "TIMED_CALLS", 20)
+    monkeypatch.setattr(planner_models, "WARMUP_CALLS", 5)
+    monkeypatch.setattr(planner_models, "ROUND_CALLS", 10)
+    monkeypatch.setattr(replanning, "SLO_POINTS", 2)
+    monkeypatch.setattr(replanning, "CALIBRATION_CALLS", 25)
+    monkeypatch.setattr(replanning, "WARM_UP", 5)
+    run_benchmark(monkeypatch, tmp_path, replanning, "--quick", "--rows", "6")
+    report = recorded(tmp_path / "planner_replanning.json", "benchmarks.planner.replanning")
+    assert set(report["build"]["models"]) == set(planner_models.MODELS)
+    assert len(report["slos_ms"]) == 2 and report["settings"]["rows"] == 6
+    cells = {(c["policy"], c["slo_ms"], c["method"]) for c in report["cells"]}
+    assert cells == {(p, s, m) for p in replanning.POLICIES for s in report["slos_ms"] for m in replanning.METHODS}
+    assert all(c["rows"] == 6 and 0 <= c["accuracy"] <= 1 for c in report["cells"])
+    assert len(report["summary"]) == len(replanning.POLICIES) * 2
