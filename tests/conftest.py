@@ -73,3 +73,13 @@ def perf_analyzer() -> PerfAnalyzer:
             pytest.fail(reason)
         pytest.skip(reason)
     return PerfAnalyzer.find(ROOT / ".venv-perf")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The files holding `slow` tests first, those with the most of them first: `make test` gives pytest-xdist's two
+    workers a file at a time in this order (`--no-loadscope-reorder`), so the long files start at once and the many
+    short ones fill in behind them, rather than a long one starting last while the other worker has nothing left."""
+    slow_tests: dict[Path, int] = {}
+    for item in items:
+        slow_tests[item.path] = slow_tests.get(item.path, 0) + (item.get_closest_marker("slow") is not None)
+    items.sort(key=lambda item: -slow_tests[item.path])  # stable: each file's tests, and the rest, keep their order

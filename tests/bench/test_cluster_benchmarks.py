@@ -27,6 +27,7 @@ def test_the_pin_layout_gives_the_client_and_the_forwarding_node_one_core_and_th
     assert pin_layout([2, 3, 5]) == {"client": [2], "a": [2], "b": [3, 5]}
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_the_forwarding_benchmark_runs_and_records_both_routes(tmp_path: Path, perf_analyzer: PerfAnalyzer) -> None:
     output = tmp_path / "forwarding.json"
@@ -53,6 +54,7 @@ def _ray_serve_venv() -> Path | None:
     return python if probe.returncode == 0 else None
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(_ray_serve_venv() is None, reason="no Ray Serve: run benchmarks/foreign_env.sh ray-cluster")
 @pytest.mark.skipif(not can_unshare(), reason="needs a network namespace (unshare -rn) to keep Ray on loopback")
 @pytest.mark.timeout(900)

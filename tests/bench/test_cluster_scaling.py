@@ -9,10 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from benchmarks.perf_load import PerfAnalyzer
 from tests.server_utils import ROOT
 
 
+@pytest.mark.slow
 def test_the_scaling_benchmark_runs_each_server_count_on_its_own_cores(
     tmp_path: Path, perf_analyzer: PerfAnalyzer
 ) -> None:

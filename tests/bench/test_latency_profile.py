@@ -25,6 +25,7 @@ def test_an_open_loop_sends_from_enough_threads_for_ten_ms_of_arrivals() -> None
     assert open_loop_threads(200) == 4 and open_loop_threads(3000) == 30
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_the_latency_profile_runs_every_server_and_protocol(tmp_path: Path, perf_analyzer: PerfAnalyzer) -> None:
     output = tmp_path / "latency_profile.json"

@@ -12,6 +12,7 @@ from benchmarks.mcache import spare_hosts
 from tests.bench.factories import positive, recorded, run_benchmark
 
 
+@pytest.mark.slow
 def test_spare_hosts_loads_every_model_on_both_servers_in_both_modes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -14,6 +14,7 @@ import pytest
 from tests.server_utils import ROOT
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_the_slo_nns_benchmark_runs_every_step_and_judges_its_bar(tmp_path: Path) -> None:
     output = tmp_path / "slo_nns.json"

@@ -23,6 +23,7 @@ def _can_unshare() -> bool:
     return probe.returncode == 0
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _can_unshare(), reason="needs a network namespace (unshare -rn) to keep Ray on loopback")
 @pytest.mark.timeout(900)
 def test_cluster_scenarios_in_a_loopback_namespace() -> None:
