@@ -132,7 +132,8 @@ def reference(repository: Path, images: np.ndarray, labels: np.ndarray) -> dict[
     for option in SPECIALISTS:
         answer = np.where(routed, predicted[option.name], predicted[GENERALIST])
         result[f"always_{option.name}"] = round(float(np.mean(answer == labels)), 5)
-        result[f"{option.name}_on_routed_rows"] = round(float(np.mean((answer == labels)[routed])), 5)
+        on_routed = (answer == labels)[routed]  # None where classify routed no row (a few rows, a weak classify)
+        result[f"{option.name}_on_routed_rows"] = round(float(on_routed.mean()), 5) if on_routed.size else None
     return result
 
 

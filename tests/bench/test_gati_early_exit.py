@@ -71,3 +71,6 @@ def test_replanning_builds_the_query_and_measures_every_policy_slo_and_method(
     assert cells == {(p, s, m) for p in replanning.POLICIES for s in report["slos_ms"] for m in replanning.METHODS}
     assert all(c["rows"] == 6 and 0 <= c["accuracy"] <= 1 for c in report["cells"])
     assert len(report["summary"]) == len(replanning.POLICIES) * 2
+    reference = report["reference"]  # no routed row (a weak classify on six rows) leaves no accuracy on them
+    routed_accuracy = [reference[f"{s.name}_on_routed_rows"] for s in SMALL_SPECIALISTS]
+    assert all((a is None) == (reference["routed_rows"] == 0) for a in routed_accuracy), reference
