@@ -104,6 +104,7 @@ RENDERERS: dict[str, Renderer] = {
             "shared_cores",
             "hardening",
             "latency_profile",
+            "footprint",
         )
     },
     "packrat_reconfiguration": _module_printer("benchmarks.packrat.reconfiguration"),

@@ -294,6 +294,15 @@ def headline_rows(results: Path) -> Iterator[tuple[str, str, str, str, str]]:
         f"{low['target']}; {grpc['target']}: " + _verdict(low["pass"] and grpc["pass"]),
         "latency_profile.json",
     )
+    footprint = read("footprint.json")
+    ready, pss = footprint["bars"]["ready_s"], footprint["bars"]["pss_mib"]
+    yield (
+        "serving",
+        "`adaserve serve` on the example repository: seconds to ready; total PSS of its processes",
+        f"{ready['measured']:.2f} s; {pss['measured']:.0f} MiB",
+        f"{ready['target']} s; {pss['target']} MiB: " + _verdict(ready["pass"] and pss["pass"]),
+        "footprint.json",
+    )
     ratios = [
         read(f"versus_{name}.json")["cases"]["c8"]["throughput_ratio"] for name in ("ray", "kserve", "torchserve")
     ]
