@@ -62,7 +62,6 @@ def test_the_stream_is_skewed_and_changes_its_dominant_class(built: adaptation.B
 def test_the_benchmark_times_every_side_and_adapts(
     built: adaptation.Build, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(adaptation, "ROOT", built.cache_set.directory.parents[2])  # records paths relative to it
     monkeypatch.setitem(adaptation.WINDOW, "min_rows", 10)
     monkeypatch.setitem(adaptation.WINDOW, "fraction", 1.0)
     monkeypatch.setattr(adaptation, "PERIOD_S", 2 * adaptation.CHUNK_S)  # a retraining after the second chunk
@@ -96,7 +95,6 @@ def test_the_drifting_stream_is_served_as_the_adaptation_benchmark_serves_it(
     built: adaptation.Build, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The loop both benchmarks share, with the adaptation benchmark's stream and its untimed batches."""
-    monkeypatch.setattr(adaptation, "ROOT", built.cache_set.directory.parents[2])
     plan = [("clean", 0), ("blur", 2)]
     stream = adaptation.drifting(built, 20, plan, seed=0)
     record = adaptation.serve_stream(built, TARGET, 20, stream, 0, "traffic", scratch=False)
