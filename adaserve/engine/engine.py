@@ -433,6 +433,22 @@ class ModelEngine:
             self.adaptation.close()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.wait_idle(), drain_timeout_s)
+        await self._end_workers()
+        if self._host is not None:
+            await self._host.stop()
+            # A spawn the host finished before it stopped forked a worker after the wait above (`_spawn` told it
+            # to stop): it is waited for too, so no worker outlives the engine.
+            await self._end_workers()
+        self._fail_everything("the model was unloaded before this request finished")
+        if self._timer is not None:
+            self._timer.cancel()
+        self.rings.close()
+        os.close(self._pool_fd)
+        if self._stage_pipe is not None:
+            os.close(self._stage_pipe[1])
+
+    async def _end_workers(self) -> None:
+        """Tell every worker to stop after its batch and wait until they have exited (killed after 10 s)."""
         for process in list(self._processes.values()):
             process.stop()
         try:
@@ -441,15 +457,6 @@ class ModelEngine:
             for process in list(self._processes.values()):
                 process.kill()
             await self._gone.wait()
-        if self._host is not None:
-            await self._host.stop()
-        self._fail_everything("the model was unloaded before this request finished")
-        if self._timer is not None:
-            self._timer.cancel()
-        self.rings.close()
-        os.close(self._pool_fd)
-        if self._stage_pipe is not None:
-            os.close(self._stage_pipe[1])
 
     # -- requests --------------------------------------------------------------------------------------------
     async def infer(self, inputs: list[np.ndarray], rows: int, parameters: dict[str, Any]) -> EngineResult:

@@ -195,7 +195,17 @@ class HostLauncher:
             HostLaunch(config_json=model.config.model_dump_json(), artifact=str(model.artifact), slots=slots)
         )
         fds = [pool_fd] if stage_fd is None else [pool_fd, stage_fd]
-        process, control = await asyncio.to_thread(self._hand_over, model, launch, fds)
+        handing = asyncio.ensure_future(asyncio.to_thread(self._hand_over, model, launch, fds))
+        try:
+            process, control = await asyncio.shield(handing)
+        except asyncio.CancelledError:
+            # The load was cut off (the server stopping, say) while a host was being forked: once the fork is done
+            # (milliseconds, once the zygote is up), hang up on that host and wait for it to go.
+            with contextlib.suppress(Exception):
+                process, control = await handing
+                control.close()
+                await process.wait(timeout_s=10.0)
+            raise
         return ModelHost(model, process, control)
 
     def _hand_over(self, model: ModelSpec, launch: bytes, fds: list[int]) -> tuple[HostProcess, socket.socket]:

@@ -196,7 +196,8 @@ def test_a_start_that_is_cancelled_stops_the_processes_it_had_started(
             await start
         assert engine._processes == {}
         assert set(live_hosts()) <= set(others)
-        assert engine._host is not None and await engine._host.process.wait() == 0
+        if engine._host is not None:  # else the cancel came while the host was forked, and the launch ended it
+            assert await engine._host.process.wait() == 0
 
     asyncio.run(main())
     assert "Traceback" not in capfd.readouterr().err
