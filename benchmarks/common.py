@@ -167,22 +167,34 @@ class TreeCPU:
 
 def _tree_times(pid: int) -> dict[int, float]:
     """CPU seconds of `pid` and each of its live descendants."""
-    parents: dict[int, int] = {}
-    times: dict[int, float] = {}
+    stats = _process_stats()
+    return {p: stats[p][1] for p in tree_depths(pid, stats)}
+
+
+def tree_depths(pid: int, stats: dict[int, tuple[int, float]] | None = None) -> dict[int, int]:
+    """`pid` and each of its live descendants, with its depth below `pid` (0 for `pid`, 1 for its children...);
+    `stats`: a reading of /proc (`_process_stats`) already at hand."""
+    parents = {child: parent for child, (parent, _) in (stats or _process_stats()).items()}
+    depths, frontier = {pid: 0}, [pid]
+    while frontier:
+        parent = frontier.pop()
+        children = [child for child, p in parents.items() if p == parent and child not in depths]
+        depths.update((child, depths[parent] + 1) for child in children)
+        frontier += children
+    return depths
+
+
+def _process_stats() -> dict[int, tuple[int, float]]:
+    """Every live process's parent and CPU seconds, in one pass over /proc."""
+    stats: dict[int, tuple[int, float]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            parents[int(entry.name)], times[int(entry.name)] = process_stat(int(entry.name))
+            stats[int(entry.name)] = process_stat(int(entry.name))
         except OSError:
             continue
-    tree, frontier = {pid}, [pid]
-    while frontier:
-        parent = frontier.pop()
-        children = [child for child, p in parents.items() if p == parent and child not in tree]
-        tree.update(children)
-        frontier += children
-    return {p: times[p] for p in tree if p in times}
+    return stats
 
 
 def server_stats_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:

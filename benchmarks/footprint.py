@@ -23,7 +23,16 @@ from pathlib import Path
 from typing import Any
 
 from adaserve.engine.processes import ProcessMemory
-from benchmarks.common import RESULTS, SCRATCH, figure, finish_report, load_average, report_head, tree_cpu_s
+from benchmarks.common import (
+    RESULTS,
+    SCRATCH,
+    figure,
+    finish_report,
+    load_average,
+    report_head,
+    tree_cpu_s,
+    tree_depths,
+)
 from tests.server_utils import EXAMPLES, free_ports, serve_command, stop_server
 
 BARS = {"ready_s": 4.0, "pss_mib": 400.0}
@@ -98,22 +107,9 @@ def _wait_ready(process: subprocess.Popen[bytes], url: str, began: float, timeou
 
 
 def _tree_roles(root: int) -> dict[int, str]:
-    """Every live process of the server's tree and its role: the server, the zygote (its child that forks hosts),
-    each host (the zygote's children) and each worker (a host's children)."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-    roles, frontier = {root: "server"}, [root]
-    while frontier:
-        parent = frontier.pop()
-        for child in (c for c, p in parents.items() if p == parent):
-            roles[child] = ROLES[min(ROLES.index(roles[parent]) + 1, len(ROLES) - 1)]
-            frontier.append(child)
-    return roles
+    """Every live process of the server's tree and its role, by its depth: the server, the zygote (its child that
+    forks hosts), each host (the zygote's children) and each worker (a host's children)."""
+    return {pid: ROLES[min(depth, len(ROLES) - 1)] for pid, depth in tree_depths(root).items()}
 
 
 def _memory(pid: int, role: str) -> dict[str, Any] | None:

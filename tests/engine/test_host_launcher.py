@@ -17,7 +17,7 @@ from adaserve.engine.engine import ModelEngine
 from adaserve.engine.processes import HostLauncher, ModelHost, Zygote, how_it_exited
 from adaserve.errors import ConfigError
 from adaserve.repository import ModelRepository
-from tests.server_utils import EXAMPLES, link_example
+from tests.server_utils import EXAMPLES, link_example, process_stat
 
 ONE_WORKER = [{"batch": 1, "threads": 1}]
 
@@ -203,7 +203,5 @@ def test_a_primed_zygote_forks_hosts_that_load_their_first_program_without_impor
 
 def _parent(pid: int) -> int | None:
     """The parent's PID, or None for a process already gone."""
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except FileNotFoundError:
-        return None
+    fields = process_stat(pid)
+    return None if fields is None else int(fields[1])
