@@ -43,7 +43,7 @@ from typing import Any
 
 from adaserve.bench import BenchConfig, Status, parse_workload, run_bench
 from adaserve.config import WorkerSpec
-from adaserve.cpu.profiler import AutoPlanner, ProfileSettings, busy_warning
+from adaserve.cpu.profiler import AutoPlanner, ProfileSettings, busy_warning, unstable_reason
 from adaserve.cpu.topology import Topology, allocate, machine_topology
 from adaserve.repository import ModelSpec
 from benchmarks.common import (
@@ -189,6 +189,7 @@ def _model(name: str, args: argparse.Namespace, topology: Topology, threads: int
         how=measured.how,
         other_cores_per_attempt=measured.other_cores,
         busy_warning=busy_warning(record),
+        unstable=unstable_reason(record),
         created=record.created,
         settings=record.settings.model_dump(),
         load_average=record.load_average,
@@ -224,7 +225,7 @@ def _plan_row(planner: AutoPlanner, batch: int, threads: int, topology: Topology
         "expected": {
             "fat_ms": None if plan.fat_latency_s is None else plan.fat_latency_s * 1e3,
             "fat_source": plan.fat_source,
-            "packrat_ms": plan.latency_s * 1e3,
+            "packrat_ms": plan.latency_s * 1e3 if math.isfinite(plan.latency_s) else None,
             "packrat_sources": sorted({i.source for i in plan.instances}),
             "speedup": plan.speedup,
         },
@@ -309,14 +310,18 @@ def _served(server: ServerHandle, models: dict[str, str], row: dict[str, Any], s
 
 
 def _expected_pair_s(row: dict[str, Any]) -> float:
+    """Fat plus Packrat latency from the profile; 0 where it has none (an unstable profile plans the default)."""
     expected = row["expected"]
+    if expected["packrat_ms"] is None:
+        return 0.0
     packrat = expected["packrat_ms"] / 1e3
     return packrat + (expected["fat_ms"] / 1e3 if expected["fat_ms"] is not None else packrat)
 
 
 def _pairs(measure: Measure, row: dict[str, Any], args: argparse.Namespace, label: str) -> dict[str, Any]:
     """One warm-up run per side, then `repeats` rounds of fat then Packrat; means, speedup and every sample."""
-    repeats = max(1, min(args.max_repeats, int(args.budget_s // _expected_pair_s(row))))
+    expected_s = _expected_pair_s(row)
+    repeats = max(1, min(args.max_repeats, int(args.budget_s // expected_s))) if expected_s else 1
     block: dict[str, Any] = {"repeats": repeats, "quiet": wait_for_quiet(5.0)}
     samples: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
     ours = tree_cpu_s(os.getpid())

@@ -33,7 +33,10 @@ def test_speedup_profiles_plans_and_measures_both_sides(tmp_path: Path, monkeypa
     }
     (row,) = model["rows"]
     assert row["batch"] == 2 and sum(i * b for i, _, b in row["plan"]) == 2
-    assert positive(row["expected"]["fat_ms"], row["expected"]["packrat_ms"])
+    if model["profile"]["unstable"] is None:
+        assert positive(row["expected"]["fat_ms"], row["expected"]["packrat_ms"])
+    else:  # a busy machine left a cell unstable: the plan is the stated default, with nothing expected of it
+        assert row["plan"] == [[1, 2, 2]] and row["expected"]["packrat_ms"] is None
     for part in ("in_process", "end_to_end"):
         assert positive(row[part]["fat_ms"], row[part]["packrat_ms"], row[part]["speedup"]), row[part]
         assert [len(row[part]["samples"][side]) for side in speedup.SIDES] == [1, 1]
