@@ -7,6 +7,7 @@ A config error names the file, the field and what is wrong (`ConfigError`).
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -34,6 +35,15 @@ DATATYPES: dict[str, np.dtype] = {
 
 #: Ebird's worker granularities (§VI-C), capped at `max_batch_size` when none are configured.
 EBIRD_GRANULARITIES = (1, 1, 2, 4, 8, 16)
+
+
+def cpu_busy_threads() -> int:
+    """`batching.max_busy_threads` on a CPU when the config leaves it out: the CPUs this server may use, less one
+    for its frontend (HTTP and gRPC, the copies into the pool, the answers), which runs on the same cores; at least
+    one. On two cores, workers busy on both made the frontend time-share with them: the example CNN's closed-loop
+    capacity was 5,052-5,529 req/s against 7,549-8,111 with one core left to the frontend."""
+    return max(1, len(os.sched_getaffinity(0)) - 1)
+
 
 BatchingPolicyName = Literal["elastic", "fixed-timeout", "none"]
 
@@ -490,7 +500,7 @@ class ModelConfig(Interface):
     workers: tuple[WorkerSpec, ...] | Literal["auto"] | None = Field(
         default=None,
         description="the worker set; 'auto' lets Packrat choose it; default: Ebird's granularities capped at "
-        "max_batch_size",
+        "max_batch_size and, on a CPU, the largest of them as many as max_busy_threads lets compute at once",
     )
     packrat: PackratSpec = Field(default=PackratSpec(), description="Packrat's settings, read only with workers: auto")
     activator: ActivatorSpec | None = Field(default=None, description="SLO-NNs node activator; none by default")
@@ -590,12 +600,27 @@ class ModelConfig(Interface):
 
     @property
     def worker_set(self) -> tuple[WorkerSpec, ...]:
-        """The configured workers, or Ebird's granularities capped at `max_batch_size` (not for `workers: auto`)."""
+        """The configured workers, or the default (not for `workers: auto`): Ebird's granularities capped at
+        `max_batch_size` and, on a CPU, at the largest `default_worker_count` of them.
+
+        On a CPU a worker's granularity only caps its batch (the program takes any batch up to it, and the elastic
+        scheduler hands a partial batch to the warm worker), and no more single-thread workers compute at once than
+        the busy-thread limit lets. A worker beyond that can never run beside the others: on the 2-core VM (limit
+        one) five of the six were memory for nothing, about 5 MiB of private pages each, and a process to start."""
         if self.workers == "auto":
             raise ValueError("with workers: auto the engine plans the worker set from the profile")
         if self.workers:
             return self.workers
-        return tuple(WorkerSpec(batch=g) for g in EBIRD_GRANULARITIES if g <= self.max_batch_size)
+        granularities = [g for g in EBIRD_GRANULARITIES if g <= self.max_batch_size]
+        return tuple(WorkerSpec(batch=g) for g in granularities[-self.default_worker_count() :])
+
+    def default_worker_count(self) -> int:
+        """How many workers the default set may hold: on a CPU the threads `batching.max_busy_threads` lets busy
+        at once (its default: `cpu_busy_threads`); with no limit, or on CUDA (a worker is a stream), all six."""
+        limit = self.batching.max_busy_threads
+        if self.device != "cpu" or limit == 0:
+            return len(EBIRD_GRANULARITIES)
+        return limit if limit is not None else cpu_busy_threads()
 
     @property
     def inflight_limit(self) -> int:

@@ -47,7 +47,13 @@ def batches(config: ModelConfig) -> list[int]:
 # -- defaults --------------------------------------------------------------------------------------------------
 
 
-def test_defaults(tmp_path: Path) -> None:
+@pytest.fixture
+def sixteen_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 16-CPU affinity: the busy-thread limit's default (15) leaves Ebird's six default workers whole."""
+    monkeypatch.setattr("adaserve.config.os.sched_getaffinity", lambda _pid: set(range(16)))
+
+
+def test_defaults(tmp_path: Path, sixteen_cpus: None) -> None:
     config = load(tmp_path, minimal())
     assert config.name == "mlp"  # from the directory
     assert (config.platform, config.max_batch_size, config.max_queue_size) == (None, 16, 1024)
@@ -72,8 +78,29 @@ def test_defaults(tmp_path: Path) -> None:
         (64, [1, 1, 2, 4, 8, 16]),
     ],
 )
-def test_default_workers_are_ebirds_granularities_capped(max_batch_size: int, expected: list[int]) -> None:
+def test_default_workers_are_ebirds_granularities_capped(
+    max_batch_size: int, expected: list[int], sixteen_cpus: None
+) -> None:
     config = ModelConfig.model_validate(minimal(name="m", max_batch_size=max_batch_size))
+    assert batches(config) == expected
+    assert config.inflight_limit == sum(expected)
+
+
+@pytest.mark.parametrize(
+    ("cpus", "batching", "device", "expected"),
+    [
+        (2, {}, "cpu", [16]),  # one CPU for the frontend, one busy worker: the one that takes any batch
+        (4, {}, "cpu", [4, 8, 16]),
+        (2, {"max_busy_threads": 2}, "cpu", [8, 16]),
+        (2, {"max_busy_threads": 0}, "cpu", [1, 1, 2, 4, 8, 16]),  # no limit: all may compute at once
+        (2, {}, "cuda", [1, 1, 2, 4, 8, 16]),  # a stream each, no busy-thread limit by default
+    ],
+)
+def test_default_workers_are_as_many_as_may_compute_at_once(
+    cpus: int, batching: dict[str, int], device: str, expected: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("adaserve.config.os.sched_getaffinity", lambda _pid: set(range(cpus)))
+    config = ModelConfig.model_validate(minimal(name="m", batching=batching, device=device))
     assert batches(config) == expected
     assert config.inflight_limit == sum(expected)
 

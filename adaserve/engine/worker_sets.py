@@ -1,7 +1,7 @@
 """Which workers exist: a worker-set planner behind one narrow interface, so the baseline is a config value.
 
-* `FixedWorkerSet` — the configured `workers`, or Ebird's granularities 1,1,2,4,8,16 capped at `max_batch_size`;
-  it never changes.
+* `FixedWorkerSet` — the configured `workers`, or Ebird's granularities 1,1,2,4,8,16 capped at `max_batch_size`
+  (on a CPU, the largest of them as many as may compute at once: `ModelConfig.worker_set`); it never changes.
 * `PackratWorkerSet` — `workers: auto`: the set ⟨instances, threads, batch⟩ the Packrat optimizer picks from the
   model's profile for the batch size the estimator reads off the queue depth, pinned to disjoint cores; when the
   smoothed batch size moves, it answers with a new set and the engine swaps sets with no downtime. A profile with
@@ -14,13 +14,12 @@ The engine asks `initial()` once and, for planners with a `sample_interval_s`, f
 from __future__ import annotations
 
 import logging
-import os
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
-from adaserve.config import WorkerSpec
+from adaserve.config import WorkerSpec, cpu_busy_threads
 from adaserve.repository import ModelSpec
 
 log = logging.getLogger("adaserve.engine")
@@ -54,11 +53,8 @@ class WorkerSetPlanner(ABC):
         return None
 
     def default_busy_threads(self) -> int:
-        """`batching.max_busy_threads` on a CPU when the config leaves it out: the CPUs this server may use, less one
-        for its frontend (HTTP and gRPC, the copies into the pool, the answers), which runs on the same cores; at
-        least one. On two cores, workers busy on both made the frontend time-share with them: the example CNN's
-        closed-loop capacity was 5,052–5,529 req/s against 7,549–8,111 with one core left to the frontend."""
-        return max(1, len(os.sched_getaffinity(0)) - 1)
+        """`batching.max_busy_threads` on a CPU when the config leaves it out (`cpu_busy_threads`)."""
+        return cpu_busy_threads()
 
 
 class FixedWorkerSet(WorkerSetPlanner):
@@ -68,7 +64,7 @@ class FixedWorkerSet(WorkerSetPlanner):
         self.config = model.config
 
     def initial(self) -> WorkerSetChoice:
-        reason = "configured workers" if self.config.workers else "Ebird's granularities capped at max_batch_size"
+        reason = "configured workers" if self.config.workers else "Ebird's granularities sized to the busy-thread limit"
         return WorkerSetChoice(self.config.worker_set, reason)
 
     def max_rows_in_flight(self) -> int:

@@ -359,9 +359,11 @@ def test_config_statistics_and_index(client: httpclient.InferenceServerClient) -
     assert config["dynamic_batching"]["default_queue_policy"]["max_queue_size"] == 1024  # none of its own: the model's
     assert config["parameters"]["batching_policy"]["string_value"] == "fixed-timeout"
     parameters = client.get_model_config("mlp")["parameters"]
-    assert sorted(w["batch"] for w in json.loads(parameters["workers"]["string_value"])) == [1, 1, 2, 4, 8, 16]
-    # the server's CPUs less one for the frontend
-    assert parameters["max_busy_threads"]["string_value"] == str(max(1, len(os.sched_getaffinity(0)) - 1))
+    # the server's CPUs less one for the frontend; the default workers the largest granularities, one per busy thread
+    busy_threads = max(1, len(os.sched_getaffinity(0)) - 1)
+    assert parameters["max_busy_threads"]["string_value"] == str(busy_threads)
+    workers = sorted(w["batch"] for w in json.loads(parameters["workers"]["string_value"]))
+    assert workers == [1, 1, 2, 4, 8, 16][-busy_threads:]
     assert parameters["idle_spin_us"]["string_value"] == ("5000" if len(os.sched_getaffinity(0)) > 1 else "0")
     assert parameters["max_busy_threads_saturated"]["string_value"] == "0"  # off
     assert parameters["share_cores"]["string_value"] == "true"  # a CPU model counts the server's other CPU models
