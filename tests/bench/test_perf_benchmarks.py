@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks import response_cache, shared_memory, tls_overhead, trace_overhead
+from benchmarks import response_cache, serving_overhead, shared_memory, tls_overhead, trace_overhead
 from benchmarks.perf_load import PerfAnalyzer
 from tests.bench.factories import positive, recorded, run_benchmark
 
@@ -77,3 +77,13 @@ def test_shared_memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, perf_ana
     report = _smallest(shared_memory, tmp_path, monkeypatch, perf_analyzer, SIZES=(64,))
     assert len(report["runs"]) == 4 and "--allow-client-shm" in report["server_command"]
     _answered(report["runs"], "mode", set(shared_memory.MODES))
+
+
+@pytest.mark.slow
+def test_serving_overhead(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, perf_analyzer: PerfAnalyzer) -> None:
+    report = _smallest(serving_overhead, tmp_path, monkeypatch, perf_analyzer, PROTOCOLS=("http", "grpc"))
+    assert len(report["runs"]) == 4 and len(report["floor_runs"]) == 1
+    _answered(report["runs"], "protocol", {"http", "grpc"})
+    assert positive(report["in_process_limit"]["throughput_rps"], report["in_process_limit"]["p50_ms"])
+    assert set(report["cases"]) == {"http_c1", "http_c8", "grpc_c1", "grpc_c8"}
+    assert set(report["bars"]) == {"rest_c8_throughput", "rest_c1_p50", "grpc_c1_p50"}
