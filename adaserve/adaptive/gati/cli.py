@@ -4,9 +4,9 @@
 target, and saves the result as a new cache set version in the model's folder; a config without a `caches:` block
 gets one whose default target is the strictest built target that deploys an exit (`choose_default`). `compose`
 recomposes an existing set for other targets, a memory budget or α without retraining, rewriting that version's
-manifest. Both print the
-per-variant table and the compositions. `list` shows every version, built or adapted, with what its default
-compositions expect, which one the config serves, and what a request that sets no parameter gets.
+manifest, and treats the config's block as `build` does. Both print the per-variant table and the compositions.
+`list` shows every version, built or adapted, with what its default compositions expect, which one the config
+serves, and what a request that sets no parameter gets.
 """
 
 from __future__ import annotations
@@ -103,6 +103,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     recompose.add_argument("model", help="a model of the repository with a built cache set")
     recompose.add_argument("--version", type=positive_integer, help="cache set version (default: the newest)")
+    add_print_config(recompose, "caches")
     _composition_arguments(recompose)
     recompose.set_defaults(func=compose_command)
 
@@ -264,6 +265,7 @@ def compose_command(args: argparse.Namespace) -> int:
     rewrite_manifest(cache_set.directory, manifest)
     print(f"rewrote {cache_set.directory / 'manifest.json'}")
     print(format_cache_set(manifest))
+    _say_config(spec, manifest, targets, args.print_config)
     return 0
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from adaserve.adaptive.gati.blocks import BlocksError
 from adaserve.adaptive.gati.cacheset import load_cache_set, read_manifest
-from adaserve.adaptive.gati.cli import format_cache_set
+from adaserve.adaptive.gati.cli import choose_default, format_cache_set
 from adaserve.adaptive.gati.explore import ExploreSettings, _rows_within_budget, build_cache_set, load_build_data
 from adaserve.adaptive.gati.predictors import TrainSettings, VariantSpec
 from adaserve.cli import main
@@ -55,10 +55,17 @@ def test_a_tiny_build_on_fashion_mnist(tmp_path: Path, capsys: pytest.CaptureFix
     assert default.method == "overall" and default.calibrate.agreement >= 0.97
     assert default.evaluate.mean_latency_s <= sum(manifest.block_latency_s)
 
-    # Recompose for a second target without retraining; the first target's compositions stay.
+    # Recompose for a second target without retraining; the first target's compositions stay, and the config gets
+    # the block a build would have given it (or is told why not).
     assert adaserve("caches", "compose", "cnn", "--model-repository", str(tmp_path), "--target", "0.95") == 0
-    assert "rewrote" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "rewrote" in printed
     recomposed = load_cache_set(spec).manifest
+    served = ModelRepository(tmp_path).read("cnn").config.caches
+    if choose_default(recomposed) is None:
+        assert "no target deploys an exit on cnn, so no caches block was added" in printed and served is None
+    else:
+        assert "added `caches: {targets: [" in printed and served is not None
     assert sorted({c.target for c in recomposed.compositions}) == [0.95, 0.97]
     assert all({"0.95", "0.97"} <= set(v.targets) for v in recomposed.variants)
 
