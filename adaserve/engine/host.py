@@ -106,25 +106,49 @@ def host(control: socket.socket) -> int:
         control.send(encode(WorkerSpawned(spawn.worker_id, pid)))
 
 
-def prime_program_loading() -> None:
+def prime_program_loading(cache_dir: Path | None = None) -> None:
     """Pay the first `torch.export.load`'s one-off cost once, in the zygote, rather than in each host's load.
 
     Whatever the program, the first load in a process imports and initialises the serializer, dynamo and sympy: on
-    the 2-core VM 1.2 s of the example MLP's 1.25 s first load, and 20-40 ms for a later one. A one-layer program
-    saved and loaded in memory pays it (1.3 s of CPU, otherwise spent in every host's load). The garbage that
-    leaves is collected and what survives is frozen out of the collector: else the next full collection, in the
-    real load, walked it for another 0.2 s, and forked workers' collections would touch the shared pages."""
+    the 2-core VM 1.2 s of the example MLP's 1.25 s first load, and 20-40 ms for a later one. Loading a one-layer
+    program pays it. The program is exported once per torch version and kept in `cache_dir` (`priming_cache_dir`):
+    exporting it traces it, 0.4-0.5 s of CPU that every start paid on top of the 1.4-1.5 s the load costs. The
+    garbage that leaves is collected and what survives is frozen out of the collector: else the next full
+    collection, in the real load, walked it for another 0.2 s, and forked workers' collections would touch the
+    shared pages."""
     import torch
 
-    batch = torch.export.Dim("batch")
-    program = torch.export.export(torch.nn.Linear(1, 1), (torch.zeros(2, 1),), dynamic_shapes=({0: batch},))
-    buffer = io.BytesIO()
-    torch.export.save(program, buffer)
-    buffer.seek(0)
-    torch.export.load(buffer)
-    del program, buffer
+    stored = (cache_dir or priming_cache_dir()) / f"prime-torch-{torch.__version__}.pt2"
+    try:
+        torch.export.load(stored)
+    except Exception:  # not stored yet, unreadable, or from another build: export it (again) and keep it
+        batch = torch.export.Dim("batch")
+        program = torch.export.export(torch.nn.Linear(1, 1), (torch.zeros(2, 1),), dynamic_shapes=({0: batch},))
+        buffer = io.BytesIO()
+        torch.export.save(program, buffer)
+        _store(stored, buffer.getvalue())
+        buffer.seek(0)
+        torch.export.load(buffer)
+        del program, buffer
     gc.collect()
     gc.freeze()
+
+
+def priming_cache_dir() -> Path:
+    """Where the priming program is kept: adaserve's folder of the user's cache (`$XDG_CACHE_HOME`, ~/.cache)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "adaserve"
+
+
+def _store(path: Path, data: bytes) -> None:
+    """Write `path` whole or not at all (zygotes of several servers may write it at once); a folder that cannot be
+    written only means the next start exports the program again."""
+    partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial.write_bytes(data)
+        partial.replace(path)
+    except OSError:
+        partial.unlink(missing_ok=True)
 
 
 def _on_cuda(stored: Any, rings: SharedRings, *, stage_fd: int) -> tuple[Any, StagedInputs]:

@@ -176,29 +176,40 @@ def test_how_a_process_ended_is_named_by_its_code_or_signal() -> None:
     assert how_it_exited(-40) == "was killed by signal 40"
 
 
-#: In a fresh interpreter: optionally prime, then count the modules the first program load imports.
+#: In a fresh interpreter: optionally prime (keeping its program in argv[3]), then count the modules the first
+#: program load imports.
 FIRST_LOAD = """
 import sys
 from pathlib import Path
 from adaserve.engine.host import prime_program_loading
 from adaserve.repository import read_artifact
 if sys.argv[2] == "prime":
-    prime_program_loading()
+    prime_program_loading(Path(sys.argv[3]))
 before = set(sys.modules)
 read_artifact(Path(sys.argv[1]), 16)
 print(len(set(sys.modules) - before))
 """
 
 
-def test_a_primed_zygote_forks_hosts_that_load_their_first_program_without_importing_anything() -> None:
+def test_a_primed_zygote_forks_hosts_that_load_their_first_program_without_importing_anything(
+    tmp_path: Path,
+) -> None:
     def modules_imported_by_first_load(prime: str) -> int:
         artifact = str(EXAMPLES / "cnn" / "1" / "model.pt2")
-        command = [sys.executable, "-c", FIRST_LOAD, artifact, prime]
+        command = [sys.executable, "-c", FIRST_LOAD, artifact, prime, str(tmp_path / "cache")]
         done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=True)
         return int(done.stdout.split()[-1])
 
     assert modules_imported_by_first_load("no") > 100  # what priming takes off the load's path
-    assert modules_imported_by_first_load("prime") == 0
+    assert modules_imported_by_first_load("prime") == 0  # the program exported, and kept
+    (stored,) = (tmp_path / "cache").iterdir()
+    assert stored.name.startswith("prime-torch-") and stored.suffix == ".pt2"
+    written = stored.stat().st_mtime_ns
+    assert modules_imported_by_first_load("prime") == 0  # the kept program loaded
+    assert stored.stat().st_mtime_ns == written
+    stored.write_bytes(b"not a program")
+    assert modules_imported_by_first_load("prime") == 0  # exported again, and kept in its place
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == [stored.name] and stored.stat().st_size > 1000
 
 
 def _parent(pid: int) -> int | None:
