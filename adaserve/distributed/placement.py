@@ -39,15 +39,14 @@ import bisect
 import enum
 import itertools
 import math
-import random
-from abc import ABC, abstractmethod
 from collections.abc import Collection, Hashable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
-from adaserve.cache.policies import POLICIES, IAMPolicy, create_policy
+from adaserve.cache.policies import POLICIES, create_policy
 from adaserve.cache.residency import Residency, State, mib
 from adaserve.cache.stats import StatsRegistry
+from adaserve.distributed.placement_policies import PlacementPolicy, create_placement
 from adaserve.errors import CacheBusyError, ConfigError, ModelTooLargeError
 
 
@@ -202,133 +201,6 @@ class Room:
         """(key, node, bytes) of every loaded replica in the cluster, ineligible nodes' too, least key first."""
         for key, (node, _), size in self._placement._order:
             yield key, node, size
-
-
-# -- placement policies -----------------------------------------------------------------------------------------------
-
-
-class PlacementPolicy(ABC):
-    """Chooses the node for a new replica. Logic only: the `Placement` keeps the books and does the evicting."""
-
-    #: The name `create_placement` knows it by.
-    name: ClassVar[str]
-
-    def __init__(self, seed: int = 0) -> None:
-        self.seed = seed
-
-    def order_key(self, stats: StatsRegistry, model: str, last_use_s: float) -> float | None:
-        """The key that orders a loaded replica among all others for `Room.replicas_in_order`, least key first
-        (evicted first); it may change only when the model is requested or loaded. None: this policy walks no
-        order, so none is kept."""
-        return None
-
-    @abstractmethod
-    def choose(self, room: Room, now: float) -> str | None:
-        """The node to make room on, one for which `room.can_make_room` holds; None when there is none."""
-
-
-class IAMPlacement(PlacementPolicy):
-    """The node where making room costs the least IAM importance: 0 with enough free bytes, else the sum of
-    log(rank + b0) over the least useful replicas it would evict, each ranked among every loaded replica of the
-    cluster; ties go to the node with the most free bytes."""
-
-    name = "iam"
-
-    def __init__(self, seed: int = 0) -> None:
-        super().__init__(seed)
-        self._iam: IAMPolicy | None = None  # Eq. 1 and b0, read from the policy that defines them
-
-    def _policy(self, stats: StatsRegistry) -> IAMPolicy:
-        if self._iam is None or self._iam.stats is not stats:
-            self._iam = IAMPolicy(stats, budget_bytes=1)  # only its utility and b0 are used; the budget is moot
-        return self._iam
-
-    def order_key(self, stats: StatsRegistry, model: str, last_use_s: float) -> float | None:
-        """log u_i at the model's last request (T_i = ḡ_i there): fixed until its next request or load."""
-        last = stats.get(model).last_request_s
-        if last is None:
-            return -math.inf
-        utility = self._policy(stats).utility(model, last)
-        return math.log(utility) if utility > 0 else -math.inf
-
-    def choose(self, room: Room, now: float) -> str | None:
-        free = room.most_free()
-        if free is not None:
-            return free
-        b0 = self._policy(room.stats).b0
-        best: tuple[float, int, str] | None = None  # (cost, -free bytes, node)
-        best_cost = math.inf
-        # per node met: [cost so far, free bytes + bytes freed so far]; None once complete or unable to make room
-        met: dict[str, list[float] | None] = {}
-        rank = visited = 0
-        previous, importance = -math.inf, math.log(b0)
-        for key, node, size in room.replicas_in_order():
-            if key != previous:  # replicas of equal utility share a rank (Eq. 2 counts u_j < u_i)
-                rank, previous = visited, key
-                importance = math.log(rank + b0)
-            visited += 1
-            if importance > best_cost:
-                break  # every node not yet complete would cost at least this
-            if node not in met:
-                met[node] = [0.0, room.free_bytes(node)] if room.can_make_room(node) else None
-            books = met[node]
-            if books is None:
-                continue
-            books[0] += importance
-            books[1] += size
-            if books[1] >= room.size_bytes:
-                candidate = (books[0], -room.free_bytes(node), node)
-                if best is None or candidate < best:
-                    best, best_cost = candidate, candidate[0]
-                met[node] = None  # complete: its later replicas are not its victims
-        return None if best is None else best[2]
-
-
-class LRUPlacement(PlacementPolicy):
-    """ModelMesh's: a node with enough free bytes (the most), else the node whose least recently used model is the
-    oldest in the cluster; with LRU eviction that node then evicts from its oldest up."""
-
-    name = "lru"
-
-    def order_key(self, stats: StatsRegistry, model: str, last_use_s: float) -> float | None:
-        return last_use_s
-
-    def choose(self, room: Room, now: float) -> str | None:
-        free = room.most_free()
-        if free is not None:
-            return free
-        return next((node for _, node, _ in room.replicas_in_order() if room.can_make_room(node)), None)
-
-
-class RandomPlacement(PlacementPolicy):
-    """A node drawn at random (seeded) from those that can make room now."""
-
-    name = "random"
-    _DRAWS = 16  # uniform draws over all nodes before drawing from the filtered list
-
-    def __init__(self, seed: int = 0) -> None:
-        super().__init__(seed)
-        self._rng = random.Random(seed)
-
-    def choose(self, room: Room, now: float) -> str | None:
-        nodes = room.nodes()
-        for _ in range(min(self._DRAWS, len(nodes))):
-            node = self._rng.choice(nodes)
-            if room.can_make_room(node):
-                return node
-        able = [node for node in nodes if room.can_make_room(node)]
-        return self._rng.choice(able) if able else None
-
-
-PLACEMENTS: dict[str, type[PlacementPolicy]] = {cls.name: cls for cls in (IAMPlacement, LRUPlacement, RandomPlacement)}
-
-
-def create_placement(name: str, seed: int = 0) -> PlacementPolicy:
-    """The placement policy called `name` (`random` draws from `seed`); ConfigError names an unknown one."""
-    cls = PLACEMENTS.get(name.lower())
-    if cls is None:
-        raise ConfigError(f"unknown placement policy '{name}'; expected one of {', '.join(PLACEMENTS)}")
-    return cls(seed)
 
 
 # -- the books ------------------------------------------------------------------------------------------------------
@@ -604,14 +476,10 @@ class Placement:
 
 
 __all__ = [
-    "PLACEMENTS",
     "Decision",
-    "IAMPlacement",
-    "LRUPlacement",
     "ModelLoad",
     "Placement",
     "PlacementPolicy",
-    "RandomPlacement",
     "Room",
     "ScaleAction",
     "ScaleKind",
