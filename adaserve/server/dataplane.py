@@ -74,7 +74,9 @@ class ClusterState:
 
 class ClusterView(Protocol):
     """What a node server on a cluster knows of the other nodes (`adaserve.distributed.member`), for the answers
-    that speak for the whole cluster: the repository index, and `/metrics`."""
+    that speak for the whole cluster: the repository index, and the metrics."""
+
+    node: str  # this node's name in the routing table: the label `node` of its series
 
     def held_elsewhere(self) -> dict[str, list[str]]:
         """Each model other nodes hold and this one does not, with those nodes."""

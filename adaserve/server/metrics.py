@@ -3,24 +3,26 @@
 Names follow Triton's (`nv_inference_request_success` → `adaserve_inference_request_success`) where one fits, and
 the model cache's follow ModelMesh's and SageMaker multi-model endpoints' (cache hits/misses, loading time, resident
 bytes, capacity and used bytes, loaded model count).
+
+On a cluster each node server's series carry its name as `node` (`node_families`).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
 
 from adaserve.cache import ModelCache
 from adaserve.engine.processes import HostLauncher
 from adaserve.engine.router import ModelRouter
 from adaserve.engine.stats import Histogram
 from adaserve.planner.catalog import DagCatalog
-from adaserve.server.dataplane import ClusterView
+from adaserve.server.dataplane import ClusterView, DataPlane
 from adaserve.server.response_cache import ResponseCache
 from adaserve.server.trace import Tracer
 
@@ -343,8 +345,8 @@ def _buckets(histogram: Histogram) -> list[tuple[str, float]]:
 
 
 class ClusterCollector:
-    """On a cluster (`adaserve cluster up`, `serve --ray`): this node's forwards, and the cluster as its routing table
-    has it."""
+    """On a cluster (`adaserve cluster up`, `serve --ray`): this node's forwards (to each model's `holder`), and the
+    cluster as its routing table has it."""
 
     def __init__(self, cluster: ClusterView) -> None:
         self.cluster = cluster
@@ -357,7 +359,7 @@ class ClusterCollector:
                 CounterMetricFamily,
                 "adaserve_cluster_forwarded_requests",
                 "Requests forwarded to the node holding their model",
-                ["model", "node"],
+                ["model", "holder"],
                 state.forwards,
             ),
             (
@@ -377,8 +379,8 @@ class ClusterCollector:
             (
                 GaugeMetricFamily,
                 "adaserve_cluster_resident_models",
-                "Models each node holds",
-                ["node"],
+                "Models each node holds, as this node's routing table has it",
+                ["holder"],
                 {(node,): held[node] for node in state.nodes},
             ),
             (
@@ -403,23 +405,47 @@ class ClusterCollector:
             yield family
 
 
-def render_metrics(
-    router: ModelRouter,
-    dags: DagCatalog,
-    tracer: Tracer,
-    response_cache: ResponseCache | None,
-    cluster: ClusterView | None = None,
-) -> tuple[bytes, str]:
-    """The server's metrics; `cluster`: on a cluster, the node's view of it (`adaserve.distributed.member`)."""
+def node_families(plane: DataPlane) -> list[Metric]:
+    """This server's own metrics (`GET /metrics`). On a cluster every series has the label `node` (the node's name
+    in the routing table), so that the cluster-wide exposition holds each node's series apart; a series that has a
+    `node` label of its own (a DAG query's node) keeps it as `exported_node`, as Prometheus keeps a target's label
+    that clashes with one it attaches."""
     registry = CollectorRegistry(auto_describe=False)
-    if cluster is not None:
-        registry.register(ClusterCollector(cluster))
+    if plane.cluster is not None:
+        registry.register(ClusterCollector(plane.cluster))
+    router = plane.router
     registry.register(EngineCollector(router))
-    registry.register(DagCollector(dags))
+    registry.register(DagCollector(plane.dags))
     registry.register(HostCollector(router.hosts))
-    registry.register(TraceCollector(tracer))
+    registry.register(TraceCollector(plane.tracer))
     if router.cache is not None:
         registry.register(CacheCollector(router.cache))
-    if response_cache is not None:
-        registry.register(ResponseCacheCollector(response_cache, router))
-    return generate_latest(registry), CONTENT_TYPE_LATEST
+    if plane.response_cache is not None:
+        registry.register(ResponseCacheCollector(plane.response_cache, router))
+    families = list(registry.collect())
+    if plane.cluster is None:
+        return families
+    return [_on_node(family, plane.cluster.node) for family in families]
+
+
+def _on_node(family: Metric, node: str) -> Metric:
+    labelled = Metric(family.name, family.documentation, family.type, family.unit)
+    for sample in family.samples:
+        labels = {("exported_node" if name == "node" else name): value for name, value in sample.labels.items()}
+        labelled.samples.append(sample._replace(labels={"node": node, **labels}))
+    return labelled
+
+
+def exposition(families: Iterable[Metric]) -> bytes:
+    """`families` in Prometheus's text format."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Families(list(families)))
+    return generate_latest(registry)
+
+
+class _Families(Collector):
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> Iterable[Metric]:
+        return self.families

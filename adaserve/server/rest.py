@@ -17,13 +17,15 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
 from adaserve.config import Interface
 from adaserve.errors import AdaserveError, InvalidInputError, ModelNotReadyError, RequestTooLargeError
 from adaserve.server.content_coding import OFFLOAD_BYTES, CodingError, decode_body
 from adaserve.server.dataplane import DataPlane
 from adaserve.server.http import Application, BodyLimit, Handler, Request, Response, Routes
 from adaserve.server.kserve_v1 import decode_predict, encode_predict
-from adaserve.server.metrics import render_metrics
+from adaserve.server.metrics import exposition, node_families
 from adaserve.server.protocol import InferenceRequest, InferenceResponse, request_bytes_limit
 from adaserve.server.rest_codec import HEADER_LENGTH, decode_json, decode_request, encode_json, encode_response
 from adaserve.server.restrictions import Restrictions
@@ -223,11 +225,8 @@ def create_app(
         plane.shared_memory.unregister(request.params.get("region", ""), shared_memory_kind(request))
         return Response(200)
 
-    async def metrics(request: Request) -> Response:
-        content, media_type = render_metrics(
-            plane.router, plane.dags, plane.tracer, plane.response_cache, plane.cluster
-        )
-        return Response(200, content, media_type, compressible=True)  # Prometheus asks for gzip
+    async def metrics(request: Request) -> Response:  # Prometheus asks for gzip
+        return Response(200, exposition(node_families(plane)), CONTENT_TYPE_LATEST, compressible=True)
 
     routes = Routes()
 
@@ -276,7 +275,7 @@ def create_app(
             add("POST", f"{prefix}/unregister", "shared-memory", shared_memory_unregister)
     add("POST", "/v2/systemsharedmemory/region/{region}/register", "shared-memory", shared_memory_register)
     add("POST", "/v2/cudasharedmemory/region/{region}/register", "shared-memory", cuda_shared_memory_register)
-    add("GET", "/metrics", "metrics", metrics)  # Prometheus scrapes
+    add("GET", "/metrics", "metrics", metrics)  # Prometheus scrapes each node
 
     async def app(request: Request) -> Response:
         resolved = routes.resolve(request.method, request.path)

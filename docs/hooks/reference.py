@@ -238,7 +238,7 @@ def metrics_reference(module: str = "adaserve.server.metrics") -> str:
     collectors = {
         name: value
         for name, value in vars(metrics).items()
-        if isinstance(value, type) and value.__module__ == module and hasattr(value, "collect")
+        if isinstance(value, type) and value.__module__ == module and hasattr(value, "collect") and name[0] != "_"
     }
     stand_ins = _stand_ins()
     unknown = sorted(set(collectors) - set(stand_ins))

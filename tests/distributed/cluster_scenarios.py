@@ -136,7 +136,9 @@ def test_every_node_answers_for_every_model_as_the_model_does(cluster: Cluster) 
     for model, nodes in holders.items():
         held_here = nodes[0] == cluster.nodes[0].name
         assert (f"{model}\tREADY\theld here" if held_here else f"held on 1 other node(s): {nodes[0]}") in listing
-    assert 'adaserve_cluster_placement_decisions_total{decision="placed"} 3.0' in listing
+    assert (
+        f'adaserve_cluster_placement_decisions_total{{decision="placed",node="{cluster.nodes[0].name}"}} 3.0' in listing
+    )
 
 
 def test_concurrent_load_over_several_models(cluster: Cluster) -> None:

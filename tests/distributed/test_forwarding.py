@@ -133,8 +133,8 @@ def test_forwarded_requests_are_answered_as_the_holder_answers(
         assert {row["name"]: row.get("state") for row in grpc_index}["mlp"] == "READY"
     metrics = urllib.request.urlopen(f"http://{a.http_url}/metrics", timeout=10).read().decode()
     # three inferences, then metadata and config (statistics are asked of every holder, not forwarded)
-    assert 'adaserve_cluster_forwarded_requests_total{model="mlp",node="b"} 5.0' in metrics
-    assert 'adaserve_cluster_replicas{model="mlp"} 1.0' in metrics
+    assert 'adaserve_cluster_forwarded_requests_total{holder="b",model="mlp",node="a"} 5.0' in metrics
+    assert 'adaserve_cluster_replicas{model="mlp",node="a"} 1.0' in metrics
 
 
 def _relayed(url: str, rpc: str, raw: bytes, metadata: dict[str, str] | None = None) -> tuple[int, bytes]:
@@ -355,7 +355,7 @@ def test_a_request_two_nodes_fail_is_unavailable_naming_the_node(
         _http_infer(a.http_url, "cnn", image)
     assert failed.value.status() == "503"
     metrics = urllib.request.urlopen(f"http://{a.http_url}/metrics", timeout=10).read().decode()
-    assert 'adaserve_cluster_forward_retries_total{model="cnn"} 2.0' in metrics
+    assert 'adaserve_cluster_forward_retries_total{model="cnn",node="a"} 2.0' in metrics
 
 
 def test_statistics_leave_out_a_node_that_does_not_answer(nodes: dict[str, tuple[ServerHandle, FakeActor]]) -> None:
