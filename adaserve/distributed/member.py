@@ -24,6 +24,8 @@ from typing import Any, TypeVar
 from urllib.parse import quote
 
 import grpc
+from prometheus_client.core import Metric
+from prometheus_client.parser import text_string_to_metric_families
 
 from adaserve.distributed.control import Channel
 from adaserve.distributed.forward import Forwarder, ForwardFailed
@@ -50,6 +52,7 @@ from adaserve.engine.engine import EngineState
 from adaserve.errors import AdaserveError, ModelNotReadyError
 from adaserve.server.dataplane import ClusterState, DataPlane, merge_statistics
 from adaserve.server.http import Handler, Request, Response
+from adaserve.server.metrics import cluster_families, exposition, node_families
 from adaserve.server.rest import json_response
 
 log = logging.getLogger("adaserve.cluster")
@@ -60,8 +63,8 @@ HOPS = "adaserve-forwarded"
 MAX_HOPS = 2
 #: How often request counts go up to the controller.
 REPORT_EVERY_S = 1.0
-#: How long a node waits for another's statistics before it answers without them.
-STATS_TIMEOUT_S = 5.0
+#: How long a node waits for another's own statistics or metrics before it answers without them.
+PEER_TIMEOUT_S = 5.0
 
 Answer = TypeVar("Answer")
 
@@ -277,7 +280,7 @@ class ClusterMember:
     async def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
         """Triton's statistics of model `name` (of every model, if empty) for the whole cluster: this server's own
         and what each other node holding it (every other node) says of its own, merged (`merge_statistics`). A node
-        that does not answer within STATS_TIMEOUT_S is left out, and logged; a 503 names them when none answers."""
+        that does not answer within PEER_TIMEOUT_S is left out, and logged; a 503 names them when none answers."""
         peers = [n for n in (self.routes.holders(name) if name else self.routes.table.nodes) if n != self.node]
         try:
             rows = self.plane.statistics(name, version)["model_stats"]
@@ -287,32 +290,51 @@ class ClusterMember:
                     f"model '{name}' is held by no node: it has statistics once a request places it"
                 ) from None
             rows = []
-        answers = await asyncio.gather(*(self._statistics_of(n, name, version) for n in peers), return_exceptions=True)
-        missing = {
-            node: str(answer) for node, answer in zip(peers, answers, strict=True) if isinstance(answer, Exception)
-        }
-        if missing and not rows and len(missing) == len(peers):
-            raise ModelNotReadyError(f"no node answered for the statistics: {'; '.join(missing.values())}")
-        if missing:
-            log.warning("statistics without some nodes", extra={"model": name, "missing": missing})
-        rows += [row for answer in answers if isinstance(answer, list) for row in answer]
-        return {"model_stats": merge_statistics(rows)}
-
-    async def _statistics_of(self, node: str, name: str, version: str) -> list[dict[str, Any]]:
-        """The statistics rows node `node` gives of its own replicas (asked as a forwarded request: it asks no
-        further)."""
         path = "/v2/models/stats"
         if name:
             path = f"/v2/models/{quote(name)}{f'/versions/{quote(version)}' if version else ''}/stats"
+        answers, missing = await self._ask_peers(peers, path, lambda body: json.loads(body)["model_stats"])
+        if missing and not rows and not answers:
+            raise ModelNotReadyError(f"no node answered for the statistics: {'; '.join(missing.values())}")
+        if missing:
+            log.warning("statistics without some nodes", extra={"model": name, "missing": missing})
+        return {"model_stats": merge_statistics([*rows, *(row for own in answers.values() for row in own)])}
+
+    async def metrics(self) -> bytes:
+        """The cluster-wide exposition (`GET /metrics/cluster`): this server's own series and each other node's
+        (its `/metrics`), each with its `node` label, one family per name; a node that does not answer within
+        PEER_TIMEOUT_S is left out, logged, and shown by `adaserve_cluster_node_up` 0."""
+        peers = [node for node in self.routes.table.nodes if node != self.node]
+        answers, missing = await self._ask_peers(peers, "/metrics", _families)
+        if missing:
+            log.warning("metrics without some nodes", extra={"missing": missing})
+        return exposition(cluster_families(self.node, node_families(self.plane), answers, missing))
+
+    async def _ask_peers(
+        self, nodes: list[str], path: str, read: Callable[[bytes], Answer]
+    ) -> tuple[dict[str, Answer], dict[str, str]]:
+        """GET `path` of each node in `nodes` at once, asked as a forwarded request (it asks no further), each
+        answer's body read by `read`: what the nodes answered, and why each other one is left out (no answer
+        within PEER_TIMEOUT_S, a refusal, an answer `read` cannot read)."""
+        answers = await asyncio.gather(*(self._ask(node, path, read) for node in nodes), return_exceptions=True)
+        got: dict[str, Answer] = {}
+        missing: dict[str, str] = {}
+        for node, answer in zip(nodes, answers, strict=True):
+            if isinstance(answer, BaseException):
+                missing[node] = str(answer)
+            else:
+                got[node] = answer
+        return got, missing
+
+    async def _ask(self, node: str, path: str, read: Callable[[bytes], Answer]) -> Answer:
         asking = self.forwarder.http(self.routes.table.nodes[node], "GET", path, {}, b"", f"{HOPS}: 1")
         try:
-            status, _, body = await asyncio.wait_for(asking, STATS_TIMEOUT_S)
+            status, _, body = await asyncio.wait_for(asking, PEER_TIMEOUT_S)
         except TimeoutError:
-            raise ForwardFailed(f"node {node} did not answer within {STATS_TIMEOUT_S:g} s") from None
+            raise ForwardFailed(f"node {node} did not answer within {PEER_TIMEOUT_S:g} s") from None
         if status != 200:
             raise ForwardFailed(f"node {node} answered {status}: {body[:300].decode(errors='replace')}")
-        rows: list[dict[str, Any]] = json.loads(body)["model_stats"]
-        return rows
+        return read(body)
 
     def held_elsewhere(self) -> dict[str, list[str]]:
         return {
@@ -326,6 +348,11 @@ class ClusterMember:
         return ClusterState(
             dict(self.forwards), dict(self.retries), table.replicas, list(table.nodes), table.decisions, table.version
         )
+
+
+def _families(body: bytes) -> list[Metric]:
+    """A node's exposition (its `/metrics`) as metric families."""
+    return list(text_string_to_metric_families(body.decode()))
 
 
 def _hops(value: str | None) -> int:

@@ -78,6 +78,10 @@ class ClusterView(Protocol):
 
     node: str  # this node's name in the routing table: the label `node` of its series
 
+    async def metrics(self) -> bytes:
+        """The cluster-wide exposition (`GET /metrics/cluster`)."""
+        ...
+
     def held_elsewhere(self) -> dict[str, list[str]]:
         """Each model other nodes hold and this one does not, with those nodes."""
         ...

@@ -4,13 +4,15 @@ Names follow Triton's (`nv_inference_request_success` → `adaserve_inference_re
 the model cache's follow ModelMesh's and SageMaker multi-model endpoints' (cache hits/misses, loading time, resident
 bytes, capacity and used bytes, loaded model count).
 
-On a cluster each node server's series carry its name as `node` (`node_families`).
+On a cluster each node server's series carry its name as `node` (`node_families`), and any node answers for the
+whole cluster (`GET /metrics/cluster`): its own series and the other nodes', merged here (`cluster_families`) from
+the expositions `adaserve.distributed.member` gathers.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -405,6 +407,24 @@ class ClusterCollector:
             yield family
 
 
+class ClusterScrapeCollector:
+    """The cluster-wide exposition (`GET /metrics/cluster`) only: the nodes whose series it holds (1), and those of
+    the asking node's routing table that did not answer within 5 s (0, named in its log)."""
+
+    def __init__(self, answered: Mapping[str, bool]) -> None:
+        self.answered = answered
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily(
+            "adaserve_cluster_node_up",
+            "1: the node's series are in this exposition; 0: it did not answer",
+            labels=["node"],
+        )
+        for node, answered in self.answered.items():
+            up.add_metric([node], int(answered))
+        yield up
+
+
 def node_families(plane: DataPlane) -> list[Metric]:
     """This server's own metrics (`GET /metrics`). On a cluster every series has the label `node` (the node's name
     in the routing table), so that the cluster-wide exposition holds each node's series apart; a series that has a
@@ -434,6 +454,23 @@ def _on_node(family: Metric, node: str) -> Metric:
         labels = {("exported_node" if name == "node" else name): value for name, value in sample.labels.items()}
         labelled.samples.append(sample._replace(labels={"node": node, **labels}))
     return labelled
+
+
+def cluster_families(
+    node: str, own: list[Metric], peers: Mapping[str, list[Metric]], missing: Iterable[str]
+) -> list[Metric]:
+    """The cluster-wide exposition's families (`GET /metrics/cluster`): this node's `own` and the other nodes'
+    (`peers`, each node's own, parsed from its `/metrics`), one family per name holding every node's series, and
+    which nodes answered. A node's family whose type is not this node's (a node of another version during an
+    upgrade) is left out: one name has one type in an exposition."""
+    merged = {family.name: family for family in own}
+    for families in peers.values():
+        for family in families:
+            held = merged.setdefault(family.name, family)
+            if held is not family and held.type == family.type:
+                held.samples += family.samples
+    answered = dict.fromkeys((node, *peers), True) | dict.fromkeys(missing, False)
+    return [*merged.values(), *ClusterScrapeCollector(answered).collect()]
 
 
 def exposition(families: Iterable[Metric]) -> bytes:

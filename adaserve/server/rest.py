@@ -228,6 +228,10 @@ def create_app(
     async def metrics(request: Request) -> Response:  # Prometheus asks for gzip
         return Response(200, exposition(node_families(plane)), CONTENT_TYPE_LATEST, compressible=True)
 
+    async def cluster_metrics(request: Request) -> Response:
+        assert plane.cluster is not None
+        return Response(200, await plane.cluster.metrics(), CONTENT_TYPE_LATEST, compressible=True)
+
     routes = Routes()
 
     inference_handlers: set[Handler] = set()  # as routed (guarded, where restricted), for `body_limit`
@@ -276,6 +280,8 @@ def create_app(
     add("POST", "/v2/systemsharedmemory/region/{region}/register", "shared-memory", shared_memory_register)
     add("POST", "/v2/cudasharedmemory/region/{region}/register", "shared-memory", cuda_shared_memory_register)
     add("GET", "/metrics", "metrics", metrics)  # Prometheus scrapes each node
+    if plane.cluster is not None:  # a path of its own: a server without it answers 404, not its node's series
+        add("GET", "/metrics/cluster", "metrics", cluster_metrics)
 
     async def app(request: Request) -> Response:
         resolved = routes.resolve(request.method, request.path)

@@ -229,6 +229,7 @@ def _stand_ins() -> dict[str, tuple[Any, ...]]:
         "TraceCollector": (SimpleNamespace(finished=0, sink=SimpleNamespace(mode="triton", dropped=0)),),
         "ResponseCacheCollector": (ResponseCache(0), router),
         "ClusterCollector": (SimpleNamespace(state=lambda: ClusterState({}, {}, {}, [], {}, 0)),),
+        "ClusterScrapeCollector": ({},),
     }
 
 

@@ -139,6 +139,12 @@ def test_every_node_answers_for_every_model_as_the_model_does(cluster: Cluster) 
     assert (
         f'adaserve_cluster_placement_decisions_total{{decision="placed",node="{cluster.nodes[0].name}"}} 3.0' in listing
     )
+    # the cluster's metrics, from any node: every node answered, each model's series under its holder's name
+    metrics = urllib.request.urlopen(f"http://{cluster.nodes[1].http}/metrics/cluster", timeout=30).read().decode()
+    for node in cluster.nodes:
+        assert f'adaserve_cluster_node_up{{node="{node.name}"}} 1.0' in metrics
+    for model, nodes in holders.items():
+        assert f'adaserve_inference_request_success_total{{model="{model}",node="{nodes[0]}",version="1"}}' in metrics
 
 
 def test_concurrent_load_over_several_models(cluster: Cluster) -> None:

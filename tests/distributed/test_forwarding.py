@@ -12,6 +12,7 @@ import json
 import os
 import queue
 import signal
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -26,10 +27,12 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from prometheus_client.core import Metric
+from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
 from adaserve.distributed.forward import GRPC_PATH, METADATA_PREFIX
-from adaserve.distributed.member import HOPS, MAX_HOPS
+from adaserve.distributed.member import HOPS, MAX_HOPS, PEER_TIMEOUT_S
 from adaserve.distributed.messages import (
     Drain,
     Drained,
@@ -212,12 +215,59 @@ def test_statistics_on_any_node_sum_every_replica(nodes: dict[str, tuple[ServerH
     _table(nodes, 3, {"mlp": ["b"]})
 
 
+def _families(url: str, path: str = "/metrics") -> list[Metric]:
+    with urllib.request.urlopen(f"http://{url}{path}", timeout=30) as answer:
+        return list(text_string_to_metric_families(answer.read().decode()))
+
+
+def _series(families: list[Metric], node: str | None = None) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Each series (sample name, labels) → its value; only node `node`'s, if named."""
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in families
+        for sample in family.samples
+        if node is None or sample.labels.get("node") == node
+    }
+
+
+def test_the_cluster_metrics_of_any_node_hold_each_node_series_once(
+    nodes: dict[str, tuple[ServerHandle, FakeActor]],
+) -> None:
+    """Both nodes serve mlp: `/metrics/cluster` of either holds each node's own series (its `/metrics`) once, with
+    its name, and says both answered; `/metrics` stays the node's own."""
+    (a, a_actor), (b, _) = nodes["a"], nodes["b"]
+    a_actor.load("mlp")
+    _table(nodes, 4, {"mlp": ["a", "b"]})
+    for url in (a.http_url, b.http_url):
+        _http_infer(url, "mlp", _image(4))
+    own = {name: _series(_families(handle.http_url)) for name, (handle, _) in nodes.items()}
+    assert all(dict(labels)["node"] == name for name, series in own.items() for _, labels in series)
+    for handle, _ in nodes.values():
+        families = _families(handle.http_url, "/metrics/cluster")
+        names = [family.name for family in families]
+        assert len(names) == len(set(names))  # one # HELP and # TYPE per family
+        for node in nodes:
+            assert _series(families, node).keys() - own[node].keys() == {
+                ("adaserve_cluster_node_up", (("node", node),))
+            }
+            assert own[node].keys() <= _series(families, node).keys()
+        success = {key: value for key, value in _series(families).items() if key[0].endswith("request_success_total")}
+        assert sorted(dict(labels)["node"] for _, labels in success) == ["a", "b"] and all(success.values())
+        assert {key: value for key, value in _series(families).items() if key[0].endswith("node_up")} == {
+            ("adaserve_cluster_node_up", (("node", "a"),)): 1.0,
+            ("adaserve_cluster_node_up", (("node", "b"),)): 1.0,
+        }
+    a_actor.send(Unload("mlp"))
+    assert a_actor.expect(Unloaded) == Unloaded("mlp")
+    _table(nodes, 5, {"mlp": ["b"]})
+
+
 def test_a_node_drained_out_of_the_table_forwards_what_it_holds(
     nodes: dict[str, tuple[ServerHandle, FakeActor]],
 ) -> None:
     (a, a_actor), (b, b_actor) = nodes["a"], nodes["b"]
     a_actor.load("mlp")
-    _table(nodes, 4, {"mlp": ["a"]}, members="a")  # b, which holds mlp too, is being drained
+    _table(nodes, 6, {"mlp": ["a"]}, members="a")  # b, which holds mlp too, is being drained
     b_actor.send(Report())
     b_actor.expect(Resident)  # answered after the table before it: b has it
     served_on_a = _own_statistics(a.http_url, "/v2/models/mlp/stats")[0]["inference_stats"]["success"]["count"]
@@ -231,7 +281,7 @@ def test_a_node_drained_out_of_the_table_forwards_what_it_holds(
         assert not clients.http(b.http_url).is_server_ready()  # load balancers send it no more
     a_actor.send(Unload("mlp"))
     assert a_actor.expect(Unloaded) == Unloaded("mlp")
-    _table(nodes, 5, {"mlp": ["b"]})
+    _table(nodes, 7, {"mlp": ["b"]})
 
 
 def test_a_forwarded_stream_is_answered_request_by_request(nodes: dict[str, tuple[ServerHandle, FakeActor]]) -> None:
@@ -292,7 +342,7 @@ def test_a_model_held_nowhere_is_placed_once_for_concurrent_requests(
         asked_at = time.monotonic()
         assert isinstance(place, Place) and place.model == "cnn" and place.avoid == [] and place.size_bytes > 0
         b_actor.load("cnn")
-        _table(nodes, 6, {"mlp": ["b"], "cnn": ["b"]})
+        _table(nodes, 8, {"mlp": ["b"], "cnn": ["b"]})
         answers = [future.result(timeout=120) for future in waiting]
     for answer in answers:
         _same(answer, answers[0])
@@ -327,7 +377,7 @@ def test_a_request_caught_by_a_dead_node_is_sent_again_where_it_is_placed(
         place = a_actor.expect(Place)
         assert isinstance(place, Place) and place.model == "mlp" and place.avoid == ["b"]
         a_actor.load("mlp")
-        _table(nodes, 7, {"mlp": ["a", "b"]}, to="a")
+        _table(nodes, 9, {"mlp": ["a", "b"]}, to="a")
         served = [answer.result(timeout=120) for answer in answers]
     for answer in served:
         _same(answer, _http_infer(a.http_url, "mlp", image))
@@ -345,7 +395,7 @@ def test_a_request_two_nodes_fail_is_unavailable_naming_the_node(
         "b": NodeAddress(b.http_url, b.grpc_url),
         "c": NodeAddress(f"127.0.0.1:{closed}", f"127.0.0.1:{closed}"),
     }
-    nodes["a"][1].send(Routes(8, addresses, {"mlp": ["a"], "cnn": ["b", "c"]}))
+    nodes["a"][1].send(Routes(10, addresses, {"mlp": ["a"], "cnn": ["b", "c"]}))
     image = np.zeros((1, 1, 28, 28), dtype=np.float32)
     with pytest.raises(InferenceServerException, match="did not answer the forwarded request") as failed:
         _grpc_infer(a.grpc_url, "cnn", image)
@@ -360,13 +410,33 @@ def test_a_request_two_nodes_fail_is_unavailable_naming_the_node(
 
 def test_statistics_leave_out_a_node_that_does_not_answer(nodes: dict[str, tuple[ServerHandle, FakeActor]]) -> None:
     a, _ = nodes["a"]  # b is dead (the tests before); the table still names it
-    _table(nodes, 9, {"mlp": ["a", "b"], "cnn": ["b"]}, to="a")
+    _table(nodes, 11, {"mlp": ["a", "b"], "cnn": ["b"]}, to="a")
     with Clients() as clients:
         rows = clients.http(a.http_url).get_inference_statistics("mlp")["model_stats"]
         assert rows == _own_statistics(a.http_url, "/v2/models/mlp/stats")  # a's own, b left out (logged)
         with pytest.raises(InferenceServerException, match="no node answered for the statistics: node ") as refused:
             clients.http(a.http_url).get_inference_statistics("cnn")
         assert refused.value.status() == "503"
+
+
+def test_the_cluster_metrics_leave_out_a_node_that_does_not_answer(
+    nodes: dict[str, tuple[ServerHandle, FakeActor]],
+) -> None:
+    """b is dead (the tests before) and c takes connections but never answers: a's `/metrics/cluster` holds its own
+    series and names both, 0, after PEER_TIMEOUT_S, in its log too."""
+    (a, _), (b, _) = nodes["a"], nodes["b"]
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        c = f"127.0.0.1:{silent.getsockname()[1]}"
+        addresses = {"a": NodeAddress(a.http_url, a.grpc_url), "b": NodeAddress(b.http_url, b.grpc_url)}
+        nodes["a"][1].send(Routes(12, {**addresses, "c": NodeAddress(c, c)}, {"mlp": ["a"]}))
+        started = time.monotonic()
+        families = _families(a.http_url, "/metrics/cluster")
+    assert PEER_TIMEOUT_S <= time.monotonic() - started < PEER_TIMEOUT_S + 10
+    up = {dict(labels)["node"]: value for (name, labels), value in _series(families).items() if name.endswith("up")}
+    assert up == {"a": 1.0, "b": 0.0, "c": 0.0}
+    assert {dict(labels)["node"] for name, labels in _series(families) if not name.endswith("up")} == {"a"}
+    warning = [line for line in a.log.read_text().splitlines() if "metrics without some nodes" in line][-1]
+    assert "did not answer within" in warning and "cannot connect" in warning
 
 
 def test_a_node_server_whose_actor_is_gone_stops(repository: Path) -> None:

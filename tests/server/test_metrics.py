@@ -1,5 +1,6 @@
-"""A server's metrics on a cluster: every series of a node labelled with it, checked with prometheus-client's own
-parser. Stand-ins for the server's parts, as the metrics reference builds them."""
+"""A server's metrics on a cluster: every series of a node labelled with it, and the cluster-wide exposition (each
+node's series once, under one `# HELP`/`# TYPE` per family, the nodes that did not answer named), checked with
+prometheus-client's own parser. Stand-ins for the server's parts, as the metrics reference builds them."""
 
 from __future__ import annotations
 
@@ -7,12 +8,12 @@ from collections import Counter
 from types import SimpleNamespace
 from typing import Any
 
-from prometheus_client.core import Metric
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from adaserve.planner.planner import PlannerStats
 from adaserve.server.dataplane import ClusterState
-from adaserve.server.metrics import exposition, node_families
+from adaserve.server.metrics import cluster_families, exposition, node_families
 from adaserve.server.trace import Tracer, TraceSettings
 
 
@@ -56,3 +57,26 @@ def test_on_a_cluster_every_series_of_a_node_carries_its_name() -> None:
         {"node": "a", "dag": "pipe", "exported_node": "second", "model": "double"}
     ]
     assert on_a["adaserve_cluster_forwarded_requests_total"] == [{"node": "a", "model": "mlp", "holder": "b"}]
+
+
+def test_the_cluster_exposition_holds_each_node_once_and_names_the_silent_one() -> None:
+    peers = {node: _parsed(node_families(_plane(node))) for node in ("b", "c")}
+    text = exposition(cluster_families("a", node_families(_plane("a")), peers, {"d": "did not answer"})).decode()
+    families = list(text_string_to_metric_families(text))
+    names = [family.name for family in families]
+    assert len(names) == len(set(names))  # one family per name, so one # HELP and one # TYPE
+    assert text.count("# TYPE adaserve_dag_node_runs_total counter") == 1
+    series = [(sample.name, tuple(sorted(sample.labels.items()))) for f in families for sample in f.samples]
+    assert len(series) == len(set(series))
+    runs = _samples(families)["adaserve_dag_node_runs_total"]
+    assert [labels["node"] for labels in runs] == ["a", "b", "c"]
+    up = {sample.labels["node"]: sample.value for f in families for sample in f.samples if f.name.endswith("up")}
+    assert up == {"a": 1, "b": 1, "c": 1, "d": 0}
+
+
+def test_a_family_another_node_gives_another_type_is_left_out() -> None:
+    other = GaugeMetricFamily("adaserve_dag_node_runs", "runs, as an older node had it", labels=["node"])
+    other.add_metric(["b"], 2)
+    families = _parsed(cluster_families("a", node_families(_plane("a")), {"b": [other]}, {}))
+    runs = next(family for family in families if family.name == "adaserve_dag_node_runs")
+    assert runs.type == "counter" and {sample.labels["node"] for sample in runs.samples} == {"a"}

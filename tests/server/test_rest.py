@@ -398,6 +398,10 @@ def test_metrics_endpoint(server: ServerHandle, client: httpclient.InferenceServ
         if line.startswith(f'adaserve_model_process_memory_bytes{{measure="{measure}",model="cnn",version="1"}}')
     }
     assert 0 < memory["uss"] < memory["pss"]  # the host and workers share pages with each other and the zygote
+    with pytest.raises(urllib.error.HTTPError) as alone:  # no cluster: no cluster-wide exposition to pass off
+        urllib.request.urlopen(f"http://{server.http_url}/metrics/cluster", timeout=10)
+    with alone.value as refused:
+        assert refused.code == 404
 
 
 def test_unload_and_load_through_the_repository_api(
