@@ -30,6 +30,7 @@ from adaserve.errors import AdaserveError, ModelNotReadyError
 from adaserve.server.grpc_service import RELAYED
 from adaserve.server.http import Handler, Request, Response
 from adaserve.server.rest import error_response, json_response
+from adaserve.server.restrictions import Restrictions
 
 #: The request headers that travel with a forwarded body.
 FORWARDED_HEADERS = ("content-type", "content-encoding", "inference-header-content-length", "accept-encoding")
@@ -65,18 +66,33 @@ class RemoteError(AdaserveError):
 
 
 class Forwarder:
-    """Kept-alive connections to the other nodes' REST ports, opened on first use."""
+    """Kept-alive connections to the other nodes' REST ports, opened on first use.
 
-    def __init__(self) -> None:
+    `credentials`: the REST frontend's restrictions, which every node of a cluster shares (they run with the same
+    flags). A request of a restricted category carries its header to the other node: the client's was checked here,
+    where it arrived, and a node's own questions (statistics, metrics) have no client header to pass on."""
+
+    def __init__(self, credentials: Restrictions | None = None) -> None:
+        self.credentials = credentials or Restrictions()
         self._pools: dict[str, ConnectionPool] = {}
 
     async def http(
-        self, node: NodeAddress, method: str, path: str, headers: Mapping[str, str], body: bytes, extra: str
+        self,
+        node: NodeAddress,
+        method: str,
+        path: str,
+        headers: Mapping[str, str],
+        body: bytes,
+        extra: str,
+        category: str,
     ) -> tuple[int, dict[str, str], bytes]:
-        """Send the request to `node` as it came, with the header lines `extra`; its answer's status, headers
-        (lower-case) and body."""
+        """Send the request to `node` as it came, with the header lines `extra` and the restriction header of its
+        API `category` if it has one; its answer's status, headers (lower-case) and body."""
         lines = [f"{method} {path} HTTP/1.1", f"host: {node.http}", f"content-length: {len(body)}", extra]
         lines += [f"{name}: {headers[name]}" for name in FORWARDED_HEADERS if name in headers]
+        credential = self.credentials.required.get(category)
+        if credential is not None:
+            lines.append(f"{credential.name}: {credential.value}")
         answer = await self._request(node, lines, body)
         out = {"content-type": "application/json"}
         if answer.header_length is not None:

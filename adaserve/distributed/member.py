@@ -237,9 +237,9 @@ class ClusterMember:
         """`handler` behind the cluster (`create_app`'s `model_routes`): the statistics routes answer for every
         replica (`statistics`); on any other route, which names a model, a request for a model held elsewhere is
         forwarded and answered with what comes back."""
-        return self._rest_statistics(handler) if category == "statistics" else self._rest_relay(handler)
+        return self._rest_statistics(handler) if category == "statistics" else self._rest_relay(category, handler)
 
-    def _rest_relay(self, handler: Handler) -> Handler:
+    def _rest_relay(self, category: str, handler: Handler) -> Handler:
         async def routed(request: Request) -> Response:
             if request.method == "HEAD":  # an answer without its body: nothing to forward
                 return await handler(request)
@@ -248,7 +248,7 @@ class ClusterMember:
 
             async def send(node: NodeAddress) -> tuple[int, dict[str, str], bytes]:
                 return await self.forwarder.http(
-                    node, request.method, request.path, request.headers, request.body, extra
+                    node, request.method, request.path, request.headers, request.body, extra, category
                 )
 
             answer = await self.relay(request.params["model"], hops, send)
@@ -293,7 +293,9 @@ class ClusterMember:
         path = "/v2/models/stats"
         if name:
             path = f"/v2/models/{quote(name)}{f'/versions/{quote(version)}' if version else ''}/stats"
-        answers, missing = await self._ask_peers(peers, path, lambda body: json.loads(body)["model_stats"])
+        answers, missing = await self._ask_peers(
+            peers, path, "statistics", lambda body: json.loads(body)["model_stats"]
+        )
         if missing and not rows and not answers:
             raise ModelNotReadyError(f"no node answered for the statistics: {'; '.join(missing.values())}")
         if missing:
@@ -305,18 +307,19 @@ class ClusterMember:
         (its `/metrics`), each with its `node` label, one family per name; a node that does not answer within
         PEER_TIMEOUT_S is left out, logged, and shown by `adaserve_cluster_node_up` 0."""
         peers = [node for node in self.routes.table.nodes if node != self.node]
-        answers, missing = await self._ask_peers(peers, "/metrics", _families)
+        answers, missing = await self._ask_peers(peers, "/metrics", "metrics", _families)
         if missing:
             log.warning("metrics without some nodes", extra={"missing": missing})
         return exposition(cluster_families(self.node, node_families(self.plane), answers, missing))
 
     async def _ask_peers(
-        self, nodes: list[str], path: str, read: Callable[[bytes], Answer]
+        self, nodes: list[str], path: str, category: str, read: Callable[[bytes], Answer]
     ) -> tuple[dict[str, Answer], dict[str, str]]:
-        """GET `path` of each node in `nodes` at once, asked as a forwarded request (it asks no further), each
-        answer's body read by `read`: what the nodes answered, and why each other one is left out (no answer
-        within PEER_TIMEOUT_S, a refusal, an answer `read` cannot read)."""
-        answers = await asyncio.gather(*(self._ask(node, path, read) for node in nodes), return_exceptions=True)
+        """GET `path` (of API `category`) of each node in `nodes` at once, asked as a forwarded request (it asks no
+        further), each answer's body read by `read`: what the nodes answered, and why each other one is left out
+        (no answer within PEER_TIMEOUT_S, a refusal, an answer `read` cannot read)."""
+        asking = (self._ask(node, path, category, read) for node in nodes)
+        answers = await asyncio.gather(*asking, return_exceptions=True)
         got: dict[str, Answer] = {}
         missing: dict[str, str] = {}
         for node, answer in zip(nodes, answers, strict=True):
@@ -326,8 +329,8 @@ class ClusterMember:
                 got[node] = answer
         return got, missing
 
-    async def _ask(self, node: str, path: str, read: Callable[[bytes], Answer]) -> Answer:
-        asking = self.forwarder.http(self.routes.table.nodes[node], "GET", path, {}, b"", f"{HOPS}: 1")
+    async def _ask(self, node: str, path: str, category: str, read: Callable[[bytes], Answer]) -> Answer:
+        asking = self.forwarder.http(self.routes.table.nodes[node], "GET", path, {}, b"", f"{HOPS}: 1", category)
         try:
             status, _, body = await asyncio.wait_for(asking, PEER_TIMEOUT_S)
         except TimeoutError:
@@ -348,6 +351,12 @@ class ClusterMember:
         return ClusterState(
             dict(self.forwards), dict(self.retries), table.replicas, list(table.nodes), table.decisions, table.version
         )
+
+
+def _statistics_rows(body: bytes) -> list[dict[str, Any]]:
+    """A node's statistics of its own replicas (its `/v2/models/.../stats`) as rows."""
+    rows: list[dict[str, Any]] = json.loads(body)["model_stats"]
+    return rows
 
 
 def _families(body: bytes) -> list[Metric]:

@@ -155,7 +155,7 @@ async def serve(options: ServeOptions) -> None:
         from adaserve.distributed.forward import Forwarder, grpc_route
         from adaserve.distributed.member import ClusterMember
 
-        member = ClusterMember(options.cluster_node, plane, Forwarder())
+        member = ClusterMember(options.cluster_node, plane, Forwarder(http_restrictions))
     relay, statistics = (member.grpc_relay, member.statistics) if member is not None else (None, None)
     servicer = InferenceServicer(plane, grpc_restrictions, relay, statistics)
     internal = [grpc_route(servicer.relayed_call)] if member is not None else []  # relayed gRPC calls arrive there

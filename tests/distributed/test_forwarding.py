@@ -462,3 +462,44 @@ def _exited(pid: int) -> bool:
     except ChildProcessError:
         return True
     return finished == pid
+
+
+#: Inference, statistics and metrics restricted on both nodes, as a cluster's nodes all run with the same flags.
+RESTRICTED = ("--restricted-api", "inference,statistics,metrics:admin-key=s3cret")
+
+
+def test_restricted_apis_are_forwarded_with_their_header(repository: Path) -> None:
+    """A client's restricted request is checked where it arrives, then reaches the holder with the category's header
+    (the client's own travels no further than that node); a node's own questions to the others (statistics, the
+    cluster's metrics) carry it too. Without the header the first node refuses it, before anything is forwarded."""
+    key = {"admin-key": "s3cret"}
+
+    def node(stack: ExitStack, name: str) -> tuple[ServerHandle, FakeActor]:
+        start = lambda args, fds: running_server(repository, *RESTRICTED, *args, pass_fds=fds)  # noqa: E731
+        return stack.enter_context(node_server(start, name))
+
+    with ExitStack() as stack, Clients() as clients:
+        pair = {name: node(stack, name) for name in ("r", "s")}
+        (r, _), (s, s_actor) = pair["r"], pair["s"]
+        s_actor.load("mlp")
+        _table(pair, 1, {"mlp": ["s"]}, to="rs", members="rs")
+        image = _image(9)
+        tensor = httpclient.InferInput("image", list(image.shape), "FP32")
+        tensor.set_data_from_numpy(image)
+        client = clients.http(r.http_url)
+        _same(client.infer("mlp", [tensor], headers=key).as_numpy("logits"), _http_infer_on(clients, s, image, key))
+        with pytest.raises(InferenceServerException, match="expecting header 'admin-key'"):
+            client.infer("mlp", [tensor])
+        rows = client.get_inference_statistics("mlp", headers=key)["model_stats"]
+        assert rows[0]["inference_stats"]["success"]["count"] == 2  # both requests s served, one forwarded
+        request = urllib.request.Request(f"http://{r.http_url}/metrics/cluster", headers=key)
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            families = list(text_string_to_metric_families(answer.read().decode()))
+        up = {dict(labels)["node"]: value for (name, labels), value in _series(families).items() if "node_up" in name}
+        assert up == {"r": 1.0, "s": 1.0}
+
+
+def _http_infer_on(clients: Clients, handle: ServerHandle, image: np.ndarray, headers: dict[str, str]) -> np.ndarray:
+    tensor = httpclient.InferInput("image", list(image.shape), "FP32")
+    tensor.set_data_from_numpy(image)
+    return clients.http(handle.http_url).infer("mlp", [tensor], headers=headers).as_numpy("logits")
