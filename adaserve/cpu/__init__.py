@@ -20,9 +20,12 @@ from adaserve.cpu.profiler import (
     StaleProfile,
     WorkerPlan,
     fingerprint,
+    idle_runner,
     load_profile,
+    packrat_threads,
     profile_model,
     save_profile,
+    unstable_reason,
 )
 from adaserve.cpu.topology import AllocationError, Topology, allocate, machine_topology, read_topology
 
@@ -48,11 +51,14 @@ __all__ = [
     "core_groups",
     "fat_instance_plan",
     "fingerprint",
+    "idle_runner",
     "load_profile",
     "machine_topology",
+    "packrat_threads",
     "power_of_two_floor",
     "profile_model",
     "read_topology",
     "restrict_to",
     "save_profile",
+    "unstable_reason",
 ]

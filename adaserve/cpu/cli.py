@@ -26,11 +26,12 @@ from adaserve.cpu.profiler import (
     WorkerPlan,
     fingerprint,
     load_profile,
+    packrat_threads,
     profile_model,
     profile_warnings,
     save_profile,
 )
-from adaserve.cpu.topology import AllocationError, machine_topology
+from adaserve.cpu.topology import machine_topology
 from adaserve.repository import ModelRepository
 
 __all__ = ["format_plan", "format_profile", "plan_command", "profile_command", "register"]
@@ -86,12 +87,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def profile_command(args: argparse.Namespace) -> int:
     spec = ModelRepository(args.model_repository).read(args.model)
     topology = machine_topology()
-    threads = args.threads or len(topology.cpus)
-    if threads > len(topology.cpus):
-        raise AllocationError(
-            f"--threads {threads} is more than the {len(topology.cpus)} CPUs this process may use "
-            f"({topology.describe()})"
-        )
+    threads = packrat_threads(args.threads, topology)
     machine = fingerprint(topology)
     try:
         found = load_profile(spec.directory, machine, spec)

@@ -25,6 +25,7 @@ unknown (`profile_warnings`).
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -62,12 +63,16 @@ __all__ = [
     "batch_grid",
     "busy_warning",
     "fingerprint",
+    "idle_runner",
     "load_profile",
+    "lowest_priority",
     "measure_cell",
+    "packrat_threads",
     "profile_model",
     "profile_warnings",
     "random_inputs",
     "save_profile",
+    "unstable_reason",
 ]
 
 PROFILE_FILE = "profile.json"
@@ -331,6 +336,20 @@ def artifact_digest(path: Path) -> str:
 # -- measuring -------------------------------------------------------------------------------------------------------
 
 
+#: What measures a profile's cells for `profile_model`: given the job and where each cell goes.
+Runner = Callable[[dict[str, Any], Callable[[Cell], None]], None]
+
+
+def packrat_threads(threads: int | None, topology: Topology) -> int:
+    """T: the threads asked for, or every CPU this process may use; AllocationError for more than those."""
+    available = len(topology.cpus)
+    if threads is not None and threads > available:
+        raise AllocationError(
+            f"T={threads} is more than the {available} CPUs this process may use ({topology.describe()})"
+        )
+    return threads or available
+
+
 def batch_grid(max_batch_size: int) -> tuple[int, ...]:
     """b ∈ {2⁰, 2¹, .., 2ⁿ} with 2ⁿ ≤ max_batch_size: the paper's profiled batch sizes."""
     return tuple(1 << k for k in range(max_batch_size.bit_length()) if 1 << k <= max_batch_size)
@@ -343,15 +362,12 @@ def profile_model(
     *,
     topology: Topology | None = None,
     progress: bool = True,
-    runner: Callable[[dict[str, Any], Callable[[Cell], None]], None] | None = None,
+    runner: Runner | None = None,
 ) -> ProfileRecord:
     """Measure the grid {1..threads} × batch_grid(max_batch_size) for `spec`: one child loads the model and forks
-    a process per t (`runner` stands in for that child in tests)."""
+    a process per t (`runner` stands in for that child in tests; `idle_runner` runs it beside serving)."""
     topology = topology or machine_topology()
-    if threads > len(topology.cpus):
-        raise AllocationError(
-            f"T={threads} is more than the {len(topology.cpus)} CPUs this process may use ({topology.describe()})"
-        )
+    threads = packrat_threads(threads, topology)
     from tqdm import tqdm
 
     batches = batch_grid(spec.config.max_batch_size)
@@ -421,8 +437,29 @@ def profile_warnings(record: ProfileRecord) -> list[str]:
     return warnings
 
 
-def _run_child(job: dict[str, Any], record: Callable[[Cell], None]) -> None:
-    """Run the profile in a child Python (`main` below); cells arrive one JSON line each on a pipe, not on stdout."""
+def idle_runner(started: Callable[[int], None]) -> Runner:
+    """The profile's child at the lowest CPU priority (`lowest_priority`), for a profile measured beside serving,
+    in a process group of its own: `started` gets its PID, which is its group's, so that the caller can end it and
+    the process it forked for a t (`os.killpg`)."""
+    return functools.partial(_run_child, started=started)
+
+
+def lowest_priority(pid: int) -> str:
+    """Let `pid` (and what it starts later) run only on CPU time nothing else wants: SCHED_IDLE, or nice 19 where
+    that is refused; returns which."""
+    try:
+        os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))
+        return "SCHED_IDLE"
+    except OSError:
+        os.setpriority(os.PRIO_PROCESS, pid, 19)
+        return "nice 19"
+
+
+def _run_child(
+    job: dict[str, Any], record: Callable[[Cell], None], *, started: Callable[[int], None] | None = None
+) -> None:
+    """Run the profile in a child Python (`main` below); cells arrive one JSON line each on a pipe, not on stdout.
+    With `started`, the child runs as `idle_runner` says."""
     read_fd, write_fd = os.pipe()
     job = {**job, "result_fd": write_fd}
     # One thread until a forked process sets its own (`place`): the child's loading never starts a thread pool.
@@ -436,6 +473,7 @@ def _run_child(job: dict[str, Any], record: Callable[[Cell], None]) -> None:
                 stdout=log,
                 stderr=log,
                 env=env,
+                process_group=None if started is None else 0,
             )
         except OSError:
             os.close(read_fd)
@@ -444,6 +482,9 @@ def _run_child(job: dict[str, Any], record: Callable[[Cell], None]) -> None:
             os.close(write_fd)  # the child holds its own copy
         errors = []
         try:
+            if started is not None:
+                lowest_priority(process.pid)  # before it loads the model: its forks inherit the policy
+                started(process.pid)
             with os.fdopen(read_fd, "r") as results:
                 for line in results:
                     message = json.loads(line)
@@ -619,14 +660,10 @@ class AutoPlanner:
     def __init__(self, spec: ModelSpec, *, threads: int | None = None, topology: Topology | None = None) -> None:
         self.spec = spec
         self.topology = topology or machine_topology()
-        available = len(self.topology.cpus)
-        self.threads = threads or available
-        if self.threads > available:
-            raise AllocationError(
-                f"T={self.threads} is more than the {available} CPUs this process may use ({self.topology.describe()})"
-            )
+        self.threads = packrat_threads(threads, self.topology)
         found = load_profile(spec.directory, fingerprint(self.topology), spec)
         self.record = found if isinstance(found, ProfileRecord) else None
+        self.stale = found if isinstance(found, StaleProfile) else None
         self.warnings = profile_warnings(found) if isinstance(found, ProfileRecord) else []
         self.optimizer = Optimizer(found.profile) if isinstance(found, ProfileRecord) else None
         if isinstance(found, StaleProfile):
