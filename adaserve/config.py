@@ -274,7 +274,9 @@ class VersionPolicySpec(Strict):
 
 
 class PackratSpec(Strict):
-    """`workers: auto`: the worker set comes from the model's profile (Packrat) and follows the load."""
+    """Packrat: the worker set comes from the model's profile and follows the load, with `workers: auto`, or on a
+    CPU model that leaves `workers` out once this machine has a usable profile of it (measured in the background
+    if it has none)."""
 
     threads: int | None = Field(default=None, ge=1, description="T: threads to spread over workers; default all CPUs")
     initial_batch: int | None = Field(default=None, ge=1, description="B planned at start; default max_batch_size")
@@ -287,6 +289,27 @@ class PackratSpec(Strict):
         ge=0,
         description="a set is switched to only if it plans this × the arrival rate in rows per second, or (for a "
         "larger B) more than the current set (0: Packrat's estimator alone)",
+    )
+    background_profile: bool = Field(
+        default=True,
+        description="a CPU model with no workers line and no usable profile of this machine serves the default set "
+        "and measures its profile in the background, at the lowest CPU priority, then switches to Packrat's plan; "
+        "false: it keeps the default set until `adaserve profile` is run",
+    )
+    profile_stability_percentage: float | None = Field(
+        default=None,
+        gt=0,
+        description="the background profile's stability rule: a cell is stable when its last 3 trials' mean "
+        "latencies are each within this % of their mean (default: `adaserve profile`'s 10)",
+    )
+    profile_retry_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="after a background profile with unstable cells, wait this long before measuring again; the "
+        "wait doubles each time",
+    )
+    profile_attempts: int = Field(
+        default=4, ge=1, description="background profiles measured at most, before the default set stays"
     )
 
 
@@ -499,10 +522,14 @@ class ModelConfig(Interface):
     batching: BatchingSpec = Field(default=BatchingSpec(), description="how ready requests become batches")
     workers: tuple[WorkerSpec, ...] | Literal["auto"] | None = Field(
         default=None,
-        description="the worker set; 'auto' lets Packrat choose it; default: Ebird's granularities capped at "
-        "max_batch_size and, on a CPU, the largest of them as many as max_busy_threads lets compute at once",
+        description="the worker set; 'auto' lets Packrat choose it; left out on a CPU: Packrat's plan when this "
+        "machine has a usable profile, else the default set, profiled in the background (packrat.background_profile); "
+        "the default set: Ebird's granularities capped at max_batch_size and, on a CPU, the largest of them as many "
+        "as max_busy_threads lets compute at once",
     )
-    packrat: PackratSpec = Field(default=PackratSpec(), description="Packrat's settings, read only with workers: auto")
+    packrat: PackratSpec = Field(
+        default=PackratSpec(), description="Packrat's settings, read with workers: auto or with no workers line"
+    )
     activator: ActivatorSpec | None = Field(default=None, description="SLO-NNs node activator; none by default")
     caches: LearnedCachesSpec | None = Field(
         default=None, description="GATI learned caches (early exit); absent: the model always runs whole"

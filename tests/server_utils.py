@@ -238,6 +238,12 @@ def wait_until_ready(
 
 
 def write_config(directory: Path, config: dict[str, object]) -> None:
+    """A model with no `workers` line does not profile in the background unless the test asks for it
+    (`packrat.background_profile`): a profile that settles mid-test would switch the worker set under the test."""
+    if "workers" not in config:
+        packrat = config.get("packrat") or {}
+        assert isinstance(packrat, dict)
+        config = {**config, "packrat": {"background_profile": False, **packrat}}
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "config.yaml").write_text(yaml.safe_dump(config))
 

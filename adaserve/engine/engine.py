@@ -167,16 +167,13 @@ class ModelEngine:
         self.slots = config.max_queue_size + self.planner.max_rows_in_flight() + config.max_batch_size
         self.rings, self._pool_fd = SharedRings.create(PoolLayout.for_config(config, self.slots), model.name)
         self._ring = SlotRing(self.slots)
-        busy_threads = config.batching.max_busy_threads
-        if busy_threads is None:  # CPU workers share the cores; CUDA streams share the GPU, which takes them all
-            busy_threads = self.planner.default_busy_threads() if config.device == "cpu" else 0
         self.idle_spin_us = idle_spin_in_force(config)
         # Whether the busy-thread limit and polling count the server's other CPU models (`adaserve.engine.cores`).
         self.shares_cores = cores is not None and config.device == "cpu" and config.batching.share_cores
         self.scheduler = Scheduler(
             create_batching_policy(config.batching, config.max_batch_size),
             config.inflight_limit_for(self.worker_set.workers),
-            max_busy_threads=busy_threads or None,
+            max_busy_threads=self._busy_threads(),
             saturated_busy_threads=config.batching.max_busy_threads_saturated,
             idle_spin=self.idle_spin_us > 0,
             cores=cores if self.shares_cores else None,
@@ -225,6 +222,14 @@ class ModelEngine:
         self._idle.set()
         self._gone = asyncio.Event()  # set when no worker process is left
         self._gone.set()
+
+    def _busy_threads(self) -> int | None:
+        """The busy-thread limit: the config's, else the worker-set planner's default (None: no limit)."""
+        config = self.model.config
+        busy_threads = config.batching.max_busy_threads
+        if busy_threads is None:  # CPU workers share the cores; CUDA streams share the GPU, which takes them all
+            busy_threads = self.planner.default_busy_threads() if config.device == "cpu" else 0
+        return busy_threads or None
 
     # -- lifecycle -------------------------------------------------------------------------------------------
     async def start(self, timeout_s: float = 300.0) -> None:
@@ -376,6 +381,7 @@ class ModelEngine:
         for worker_id in [w for w in self._processes if self._set_of[w] != set_id and w not in self._retiring]:
             self._retire(worker_id, idle=self.scheduler.retire_worker(worker_id))
         self.scheduler.max_inflight = self.model.config.inflight_limit_for(choice.workers)
+        self.scheduler.max_busy_threads = self._busy_threads()  # a planner's default may follow its sets
         for worker_id, spec in new.items():
             if worker_id not in self._processes:
                 self._respawn(spec)  # died after it was ready: start another, so the new set is not one short
@@ -429,6 +435,7 @@ class ModelEngine:
             self.scheduler.cores.leave(self.scheduler)
 
     async def _stop(self, drain_timeout_s: float) -> None:
+        self.planner.close()
         if self.adaptation is not None:
             self.adaptation.close()
         with contextlib.suppress(TimeoutError):

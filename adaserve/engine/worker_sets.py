@@ -7,22 +7,36 @@
   smoothed batch size moves, it answers with a new set and the engine swaps sets with no downtime. A profile with
   unstable cells is not planned from (the fat instance is the stated default, its reason naming the cells).
 
+* `ProfilingWorkerSet` — a CPU model with no `workers` line and no usable profile: the default set at once, while
+  this machine's profile is measured in the background at the lowest CPU priority; once a profile settles, Packrat's
+  plan, and from then on `PackratWorkerSet` (with a usable profile at start, such a model is Packrat's at once).
+
 The engine asks `initial()` once and, for planners with a `sample_interval_s`, feeds
-`observe(queue_depth, arrived_rows, now)`.
+`observe(queue_depth, arrived_rows, now)`; `close()` when it stops.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import signal
+import threading
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from adaserve.config import WorkerSpec, cpu_busy_threads
 from adaserve.repository import ModelSpec
 
+if TYPE_CHECKING:
+    from adaserve.cpu import AutoPlanner
+
 log = logging.getLogger("adaserve.engine")
+
+#: Why the default set (`ModelConfig.worker_set`) is the one it is.
+DEFAULT_SET = "Ebird's granularities sized to the busy-thread limit"
 
 
 @dataclass(frozen=True)
@@ -39,6 +53,8 @@ class WorkerSetPlanner(ABC):
     name: str
     #: None: the set never changes; otherwise how often the engine reports the queue depth.
     sample_interval_s: float | None = None
+    #: What the planner is doing meanwhile (a background profile), for the worker-set document; None: nothing.
+    background: str | None = None
 
     @abstractmethod
     def initial(self) -> WorkerSetChoice: ...
@@ -56,6 +72,9 @@ class WorkerSetPlanner(ABC):
         """`batching.max_busy_threads` on a CPU when the config leaves it out (`cpu_busy_threads`)."""
         return cpu_busy_threads()
 
+    def close(self) -> None:  # noqa: B027 (most planners run nothing in the background)
+        """End what the planner runs in the background (the engine is stopping)."""
+
 
 class FixedWorkerSet(WorkerSetPlanner):
     name = "fixed"
@@ -64,7 +83,7 @@ class FixedWorkerSet(WorkerSetPlanner):
         self.config = model.config
 
     def initial(self) -> WorkerSetChoice:
-        reason = "configured workers" if self.config.workers else "Ebird's granularities sized to the busy-thread limit"
+        reason = "configured workers" if self.config.workers else DEFAULT_SET
         return WorkerSetChoice(self.config.worker_set, reason)
 
     def max_rows_in_flight(self) -> int:
@@ -74,13 +93,14 @@ class FixedWorkerSet(WorkerSetPlanner):
 class PackratWorkerSet(WorkerSetPlanner):
     name = "packrat"
 
-    def __init__(self, model: ModelSpec) -> None:
+    def __init__(self, model: ModelSpec, planner: AutoPlanner | None = None) -> None:
+        """`planner`: the model's, if the caller has made it (it has read the profile)."""
         from adaserve.cpu import AutoPlanner, BatchSizeEstimator, EstimatorSettings, Reconfigurator
 
         config = model.config
         settings = config.packrat
         self.config = config
-        self.planner = AutoPlanner(model, threads=settings.threads)
+        self.planner = planner or AutoPlanner(model, threads=settings.threads)
         self.sample_interval_s = settings.sample_interval_s
         self.initial_batch = settings.initial_batch or config.max_batch_size
         estimator = BatchSizeEstimator(
@@ -137,5 +157,160 @@ def _rows_per_second(choice: WorkerSetChoice) -> float | None:
     return float(choice.batch / (latency_ms / 1e3))
 
 
+class ProfilingWorkerSet(WorkerSetPlanner):
+    """The default set now, Packrat's plan once this machine's profile, measured in the background, settled.
+
+    The profile is measured once the model serves (the first `observe`), in a thread that waits on the profiler's
+    child, which runs at the lowest CPU priority (`idle_runner`): serving comes first. A profile with unstable cells
+    is stored but not planned from (other work disturbed it, most likely): measured again after `profile_retry_s`,
+    doubling, `profile_attempts` in all, and then the default set stays. Each attempt first looks for a usable
+    profile (`adaserve profile` may have been run meanwhile).
+    """
+
+    name = "default"
+
+    def __init__(self, model: ModelSpec, why: str) -> None:
+        """`why`: why there is no usable profile now."""
+        from adaserve.cpu import machine_topology, packrat_threads
+
+        settings = model.config.packrat
+        self.model = model
+        self.sample_interval_s = settings.sample_interval_s
+        self.threads = packrat_threads(settings.threads, machine_topology())
+        self.background = f"profiling in the background ({why})"
+        self.packrat: PackratWorkerSet | None = None  # the planner from the profile, once switched to
+        self._planned: PackratWorkerSet | None = None  # made by the profiling thread, taken by `observe`
+        self._thread: threading.Thread | None = None
+        self._closed = threading.Event()
+        self.profiler_pid: int | None = None  # the profiler's child while one runs: its process group's ID too
+        log.info("default set; profiling in the background: %s", why, extra={"model": model.name})
+
+    def initial(self) -> WorkerSetChoice:
+        return WorkerSetChoice(
+            self.model.config.worker_set,
+            f"default set ({DEFAULT_SET}); profiling in the background",
+        )
+
+    def max_rows_in_flight(self) -> int:
+        """The default set's, or a Packrat plan's T workers of max_batch_size rows, whichever is more."""
+        config = self.model.config
+        return max(config.inflight_limit, self.threads * config.max_batch_size)
+
+    def default_busy_threads(self) -> int:
+        """The default set's, then Packrat's T."""
+        return super().default_busy_threads() if self.packrat is None else self.packrat.default_busy_threads()
+
+    def observe(self, queue_depth: float, arrived_rows: int, now: float) -> WorkerSetChoice | None:
+        if self.packrat is not None:
+            return self.packrat.observe(queue_depth, arrived_rows, now)
+        if self._thread is None:  # the model serves: measure from now on
+            self._thread = threading.Thread(target=self._profile, name=f"profile {self.model.name}", daemon=True)
+            self._thread.start()
+        if self._planned is None:
+            return None
+        self.packrat, self.name, self.background = self._planned, self._planned.name, None
+        return self.packrat.initial()
+
+    def close(self) -> None:
+        self._closed.set()
+        self._end_child()
+
+    def _profile(self) -> None:
+        """Attempts until one gives a plan, the attempts run out, or the engine stops."""
+        settings = self.model.config.packrat
+        wait_s = settings.profile_retry_s
+        for attempt in range(1, settings.profile_attempts + 1):
+            try:
+                why = self._attempt()
+            except Exception as exc:  # a failed profile leaves the default set serving, and says why
+                why = f"profiling failed: {exc}"
+            if why is None or self._closed.is_set():
+                return
+            if attempt == settings.profile_attempts:
+                self.background = (
+                    f"{why}; gave up after {attempt} background profile(s): the default set stays; run "
+                    f"`adaserve profile {self.model.name}` on an idle machine to plan from a profile"
+                )
+                log.info("%s", self.background, extra={"model": self.model.name})
+                return
+            self.background = f"{why}; retrying in {wait_s:g} s"
+            log.info("%s", self.background, extra={"model": self.model.name})
+            if self._closed.wait(wait_s):
+                return
+            wait_s *= 2
+
+    def _attempt(self) -> str | None:
+        """Plan from this machine's profile, measuring and storing one first if there is no usable one; None once
+        planned (for `observe` to switch to), else why not."""
+        from adaserve.cpu import ProfileSettings, idle_runner, profile_model, save_profile, unstable_reason
+
+        planner = self._usable_profile()
+        if planner is None:
+            stability = self.model.config.packrat.profile_stability_percentage
+            settings = ProfileSettings.for_run(quick=False, stability_percentage=stability)
+            try:
+                record = profile_model(
+                    self.model, self.threads, settings, progress=False, runner=idle_runner(self._started)
+                )
+            finally:
+                self.profiler_pid = None
+            save_profile(self.model.directory, record)  # stored even if unstable, as `adaserve profile` stores it
+            unstable = unstable_reason(record)
+            if unstable is not None:
+                return f"profile unstable: {unstable}"
+            planner = self._usable_profile()
+            if planner is None:
+                return "the model changed while it was profiled"
+        assert planner.record is not None
+        self._planned = PackratWorkerSet(self.model, planner)
+        log.info(
+            "Packrat plan from the profile of %s; switching from the default set",
+            planner.record.created,
+            extra={"model": self.model.name},
+        )
+        return None
+
+    def _usable_profile(self) -> AutoPlanner | None:
+        """The model's planner if this machine has a usable profile of it (a corrupt one is not: it is replaced)."""
+        from adaserve.cpu import AutoPlanner, ProfileError
+
+        try:
+            planner = AutoPlanner(self.model, threads=self.threads)
+        except ProfileError:
+            return None
+        return planner if planner.record is not None else None
+
+    def _started(self, pid: int) -> None:
+        self.profiler_pid = pid
+        if self._closed.is_set():  # closed while it started
+            self._end_child()
+
+    def _end_child(self) -> None:
+        child = self.profiler_pid
+        if child is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child, signal.SIGKILL)
+
+
 def create_worker_set_planner(model: ModelSpec) -> WorkerSetPlanner:
-    return PackratWorkerSet(model) if model.config.auto_workers else FixedWorkerSet(model)
+    """`workers: [...]` pins a set and `workers: auto` is Packrat's. A CPU model that leaves `workers` out is
+    Packrat's when this machine has a usable profile of it; without one it serves the default set, and with
+    `packrat.background_profile` (the default) measures a profile meanwhile (`ProfilingWorkerSet`)."""
+    from adaserve.cpu import AutoPlanner, ProfileError
+
+    config = model.config
+    if config.auto_workers:
+        return PackratWorkerSet(model)
+    if config.workers is not None or config.device != "cpu":
+        return FixedWorkerSet(model)
+    try:
+        planner = AutoPlanner(model, threads=config.packrat.threads)
+    except ProfileError as exc:  # a corrupt profile.json: served meanwhile, the background profile replaces it
+        log.warning("Packrat profile: %s", exc, extra={"model": model.name})
+        why = str(exc)
+    else:
+        if planner.record is not None:
+            return PackratWorkerSet(model, planner)
+        assert planner.stale is not None
+        why = planner.stale.reason
+    return ProfilingWorkerSet(model, why) if config.packrat.background_profile else FixedWorkerSet(model)

@@ -542,6 +542,7 @@ def worker_set_document(engine: ModelEngine) -> dict[str, Any]:
         "batch": choice.batch,
         "workers": [{"batch": w.batch, "threads": w.threads, "cpus": w.cpus} for w in choice.workers],
         "reconfigurations": engine.stats.reconfigurations,
+        "background": engine.planner.background,
         **choice.details,
     }
 

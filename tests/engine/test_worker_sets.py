@@ -1,17 +1,25 @@
 """Worker-set planners without a server: the busy-thread limit a set gets when its config leaves
-`batching.max_busy_threads` out, and what `workers: auto` does with the profile it finds."""
+`batching.max_busy_threads` out, what `workers: auto` does with the profile it finds, and what a model with no
+`workers` line does with the profile it finds, or without one."""
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from adaserve.cpu.profiler import fingerprint, save_profile
-from adaserve.engine.worker_sets import create_worker_set_planner
-from adaserve.repository import ModelRepository
+from adaserve.engine.worker_sets import (
+    FixedWorkerSet,
+    PackratWorkerSet,
+    ProfilingWorkerSet,
+    create_worker_set_planner,
+)
+from adaserve.repository import ModelRepository, ModelSpec
 from tests.cpu.test_profiler import synthetic_record, unstable_record
 from tests.server_utils import link_example
 
@@ -51,3 +59,85 @@ def test_a_packrat_set_logs_its_profiles_warnings(tmp_path: Path, caplog: pytest
         assert create_worker_set_planner(spec).initial().details["from_profile"]
     (record,) = caplog.records
     assert record.getMessage().startswith("Packrat profile: the machine was busy while profiling")
+
+
+def no_workers_line(tmp_path: Path, **packrat: object) -> ModelSpec:
+    """The example MLP with no `workers` line, T = 2 (the tests' harness leaves background profiling off unless
+    `packrat` turns it on)."""
+    link_example(tmp_path, "mlp", packrat={"threads": 2, **packrat})
+    return ModelRepository(tmp_path).read("mlp")
+
+
+def test_with_no_workers_line_a_usable_profile_is_planned_from(tmp_path: Path) -> None:
+    spec = no_workers_line(tmp_path)
+    save_profile(spec.directory, synthetic_record(spec, fingerprint()))
+    planner = create_worker_set_planner(spec)
+    choice = planner.initial()
+    assert isinstance(planner, PackratWorkerSet) and choice.details["from_profile"]
+    assert choice.reason.startswith("Packrat plan ⟨") and "profile of 2025-01-01" in choice.reason
+
+
+def test_a_pinned_set_is_kept_whatever_the_profile(tmp_path: Path) -> None:
+    link_example(tmp_path, "mlp", workers=[{"batch": 4}])
+    spec = ModelRepository(tmp_path).read("mlp")
+    save_profile(spec.directory, synthetic_record(spec, fingerprint()))
+    assert isinstance(create_worker_set_planner(spec), FixedWorkerSet)
+
+
+def test_without_a_profile_the_default_set_serves_while_one_is_measured(tmp_path: Path) -> None:
+    spec = no_workers_line(tmp_path, background_profile=True)
+    planner = create_worker_set_planner(spec)
+    assert isinstance(planner, ProfilingWorkerSet) and planner.name == "default"
+    choice = planner.initial()
+    assert choice.workers == spec.config.worker_set
+    assert choice.reason.endswith("; profiling in the background")
+    assert planner.background == f"profiling in the background (no profile.json in {spec.directory})"
+    assert planner.max_rows_in_flight() >= 2 * spec.config.max_batch_size  # room for a plan of T = 2
+    planner.close()  # nothing was started: no sample was observed
+
+
+def test_an_unstable_profile_is_measured_again_in_the_background(tmp_path: Path) -> None:
+    spec = no_workers_line(tmp_path, background_profile=True)
+    save_profile(spec.directory, unstable_record(spec))
+    planner = create_worker_set_planner(spec)
+    assert isinstance(planner, ProfilingWorkerSet)
+    assert planner.background is not None and "unstable cells t=2 b=2 (spread 43.2%)" in planner.background
+
+
+def test_a_corrupt_profile_is_measured_again_in_the_background(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    spec = no_workers_line(tmp_path, background_profile=True)
+    (spec.directory / "profile.json").write_text("{")
+    with caplog.at_level(logging.WARNING, logger="adaserve.engine"):
+        assert isinstance(create_worker_set_planner(spec), ProfilingWorkerSet)
+    (record,) = caplog.records
+    assert "corrupt profile, not valid JSON" in record.getMessage()
+
+
+def test_background_profile_false_never_profiles(tmp_path: Path) -> None:
+    spec = no_workers_line(tmp_path, background_profile=False)
+    planner = create_worker_set_planner(spec)
+    assert isinstance(planner, FixedWorkerSet) and planner.sample_interval_s is None  # never observes, never profiles
+    assert planner.initial().workers == spec.config.worker_set and planner.background is None
+
+
+def test_the_background_profile_runs_at_the_lowest_priority_and_ends_with_close(tmp_path: Path) -> None:
+    """A real profile's child: SCHED_IDLE (nice 19 where refused); `close` (the engine stopping) ends it."""
+    planner = ProfilingWorkerSet(no_workers_line(tmp_path, background_profile=True), "no profile")
+    assert planner.observe(0, 0, time.monotonic()) is None  # the first sample starts the profile
+    deadline = time.monotonic() + 120
+    while (pid := planner.profiler_pid) is None:
+        assert time.monotonic() < deadline, planner.background
+        time.sleep(0.05)
+    try:
+        idle = os.sched_getscheduler(pid) == os.SCHED_IDLE
+        assert idle or os.getpriority(os.PRIO_PROCESS, pid) == 19
+    finally:
+        planner.close()
+    while planner.profiler_pid is not None or any(t.name == "profile mlp" for t in threading.enumerate()):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # ended and reaped
+    assert planner.observe(0, 0, time.monotonic()) is None  # the default set stays

@@ -1,11 +1,14 @@
-"""`workers: auto`: Packrat picks the worker set from the profile and switches it under load with no failed request."""
+"""`workers: auto`: Packrat picks the worker set from the profile and switches it under load with no failed request.
+With no `workers` line, Packrat plans from a usable profile at start, or from one measured in the background."""
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import tritonclient.http as httpclient
@@ -15,8 +18,10 @@ from adaserve.cpu.profiler import (
     ProfileRecord,
     ProfileSettings,
     Stability,
+    StaleProfile,
     artifact_digest,
     fingerprint,
+    load_profile,
     save_profile,
 )
 from adaserve.engine.worker_sets import PackratWorkerSet
@@ -57,7 +62,7 @@ def auto_model(repository: Path) -> Path:
     return link_example(repository, "mlp", "mlp_auto", workers="auto", packrat=PACKRAT)
 
 
-def worker_set(client: httpclient.InferenceServerClient, model: str = "mlp_auto") -> dict[str, object]:
+def worker_set(client: httpclient.InferenceServerClient, model: str = "mlp_auto") -> dict[str, Any]:
     config = client.get_model_config(model)
     return json.loads(config["parameters"]["worker_set"]["string_value"])  # type: ignore[no-any-return]
 
@@ -106,3 +111,79 @@ def test_the_worker_set_follows_the_load_with_no_failed_request(tmp_path: Path) 
     assert after["batch"] >= 2, after
     assert all(threads == 1 for _, threads, _ in after["instances"]), after
     assert stats["fail"]["count"] == 0 and stats["success"]["count"] == sent
+
+
+# -- a model with no `workers` line ----------------------------------------------------------------------------------
+
+
+def infer_once(client: httpclient.InferenceServerClient, model: str) -> None:
+    """One request of the example MLP, answered with its 10 logits."""
+    tensor = httpclient.InferInput("image", [1, 784], "FP32")
+    tensor.set_data_from_numpy(np.zeros((1, 784), np.float32))
+    assert client.infer(model, [tensor]).as_numpy("logits").shape == (1, 10)
+
+
+def wait_for(
+    client: httpclient.InferenceServerClient, model: str, done: Callable[[dict[str, Any]], bool]
+) -> dict[str, Any]:
+    """The model's worker-set document once `done` holds for it; a generous deadline, as the profile runs only on
+    CPU time serving and other work leave."""
+    deadline = time.monotonic() + 300
+    while not done(document := worker_set(client, model)):
+        assert time.monotonic() < deadline, document
+        time.sleep(0.2)
+    return document
+
+
+def test_with_no_workers_line_a_usable_profile_is_planned_from_at_start(tmp_path: Path) -> None:
+    repository = tmp_path / "models"
+    write_profile(link_example(repository, "mlp", "mlp_implicit", packrat={"threads": 2}), {1: 0.1, 2: 0.07})
+    with running_server(repository) as handle, httpclient.InferenceServerClient(handle.http_url) as client:
+        document = worker_set(client, "mlp_implicit")
+        infer_once(client, "mlp_implicit")
+    assert document["planner"] == "packrat" and document["from_profile"] is True and document["batch"] == 16
+    assert str(document["reason"]).startswith("Packrat plan ⟨") and "profile of test" in str(document["reason"])
+    assert document["background"] is None and document["reconfigurations"] == 0
+
+
+def test_without_a_profile_the_default_set_serves_until_the_background_profile_plans(tmp_path: Path) -> None:
+    """A small profile (T = 1, b = 1, 2) with a stability percentage no three trials can miss (each trial's mean
+    is at most 3 × the three's mean): it settles however busy the machine is, and the model switches to its plan."""
+    repository = tmp_path / "models"
+    packrat = {"background_profile": True, "threads": 1, "profile_stability_percentage": 200.0}
+    model_dir = link_example(repository, "mlp", "mlp_bg", max_batch_size=2, packrat=packrat)
+    spec = ModelRepository(repository).read("mlp_bg")
+    with running_server(repository) as handle, httpclient.InferenceServerClient(handle.http_url) as client:
+        before = worker_set(client, "mlp_bg")
+        infer_once(client, "mlp_bg")
+        after = wait_for(client, "mlp_bg", lambda document: document["planner"] == "packrat")
+        infer_once(client, "mlp_bg")
+        log = handle.log.read_text()
+    assert before["planner"] == "default" and str(before["reason"]).startswith("default set")
+    assert [w["batch"] for w in before["workers"]] == [w.batch for w in spec.config.worker_set]
+    assert str(before["background"]).startswith("profiling in the background (no profile.json in ")
+    assert after["from_profile"] is True and after["reconfigurations"] == 1 and after["batch"] == 2
+    assert after["instances"] == [[1, 1, 2]] and after["background"] is None
+    assert isinstance(load_profile(model_dir, fingerprint(), spec), ProfileRecord)  # the next start uses it at once
+    assert "default set; profiling in the background: no profile.json" in log
+    assert "Packrat plan from the profile of " in log and "worker set switched" in log
+
+
+def test_an_unstable_background_profile_keeps_the_default_set_and_says_why(tmp_path: Path) -> None:
+    """A stability percentage no trials meet: the profile's one cell is stored as unstable, and not planned from."""
+    repository = tmp_path / "models"
+    packrat = {"background_profile": True, "threads": 1, "profile_stability_percentage": 1e-9, "profile_retry_s": 3600}
+    model_dir = link_example(repository, "mlp", "mlp_noisy", max_batch_size=1, packrat=packrat)
+    spec = ModelRepository(repository).read("mlp_noisy")
+    with running_server(repository) as handle, httpclient.InferenceServerClient(handle.http_url) as client:
+        document = wait_for(client, "mlp_noisy", lambda document: "in the background" not in document["background"])
+        infer_once(client, "mlp_noisy")
+        log = handle.log.read_text()
+    background = str(document["background"])
+    assert (
+        background.startswith("profile unstable: unstable cells t=1 b=1 (spread ")
+        and "retrying in 3600 s" in background
+    )
+    assert document["planner"] == "default" and document["reconfigurations"] == 0
+    assert isinstance(load_profile(model_dir, fingerprint(), spec), StaleProfile)  # stored, not planned from
+    assert "profile unstable: unstable cells t=1 b=1" in log
