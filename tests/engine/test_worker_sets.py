@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from adaserve.cpu.profiler import fingerprint, save_profile
+from adaserve import cpu
+from adaserve.cpu.profiler import ProfileRecord, StaleProfile, fingerprint, load_profile, save_profile
 from adaserve.engine.worker_sets import (
     FixedWorkerSet,
     PackratWorkerSet,
@@ -141,3 +142,50 @@ def test_the_background_profile_runs_at_the_lowest_priority_and_ends_with_close(
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)  # ended and reaped
     assert planner.observe(0, 0, time.monotonic()) is None  # the default set stays
+
+
+def test_a_profile_stored_meanwhile_is_switched_to_with_its_busy_threads(tmp_path: Path) -> None:
+    """`adaserve profile` ran while the default set served: the next attempt plans from it without measuring, and
+    the set switched to keeps its T threads busy, where the default set left a CPU to the frontend."""
+    spec = no_workers_line(tmp_path, background_profile=True)
+    planner = create_worker_set_planner(spec)
+    assert isinstance(planner, ProfilingWorkerSet)
+    assert planner.default_busy_threads() == max(1, len(os.sched_getaffinity(0)) - 1)
+    save_profile(spec.directory, synthetic_record(spec, fingerprint()))
+    deadline = time.monotonic() + 60
+    while (choice := planner.observe(0, 0, time.monotonic())) is None:
+        assert time.monotonic() < deadline, planner.background
+        time.sleep(0.05)
+    assert choice.details["from_profile"] and choice.batch == spec.config.max_batch_size
+    assert planner.name == "packrat" and planner.background is None and planner.profiler_pid is None
+    assert planner.default_busy_threads() == 2
+    assert planner.observe(0, 0, time.monotonic()) is None  # Packrat's estimator from now on: no new set yet
+
+
+def test_unstable_background_profiles_are_retried_then_given_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every measurement comes out unstable (a stand-in for the profiler): measured again after the back-off, at
+    most `profile_attempts` times, each stored and none planned from; the default set stays."""
+    spec = no_workers_line(tmp_path, background_profile=True, profile_retry_s=0.01, profile_attempts=2)
+    calls: list[float] = []
+
+    def unstable(*args: object, **kwargs: object) -> ProfileRecord:
+        calls.append(time.monotonic())
+        return unstable_record(spec)
+
+    monkeypatch.setattr(cpu, "profile_model", unstable)
+    planner = create_worker_set_planner(spec)
+    assert isinstance(planner, ProfilingWorkerSet)
+    deadline = time.monotonic() + 60
+    with caplog.at_level(logging.INFO, logger="adaserve.engine"):
+        while "gave up" not in (planner.background or ""):
+            assert planner.observe(0, 0, time.monotonic()) is None
+            assert time.monotonic() < deadline, planner.background
+            time.sleep(0.01)
+    assert len(calls) == 2 and planner.name == "default"
+    retry, gave_up = [r.getMessage() for r in caplog.records if r.getMessage().startswith("profile unstable")]
+    assert retry.startswith("profile unstable: unstable cells t=2 b=2 (spread 43.2%)")
+    assert retry.endswith("; retrying in 0.01 s")
+    assert "gave up after 2 background profile(s): the default set stays" in gave_up
+    assert isinstance(load_profile(spec.directory, fingerprint(), spec), StaleProfile)  # stored, not planned from
