@@ -38,6 +38,10 @@ log = logging.getLogger("adaserve.engine")
 #: Why the default set (`ModelConfig.worker_set`) is the one it is.
 DEFAULT_SET = "Ebird's granularities sized to the busy-thread limit"
 
+#: Held while a background profile is measured: one at a time in a server, as two at once would share cores (each
+#: pins its t = 1 process to the first) and time each other.
+_ONE_PROFILE = threading.Lock()
+
 
 @dataclass(frozen=True)
 class WorkerSetChoice:
@@ -164,7 +168,7 @@ class ProfilingWorkerSet(WorkerSetPlanner):
     child, which runs at the lowest CPU priority (`idle_runner`): serving comes first. A profile with unstable cells
     is stored but not planned from (other work disturbed it, most likely): measured again after `profile_retry_s`,
     doubling, `profile_attempts` in all, and then the default set stays. Each attempt first looks for a usable
-    profile (`adaserve profile` may have been run meanwhile).
+    profile (`adaserve profile` may have been run meanwhile). The server's models are profiled one at a time.
     """
 
     name = "default"
@@ -219,11 +223,19 @@ class ProfilingWorkerSet(WorkerSetPlanner):
         """Attempts until one gives a plan, the attempts run out, or the engine stops."""
         settings = self.model.config.packrat
         wait_s = settings.profile_retry_s
+        measuring = self.background  # "profiling in the background (why there is no usable profile)"
         for attempt in range(1, settings.profile_attempts + 1):
+            if not self._take_turn():
+                return
+            if attempt > 1:
+                measuring = f"profiling in the background again (attempt {attempt} of {settings.profile_attempts})"
+            self.background = measuring
             try:
                 why = self._attempt()
             except Exception as exc:  # a failed profile leaves the default set serving, and says why
                 why = f"profiling failed: {exc}"
+            finally:
+                _ONE_PROFILE.release()
             if why is None or self._closed.is_set():
                 return
             if attempt == settings.profile_attempts:
@@ -238,6 +250,16 @@ class ProfilingWorkerSet(WorkerSetPlanner):
             if self._closed.wait(wait_s):
                 return
             wait_s *= 2
+
+    def _take_turn(self) -> bool:
+        """Wait until no other model of this server is being profiled; False if the engine stopped meanwhile."""
+        if _ONE_PROFILE.acquire(blocking=False):
+            return True
+        self.background = "waiting for another model's background profile to finish"
+        while not _ONE_PROFILE.acquire(timeout=0.5):
+            if self._closed.is_set():
+                return False
+        return True
 
     def _attempt(self) -> str | None:
         """Plan from this machine's profile, measuring and storing one first if there is no usable one; None once

@@ -189,3 +189,33 @@ def test_unstable_background_profiles_are_retried_then_given_up(
     assert retry.endswith("; retrying in 0.01 s")
     assert "gave up after 2 background profile(s): the default set stays" in gave_up
     assert isinstance(load_profile(spec.directory, fingerprint(), spec), StaleProfile)  # stored, not planned from
+
+
+def test_a_servers_models_are_profiled_one_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two models with no profile (a stand-in for the profiler that takes a while): their profiles are measured one
+    after the other, and each model then switches to its plan."""
+    specs = []
+    for name in ("first", "second"):
+        link_example(tmp_path, "mlp", name, packrat={"threads": 2, "background_profile": True})
+        specs.append(ModelRepository(tmp_path).read(name))
+    running: list[str] = []
+    overlapped: list[list[str]] = []
+
+    def slow(spec: ModelSpec, *args: object, **kwargs: object) -> ProfileRecord:
+        running.append(spec.name)
+        overlapped.append(list(running))
+        time.sleep(0.2)
+        running.remove(spec.name)
+        return synthetic_record(spec, fingerprint())
+
+    monkeypatch.setattr(cpu, "profile_model", slow)
+    planners = [create_worker_set_planner(spec) for spec in specs]
+    deadline = time.monotonic() + 60
+    switched: set[str] = set()
+    while len(switched) < 2:
+        for spec, planner in zip(specs, planners, strict=True):
+            if planner.observe(0, 0, time.monotonic()) is not None:
+                switched.add(spec.name)
+        assert time.monotonic() < deadline, [planner.background for planner in planners]
+        time.sleep(0.01)
+    assert sorted(overlapped) == [["first"], ["second"]]  # each measured once, never beside the other
