@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import threading
@@ -14,6 +15,7 @@ import pytest
 
 from adaserve import cpu
 from adaserve.cpu.profiler import ProfileRecord, StaleProfile, fingerprint, load_profile, save_profile
+from adaserve.engine.engine import ModelEngine
 from adaserve.engine.worker_sets import (
     FixedWorkerSet,
     PackratWorkerSet,
@@ -22,6 +24,7 @@ from adaserve.engine.worker_sets import (
 )
 from adaserve.repository import ModelRepository, ModelSpec
 from tests.cpu.test_profiler import synthetic_record, unstable_record
+from tests.engine.engines import run_engine
 from tests.server_utils import link_example
 
 
@@ -219,3 +222,27 @@ def test_a_servers_models_are_profiled_one_at_a_time(tmp_path: Path, monkeypatch
         assert time.monotonic() < deadline, [planner.background for planner in planners]
         time.sleep(0.01)
     assert sorted(overlapped) == [["first"], ["second"]]  # each measured once, never beside the other
+
+
+def test_a_stopping_engine_ends_its_background_profile(tmp_path: Path) -> None:
+    """The engine observes the load once it serves, which starts the profile; its stop ends the profiler."""
+    link_example(tmp_path, "mlp", packrat={"threads": 1, "background_profile": True})
+    pids: list[int] = []
+
+    async def body(engine: ModelEngine) -> None:
+        planner = engine.planner
+        assert isinstance(planner, ProfilingWorkerSet)
+        deadline = time.monotonic() + 120
+        while planner.profiler_pid is None:
+            assert time.monotonic() < deadline, planner.background
+            await asyncio.sleep(0.02)
+        pids.append(planner.profiler_pid)
+
+    run_engine(tmp_path, body)
+    deadline = time.monotonic() + 60
+    while any(thread.name == "profile mlp" for thread in threading.enumerate()):
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    with pytest.raises(ProcessLookupError):
+        os.kill(pids[0], 0)  # ended, and reaped by the profiling thread
+    assert not (tmp_path / "mlp" / "profile.json").exists()  # a profile left to finish would have been stored
