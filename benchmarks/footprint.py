@@ -4,8 +4,9 @@ Starts the server on the example repository (three ~1 MB models, default configs
 `/v2/health/ready` every 20 ms from the moment the process starts, then, once the models' processes have settled,
 reads every process of the server's tree: its PSS (each shared page divided among the processes sharing it, so the
 sum is what the tree adds to the machine), USS (pages only it holds) and RSS, by role (server, zygote, host,
-worker). Repeated in fresh servers; the medians are judged against issue 53's bars: ready in at most 4 s, total PSS
-at most 400 MiB.
+worker, and the profiler: the examples leave `workers` out, so a model with no profile of this machine is profiled
+in the background from its first load sample on). Which examples already had a profile is recorded. Repeated in
+fresh servers; the medians are judged against issue 53's bars: ready in at most 4 s, total PSS at most 400 MiB.
 
 Usage: .venv/bin/python -m benchmarks.footprint [--repeats 3] [--quick]
 Writes benchmarks/results/footprint.json and .png (--quick: one repeat, under benchmarks/results/tmp/).
@@ -22,6 +23,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from adaserve.cpu.profiler import PROFILE_FILE
 from adaserve.engine.processes import ProcessMemory
 from benchmarks.common import (
     RESULTS,
@@ -36,7 +38,9 @@ from benchmarks.common import (
 from tests.server_utils import EXAMPLES, free_ports, serve_command, stop_server
 
 BARS = {"ready_s": 4.0, "pss_mib": 400.0}
-ROLES = ("server", "zygote", "host", "worker")
+ROLES = ("server", "zygote", "host", "worker", "profiler")
+#: What the background profile's child runs (`adaserve.cpu.profiler`): a child of the server, as the zygote is.
+PROFILER_COMMAND = "from adaserve.cpu.profiler import main"
 MIB = 1 << 20
 SETTLE_S = 2.0  # after ready: the workers' first passes and the server's first collections have run
 
@@ -49,7 +53,9 @@ def main() -> int:
     args = parser.parse_args()
     repeats = args.repeats or (1 if args.quick else 3)
     output: Path = args.output or (SCRATCH / "footprint-quick.json" if args.quick else RESULTS / "footprint.json")
-    report = report_head("footprint", {"repository": str(EXAMPLES), "repeats": repeats, "settle_s": SETTLE_S})
+    profiled = sorted(path.parent.name for path in EXAMPLES.glob(f"*/{PROFILE_FILE}"))  # start on Packrat's plan
+    settings = {"repository": str(EXAMPLES), "repeats": repeats, "settle_s": SETTLE_S, "profiled_models": profiled}
+    report = report_head("footprint", settings)
     report["runs"] = [measure_start(EXAMPLES) for _ in range(repeats)]
     report["load_end"] = load_average()
     report["median"] = {key: statistics.median(run[key] for run in report["runs"]) for key in ("ready_s", "pss_mib")}
@@ -108,8 +114,20 @@ def _wait_ready(process: subprocess.Popen[bytes], url: str, began: float, timeou
 
 def _tree_roles(root: int) -> dict[int, str]:
     """Every live process of the server's tree and its role, by its depth: the server, the zygote (its child that
-    forks hosts), each host (the zygote's children) and each worker (a host's children)."""
-    return {pid: ROLES[min(depth, len(ROLES) - 1)] for pid, depth in tree_depths(root).items()}
+    forks hosts), each host (the zygote's children) and each worker (a host's children); a model's background
+    profile (a child of the server, with no usable profile of the model) and the process it forks per thread count
+    are the profiler's."""
+    roles = {pid: ROLES[min(depth, 3)] for pid, depth in tree_depths(root).items()}
+    for pid in [pid for pid, role in roles.items() if role == "zygote" and _is_profiler(pid)]:
+        roles.update(dict.fromkeys(tree_depths(pid), "profiler"))
+    return roles
+
+
+def _is_profiler(pid: int) -> bool:
+    try:
+        return PROFILER_COMMAND in Path(f"/proc/{pid}/cmdline").read_text()
+    except OSError:
+        return False
 
 
 def _memory(pid: int, role: str) -> dict[str, Any] | None:

@@ -30,6 +30,7 @@ from adaserve.config import ModelConfig
 from adaserve.export import write_model
 from adaserve.zoo import mlp
 from benchmarks.common import (
+    DEFAULT_SET_ONLY,
     RESULTS,
     SCRATCH,
     figure,
@@ -92,6 +93,7 @@ def _export(repository: Path, size: int) -> None:
             "max_batch_size": 4,
             "inputs": [{"name": "image", "datatype": "FP32", "shape": [-1, 3, size, size]}],
             "outputs": [{"name": "logits", "datatype": "FP32", "shape": [-1, 10]}],
+            "packrat": DEFAULT_SET_ONLY,
         }
     )
     write_model(repository, config, module, (torch.rand(2, 3, size, size),))

@@ -22,7 +22,7 @@ from adaserve.adaptive.gati.predictors import distillation_loss
 from adaserve.config import ModelConfig, TensorSpec
 from adaserve.export import write_model
 from adaserve.repository import ModelRepository, ModelSpec
-from benchmarks.common import SCRATCH
+from benchmarks.common import DEFAULT_SET_ONLY, SCRATCH
 
 WEIGHTS = SCRATCH / "gati" / "weights"
 ROW_SHAPE = (1, 28, 28)
@@ -151,7 +151,7 @@ def export(repository: Path, name: str, module: nn.Module, **config: object) -> 
         max_batch_size=8,
         inputs=(TensorSpec(name="image", datatype="FP32", shape=(-1, *ROW_SHAPE)),),
         outputs=(TensorSpec(name="logits", datatype="FP32", shape=(-1, CLASSES)),),
-        **config,  # type: ignore[arg-type]
+        **{"packrat": DEFAULT_SET_ONLY, **config},  # type: ignore[arg-type]
     )
     write_model(repository, spec, module.eval(), (torch.rand(2, *ROW_SHAPE),))
     return ModelRepository(repository).read(name)

@@ -32,7 +32,7 @@ from adaserve import zoo
 from adaserve.config import ModelConfig
 from adaserve.export import write_model
 from adaserve.repository import load_artifact
-from benchmarks.common import load_average, wait_for_quiet
+from benchmarks.common import DEFAULT_SET_ONLY, load_average, wait_for_quiet
 
 MAX_BATCH_SIZE = 8
 SEQ_LEN = 32
@@ -105,6 +105,7 @@ def export(candidate: Candidate, repository: Path) -> tuple[Path, int]:
             "max_batch_size": MAX_BATCH_SIZE,
             "inputs": [{"name": "input", "datatype": candidate.datatype, "shape": [-1, *candidate.row_shape]}],
             "outputs": [{"name": "output", "datatype": "FP32", "shape": [-1, *width]}],
+            "packrat": DEFAULT_SET_ONLY,
         }
     )
     return write_model(repository, config, module, (example,)), tensor_bytes(module)

@@ -15,6 +15,7 @@ import yaml
 
 from adaserve.cpu.profiler import PROFILE_FILE
 from adaserve.repository import ModelSpec
+from benchmarks.common import DEFAULT_SET_ONLY
 from tests.server_utils import ServerHandle
 
 #: Longest wait for a model to (re)load: the host imports torch, every worker warms up on a full batch.
@@ -22,7 +23,8 @@ LOAD_TIMEOUT_S = 900.0
 
 
 def link_model(spec: ModelSpec, repository: Path, name: str, overrides: dict[str, Any]) -> Path:
-    """An entry `name` in `repository` serving `spec`'s artifact and profile with `spec`'s config and `overrides`."""
+    """An entry `name` in `repository` serving `spec`'s artifact and profile with `spec`'s config and `overrides`.
+    An entry with no `workers` serves the default set throughout: no profile linked, none measured meanwhile."""
     directory = repository / name
     (directory / str(spec.version)).mkdir(parents=True, exist_ok=True)
     artifact = directory / str(spec.version) / spec.artifact.name
@@ -30,7 +32,9 @@ def link_model(spec: ModelSpec, repository: Path, name: str, overrides: dict[str
     artifact.symlink_to(spec.artifact.resolve())
     profile = directory / PROFILE_FILE
     profile.unlink(missing_ok=True)
-    if (spec.directory / PROFILE_FILE).exists():
+    if "workers" not in overrides:
+        overrides = {**overrides, "packrat": {**overrides.get("packrat", {}), **DEFAULT_SET_ONLY}}
+    elif (spec.directory / PROFILE_FILE).exists():
         profile.symlink_to((spec.directory / PROFILE_FILE).resolve())
     write_entry_config(directory, spec, overrides)
     return directory
