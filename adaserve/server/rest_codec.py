@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
+import numpy as np
 
 from adaserve.config import Interface
 from adaserve.errors import InvalidInputError
@@ -42,20 +43,47 @@ def decode_request(
 ) -> InferenceRequest:
     """A request for the model (or DAG query) `config` describes, each input checked against it before its data
     is converted."""
-    if header_length is None:
-        header, binary = body, memoryview(b"")
-    else:
-        try:
-            size = int(header_length)
-        except ValueError:
-            raise InvalidInputError(f"Inference-Header-Content-Length is not an integer: {header_length!r}") from None
-        if not 0 <= size <= len(body):
-            raise InvalidInputError(f"Inference-Header-Content-Length {size} is outside the body of {len(body)} bytes")
-        header, binary = body[:size], memoryview(body)[size:]
+    header, binary = _split(body, header_length)
     document = decode_json(header)
     if not isinstance(document, dict):
         raise InvalidInputError("request body must be a JSON object with an 'inputs' list")
     return _request(config, version, document, binary, regions)
+
+
+def decode_response(body: bytes, header_length: str | None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """An inference response another server sent (a DAG query's stage run on another node): its outputs by name,
+    and its `parameters`. `{"model_name", "outputs": [{"name", "datatype", "shape", "data" or "parameters":
+    {"binary_data_size"}}], "parameters"}`."""
+    header, binary = _split(body, header_length)
+    document = decode_json(header)
+    raw_outputs = document.get("outputs") if isinstance(document, dict) else None
+    if not isinstance(raw_outputs, list):
+        raise InvalidInputError("response must be a JSON object with an 'outputs' list")
+    outputs, offset = {}, 0
+    for raw in raw_outputs:
+        name, datatype, shape = _described(raw, "output")
+        tensor, used = _tensor(name, datatype, shape, raw, _object(raw.get("parameters")), binary[offset:])
+        outputs[name] = tensor.data
+        offset += used
+    return outputs, _object(document.get("parameters"))
+
+
+def _object(raw: Any) -> dict[str, Any]:
+    """A response's `parameters` as they came (a server's answer is not checked as a client's request is)."""
+    return dict(raw) if isinstance(raw, dict) else {}
+
+
+def _split(body: bytes, header_length: str | None) -> tuple[bytes, memoryview]:
+    """A body's JSON part and its binary tensors (the binary data extension)."""
+    if header_length is None:
+        return body, memoryview(b"")
+    try:
+        size = int(header_length)
+    except ValueError:
+        raise InvalidInputError(f"Inference-Header-Content-Length is not an integer: {header_length!r}") from None
+    if not 0 <= size <= len(body):
+        raise InvalidInputError(f"Inference-Header-Content-Length {size} is outside the body of {len(body)} bytes")
+    return body[:size], memoryview(body)[size:]
 
 
 def _request(
@@ -92,22 +120,39 @@ def _request(
 
 
 def _input(config: Interface, raw: Any, binary: memoryview, regions: SharedMemoryRegions) -> tuple[Tensor, int]:
-    if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
-        raise InvalidInputError("each input must be an object with a 'name'")
-    name = raw["name"]
-    datatype = raw.get("datatype")
-    if not isinstance(datatype, str):
-        raise InvalidInputError(f"input '{name}': missing 'datatype'")
-    shape = check_shape(name, raw.get("shape"))
+    name, datatype, shape = _described(raw, "input")
     check_input(config, name, datatype, shape)
     parameters = checked_parameters(raw.get("parameters"), f"input '{name}'")
-    size = parameters.get("binary_data_size")
     placed = shared_memory_ref(f"input '{name}'", parameters)
     if placed is not None:
-        if size is not None or "data" in raw:
+        if parameters.get("binary_data_size") is not None or "data" in raw:
             raise InvalidInputError(f"input '{name}': data in a shared memory region and in the request too")
         data = array_from_buffer(name, datatype, shape, regions.read(placed, f"input '{name}'"))
         return Tensor(name, datatype, shape, data), 0
+    return _tensor(name, datatype, shape, raw, parameters, binary)
+
+
+def _described(raw: Any, kind: str) -> tuple[str, str, tuple[int, ...]]:
+    """A tensor's name, datatype and shape, as an input or output entry gives them."""
+    if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
+        raise InvalidInputError(f"each {kind} must be an object with a 'name'")
+    name = raw["name"]
+    datatype = raw.get("datatype")
+    if not isinstance(datatype, str):
+        raise InvalidInputError(f"{kind} '{name}': missing 'datatype'")
+    return name, datatype, check_shape(name, raw.get("shape"))
+
+
+def _tensor(
+    name: str,
+    datatype: str,
+    shape: tuple[int, ...],
+    raw: dict[str, Any],
+    parameters: dict[str, Any],
+    binary: memoryview,
+) -> tuple[Tensor, int]:
+    """A tensor's data, from the binary data after the JSON (`binary_data_size`) or its `data`; the bytes used."""
+    size = parameters.get("binary_data_size")
     if size is not None:
         if not isinstance(size, int) or size < 0 or size > len(binary):
             raise InvalidInputError(f"input '{name}': binary_data_size {size!r} exceeds the binary data sent")
