@@ -3,12 +3,15 @@ models it names and given its planner.
 
 A query loads after the models: loading checks that every option is a model of the repository whose inputs are
 wired and whose tensors fit what the query passes between nodes, then times each option (`QueryPlanner.probe`).
-A query that fails to load is recorded with its reason, as a model is, and the rest keep serving.
+A query that fails to load is recorded with its reason, as a model is, and the rest keep serving. Where its
+option models are, and which are timed at load, is its `OptionModels`': the router's on one server, the cluster's
+on a cluster node (`adaserve.distributed.stages`).
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Protocol
 
 from adaserve.config import ModelConfig, TensorSpec
 from adaserve.engine.router import IndexEntry, ModelRouter
@@ -19,10 +22,45 @@ from adaserve.planner.spec import DagConfig, Source
 log = logging.getLogger("adaserve.planner")
 
 
+class OptionModels(Protocol):
+    """The models a query's options name, as the catalog sees them."""
+
+    def config(self, model: str) -> ModelConfig:
+        """What `model` takes and answers: the query's wiring is checked against it."""
+        ...
+
+    def start_delay_s(self, model: str) -> float | None:
+        """How long before `model` could start a run (`StartDelay`)."""
+        ...
+
+    def timed_at_load(self, model: str) -> bool:
+        """Whether loading a query times `model` at once; the others are timed once a request finds them
+        servable (`QueryPlanner.probe`)."""
+        ...
+
+
+class RouterModels:
+    """One server's option models: the router's, each timed at load (loaded first by the model cache, if one
+    manages them)."""
+
+    def __init__(self, router: ModelRouter) -> None:
+        self.router = router
+
+    def config(self, model: str) -> ModelConfig:
+        return self.router.spec(model).config
+
+    def start_delay_s(self, model: str) -> float | None:
+        return self.router.start_delay_s(model)
+
+    def timed_at_load(self, model: str) -> bool:
+        return True
+
+
 class DagCatalog:
     def __init__(self, router: ModelRouter, run_model: RunModel) -> None:
         self.router = router
         self.run_model = run_model
+        self.options: OptionModels = RouterModels(router)  # a cluster node's are the cluster's
         self.planners: dict[str, QueryPlanner] = {}
         self.models: dict[str, list[ModelConfig]] = {}  # each loaded query's option models (what its parameters reach)
         self._errors: dict[str, str] = {}
@@ -52,9 +90,10 @@ class DagCatalog:
         """(Re)load a query; the one serving keeps serving until the new one is ready."""
         try:
             config = self.router.repository.read_dag(name)
-            planner = QueryPlanner(config, self.run_model, self.router.start_delay_s)
+            planner = QueryPlanner(config, self.run_model, self.options.start_delay_s)
             models = self._option_models(config)
-            await planner.probe({name: model.inputs for name, model in models.items()})
+            timed = [name for name in models if self.options.timed_at_load(name)]
+            await planner.probe({name: model.inputs for name, model in models.items()}, timed)
         except AdaserveError as exc:
             if name in self.router.repository.dag_names():
                 self._errors[name] = str(exc)
@@ -86,7 +125,7 @@ class DagCatalog:
         for node in config.nodes:
             for option in node.options:
                 try:
-                    models[option.model] = self.router.spec(option.model).config
+                    models[option.model] = self.options.config(option.model)
                 except AdaserveError as exc:
                     raise ConfigError(f"DAG query '{config.name}': node '{node.name}': {exc}") from None
         tensors = {spec.name: spec for spec in config.inputs}  # source text → the tensor it carries

@@ -13,9 +13,10 @@ request goes through the same request path as a client's (`RunModel`), with its 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,9 +25,12 @@ import numpy as np
 from adaserve.adaptive.parameters import latency_target_ms
 from adaserve.config import TensorSpec
 from adaserve.engine.stats import DurationCount, Histogram
+from adaserve.errors import AdaserveError
 from adaserve.planner.budgets import POLICIES, partial_budgets
 from adaserve.planner.latency import LatencyBook
 from adaserve.planner.spec import DagConfig, NodeSpec, Source
+
+log = logging.getLogger("adaserve.planner")
 
 #: The latency target a node's request carries once the query's budget is spent: nothing meets it, so the model
 #: answers as fast as it can (SLO-NNs' LCAO takes its fastest k).
@@ -86,16 +90,43 @@ class QueryPlanner:
         self.policy = POLICIES[config.budget_policy]
         self.book = LatencyBook(config.latency_quantile, config.latency_window)
         self.stats = PlannerStats()
+        self._untimed: dict[str, tuple[TensorSpec, ...]] = {}  # options left to time once they can serve
+        self._timing: set[asyncio.Task[None]] = set()
 
-    async def probe(self, inputs: Mapping[str, tuple[TensorSpec, ...]]) -> None:
+    async def probe(self, inputs: Mapping[str, tuple[TensorSpec, ...]], now: Collection[str] | None = None) -> None:
         """Time each option `probes` times on a row of zeros with early exit off (a whole run), so the first
-        request is planned with latencies of this machine. `inputs`: each option model's input tensors."""
+        request is planned with latencies of this machine. `inputs`: each option model's input tensors. `now`: the
+        options to time at once (default: all). The others are timed in the background when a request first finds
+        them servable without a load (`choose`); until then a budget never picks them. A cluster node times at load
+        only what it holds: timing an option is a request for it, and at a node's start would have every option
+        model placed, on some node, before any client asked for one."""
+        self._untimed = {model: specs for model, specs in inputs.items() if now is not None and model not in now}
         for model, specs in inputs.items():
-            arrays = {spec.name: np.zeros((1, *spec.row_shape), spec.dtype) for spec in specs}
-            for _ in range(self.config.probes):
-                began = time.perf_counter()
-                await self.run_model(model, arrays, 1, {"early_exit": False})
-                self.book.observe(model, 1, (time.perf_counter() - began) * 1e3)
+            if model not in self._untimed:
+                await self._time(model, specs)
+
+    async def _time(self, model: str, specs: tuple[TensorSpec, ...]) -> None:
+        arrays = {spec.name: np.zeros((1, *spec.row_shape), spec.dtype) for spec in specs}
+        for _ in range(self.config.probes):
+            began = time.perf_counter()
+            await self.run_model(model, arrays, 1, {"early_exit": False})
+            self.book.observe(model, 1, (time.perf_counter() - began) * 1e3)
+
+    def _time_later(self, models: Collection[str]) -> None:
+        """Time, in the background, each of `models` (servable now without a load) left untimed at load."""
+        for model in models:
+            specs = self._untimed.pop(model, None)
+            if specs is not None:
+                task = asyncio.ensure_future(self._time_untimed(model, specs))
+                self._timing.add(task)
+                task.add_done_callback(self._timing.discard)
+
+    async def _time_untimed(self, model: str, specs: tuple[TensorSpec, ...]) -> None:
+        try:
+            await self._time(model, specs)
+        except AdaserveError as exc:  # its node failed, say: timed when a request next finds it servable
+            self._untimed[model] = specs
+            log.warning("timing a DAG option failed", extra={"model": model, "error": str(exc)})
 
     async def run(self, inputs: dict[str, np.ndarray], rows: int, parameters: dict[str, Any]) -> QueryAnswer:
         began = time.perf_counter()
@@ -133,11 +164,13 @@ class QueryPlanner:
     def choose(self, node: NodeSpec, budget_ms: float | None, rows: int) -> Choice:
         """The most accurate option whose planning latency fits the budget; when none fits, the fastest. An option
         that cannot be served now is passed over (unless no option can); one the model cache must load first is
-        planned with its load time on top."""
+        planned with its load time on top; one left untimed at load is timed once it can serve (`probe`)."""
         ranked = sorted(node.options, key=lambda option: -option.accuracy)
         delays = {option.model: self.start_delay_s(option.model) for option in ranked}
-        ranked = [option for option in ranked if delays[option.model] is not None] or ranked
+        servable = [option for option in ranked if delays[option.model] is not None]
+        ranked = servable or ranked
         estimates = {option.model: self._estimate_ms(option.model, rows, delays[option.model]) for option in ranked}
+        self._time_later([o.model for o in servable if delays[o.model] == 0.0 and estimates[o.model] is None])
         if budget_ms is None:
             return Choice(ranked[0].model, None, estimates[ranked[0].model])
         for option in ranked:

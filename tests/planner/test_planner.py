@@ -168,6 +168,28 @@ def test_probes_time_every_option_on_whole_runs() -> None:
     assert planner.book.estimate_ms("base", 1) is not None
 
 
+def test_an_option_left_untimed_at_load_is_timed_once_a_request_finds_it_servable() -> None:
+    """As a cluster node loads a query: only `base` is timed at load; `large`, held nowhere, is passed over and not
+    timed (that would place it); once held, the request that finds it so has it timed in the background, and a
+    budget picks it only then."""
+    models = Models({"large": 0.05})  # timed after the request that found it held has planned its nodes
+    planner = QueryPlanner(chain(probes=2), models, lambda model: None if model == "large" else 0.0)
+    spec = chain().inputs
+    asyncio.run(planner.probe({"base": spec, "small": spec, "large": spec}, now=["base"]))
+    assert [model for model, _, _ in models.calls] == ["base", "base"]
+
+    async def query() -> list[str]:
+        models.calls.clear()
+        await planner.run({"x": ROWS[:1]}, 1, {"latency_ms": 1e6})
+        await asyncio.gather(*planner._timing)  # the timing the request started
+        return sorted(model for model, _, _ in models.calls)
+
+    assert asyncio.run(query()) == ["base", "small", "small", "small"]  # small, untimed, runs and is timed
+    planner.start_delay_s = lambda model: 0.0  # large is placed
+    assert asyncio.run(query()) == ["base", "large", "large", "small"]  # large, untimed, not picked by a budget
+    assert asyncio.run(query()) == ["base", "large"]
+
+
 def test_the_planning_latency_is_a_quantile_of_the_recent_whole_runs() -> None:
     book = LatencyBook(quantile=0.5, window=3)
     assert book.estimate_ms("m", 1) is None
