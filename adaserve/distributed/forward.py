@@ -32,6 +32,8 @@ from adaserve.server.http import Handler, Request, Response
 from adaserve.server.rest import error_response, json_response
 from adaserve.server.restrictions import Restrictions
 
+#: The header (REST) and metadata key (gRPC) a forwarded request carries: how many times it was forwarded.
+HOPS = "adaserve-forwarded"
 #: The request headers that travel with a forwarded body.
 FORWARDED_HEADERS = ("content-type", "content-encoding", "inference-header-content-length", "accept-encoding")
 #: How long a forwarded request may take end to end.

@@ -1,10 +1,10 @@
 """A node server's part in the cluster, inside `adaserve serve --cluster-control FD`.
 
 It carries out what the node actor sends on the control channel (load and unload models, take a new routing
-table, report what is resident) and decides, for each request that names a model, where it is served: here when
-this node has the model loaded and ready, else on a node the table says holds it (forwarded, its bytes unchanged),
-else wherever the controller places it. Requests are counted per model where they arrive and reported every
-second: the controller's eviction policy learns request rates from them.
+table, report what is resident) and decides, for each request that names a model (and each stage of a DAG query,
+`stages.py`), where it is served: here when this node has the model loaded and ready, else on a node the table says
+holds it (forwarded, its bytes unchanged), else wherever the controller places it. Requests are counted per model
+where they arrive and reported every second: the controller's eviction policy learns request rates from them.
 
 The engine does not know it is in a cluster: a request served here takes the single-node path unchanged.
 """
@@ -24,11 +24,12 @@ from typing import Any, TypeVar
 from urllib.parse import quote
 
 import grpc
+import numpy as np
 from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from adaserve.distributed.control import Channel
-from adaserve.distributed.forward import Forwarder, ForwardFailed
+from adaserve.distributed.forward import HOPS, Forwarder, ForwardFailed
 from adaserve.distributed.load import LoadMeter
 from adaserve.distributed.messages import (
     Drain,
@@ -48,8 +49,10 @@ from adaserve.distributed.messages import (
     Unloaded,
 )
 from adaserve.distributed.routes import ClusterRoutes
+from adaserve.distributed.stages import ClusterStages
 from adaserve.engine.engine import EngineState
 from adaserve.errors import AdaserveError, ModelNotReadyError
+from adaserve.planner.planner import ModelAnswer
 from adaserve.server.dataplane import ClusterState, DataPlane, merge_statistics
 from adaserve.server.http import Handler, Request, Response
 from adaserve.server.metrics import cluster_families, exposition, node_families
@@ -57,9 +60,8 @@ from adaserve.server.rest import json_response
 
 log = logging.getLogger("adaserve.cluster")
 
-#: The header (REST) and metadata key (gRPC) a forwarded request carries: how many times it was forwarded. A
-#: request forwarded twice is served where it lands, so a table that changes under a request cannot send it round.
-HOPS = "adaserve-forwarded"
+#: A request forwarded this often (`HOPS`) is served where it lands, so a table that changes under a request cannot
+#: send it round.
 MAX_HOPS = 2
 #: How often request counts go up to the controller.
 REPORT_EVERY_S = 1.0
@@ -75,9 +77,11 @@ class ClusterMember:
     def __init__(self, node: str, plane: DataPlane, forwarder: Forwarder) -> None:
         self.node = node
         self.plane = plane
-        plane.cluster = self  # the repository index and /metrics speak for the cluster
+        plane.cluster = self  # the repository index and /metrics speak for the cluster, DAG stages run where held
         self.forwarder = forwarder
         self.routes = ClusterRoutes(node, self._ask_to_place)
+        self.stages = ClusterStages(self)
+        plane.dags.options = self.stages  # DAG queries load whichever nodes hold their models
         self.forwards: Counter[tuple[str, str]] = Counter()  # (model, node) → requests forwarded there
         self.retries: Counter[str] = Counter()  # model → forwarded requests sent again after a node failed
         self._channel: Channel[ToNode] | None = None
@@ -231,6 +235,12 @@ class ClusterMember:
                 avoid.append(node)
                 self.retries[model] += 1
                 log.warning("forwarded request failed: sending it again", extra={"model": model, "node": node})
+
+    async def run_stage(
+        self, model: str, inputs: dict[str, np.ndarray], rows: int, parameters: dict[str, Any]
+    ) -> ModelAnswer | None:
+        """A DAG query's stage, run where `model` is served (`stages.py`): its answer; None when that is here."""
+        return await self.stages.run(model, inputs, rows, parameters)
 
     # -- the frontends' hooks ---------------------------------------------------------------------------------
     def rest_route(self, category: str, handler: Handler) -> Handler:

@@ -74,9 +74,15 @@ class ClusterState:
 
 class ClusterView(Protocol):
     """What a node server on a cluster knows of the other nodes (`adaserve.distributed.member`), for the answers
-    that speak for the whole cluster: the repository index, and the metrics."""
+    that speak for the whole cluster (the repository index, the metrics) and the DAG stages run on other nodes."""
 
     node: str  # this node's name in the routing table: the label `node` of its series
+
+    async def run_stage(
+        self, model: str, inputs: dict[str, np.ndarray], rows: int, parameters: dict[str, Any]
+    ) -> ModelAnswer | None:
+        """A DAG query's stage run where `model` is served: its answer; None when that is on this node."""
+        ...
 
     async def metrics(self) -> bytes:
         """The cluster-wide exposition (`GET /metrics/cluster`)."""
@@ -342,7 +348,12 @@ class DataPlane:
         self, name: str, inputs: dict[str, np.ndarray], rows: int, parameters: dict[str, Any]
     ) -> ModelAnswer:
         """A DAG query's node: its model run through the request path a client's request takes (and traced as a
-        child when its query is)."""
+        child when its query is); on a cluster, where its model is served."""
+        if (
+            self.cluster is not None
+            and (stage := await self.cluster.run_stage(name, inputs, rows, parameters)) is not None
+        ):
+            return stage
         config = self.router.spec(name).config
         arrays = [inputs[spec.name] for spec in config.inputs]
         parent = _dag_trace.get()
