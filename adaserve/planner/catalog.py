@@ -98,6 +98,9 @@ class DagCatalog:
             if name in self.router.repository.dag_names():
                 self._errors[name] = str(exc)
             raise
+        replaced = self.planners.get(name)
+        if replaced is not None:
+            replaced.close()
         self.planners[name] = planner
         self.models[name] = list(models.values())
         self._errors.pop(name, None)
@@ -105,7 +108,9 @@ class DagCatalog:
 
     def unload(self, name: str) -> None:
         """Stop answering `name` (a query of the repository); requests under way finish."""
-        self.planners.pop(name, None)
+        planner = self.planners.pop(name, None)
+        if planner is not None:
+            planner.close()
         self.models.pop(name, None)
         self._errors.pop(name, None)
         self._unloaded.add(name)

@@ -112,6 +112,11 @@ class QueryPlanner:
             await self.run_model(model, arrays, 1, {"early_exit": False})
             self.book.observe(model, 1, (time.perf_counter() - began) * 1e3)
 
+    def close(self) -> None:
+        """Stop timing options in the background: the query is unloaded or replaced."""
+        for task in self._timing:
+            task.cancel()
+
     def _time_later(self, models: Collection[str]) -> None:
         """Time, in the background, each of `models` (servable now without a load) left untimed at load."""
         for model in models:
