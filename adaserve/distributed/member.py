@@ -53,7 +53,8 @@ from adaserve.distributed.stages import ClusterStages
 from adaserve.engine.engine import EngineState
 from adaserve.errors import AdaserveError, ModelNotReadyError
 from adaserve.planner.planner import ModelAnswer
-from adaserve.server.dataplane import ClusterState, DataPlane, merge_statistics
+from adaserve.server.dataplane import ClusterState, DataPlane
+from adaserve.server.documents import merge_statistics
 from adaserve.server.http import Handler, Request, Response
 from adaserve.server.metrics import cluster_families, exposition, node_families
 from adaserve.server.rest import json_response

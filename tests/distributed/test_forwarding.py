@@ -47,7 +47,7 @@ from adaserve.distributed.messages import (
 )
 from adaserve.distributed.routes import ASK_AGAIN_S
 from adaserve.distributed.testing import FakeActor, node_server
-from adaserve.server.dataplane import merge_statistics
+from adaserve.server.documents import merge_statistics
 from adaserve.server.protos import grpc_service_pb2 as service_pb2
 from tests.server_utils import Clients, ServerHandle, free_ports, link_example, running_server
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from adaserve.server.dataplane import merge_statistics
+from adaserve.server.documents import merge_statistics
 
 KINDS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output", "cache_hit", "cache_miss")
 
