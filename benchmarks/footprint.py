@@ -149,8 +149,8 @@ def _plot(report: dict[str, Any], path: Path) -> None:
     axes = fig.add_subplot()
     runs = report["runs"]
     bottom = [0.0] * len(runs)
-    for role in ROLES:
-        heights = [run["by_role"][role]["pss_mib"] for run in runs]
+    for role in [role for role in ROLES if any(role in run["by_role"] for run in runs)]:
+        heights = [run["by_role"].get(role, {"pss_mib": 0.0})["pss_mib"] for run in runs]
         axes.bar(range(len(runs)), heights, bottom=bottom, label=role)
         bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
     axes.axhline(BARS["pss_mib"], color="black", linestyle="--", linewidth=1, label="bar")
@@ -165,9 +165,9 @@ def _plot(report: dict[str, Any], path: Path) -> None:
 def _print(report: dict[str, Any], path: Path) -> None:
     for run in report["runs"]:
         by_role = run["by_role"]
-        roles = ", ".join(
-            f"{role} {by_role[role]['count']} × {by_role[role]['pss_mib'] / max(1, by_role[role]['count']):.0f}"
-            for role in ROLES
+        roles = ", ".join(  # the roles the run recorded: results from before the profiler have none
+            f"{role} {entry['count']} × {entry['pss_mib'] / max(1, entry['count']):.0f}"
+            for role, entry in by_role.items()
         )
         print(
             f"ready {run['ready_s']:.2f} s; {run['processes']} processes, PSS {run['pss_mib']:.0f} MiB "
