@@ -50,8 +50,13 @@ def write_entry_config(directory: Path, spec: ModelSpec, overrides: dict[str, An
 def reload(server: ServerHandle, repository: Path, spec: ModelSpec, name: str, overrides: dict[str, Any]) -> None:
     """Rewrite an entry's config and load it again through the repository API (blocks until it serves)."""
     write_entry_config(repository / name, spec, overrides)
+    repository_call(server, name, "load")
+
+
+def repository_call(server: ServerHandle, name: str, action: str) -> None:
+    """Triton's repository API: `load` (again, from the config on disk) or `unload` an entry; blocks until done."""
     request = urllib.request.Request(
-        f"http://{server.http_url}/v2/repository/models/{name}/load", data=b"{}", method="POST"
+        f"http://{server.http_url}/v2/repository/models/{name}/{action}", data=b"{}", method="POST"
     )
     with urllib.request.urlopen(request, timeout=LOAD_TIMEOUT_S):
         pass
