@@ -1,15 +1,20 @@
 """The Packrat benchmarks at their smallest, on the small MLP every step runs in seconds (`mlp` in
-`benchmarks/packrat/models.py`): the speedup benchmark at B = 2 (profile, plan, in-process and end to end) and the
-reconfiguration timeline with phases of a second or two. They check that each runs end to end and what it records;
-the figures are the benchmarks', not these tests' (on a shared machine anything may be slower)."""
+`benchmarks/packrat/models.py`, or the example's): the speedup benchmark at B = 2 (profile, plan, in-process and end
+to end), the reconfiguration timeline with phases of a second or two, and the default-on benchmark with two
+hand-written sets and windows of seconds (its background profiles need not settle in them). They check that each runs
+end to end and what it records; the figures are the benchmarks', not these tests' (on a shared machine anything may be
+slower)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
-from benchmarks.packrat import reconfiguration, speedup
+from adaserve.engine.worker_sets import DEFAULT_SET
+from benchmarks.packrat import default, reconfiguration, speedup
+from benchmarks.perf_load import PerfAnalyzer
 from tests.bench.factories import positive, recorded, run_benchmark
 
 
@@ -74,3 +79,31 @@ def test_reconfiguration_calibrates_both_sets_and_runs_the_stepped_timeline(
     assert report["summary"]["ok"] > 0 and report["failed_requests"]["server_failures"] == 0
     assert report["initial_worker_set"]["batch"] == 8 and report["final_worker_set"]["workers"]
     assert report["polls"] and set(report["timeline"]) >= {"t_s", "requests", "mean_ms"}
+
+
+@pytest.mark.slow
+def test_default_on_sweeps_hand_written_sets_and_follows_both_profiles(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, perf_analyzer: PerfAnalyzer
+) -> None:
+    output = tmp_path / "default.json"
+    args = ["--quick", "--model", "mlp", "--sets", "fat,default", "--window-s", "4", "--chunk-s", "2"]
+    args += ["--measure-s", "2", "--poll-s", "1", "--quiet-s", "0"]
+    args += ["--perf-venv", str(perf_analyzer.binary.parent.parent), "--output", str(output)]
+    run_benchmark(monkeypatch, tmp_path, default, *args)
+    report = recorded(output, "benchmarks.packrat.default")
+    assert set(report["sweep"]) == {"fat", "default"} and report["load"]["concurrency"] == 16
+    assert report["sweep"]["fat"]["worker_set"]["workers"] == [
+        [report["model"]["max_batch_size"], len(os.sched_getaffinity(0))]
+    ]
+    assert all(m["runs"] and m["worker_set"]["planner"] for m in report["sweep"].values())
+    for key, hog in (("packrat", False), ("packrat_hog", True)):
+        run = report[key]
+        assert run["initial"]["planner"] == "default" and "background" in run["initial"]["reason"], run["initial"]
+        assert run["chunks"] and run["samples"] and run["reached"]["runs"]
+        assert run["switched"] is (run["switched_at_s"] is not None)  # on a busy machine it may not switch: a result
+        assert (run["hog"] is not None) is hog
+    assert report["packrat_hog"]["hog"]["processes"] == len(os.sched_getaffinity(0))
+    assert report["default_after_hog"]["worker_set"]["reason"] == DEFAULT_SET
+    bars = report["bars"]
+    assert set(bars) == {"reaches_best", "hog_never_slower"} and all(isinstance(b["pass"], bool) for b in bars.values())
+    assert bars["reaches_best"]["best_set"] in report["sweep"]
