@@ -108,6 +108,7 @@ RENDERERS: dict[str, Renderer] = {
         )
     },
     "packrat_reconfiguration": _module_printer("benchmarks.packrat.reconfiguration"),
+    "packrat_default": _module_printer("benchmarks.packrat.default"),
     "cluster_fleet": _module_printer("benchmarks.cluster.fleet"),
     "cluster_scaling": _module_printer("benchmarks.cluster.scaling"),
     "cluster_forwarding": _module_printer("benchmarks.cluster.forwarding"),
@@ -125,7 +126,10 @@ RENDERERS: dict[str, Renderer] = {
 
 def render_result(path: Path, plots: str) -> str:
     """A result file's page section: where and when it ran, whether the code has moved on since, its tables and
-    its plots (linked under `plots`, the results folder relative to the page)."""
+    its plots (linked under `plots`, the results folder relative to the page). A benchmark added before its first
+    full run has no result yet: the page says so, and the site still builds."""
+    if not path.is_file():
+        return f"No result yet: `benchmarks/results/{path.name}` is written by the command above."
     report = json.loads(path.read_text())
     renderer = RENDERERS.get(report["benchmark"])
     if renderer is None:
