@@ -195,6 +195,7 @@ def _adapt(
         sampler.join()
     record["wall_end"] = time.time()
     record["samples"] = samples
+    record["changes"] = _changes(samples)
     record["switched_at_s"] = _switched_at(samples)
     record["switched"] = record["switched_at_s"] is not None
     record["before_measure"] = samples[-1] if samples else None
@@ -212,6 +213,14 @@ def _brief(document: dict[str, Any]) -> dict[str, Any]:
     workers = [[w["batch"], w["threads"]] for w in document.get("workers", [])]
     keys = ("planner", "batch", "reconfigurations", "background", "reason")
     return {"workers": workers, **{key: document.get(key) for key in keys}}
+
+
+def _changes(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The samples at which the planner, the set or the background status changed: what the profile went through
+    (measuring, unstable and waiting to retry, planned) in a few lines."""
+    keys = ("planner", "workers", "background")
+    changed = [s for i, s in enumerate(samples) if i == 0 or any(s[k] != samples[i - 1][k] for k in keys)]
+    return [{"t_s": s["t_s"], **{k: s[k] for k in keys}} for s in changed]
 
 
 def _switched_at(samples: list[dict[str, Any]]) -> float | None:
@@ -250,6 +259,7 @@ def _bars(report: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
             "best_requests_per_s": best,
             "reached_requests_per_s": run["reached"]["requests_per_s"],
             "measured": ratio,
+            "switched": run["switched"],
             "switched_at_s": run["switched_at_s"],
             "pass": ratio is not None and ratio >= args.target,
         }
@@ -348,10 +358,12 @@ def _print(report: dict[str, Any], output: Path) -> None:
     for key in ("packrat", "packrat_hog"):
         run = report[key]
         when = f"switched at {run['switched_at_s']} s" if run["switched"] else "did not switch within the window"
-        print(f"{key}: {when}; last background status: {(run['before_measure'] or {}).get('background')}")
+        print(f"{key}: {when}")
+        for change in run["changes"]:
+            print(f"  {change['t_s']:>6.1f} s: {change['planner']} {change['workers']}: {change['background']}")
     for name, bar in report["bars"].items():
         measured = "-" if bar["measured"] is None else f"{bar['measured']:.2f}×"
-        if bar.get("switched") is False:
+        if bar["measured"] is None and bar.get("switched") is False:
             measured = "no switch, kept the default set"
         print(f"{name}: {bar['target']}: measured {measured}: {'pass' if bar['pass'] else 'missed'}")
     print(f"wrote {output}")

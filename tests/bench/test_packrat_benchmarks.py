@@ -100,6 +100,7 @@ def test_default_on_sweeps_hand_written_sets_and_follows_both_profiles(
         run = report[key]
         assert run["initial"]["planner"] == "default" and "background" in run["initial"]["reason"], run["initial"]
         assert run["chunks"] and run["samples"] and run["reached"]["runs"]
+        assert run["changes"][0]["t_s"] == run["samples"][0]["t_s"] and "background" in run["changes"][0]["background"]
         assert run["switched"] is (run["switched_at_s"] is not None)  # on a busy machine it may not switch: a result
         assert (run["hog"] is not None) is hog
     assert report["packrat_hog"]["hog"]["processes"] == len(os.sched_getaffinity(0))
