@@ -12,16 +12,18 @@ The subject is an example model (default: the CNN, `examples/models/cnn`, max_ba
    background profile (`default`). Each is measured at the same steady closed loop: perf_analyzer (C++, so on 2
    cores the client does not take the server's CPU) keeping `--concurrency` (16) requests of one row in flight, the
    best of `--repeats` runs of `--measure-s`. The best set's requests per second is the baseline.
-2. **Packrat by default**: a fresh entry with no `workers` line and no profile, loaded and put at once under the
-   same closed loop, in runs of `--chunk-s` (a throughput timeline), while its worker-set document (the model
-   configuration endpoint's `parameters.worker_set`: planner, set, background status) is read every `--poll-s`.
-   The loop ends at the switch or after `--window-s`, then the set it serves is measured as the sweep's were.
+2. **Packrat by default**: a fresh entry with no `workers` line and no profile, loaded and put at once under steady
+   traffic below capacity (Poisson arrivals at `--window-load`, 50%, of what the default set served in the sweep: a
+   loop that saturates the cores leaves the profile no CPU time at all), in runs of `--chunk-s`, while its
+   worker-set document (the model configuration endpoint's `parameters.worker_set`: planner, set, background
+   status) is read every `--poll-s`. The loop ends at the switch or after `--window-s`, then the set it serves is
+   measured as the sweep's were.
 3. **With a CPU hog**: the same on another fresh entry, with one busy-loop process per core started once it serves
    and ended (by PID) at the switch or after `--window-s`. The set it switched to, and the default set, are then
    measured with the hog gone: the bar is that the new set is not slower (within `--tolerance`).
 
-A missed bar is a result: a profile that never settles (the profiler runs on CPU time serving leaves, and a closed
-loop at a batch-forming concurrency leaves little), or a switch to a slower set, is recorded as missed.
+A missed bar is a result: a profile that never settles (the profiler runs on CPU time serving leaves, and serving's
+interference can keep its cells from agreeing), or a switch to a slower set, is recorded as missed.
 
     .venv/bin/python -m benchmarks.packrat.default           # ~20 minutes on 2 cores (two windows of up to 5)
     .venv/bin/python -m benchmarks.packrat.default --quick   # ~2 minutes, short phases, under results/tmp/
@@ -92,8 +94,9 @@ def main() -> int:
     first = f"{spec.name}_{next(iter(sets))}"
     with running_server(repository, f"--model={first}") as server:
         report["sweep"] = {label: _measure_entry(perf, server, f"{spec.name}_{label}", args) for label in sets}
-        report["packrat"] = _adapt(perf, server, technique["packrat"], args, hog=False)
-        report["packrat_hog"] = _adapt(perf, server, technique["packrat_hog"], args, hog=True)
+        report["window_load"] = _window_load(report["sweep"], args)
+        report["packrat"] = _adapt(perf, server, technique["packrat"], args, report["window_load"], hog=False)
+        report["packrat_hog"] = _adapt(perf, server, technique["packrat_hog"], args, report["window_load"], hog=True)
         if "default" in sets:  # the set the hog run started from, measured again now that the hog has gone
             report["default_after_hog"] = _measure_entry(perf, server, f"{spec.name}_default", args)
         report["server_log"] = str(server.log)
@@ -142,13 +145,20 @@ def _closed_run(
     perf: PerfAnalyzer, server: ServerHandle, entry: str, duration_s: float, args: argparse.Namespace
 ) -> dict[str, Any]:
     """One perf_analyzer closed loop of `--concurrency` one-row requests for `duration_s`."""
+    return _run(perf, server, entry, {"kind": "closed", "concurrency": args.concurrency}, duration_s, args)
+
+
+def _run(
+    perf: PerfAnalyzer,
+    server: ServerHandle,
+    entry: str,
+    load: dict[str, Any],
+    duration_s: float,
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    """One perf_analyzer run of one-row requests at `load` (an adaserve.bench load) for `duration_s`."""
     workload = parse_workload(
-        {
-            "requests": [{"model": entry}],
-            "load": {"kind": "closed", "concurrency": args.concurrency},
-            "duration_s": duration_s,
-            "seed": args.seed,
-        }
+        {"requests": [{"model": entry}], "load": load, "duration_s": duration_s, "seed": args.seed}
     )
     result = run_perf_analyzer(perf, server.http_url, workload, args.scratch / "perf")
     summary = result.summary
@@ -161,10 +171,27 @@ def _closed_run(
     }
 
 
+def _window_load(sweep: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """The steady traffic while the technique's entry waits for its switch: Poisson arrivals at `--window-load` of
+    what the default set served in the sweep. Traffic that saturates the cores leaves the profile, which runs on
+    CPU time serving leaves, none at all; servers run below capacity. The sweep's closed loop without a default
+    set measured (or with `--window-load 0`)."""
+    default = sweep.get("default")
+    if not args.window_load or default is None or not default["requests_per_s"]:
+        return {"kind": "closed", "concurrency": args.concurrency}
+    return {"kind": "poisson", "rate": round(args.window_load * default["requests_per_s"], 1)}
+
+
 def _adapt(
-    perf: PerfAnalyzer, server: ServerHandle, entry: str, args: argparse.Namespace, *, hog: bool
+    perf: PerfAnalyzer,
+    server: ServerHandle,
+    entry: str,
+    args: argparse.Namespace,
+    load: dict[str, Any],
+    *,
+    hog: bool,
 ) -> dict[str, Any]:
-    """A fresh entry with no `workers` line under the steady load until it switches or `--window-s` passes (with
+    """A fresh entry with no `workers` line under the steady `load` until it switches or `--window-s` passes (with
     `hog`, a busy loop per core beside it meanwhile), then the set it serves measured as the sweep's were."""
     repository_call(server, entry, "load")
     record: dict[str, Any] = {"entry": entry, "initial": _brief(served_worker_set(server, entry)), "chunks": []}
@@ -185,7 +212,7 @@ def _adapt(
         while time.monotonic() - began < args.window_s and _switched_at(samples) is None:
             length = min(args.chunk_s, max(1.0, args.window_s - (time.monotonic() - began)))
             start = time.monotonic() - began
-            run = _closed_run(perf, server, entry, length, args)
+            run = _run(perf, server, entry, load, length, args)
             record["chunks"].append({"from_s": round(start, 2), "to_s": round(time.monotonic() - began, 2), **run})
     finally:
         if hog:
@@ -294,6 +321,13 @@ def _parse_args() -> argparse.Namespace:
     add("--repeats", type=int, help="measurement runs, the best kept (default 3; --quick 1)")
     add("--window-s", type=float, help="longest wait for the switch under load (default 300; --quick 20)")
     add("--chunk-s", type=float, help="a load run within the window (default 15; --quick 5)")
+    add(
+        "--window-load",
+        type=float,
+        default=0.5,
+        help="the window's steady traffic: Poisson at this fraction of the default set's sweep throughput (0: the "
+        "sweep's closed loop)",
+    )
     add("--poll-s", type=float, default=2.0, help="how often the worker-set document is read (default 2)")
     add("--target", type=float, default=0.9, help="the bar: this fraction of the best hand-written set")
     add("--tolerance", type=float, default=0.05, help="a set slower than the default by less is not slower")

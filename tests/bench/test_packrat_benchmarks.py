@@ -92,6 +92,8 @@ def test_default_on_sweeps_hand_written_sets_and_follows_both_profiles(
     run_benchmark(monkeypatch, tmp_path, default, *args)
     report = recorded(output, "benchmarks.packrat.default")
     assert set(report["sweep"]) == {"fat", "default"} and report["load"]["concurrency"] == 16
+    rate = 0.5 * report["sweep"]["default"]["requests_per_s"]  # the window's traffic: half what the default served
+    assert report["window_load"] == {"kind": "poisson", "rate": round(rate, 1)} or not rate
     assert report["sweep"]["fat"]["worker_set"]["workers"] == [
         [report["model"]["max_batch_size"], len(os.sched_getaffinity(0))]
     ]
