@@ -210,7 +210,7 @@ def lcao(
                 ours = tree_cpu_s(os.getpid())
                 with load_window(record):
                     record.update(_lcao_runs(methods, x, y, taus))
-                ours = (tree_cpu_s(os.getpid()) - ours) / record["wall_s"]
+                ours = (tree_cpu_s(os.getpid()) - ours) / max(record["wall_s"], 1e-3)  # a smoke run's may round to 0
             record["our_cores"] = round(ours, 3)  # this process and its busy children
             record["other_cores"] = round(record["machine_busy_cores"] - ours, 3)
             results.append(record)
