@@ -8,6 +8,7 @@ import json
 import socket
 import time
 import urllib.request
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ from adaserve.server.http import LINGER_BYTES, MAX_HEAD_BYTES, HttpServer, Reque
 from adaserve.server.limits import ClientLimits
 from tests.conftest import MAX_REQUEST_BYTES
 from tests.server.reference import reference_outputs
-from tests.server_utils import ServerHandle
+from tests.server_utils import ServerHandle, running_server, write_slow_model
 
 
 def connect(server: ServerHandle) -> socket.socket:
@@ -157,21 +158,34 @@ def test_malformed_requests_and_unknown_routes(server: ServerHandle) -> None:
         assert read_response(sock, bytearray())[0] == 200
 
 
-def test_a_request_whose_client_closes_the_connection_is_not_computed(server: ServerHandle) -> None:
+@pytest.fixture(scope="module")
+def slower(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
+    """A server of one model ten times slower than the session's `slow`: a leaving client's close must be seen
+    before its row's turn, which a starved server on a busy machine once missed by tens of ms."""
+    root = tmp_path_factory.mktemp("slower") / "models"
+    root.mkdir()
+    write_slow_model(root, "slow", rounds=3000, max_queue_size=2)
+    with running_server(root) as handle:
+        yield handle
+
+
+def test_a_request_whose_client_closes_the_connection_is_not_computed(slower: ServerHandle) -> None:
     """A client that closes its connection (its own timeout, say) is gone: its request, not started, leaves the
     queue and no worker computes it. End-of-file reads as gone, as in nginx and uvicorn: TCP cannot tell a
     half-close from a close, and a timed-out client's request must not keep its place in the queue."""
     body = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}).encode()
-    before = rows_computed(server, "slow")
-    with connect(server) as first, connect(server) as second:
-        first.sendall(post("/v2/models/slow/infer", body))  # runs (one worker, tens of ms a row)
+    before = rows_computed(slower, "slow")
+    with connect(slower) as first, connect(slower) as second:
+        first.sendall(post("/v2/models/slow/infer", body))  # runs (one worker, hundreds of ms a row)
         second.sendall(post("/v2/models/slow/infer", body))  # queued behind it
-        with connect(server) as gone:
+        with connect(slower) as gone:
             gone.sendall(post("/v2/models/slow/infer", body))  # queued behind both, then its client leaves
         assert read_response(first, bytearray())[0] == 200
+        began = time.monotonic()
         assert read_response(second, bytearray())[0] == 200
-    time.sleep(0.5)  # time enough for the third row to have run, had it stayed
-    assert rows_computed(server, "slow") - before == 2
+        row_s = time.monotonic() - began  # about one row's compute
+    time.sleep(2 * row_s + 0.5)  # time enough for the third row to have run, had it stayed
+    assert rows_computed(slower, "slow") - before == 2
 
 
 def rows_computed(server: ServerHandle, model: str) -> float:
