@@ -21,7 +21,7 @@ from urllib.parse import quote
 import numpy as np
 
 from adaserve.bench.codec import decode_http_error, encode_http
-from adaserve.config import DATATYPES, ModelConfig
+from adaserve.config import ModelConfig
 from adaserve.distributed.forward import HOPS, ForwardFailed
 from adaserve.distributed.messages import NodeAddress
 from adaserve.engine.engine import EngineState
@@ -41,8 +41,6 @@ from adaserve.server.rest_codec import HEADER_LENGTH, decode_response
 if TYPE_CHECKING:
     from adaserve.distributed.member import ClusterMember
 
-#: The protocol's datatype of each numpy dtype a stage's tensors can have.
-_DATATYPES = {dtype: datatype for datatype, dtype in DATATYPES.items()}
 #: The error a holder's refusal of a stage is raised as, by its HTTP status (any other: an InferenceError).
 _REFUSALS: dict[int, type[AdaserveError]] = {
     error.http_status: error for error in (InvalidInputError, NotAllowedError, ModelNotFoundError, RequestTooLargeError)
@@ -92,8 +90,8 @@ class ClusterStages:
         async def send(node: NodeAddress) -> ModelAnswer:
             nonlocal encoded
             if encoded is None:  # once, and only when the stage leaves this node
-                tensors = [
-                    Tensor(spec.name, _DATATYPES[inputs[spec.name].dtype], (rows, *spec.row_shape), inputs[spec.name])
+                tensors = [  # the catalog checked that what the query passes fits each input's datatype and shape
+                    Tensor(spec.name, spec.datatype, (rows, *spec.row_shape), inputs[spec.name])
                     for spec in config.inputs
                 ]
                 body, length = encode_http(tensors, [spec.name for spec in config.outputs], parameters)
