@@ -17,7 +17,7 @@ def number(parameters: Mapping[str, Any], name: str) -> float | None:
     value = parameters.get(name)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise InvalidInputError(f"parameter '{name}' must be a finite number, got {value!r}")
     return float(value)
 
