@@ -31,9 +31,11 @@ from adaserve.server.grpc_service import RELAYED
 from adaserve.server.http import Handler, Request, Response
 from adaserve.server.rest import error_response, json_response
 from adaserve.server.restrictions import Restrictions
+from adaserve.server.trace import FORWARDED, TRACE_CONTEXT
 
-#: The header (REST) and metadata key (gRPC) a forwarded request carries: how many times it was forwarded.
-HOPS = "adaserve-forwarded"
+#: The header (REST) and metadata key (gRPC) a forwarded request carries: how many times it was forwarded (the
+#: tracer knows a forwarded request by it: its trace context is the forwarding node's).
+HOPS = FORWARDED
 #: The request headers that travel with a forwarded body.
 FORWARDED_HEADERS = ("content-type", "content-encoding", "inference-header-content-length", "accept-encoding")
 #: How long a forwarded request may take end to end.
@@ -42,8 +44,17 @@ FORWARD_TIMEOUT_S = 300.0
 GRPC_PATH = "/_adaserve/grpc/"
 #: A relayed call's metadata travel as headers with this prefix (so no key can be taken for one of HTTP's own).
 METADATA_PREFIX = "grpc-metadata-"
-#: gRPC metadata that is the transport's, not the caller's: not forwarded.
-_TRANSPORT_METADATA = ("user-agent", "content-type", "te", "grpc-accept-encoding", "grpc-encoding", "grpc-timeout")
+#: gRPC metadata that is the transport's, not the caller's, or the forwarding node's to set: not forwarded as given.
+_TRANSPORT_METADATA = (
+    "user-agent",
+    "content-type",
+    "te",
+    "grpc-accept-encoding",
+    "grpc-encoding",
+    "grpc-timeout",
+    HOPS,
+    *TRACE_CONTEXT,
+)
 #: The gRPC status of a refusal the holder's HTTP layer answers itself, before the endpoint (else INTERNAL).
 _HTTP_LAYER_CODES = {413: grpc.StatusCode.RESOURCE_EXHAUSTED, 503: grpc.StatusCode.UNAVAILABLE}
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
@@ -85,12 +96,14 @@ class Forwarder:
         path: str,
         headers: Mapping[str, str],
         body: bytes,
-        extra: str,
+        extra: Mapping[str, str],
         category: str,
     ) -> tuple[int, dict[str, str], bytes]:
-        """Send the request to `node` as it came, with the header lines `extra` and the restriction header of its
-        API `category` if it has one; its answer's status, headers (lower-case) and body."""
-        lines = [f"{method} {path} HTTP/1.1", f"host: {node.http}", f"content-length: {len(body)}", extra]
+        """Send the request to `node` as it came, with the headers `extra` (its hops, its trace context) and the
+        restriction header of its API `category` if it has one; its answer's status, headers (lower-case) and
+        body."""
+        lines = [f"{method} {path} HTTP/1.1", f"host: {node.http}", f"content-length: {len(body)}"]
+        lines += [f"{name}: {value}" for name, value in extra.items()]
         lines += [f"{name}: {headers[name]}" for name in FORWARDED_HEADERS if name in headers]
         credential = self.credentials.required.get(category)
         if credential is not None:
@@ -106,12 +119,16 @@ class Forwarder:
             out["content-encoding"] = answer.content_encoding
         return answer.status, out, answer.body
 
-    async def grpc(self, node: NodeAddress, rpc: str, raw: bytes, metadata: Metadata) -> bytes:
-        """A unary call's request bytes to `node`'s `rpc`, with the caller's `metadata`; the answer's bytes. An error
+    async def grpc(
+        self, node: NodeAddress, rpc: str, raw: bytes, metadata: Metadata, extra: Mapping[str, str]
+    ) -> bytes:
+        """A unary call's request bytes to `node`'s `rpc`, with the caller's `metadata` (less its hops and trace
+        context) and the forwarding node's `extra` (its hops, its trace context); the answer's bytes. An error
         the node answers is raised as a RemoteError with its code and message; a node that cannot be reached, or
         answers UNAVAILABLE (not ready there: another replica may be), is a ForwardFailed."""
         lines = [f"POST {GRPC_PATH}{rpc} HTTP/1.1", f"host: {node.http}", f"content-length: {len(raw)}"]
         lines += [_metadata_line(key, value) for key, value in metadata if key not in _TRANSPORT_METADATA]
+        lines += [_metadata_line(key, value) for key, value in extra.items()]
         try:
             answer = await self._request(node, lines, raw)
         except ForwardTimedOut as exc:  # a deadline, as a channel's call has it: not sent again

@@ -58,6 +58,7 @@ from adaserve.server.documents import merge_statistics
 from adaserve.server.http import Handler, Request, Response
 from adaserve.server.metrics import cluster_families, exposition, node_families
 from adaserve.server.rest import json_response
+from adaserve.server.trace import Trace
 
 log = logging.getLogger("adaserve.cluster")
 
@@ -206,11 +207,20 @@ class ClusterMember:
             return True
         return hops >= MAX_HOPS or (not self.routes.holders(model) and not self.plane.router.repository.holds(model))
 
-    async def relay(self, model: str, hops: int, send: Callable[[NodeAddress], Awaitable[Answer]]) -> Answer | None:
-        """Send a request for `model` to where it is served, with `send` (which forwards it to a node), and return
-        its answer; None when it is to be served here. A node that does not answer (its server died, or its
-        machine) is avoided and the request is sent once more, to another replica or wherever the controller
-        places the model then (inference is idempotent); a second failure is a 503 naming both nodes."""
+    async def relay(
+        self,
+        model: str,
+        hops: int,
+        send: Callable[[NodeAddress, dict[str, str]], Awaitable[Answer]],
+        begin: Callable[[], Trace | None] = lambda: None,
+    ) -> tuple[Answer, Trace | None] | None:
+        """Send a request for `model` to where it is served, with `send` (which forwards it to a node, with the
+        headers of its trace context), and return its answer; None when it is to be served here. A node that does
+        not answer (its server died, or its machine) is avoided and the request is sent once more, to another
+        replica or wherever the controller places the model then (inference is idempotent); a second failure is a
+        503 naming both nodes. `begin` begins its trace here when it is first sent (None: not traced), as the node
+        serving it would have: each send is a forward of the trace, which comes back with the answer for the
+        caller to finish once it is answered (and is finished here when it fails)."""
         if hops == 0:
             self._counts[model] += 1
         if self._here(model, hops):
@@ -222,26 +232,38 @@ class ClusterMember:
             if model not in self._gone:
                 self._gone.add(model)
                 self._send(Unloaded(model))  # the controller takes it off its books and places it again
-        while True:
-            node, address = await self.routes.target(model, avoid)
-            if node == self.node:
-                return None
-            self.forwards[(model, node)] += 1
-            try:
-                return await send(address)
-            except ForwardFailed:
-                failures += 1
-                if failures > 1:
-                    raise
-                avoid.append(node)
-                self.retries[model] += 1
-                log.warning("forwarded request failed: sending it again", extra={"model": model, "node": node})
+        trace: Trace | None = None
+        try:
+            while True:
+                node, address = await self.routes.target(model, avoid)
+                if node == self.node:
+                    self.plane.tracer.finish(trace)  # what the forwards that failed stamped; served here now
+                    return None
+                self.forwards[(model, node)] += 1
+                trace = trace or begin()
+                forward, context = trace.forward(node) if trace is not None else (None, {})
+                try:
+                    return await send(address, context), trace
+                except ForwardFailed:
+                    failures += 1
+                    if failures > 1:
+                        raise
+                    avoid.append(node)
+                    self.retries[model] += 1
+                    log.warning("forwarded request failed: sending it again", extra={"model": model, "node": node})
+                finally:
+                    if forward is not None:
+                        forward.end()
+        except BaseException:
+            self.plane.tracer.finish(trace)
+            raise
 
     async def run_stage(
-        self, model: str, inputs: dict[str, np.ndarray], rows: int, parameters: dict[str, Any]
+        self, model: str, inputs: dict[str, np.ndarray], rows: int, parameters: dict[str, Any], query: Trace | None
     ) -> ModelAnswer | None:
-        """A DAG query's stage, run where `model` is served (`stages.py`): its answer; None when that is here."""
-        return await self.stages.run(model, inputs, rows, parameters)
+        """A DAG query's stage, run where `model` is served (`stages.py`): its answer; None when that is here. A
+        stage of a traced `query` sent to another node is traced as the query's child."""
+        return await self.stages.run(model, inputs, rows, parameters, query)
 
     # -- the frontends' hooks ---------------------------------------------------------------------------------
     def rest_route(self, category: str, handler: Handler) -> Handler:
@@ -255,18 +277,28 @@ class ClusterMember:
             if request.method == "HEAD":  # an answer without its body: nothing to forward
                 return await handler(request)
             hops = _hops(request.headers.get(HOPS))
-            extra = f"{HOPS}: {hops + 1}"
 
-            async def send(node: NodeAddress) -> tuple[int, dict[str, str], bytes]:
+            async def send(node: NodeAddress, context: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
+                extra = {HOPS: str(hops + 1), **context}
                 return await self.forwarder.http(
                     node, request.method, request.path, request.headers, request.body, extra, category
                 )
 
-            answer = await self.relay(request.params["model"], hops, send)
-            if answer is None:
+            def begin() -> Trace | None:  # an inference request, traced as the handler would trace it here
+                if category != "inference":
+                    return None
+                trace = self.plane.tracer.begin(request.params["model"], "", lambda: request.headers)
+                if trace is not None:
+                    trace.stamp("HTTP_RECV_START", request.received_ns)
+                    trace.stamp("HTTP_RECV_END", request.complete_ns)
+                return trace
+
+            relayed = await self.relay(request.params["model"], hops, send, begin)
+            if relayed is None:
                 return await handler(request)
-            status, headers, body = answer
-            return Response(status, body, headers.pop("content-type"), headers)
+            (status, headers, body), trace = relayed
+            sent = self.plane.tracer.sent(trace, "HTTP") if trace is not None else None
+            return Response(status, body, headers.pop("content-type"), headers, sent)
 
         return routed
 
@@ -281,11 +313,30 @@ class ClusterMember:
         return statistics
 
     async def grpc_relay(self, rpc: str, model: str, raw: bytes, context: grpc.aio.ServicerContext) -> bytes | None:
-        """The gRPC servicer's `relay`: a call for a model held elsewhere, sent there as its bytes."""
-        metadata = [(key, value) for key, value in context.invocation_metadata() or () if key != HOPS]
-        hops = _hops(next((str(v) for k, v in context.invocation_metadata() or () if k == HOPS), None))
-        sent = (*metadata, (HOPS, str(hops + 1)))
-        return await self.relay(model, hops, lambda node: self.forwarder.grpc(node, rpc, raw, sent))
+        """The gRPC servicer's `relay`: a call for a model held elsewhere, sent there as its bytes (a ModelInfer
+        traced as the servicer would trace it here)."""
+        metadata = tuple(context.invocation_metadata() or ())
+        hops = _hops(next((str(v) for k, v in metadata if k == HOPS), None))
+        arrived_ns = time.perf_counter_ns()
+
+        def begin() -> Trace | None:
+            trace = self.plane.tracer.begin(model, "", lambda: dict(metadata)) if rpc == "ModelInfer" else None
+            if trace is not None:
+                trace.stamp("GRPC_WAITREAD_START", arrived_ns)
+                trace.stamp("GRPC_WAITREAD_END", arrived_ns)
+            return trace
+
+        async def send(node: NodeAddress, trace_context: dict[str, str]) -> bytes:
+            return await self.forwarder.grpc(node, rpc, raw, metadata, {HOPS: str(hops + 1), **trace_context})
+
+        relayed = await self.relay(model, hops, send, begin)
+        if relayed is None:
+            return None
+        answer, trace = relayed
+        if trace is not None:
+            sent_ns = time.perf_counter_ns()
+            self.plane.tracer.sent(trace, "GRPC")(sent_ns, sent_ns)
+        return answer
 
     # -- what the node server says of the cluster ---------------------------------------------------------------
     async def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
@@ -341,7 +392,8 @@ class ClusterMember:
         return got, missing
 
     async def _ask(self, node: str, path: str, category: str, read: Callable[[bytes], Answer]) -> Answer:
-        asking = self.forwarder.http(self.routes.table.nodes[node], "GET", path, {}, b"", f"{HOPS}: 1", category)
+        address = self.routes.table.nodes[node]
+        asking = self.forwarder.http(address, "GET", path, {}, b"", {HOPS: "1"}, category)
         try:
             status, _, body = await asyncio.wait_for(asking, PEER_TIMEOUT_S)
         except TimeoutError:

@@ -15,6 +15,7 @@ configs, and only the options ready on this node are timed at load (`timed_at_lo
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
@@ -37,6 +38,7 @@ from adaserve.planner.planner import ModelAnswer
 from adaserve.server.protocol import Tensor
 from adaserve.server.request_parameters import IGNORED_KEY
 from adaserve.server.rest_codec import HEADER_LENGTH, decode_response
+from adaserve.server.trace import Trace
 
 if TYPE_CHECKING:
     from adaserve.distributed.member import ClusterMember
@@ -80,14 +82,16 @@ class ClusterStages:
         return self._ready_here(model)
 
     async def run(
-        self, model: str, inputs: dict[str, np.ndarray], rows: int, parameters: dict[str, Any]
+        self, model: str, inputs: dict[str, np.ndarray], rows: int, parameters: dict[str, Any], query: Trace | None
     ) -> ModelAnswer | None:
-        """A stage of `model` on `inputs`, run where the model is served: its answer, or None when that is here."""
+        """A stage of `model` on `inputs`, run where the model is served: its answer, or None when that is here. A
+        stage of a traced `query` is its child trace here, from when it is first sent until its answer is read, and
+        the holder's trace of it is a child of that one's forward."""
         config = self._configs.get(model) or self.config(model)
         path = f"/v2/models/{quote(model)}/infer"
         encoded: tuple[bytes, dict[str, str]] | None = None
 
-        async def send(node: NodeAddress) -> ModelAnswer:
+        async def send(node: NodeAddress, context: dict[str, str]) -> ModelAnswer:
             nonlocal encoded
             if encoded is None:  # once, and only when the stage leaves this node
                 tensors = [  # the catalog checked that what the query passes fits each input's datatype and shape
@@ -98,7 +102,7 @@ class ClusterStages:
                 encoded = body, {"content-type": "application/octet-stream", HEADER_LENGTH: str(length)}
             body, headers = encoded
             status, answered, answer = await self.member.forwarder.http(
-                node, "POST", path, headers, body, f"{HOPS}: 1", "inference"
+                node, "POST", path, headers, body, {HOPS: "1", **context}, "inference"
             )
             if status == 503:  # not ready there (unloaded since the table, or its queue full): another may be
                 raise ForwardFailed(f"node {node.http} did not run '{model}': {decode_http_error(answer)}")
@@ -109,4 +113,20 @@ class ClusterStages:
             returned.pop(IGNORED_KEY, None)  # the query says itself which of its parameters went unused
             return ModelAnswer(outputs, returned)
 
-        return await self.member.relay(model, 0, send)
+        tracer = self.member.plane.tracer
+
+        def begin() -> Trace | None:
+            if query is None:
+                return None
+            trace = tracer.child(query, model)
+            trace.stamp("REQUEST_START", time.perf_counter_ns())
+            return trace
+
+        relayed = await self.member.relay(model, 0, send, begin)
+        if relayed is None:
+            return None
+        answer, trace = relayed
+        if trace is not None:
+            trace.stamp("REQUEST_END", time.perf_counter_ns())
+            tracer.finish(trace)
+        return answer

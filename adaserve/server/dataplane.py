@@ -77,9 +77,10 @@ class ClusterView(Protocol):
     node: str  # this node's name in the routing table: the label `node` of its series
 
     async def run_stage(
-        self, model: str, inputs: dict[str, np.ndarray], rows: int, parameters: dict[str, Any]
+        self, model: str, inputs: dict[str, np.ndarray], rows: int, parameters: dict[str, Any], query: Trace | None
     ) -> ModelAnswer | None:
-        """A DAG query's stage run where `model` is served: its answer; None when that is on this node."""
+        """A DAG query's stage run where `model` is served: its answer; None when that is on this node. A stage of
+        a traced `query` run elsewhere is traced as its child, the holder's trace a child of that."""
         ...
 
     async def metrics(self) -> bytes:
@@ -349,7 +350,7 @@ class DataPlane:
         child when its query is); on a cluster, where its model is served."""
         if (
             self.cluster is not None
-            and (stage := await self.cluster.run_stage(name, inputs, rows, parameters)) is not None
+            and (stage := await self.cluster.run_stage(name, inputs, rows, parameters, _dag_trace.get())) is not None
         ):
             return stage
         config = self.router.spec(name).config

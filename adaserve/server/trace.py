@@ -10,6 +10,12 @@ The file is fixed at start (as in Triton since 24.01: a client may not choose wh
 
 Timestamps are CLOCK_MONOTONIC nanoseconds, the clock every process of the server shares, so a worker's compute
 start and end line up with the frontend's.
+
+On a cluster a traced request (or DAG stage) sent to the node that holds its model is one W3C trace across the
+nodes: each send is a `Forward` of its trace on the node it left, with a span id of its own, sent as the request's
+`traceparent`; the holder traces a forwarded request exactly when it carries one (the node it entered sampled it),
+as a child of that forward. In the trace file, a trace that is part of such a trace names its `trace_id` (and the
+span it is a child of, `parent_span_id`), and each forward is an entry of its own (`activity` FORWARD).
 """
 
 from __future__ import annotations
@@ -17,6 +23,9 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import re
+import secrets
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -33,6 +42,10 @@ log = logging.getLogger("adaserve.trace")
 LEVELS = ("TIMESTAMPS", "TENSORS")
 #: W3C trace-context headers a client's OpenTelemetry context comes in.
 TRACE_CONTEXT = ("traceparent", "tracestate")
+#: The header (REST) and metadata key (gRPC) of a request one node server forwarded to another, with its hop count.
+FORWARDED = "adaserve-forwarded"
+#: A W3C `traceparent`: version, trace id, parent span id, flags (a later version may add fields after them).
+_TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(?:$|-)")
 #: Setting names as the trace API spells them → `TraceSettings` fields.
 SETTINGS = {"trace_level": "level", "trace_rate": "rate", "trace_count": "count", "log_frequency": "log_frequency"}
 
@@ -46,6 +59,32 @@ class TraceSettings:
 
 
 @dataclass
+class Forward:
+    """A traced request (or DAG stage) sent to node `holder` to be served: the span whose id its `traceparent`
+    carries there, so the holder's trace of it is its child."""
+
+    holder: str
+    span_id: str  # 16 hex digits
+    start_ns: int
+    end_ns: int = 0
+
+    def end(self) -> None:
+        self.end_ns = time.perf_counter_ns()
+
+    def entry(self, trace_id: int) -> dict[str, Any]:
+        """Its entry in the trace file, beside its trace's: the holder, its span, when it left and was answered."""
+        stamps = [{"name": "FORWARD_START", "ns": self.start_ns}]
+        stamps += [{"name": "FORWARD_END", "ns": self.end_ns}] if self.end_ns else []
+        return {
+            "id": trace_id,
+            "activity": "FORWARD",
+            "holder": self.holder,
+            "span_id": self.span_id,
+            "timestamps": stamps,
+        }
+
+
+@dataclass
 class Trace:
     """One sampled request: what it was, and its timestamps and tensors as its path stamped them."""
 
@@ -56,9 +95,12 @@ class Trace:
     scope: _Scope
     model_version: str = ""
     parent_id: int = 0  # a DAG query's trace, for the traces of the models it ran
-    context: dict[str, str] = field(default_factory=dict)  # the client's W3C trace context (OpenTelemetry mode)
+    context: dict[str, str] = field(default_factory=dict)  # the W3C trace context it came with: a client's, a node's
+    trace_id: str = ""  # its W3C trace: its context's, its query's, or chosen when it is first forwarded
     timestamps: list[tuple[str, int]] = field(default_factory=list)
     tensors: list[dict[str, Any]] = field(default_factory=list)
+    forwards: list[Forward] = field(default_factory=list)
+    query: Trace | None = field(default=None, repr=False)  # a DAG query's, for the traces of the models it ran
 
     def stamp(self, name: str, ns: int) -> None:
         if "TIMESTAMPS" in self.level and ns:
@@ -79,8 +121,23 @@ class Trace:
                 {"activity": activity, "tensor": {"name": name, "data": values, "shape": shape, "dtype": datatype}}
             )
 
+    def forward(self, holder: str) -> tuple[Forward, dict[str, str]]:
+        """It is sent to node `holder` now: the forward, and the W3C trace-context headers it goes with (the span
+        the holder's trace is a child of; the client's `tracestate` and sampling flag, where it gave them). A DAG
+        query's stages share its trace."""
+        root = self.query or self
+        parent = parse_traceparent(root.context.get("traceparent", ""))
+        root.trace_id = self.trace_id = root.trace_id or secrets.token_hex(16)
+        forward = Forward(holder, secrets.token_hex(8), time.perf_counter_ns())
+        self.forwards.append(forward)
+        headers = {"traceparent": f"00-{self.trace_id}-{forward.span_id}-{parent[2] if parent else '01'}"}
+        if "tracestate" in root.context:
+            headers["tracestate"] = root.context["tracestate"]
+        return forward, headers
+
     def entries(self) -> list[dict[str, Any]]:
-        """Its entries in Triton's trace file: the request, its timestamps (in the order stamped), its tensors."""
+        """Its entries in Triton's trace file: the request, its timestamps (in the order stamped), its tensors, its
+        forwards."""
         head: dict[str, Any] = {"id": self.id, "model_name": self.model_name}
         if is_version(self.model_version):
             head["model_version"] = int(self.model_version)
@@ -88,12 +145,26 @@ class Trace:
             head["request_id"] = self.request_id
         if self.parent_id:
             head["parent_id"] = self.parent_id
+        if self.trace_id:
+            head["trace_id"] = self.trace_id
+        parent = parse_traceparent(self.context.get("traceparent", ""))
+        if parent is not None:
+            head["parent_span_id"] = parent[1]
         entries = [head]
         if self.timestamps:
             stamps = [{"name": name, "ns": ns} for name, ns in self.timestamps]
             entries.append({"id": self.id, "timestamps": stamps})
         entries += [{"id": self.id, **tensor} for tensor in self.tensors]
+        entries += [forward.entry(self.id) for forward in self.forwards]
         return entries
+
+
+def parse_traceparent(value: str) -> tuple[str, str, str] | None:
+    """A W3C `traceparent`'s trace id, parent span id and flags; None for one that is not valid."""
+    match = _TRACEPARENT.match(value)
+    if match is None or match[1] == "ff" or match[2] == "0" * 32 or match[3] == "0" * 16:
+        return None
+    return match[2], match[3], match[4]
 
 
 class _Scope:
@@ -220,26 +291,38 @@ class Tracer:
     def begin(
         self, model_name: str, request_id: str, headers: Callable[[], Mapping[str, str]] | None = None
     ) -> Trace | None:
-        """A trace for this request if its model's settings sample it, else None. In OpenTelemetry mode, while its
-        model's tracing is on, a request whose `headers()` carry a W3C `traceparent` is traced whatever the rate and
-        count say, under the client's trace (as Triton does)."""
+        """A trace for this request if its model's settings sample it, else None. While its model's tracing is on, a
+        request another node forwarded (its `headers()` name FORWARDED) is traced exactly when it carries a W3C
+        `traceparent`, under it: the node it entered sampled it. In OpenTelemetry mode, a client's request whose
+        headers carry a `traceparent` is traced whatever the rate and count say, under the client's trace (as
+        Triton does)."""
         scope = self._models.get(model_name, self._server)
-        context = self._client_context(headers) if headers is not None and scope.settings.level else {}
+        given = headers() if headers is not None and scope.settings.level else {}
+        if FORWARDED in given:
+            context = _context(given)
+            level = scope.settings.level
+        else:
+            context = _context(given) if self.sink is not None and self.sink.mode == "opentelemetry" else {}
+            level = ("TIMESTAMPS",)
         if context:
-            return Trace(next(self._ids), model_name, request_id, ("TIMESTAMPS",), scope, context=context)
-        if not scope.sample():
+            trace_id = parent[0] if (parent := parse_traceparent(context["traceparent"])) else ""
+            return Trace(next(self._ids), model_name, request_id, level, scope, context=context, trace_id=trace_id)
+        if FORWARDED in given or not scope.sample():
             return None
         return Trace(next(self._ids), model_name, request_id, scope.settings.level, scope)
 
-    def _client_context(self, headers: Callable[[], Mapping[str, str]]) -> dict[str, str]:
-        if self.sink is None or self.sink.mode != "opentelemetry":
-            return {}
-        given = headers()
-        return {key: given[key] for key in TRACE_CONTEXT if key in given} if "traceparent" in given else {}
-
     def child(self, parent: Trace, model_name: str) -> Trace:
-        """The trace of a model a traced DAG query runs: traced because its query is, under the query's settings."""
-        return Trace(next(self._ids), model_name, parent.request_id, parent.level, parent.scope, parent_id=parent.id)
+        """The trace of a model a traced DAG query runs: traced because its query is, under the query's settings
+        (and its W3C trace, for a stage forwarded to another node)."""
+        return Trace(
+            next(self._ids),
+            model_name,
+            parent.request_id,
+            parent.level,
+            parent.scope,
+            parent_id=parent.id,
+            query=parent,
+        )
 
     def finish(self, trace: Trace | None) -> None:
         """The request has been answered (or failed): hand its trace to the sink."""
@@ -322,6 +405,11 @@ class Tracer:
 
 
 FILE_HINT = "start the server with --trace-config triton,file=PATH"
+
+
+def _context(headers: Mapping[str, str]) -> dict[str, str]:
+    """The W3C trace context in a request's headers (or metadata); empty without a `traceparent`."""
+    return {key: headers[key] for key in TRACE_CONTEXT if key in headers} if "traceparent" in headers else {}
 
 
 def parse_changes(changes: Mapping[str, list[str] | None]) -> dict[str, Any]:

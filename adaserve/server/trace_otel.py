@@ -79,6 +79,8 @@ class SpanRecord(NamedTuple):
     parent_id: int
     context: dict[str, str]
     timestamps: list[tuple[str, int]]
+    trace_id: str  # its W3C trace, where it has one of its own (it was forwarded) or took its context's
+    forwards: list[tuple[str, str, int, int]]  # (holder, span id, start, end) of each time it was forwarded
 
     @classmethod
     def of(cls, trace: Trace) -> SpanRecord:
@@ -90,6 +92,8 @@ class SpanRecord(NamedTuple):
             trace.parent_id,
             trace.context,
             trace.timestamps,
+            trace.trace_id,
+            [(f.holder, f.span_id, f.start_ns, f.end_ns or f.start_ns) for f in trace.forwards],
         )
 
 
@@ -272,7 +276,8 @@ class SpanBuilder:
         if client is not None and client.is_valid and not client.trace_flags.sampled:
             return  # the client's sampling decision holds (the SDK's default sampler: parent-based)
         parent = client if client is not None and client.is_valid else None
-        top = self._context(parent.trace_id if parent else self.ids.generate_trace_id())
+        trace_id = int(trace.trace_id, 16) if trace.trace_id else None
+        top = self._context(trace_id or (parent.trace_id if parent else self.ids.generate_trace_id()))
         frontend = [(name, ns) for name, ns in stamps.items() if name.split("_", 1)[-1] in FRONTEND_STAMPS]
         events = [Event(name, timestamp=ns) for name, ns in sorted(frontend, key=lambda stamp: stamp[1])]
         start, end = min(stamps.values()), max(stamps.values())
@@ -282,8 +287,13 @@ class SpanBuilder:
             self._model_spans(child, {name: self._wall(ns) for name, ns in child.timestamps}, model)
 
     def _model_spans(self, trace: SpanRecord, stamps: dict[str, int], parent: SpanContext) -> SpanContext:
-        """The model span (and its compute span) of a trace, under `parent`; returns the model span's context."""
+        """The model span (and its compute span, or its forwards' spans) of a trace, under `parent`; returns the
+        model span's context (`parent` itself for a request this node only forwarded: the forwards go under it)."""
+        if "REQUEST_START" not in stamps:
+            self._forward_spans(trace, parent)
+            return parent
         model = self._context(parent.trace_id)
+        self._forward_spans(trace, model)
         if "COMPUTE_START" in stamps and "COMPUTE_END" in stamps:
             start, end = stamps["COMPUTE_START"], stamps["COMPUTE_END"]
             events = [Event("COMPUTE_START", timestamp=start), Event("COMPUTE_END", timestamp=end)]
@@ -294,6 +304,18 @@ class SpanBuilder:
         end = stamps.get("REQUEST_END", max(stamps.values(), default=0))
         self._span(trace.model_name, model, parent, trace, events, start, end)
         return model
+
+    def _forward_spans(self, trace: SpanRecord, parent: SpanContext) -> None:
+        """A FORWARD span, under `parent`, for each time the request was sent to another node: its span id the one
+        the holder was sent, so the holder's spans of it are its children."""
+        for holder, span_id, start, end in trace.forwards:
+            context = SpanContext(parent.trace_id, int(span_id, 16), is_remote=False, trace_flags=SAMPLED)
+            events = [
+                Event("FORWARD_START", timestamp=self._wall(start)),
+                Event("FORWARD_END", timestamp=self._wall(end)),
+            ]
+            attributes = {**self._attributes(trace), "holder": holder}
+            self._span("FORWARD", context, parent, trace, events, self._wall(start), self._wall(end), attributes)
 
     def _context(self, trace_id: int) -> SpanContext:
         return SpanContext(trace_id, self.ids.generate_span_id(), is_remote=False, trace_flags=SAMPLED)
@@ -307,13 +329,14 @@ class SpanBuilder:
         events: list[Event],
         start: int,
         end: int,
+        attributes: dict[str, Any] | None = None,
     ) -> None:
         span = ReadableSpan(
             name,
             context,
             parent,
             self.resource,
-            self._attributes(trace),
+            attributes or self._attributes(trace),
             events,
             start_time=start,
             end_time=end,

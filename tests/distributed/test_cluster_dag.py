@@ -2,10 +2,12 @@
 `test_forwarding.py`): the query loads on both though neither holds its models; sent to `a`, whose models `b` holds,
 it answers what its models answer run directly, its plan in its parameters, each stage forwarded once and counted;
 an option `a` did not time at load is timed once a request finds it held; a stage whose model no node holds waits
-for the controller to place it; a stage whose holder is dead is sent again to another, or answered 503 naming it."""
+for the controller to place it; a stage whose holder is dead is sent again to another, or answered 503 naming it;
+a request and a query traced on `a` are one trace with their runs on `b`."""
 
 from __future__ import annotations
 
+import json
 import re
 import time
 import urllib.request
@@ -67,8 +69,12 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Nodes]:
     for name in ("mlp", "cnn"):
         link_example(repository, name, workers=[{"batch": 4}])
     _write_dag(repository)
-    with ExitStack() as stack:
-        yield {name: _node(stack, repository, name) for name in ("a", "b")}
+    with ExitStack() as stack:  # each node writes its traces, once turned on, to traces/NAME (`_traces`)
+        (repository.parent / "traces").mkdir()
+        yield {
+            name: _node(stack, repository, name, f"--trace-config=triton,file={repository.parent / 'traces' / name}")
+            for name in ("a", "b")
+        }
 
 
 def _settled(actor: FakeActor) -> None:
@@ -210,3 +216,78 @@ def test_a_stage_caught_by_a_dead_holder_is_sent_again_or_answered_503_naming_it
         _infer(a.http_url, "pipe", rows)
     assert failed.value.status() == "503"
     assert any(address in str(failed.value) for address in dead)
+
+
+def _traces(handle: ServerHandle, node: str, count: int) -> dict[int, dict[str, Any]]:
+    """Node `node`'s traces by id, each its head entry with its `forwards` (FORWARD entries) and timestamps' names,
+    read from its trace files (`log_frequency` 1: a file per trace, written once it is answered) once there are
+    `count` (or 30 s passed)."""
+    deadline = time.monotonic() + 30
+    while True:
+        traces: dict[int, dict[str, Any]] = {}
+        for path in (handle.log.parent / "traces").glob(f"{node}.*"):
+            for entry in json.loads(path.read_text()):
+                trace = traces.setdefault(entry["id"], {"forwards": [], "stamps": []})
+                if entry.get("activity") == "FORWARD":
+                    trace["forwards"].append(entry)
+                elif "model_name" in entry:
+                    trace.update(entry)
+                else:
+                    trace["stamps"] += [stamp["name"] for stamp in entry.get("timestamps", [])]
+        if len(traces) >= count or time.monotonic() > deadline:
+            return traces
+        time.sleep(0.2)
+
+
+def _one(traces: dict[int, dict[str, Any]], **fields: Any) -> dict[str, Any]:
+    (found,) = [t for t in traces.values() if all(t.get(key) == value for key, value in fields.items())]
+    return found
+
+
+def test_a_request_and_a_query_entering_a_are_one_trace_with_their_runs_on_b(nodes: Nodes) -> None:
+    """Traced on `a` (every request sampled), each forward is an entry of `a`'s trace naming `b` and a span id; `b`
+    traces what came with that span as its child, in the same W3C trace."""
+    (a, a_actor), (b, b_actor) = nodes["a"], nodes["b"]
+    b_actor.send(Report())
+    held = b_actor.expect(Resident)
+    assert isinstance(held, Resident)
+    for model in {"mlp", "cnn"} - set(held.models):
+        b_actor.load(model)
+    _table(nodes, 6, {"mlp": ["b"], "cnn": ["b"]})
+    _settled(a_actor)
+    rows = _split_rows(b.http_url)
+    on = {"trace_level": ["TIMESTAMPS"], "trace_rate": "1", "log_frequency": "1"}
+    with Clients() as clients:
+        try:
+            for handle in (a, b):
+                clients.http(handle.http_url).update_trace_settings(settings=on)
+            image = httpclient.InferInput("image", [3, 784], "FP32")
+            image.set_data_from_numpy(rows["flat"])
+            clients.http(a.http_url).infer("mlp", [image], request_id="traced-rest")
+            tensor = grpcclient.InferInput("image", [3, 784], "FP32")
+            tensor.set_data_from_numpy(rows["flat"])
+            clients.grpc(a.grpc_url).infer("mlp", [tensor], request_id="traced-grpc")
+            tensors = []
+            for name, array in rows.items():
+                tensors.append(httpclient.InferInput(name, list(array.shape), "FP32"))
+                tensors[-1].set_data_from_numpy(array)
+            clients.http(a.http_url).infer("pipe", tensors, request_id="traced-dag")
+        finally:
+            for handle in (a, b):
+                clients.http(handle.http_url).update_trace_settings(settings={"trace_level": ["OFF"]})
+    on_b, on_a = _traces(b, "b", 4), _traces(a, "a", 5)
+    for request_id, frontend in (("traced-rest", "HTTP"), ("traced-grpc", "GRPC")):
+        served = _one(on_b, request_id=request_id)
+        sent = _one(on_a, trace_id=served["trace_id"], model_name="mlp")
+        (forward,) = sent["forwards"]
+        assert forward["holder"] == "b" and forward["span_id"] == served["parent_span_id"]
+        assert f"{frontend}_SEND_END" in sent["stamps"] and f"{frontend}_SEND_END" in served["stamps"]
+        assert "COMPUTE_START" in served["stamps"] and "COMPUTE_START" not in sent["stamps"]
+    query = _one(on_a, request_id="traced-dag", model_name="pipe")
+    stages = [trace for trace in on_a.values() if trace.get("parent_id") == query["id"]]
+    assert sorted(stage["model_name"] for stage in stages) == ["cnn", "mlp"]
+    for stage in stages:
+        (forward,) = stage["forwards"]
+        served = _one(on_b, parent_span_id=forward["span_id"])
+        assert served["model_name"] == stage["model_name"] and served["trace_id"] == query["trace_id"]
+    assert len(on_b) == 4  # the two requests and the two stages, each once: b does not sample what a forwards

@@ -61,8 +61,9 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def _node(stack: ExitStack, repository: Path, name: str) -> tuple[ServerHandle, FakeActor]:
-    return stack.enter_context(node_server(lambda args, fds: running_server(repository, *args, pass_fds=fds), name))
+def _node(stack: ExitStack, repository: Path, name: str, *extra: str) -> tuple[ServerHandle, FakeActor]:
+    starter = lambda args, fds: running_server(repository, *args, *extra, pass_fds=fds)  # noqa: E731
+    return stack.enter_context(node_server(starter, name))
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,7 @@ traced, how a model's settings follow the server's, what the trace file holds, a
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ import pytest
 
 from adaserve.engine.engine import RequestTimes
 from adaserve.errors import ConfigError, InvalidInputError
-from adaserve.server.trace import TraceFile, Tracer, TraceSettings, tracer_from_config
+from adaserve.server.trace import FORWARDED, TraceFile, Tracer, TraceSettings, parse_traceparent, tracer_from_config
 
 
 @pytest.fixture
@@ -211,3 +212,60 @@ def test_a_bad_trace_config_is_refused_by_name(options: list[str], message: str)
 def test_an_unwritable_trace_file_is_refused_at_start(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"cannot write the trace file .*/missing/trace\.json: No such file"):
         TraceFile(tmp_path / "missing" / "trace.json")
+
+
+def test_a_forwarded_request_is_traced_exactly_when_the_node_it_entered_traced_it(
+    tracer: Callable[..., Tracer], tmp_path: Path
+) -> None:
+    """The entry node samples (every second request here); the holder traces what comes with the entry's trace
+    context whatever its own rate, and nothing else forwarded, under the entry's forward span."""
+    entry, holder = tracer(level=("TIMESTAMPS",), rate=2), tracer(level=("TIMESTAMPS",), rate=1000)
+    assert entry.begin("mlp", "", lambda: {}) is None
+    sent = entry.begin("mlp", "", lambda: {})
+    assert sent is not None
+    forward, context = sent.forward("b")
+    forward.end()
+    assert holder.begin("mlp", "r", lambda: {FORWARDED: "1"}) is None  # the entry did not trace it
+    received = holder.begin("mlp", "r", lambda: {FORWARDED: "1", **context})
+    assert received is not None
+    version, trace_id, span_id, flags = context["traceparent"].split("-")
+    assert (version, flags, span_id) == ("00", "01", forward.span_id)
+    assert received.trace_id == sent.trace_id == trace_id
+    entries = sent.entries()
+    assert entries[0] == {"id": 1, "model_name": "mlp", "trace_id": trace_id}
+    assert entries[1]["activity"] == "FORWARD" and entries[1]["holder"] == "b" and entries[1]["span_id"] == span_id
+    assert [stamp["name"] for stamp in entries[1]["timestamps"]] == ["FORWARD_START", "FORWARD_END"]
+    assert received.entries()[0] == {
+        "id": 1,
+        "model_name": "mlp",
+        "request_id": "r",
+        "trace_id": trace_id,
+        "parent_span_id": span_id,
+    }
+
+
+def test_a_clients_trace_context_travels_on_with_a_span_of_the_forward() -> None:
+    tracer = Tracer(TraceSettings(level=("TIMESTAMPS",)), TraceFile(Path(os.devnull)))
+    client = {"traceparent": f"00-{'ab' * 16}-{'cd' * 8}-00", "tracestate": "vendor=1", FORWARDED: "1"}
+    trace = tracer.begin("mlp", "", lambda: client)
+    assert trace is not None
+    _, first = trace.forward("b")
+    _, second = trace.forward("c")  # sent again: a span of its own
+    assert first["traceparent"].startswith(f"00-{'ab' * 16}-") and first["traceparent"].endswith("-00")
+    assert first["traceparent"] != second["traceparent"] and first["tracestate"] == "vendor=1"
+    tracer.close()
+
+
+def test_a_dag_querys_stages_sent_to_other_nodes_share_its_trace(tracer: Callable[..., Tracer]) -> None:
+    server = tracer(level=("TIMESTAMPS",), rate=1)
+    query = server.begin("pipe", "q")
+    assert query is not None
+    stages = [server.child(query, model) for model in ("mlp", "cnn")]
+    contexts = [stage.forward("b")[1]["traceparent"].split("-")[1] for stage in stages]
+    assert contexts[0] == contexts[1] == query.trace_id == stages[0].trace_id
+    assert server.child(query, "mlp").entries()[0]["parent_id"] == query.id
+
+
+@pytest.mark.parametrize("value", ["", "00-xyz", f"ff-{'ab' * 16}-{'cd' * 8}-01", f"00-{'0' * 32}-{'cd' * 8}-01"])
+def test_a_traceparent_that_is_not_valid_is_not_taken(value: str) -> None:
+    assert parse_traceparent(value) is None
