@@ -1,6 +1,7 @@
 """`adaserve cluster up`: a local Ray cluster of N nodes on this machine, a node server on each (for trying the
 cluster and for tests); `cluster drain` and `undrain`, which ask a running cluster's controller to take a node out
-and let it back; and the settings `adaserve serve --ray ADDRESS` shares with `up`."""
+and let it back, and `cluster scale-in`, which turns the giving back of idle nodes on or off; and the settings
+`adaserve serve --ray ADDRESS` shares with `up`."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 
 from adaserve.distributed.controller import DRAIN_MOVES_USED_WITHIN_S, DRAIN_TIMEOUT_S, ClusterSettings
 from adaserve.distributed.node import NodeSettings
+from adaserve.distributed.scale_in import ScaleIn
 from adaserve.errors import ConfigError
 from adaserve.extras import needs_extra
 
@@ -75,12 +77,25 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     _add_node_arguments(undrain)
     undrain.set_defaults(func=_undrain)
+    scale_in = cluster_commands.add_parser(
+        "scale-in",
+        help="turn automatic scale-in on or off while the cluster runs: a node that served no request for IDLE_S "
+        "seconds is drained as cluster drain drains it, while more than --min-nodes serve. Prints the settings",
+    )
+    scale_in.add_argument("idle_s", metavar="IDLE_S", type=float, help="seconds a node may idle; 0 turns it off")
+    _add_min_nodes(scale_in)
+    _add_ray_address(scale_in)
+    scale_in.set_defaults(func=_scale_in)
 
 
 def _add_node_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "node", metavar="NODE", help="the node as cluster up and models list --cluster name it, or its first characters"
     )
+    _add_ray_address(parser)
+
+
+def _add_ray_address(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--ray",
         metavar="ADDRESS",
@@ -114,6 +129,28 @@ def add_cluster_arguments(parser: argparse.ArgumentParser, budget: object) -> No
         help="which node gets a new replica: iam (where making room costs the least importance), lru (ModelMesh's: "
         "the node whose least recently used model is oldest) or random (default: %(default)s)",
     )
+    from adaserve.arguments import positive_number
+
+    parser.add_argument(
+        "--scale-in-idle-s",
+        type=positive_number,
+        metavar="SECONDS",
+        help="give back a node that served no request for this long (drained as cluster drain drains it, so Ray's "
+        "autoscaler can remove it), while more than --min-nodes serve (default: off)",
+    )
+    _add_min_nodes(parser)
+
+
+def _add_min_nodes(parser: argparse.ArgumentParser) -> None:
+    from adaserve.arguments import positive_integer
+
+    parser.add_argument(
+        "--min-nodes",
+        type=positive_integer,
+        default=1,
+        metavar="N",
+        help="scale-in leaves at least this many nodes serving (default: %(default)s)",
+    )
 
 
 def cluster_settings(
@@ -143,6 +180,7 @@ def cluster_settings(
         placement=args.placement,
         host_from_ray=host_from_ray,
         log_level=log_level,
+        scale_in=ScaleIn(args.scale_in_idle_s, args.min_nodes) if args.scale_in_idle_s is not None else None,
     )
 
 
@@ -160,6 +198,13 @@ def _drain(args: argparse.Namespace) -> int:
 
 def _undrain(args: argparse.Namespace) -> int:
     print(json.dumps({"undrained": _ask_controller(args.ray, "undrain", args.node)}))
+    return 0
+
+
+def _scale_in(args: argparse.Namespace) -> int:
+    if args.idle_s:
+        ScaleIn(args.idle_s, args.min_nodes)  # refused here, by name, before Ray is asked
+    print(json.dumps(_ask_controller(args.ray, "set_scale_in", args.idle_s, args.min_nodes)))
     return 0
 
 

@@ -23,6 +23,7 @@ from typing import Any
 from adaserve.distributed.messages import NodeAddress, Requests, Routes
 from adaserve.distributed.node import NodeServer, NodeSettings
 from adaserve.distributed.placement import ModelLoad, Placement, ScaleKind
+from adaserve.distributed.scale_in import IdleNodes, ScaleIn
 from adaserve.errors import CacheBusyError, ConfigError, ModelTooLargeError
 
 log = logging.getLogger("adaserve.cluster")
@@ -91,6 +92,7 @@ class ClusterSettings:
     placement: str = "iam"
     host_from_ray: bool = False  # listen on the address Ray knows each node by (real machines), not node.host
     log_level: str = "info"
+    scale_in: ScaleIn | None = None  # give back nodes idle this long (`scale_in.py`); None: only by `drain`
 
 
 class Controller:
@@ -106,7 +108,15 @@ class Controller:
         self.addresses: dict[str, NodeAddress] = {}
         self.pids: dict[str, int] = {}
         self.budgets: dict[str, int] = {}
-        self.decisions = {"placed": 0, "evicted": 0, "failed": 0, "lost": 0, "replicated": 0, "removed": 0}
+        self.decisions = {
+            "placed": 0,
+            "evicted": 0,
+            "failed": 0,
+            "lost": 0,
+            "replicated": 0,
+            "removed": 0,
+            "scaled_in": 0,
+        }
         self._version = 0
         self._placing: dict[str, asyncio.Task[None]] = {}
         self._ports: dict[str, int] = {}  # node name → its index (its ports are the first node's plus a stride)
@@ -120,6 +130,9 @@ class Controller:
         self._sizes: dict[str, int] = {}  # model → its bytes once loaded
         self.draining: dict[str, bool] = {}  # node being drained → whether it is out of the routing table yet
         self.drained: set[str] = set()  # drained nodes, not started again while their Ray node stays
+        self.scale_in = settings.scale_in
+        self.idle = IdleNodes()
+        self._scaling_in: asyncio.Task[None] | None = None  # the drain of an idle node under way
 
     # -- start, membership -------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -256,6 +269,7 @@ class Controller:
         self.budgets[name] = budget_bytes
         self.placement.add_node(name, budget_bytes)
         now = time.monotonic()
+        self.idle.busy(name, now)
         for model, size in resident.items():  # held already (a restarted controller, or server): on the books as is
             self.placement.place(model, size, now, exclude=[node for node in self.placement.nodes() if node != name])
             self.placement.loaded(name, model, size, now)
@@ -274,6 +288,7 @@ class Controller:
             queued.pop(name, None)
         self.addresses.pop(name, None)
         self.pids.pop(name, None)
+        self.idle.forget(name)
         return lost
 
     async def _lose(self, name: str, reason: str) -> None:
@@ -304,7 +319,12 @@ class Controller:
     async def requests(self, node: str, report: Requests) -> None:
         """A node's request counts, and the queue and capacity of the models it holds (for `_scale`)."""
         await self.start()
-        self.placement.requests(report.counts, time.monotonic())
+        self._take_report(node, report, time.monotonic())
+
+    def _take_report(self, node: str, report: Requests, now: float) -> None:
+        self.placement.requests(report.counts, now)
+        if report.counts or report.capacity_rps:  # requests arrived there, or its engines computed
+            self.idle.busy(node, now)
         self._arrivals.update(report.counts)
         for model, rows in report.queued.items():
             self._queued.setdefault(model, {})[node] = rows
@@ -322,6 +342,7 @@ class Controller:
                 await self._scale(arrivals, now - last, now)
             except Exception:
                 log.exception("replication check failed")
+            self._give_back_idle(now)
             last = now
 
     async def _scale(self, arrivals: Counter[str], elapsed_s: float, now: float) -> None:
@@ -405,6 +426,32 @@ class Controller:
         self.decisions["failed"] += 1
         log.warning("cannot place", extra={"model": model, "reason": reason})
         await asyncio.gather(*(h.refused.remote(model, reason) for h in self.nodes.values()), return_exceptions=True)
+
+    # -- scale-in ------------------------------------------------------------------------------------------------
+    def _give_back_idle(self, now: float) -> None:
+        """With scale-in on, drain the node idle longest past its idle time (`IdleNodes.idlest`), as `drain` does;
+        one drain at a time, an operator's too."""
+        if self.scale_in is None or self.draining or (self._scaling_in is not None and not self._scaling_in.done()):
+            return
+        node = self.idle.idlest(list(self.nodes), self.scale_in, now)
+        if node is not None:
+            log.info("giving back an idle node", extra={"node": node, "idle_s": self.scale_in.idle_s})
+            self._scaling_in = asyncio.get_running_loop().create_task(self._drain_idle(node))
+
+    async def _drain_idle(self, node: str) -> None:
+        try:
+            await self.drain(node)
+        except Exception:
+            log.exception("drain of an idle node failed", extra={"node": node})
+            return
+        self.decisions["scaled_in"] += 1
+        await self._broadcast()  # the nodes' metrics count it
+
+    async def set_scale_in(self, idle_s: float, min_nodes: int) -> dict[str, Any]:
+        """Turn scale-in on (`idle_s` > 0) or off (0) while the cluster runs; the settings now in force."""
+        await self.start()
+        self.scale_in = ScaleIn(idle_s, min_nodes) if idle_s else None
+        return {"scale_in_idle_s": idle_s or None, "min_nodes": min_nodes if idle_s else None}
 
     # -- draining ------------------------------------------------------------------------------------------------
     async def drain(self, node: str, timeout_s: float = DRAIN_TIMEOUT_S) -> dict[str, Any]:
@@ -524,7 +571,7 @@ class Controller:
         """Stop every node server (the cluster is going down)."""
         import ray
 
-        for task in (self._membership, self._scaling):
+        for task in (self._membership, self._scaling, self._scaling_in):
             if task is not None:
                 task.cancel()
         await asyncio.gather(*(h.stop.remote() for h in self.nodes.values()), return_exceptions=True)

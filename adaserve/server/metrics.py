@@ -388,7 +388,8 @@ class ClusterCollector:
             (
                 CounterMetricFamily,
                 "adaserve_cluster_placement_decisions",
-                "The placement controller's decisions: models placed, evicted, refused (failed), nodes lost",
+                "The placement controller's decisions: models placed, evicted, refused (failed), replicated, replicas "
+                "removed, nodes lost, idle nodes given back (scaled_in)",
                 ["decision"],
                 {(kind,): count for kind, count in state.decisions.items()},
             ),

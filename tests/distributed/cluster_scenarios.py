@@ -364,3 +364,41 @@ def test_a_node_drained_under_load_answers_every_request_and_leaves(cluster: Clu
         ray.shutdown()
     rows = _rows("mlp", 10, count=1)
     _close(_json_infer(holder, rows), reference_outputs("mlp", rows))  # it serves again, on its ports
+
+
+def test_with_scale_in_on_an_idle_node_is_given_back_down_to_the_floor(cluster: Cluster) -> None:
+    """Every model used, then scale-in on (idle 3 s, at least 2 nodes): one node is drained once idle, the models
+    it held moved first (they had requests), every model still answered; then scale-in off."""
+    import ray
+
+    with Clients() as clients:
+        for model in MODELS:
+            rows = _rows(model, 20)
+            _close(_infer(clients, cluster.nodes[0], "http", model, rows), reference_outputs(model, rows))
+
+    def scale_in(*args: str) -> dict[str, Any]:
+        command = [sys.executable, "-m", "adaserve", "cluster", "scale-in", *args, "--ray", cluster.ray_address]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout.splitlines()[-1])  # type: ignore[no-any-return]
+
+    assert scale_in("3", "--min-nodes", "2") == {"scale_in_idle_s": 3.0, "min_nodes": 2}
+    ray.init(address=cluster.ray_address, namespace="adaserve", logging_level=logging.ERROR)
+    try:
+        controller = ray.get_actor("adaserve-controller")
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and not ray.get(controller.snapshot.remote())["decisions"]["scaled_in"]:
+            time.sleep(0.5)
+        snapshot = ray.get(controller.snapshot.remote())
+    finally:
+        ray.shutdown()
+    assert scale_in("0") == {"scale_in_idle_s": None, "min_nodes": None}
+    (given_back,) = snapshot["drained"]
+    assert snapshot["decisions"]["scaled_in"] == 1 and len(snapshot["nodes"]) == 2, snapshot
+    serving = [node for node in cluster.nodes if node.name != given_back]
+    with Clients() as clients:
+        held = set().union(*(_ready_on(clients, node) for node in serving))
+        assert set(MODELS) <= held  # moved before the node went, not written off
+        for model in MODELS:
+            rows = _rows(model, 21)
+            _close(_infer(clients, serving[1], "grpc", model, rows), reference_outputs(model, rows))
