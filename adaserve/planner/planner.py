@@ -13,6 +13,7 @@ request goes through the same request path as a client's (`RunModel`), with its 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import time
 from collections import Counter
@@ -122,7 +123,11 @@ class QueryPlanner:
         for model in models:
             specs = self._untimed.pop(model, None)
             if specs is not None:
-                task = asyncio.ensure_future(self._time_untimed(model, specs))
+                # in a context of its own: the query that found the option held is not its parent (its trace,
+                # were it traced, would take these runs for its stages)
+                task = asyncio.get_running_loop().create_task(
+                    self._time_untimed(model, specs), context=contextvars.Context()
+                )
                 self._timing.add(task)
                 task.add_done_callback(self._timing.discard)
 
