@@ -1,12 +1,13 @@
 """The placement controller: one Ray actor that decides which models are resident on which nodes.
 
-It keeps the cluster's books in `Placement` (`placement.py`: one resident set per node under its memory budget,
-the policy that picks a node for a new replica, and mCache's eviction policies choosing victims), the same objects
-the fleet-scale simulator replays traces through. It follows Ray's membership (a node server for each node that
-joins, its replicas written off when it leaves), places a model on its first request, evicts to make room,
-drains a node on request (its loaded models moved, its requests answered, then it stops), and sends every node the
-routing table whenever it changes. It is restartable: its state is rebuilt from what the node servers hold (and the
-drained nodes from Ray's key-value store), and while it is away the nodes keep routing by the last table they have.
+It keeps the cluster's books in `Placement` (`placement.py`: one resident set per node under its memory budget, the
+policy that picks a node for a new replica, and mCache's eviction policies choosing victims), the same objects the
+fleet-scale simulator replays traces through. It follows Ray's membership (a node server for each node that joins, its
+replicas written off when it leaves), places a model on its first request, evicts to make room, drains a node on request
+(its loaded models moved, its requests answered, then it stops) or, with scale-in on, once it has been idle a while
+(`scale_in.py`), and sends every node the routing table whenever it changes. It is restartable: its state is rebuilt
+from what the node servers hold (and the drained nodes from Ray's key-value store), and while it is away the nodes keep
+routing by the last table they have.
 """
 
 from __future__ import annotations
@@ -108,15 +109,8 @@ class Controller:
         self.addresses: dict[str, NodeAddress] = {}
         self.pids: dict[str, int] = {}
         self.budgets: dict[str, int] = {}
-        self.decisions = {
-            "placed": 0,
-            "evicted": 0,
-            "failed": 0,
-            "lost": 0,
-            "replicated": 0,
-            "removed": 0,
-            "scaled_in": 0,
-        }
+        kinds = ("placed", "evicted", "failed", "lost", "replicated", "removed", "scaled_in")
+        self.decisions = dict.fromkeys(kinds, 0)
         self._version = 0
         self._placing: dict[str, asyncio.Task[None]] = {}
         self._ports: dict[str, int] = {}  # node name → its index (its ports are the first node's plus a stride)

@@ -7,7 +7,9 @@ bytes, `server/grpc_service.py`) go on the same pool to the holder's internal en
 on its REST port, the call's metadata as `grpc-metadata-*` headers; the holder runs the servicer's own method on
 them (`InferenceServicer.relayed_call`) and answers the answer's bytes (200), or the call's gRPC status and message
 (`{"error": ..., "grpc_status": code}`), which the forwarding node answers its caller as they are. Nothing is
-decoded and encoded again: forwarding costs the copies and a hop, not the tensors' conversion.
+decoded and encoded again: forwarding costs the copies and a hop, not the tensors' conversion. A traced request goes
+with the W3C trace context of its forward (`traceparent`, as a header or as metadata), in place of any its caller
+sent: the holder traces it as the forward's child (`adaserve.server.trace`).
 
 Not a grpc.aio channel: in the forwarding node's process grpc.aio's client machinery (the call objects, its
 completion queue polled from a thread, the callbacks onto the event loop) cost more than the request's own serving,

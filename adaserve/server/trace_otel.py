@@ -10,6 +10,10 @@ REQUEST_END, with QUEUE_START), and `compute` (COMPUTE_START to COMPUTE_END, in 
 span each, under the query's model span. Timestamps are moved from CLOCK_MONOTONIC to the wall clock, which
 OpenTelemetry uses, by one offset taken at start. The TENSORS level is not recorded in this mode (as in Triton).
 
+On a cluster, each time a request (or a DAG stage) was sent to another node is a `FORWARD` span (attribute
+`holder`) under its `InferRequest` (or the stage's model span), with the span id the holder was sent (`Forward`):
+the holder's spans of it are its children, in the same trace.
+
 The spans are built and exported in a process of their own, the exporter: the SDK does that work in Python (three
 span objects a request, then protobuf encoding on its batch span processor thread), and in the server's
 interpreter it held the lock the event loop needs: with every request traced, 0.37–0.67× the served rate and a p99 of

@@ -2,7 +2,8 @@
 loopback-only network namespace: every node answers for every model, as the model run directly does; a model
 resident on one node answers through the others; concurrent load with several models; a node server killed by its
 PID under load loses no request; the controller killed, routing goes on and placement resumes; bad input is
-answered as on one node; a node drained under load loses no request and leaves, and comes back when undrained."""
+answered as on one node; a node drained under load loses no request and leaves, and comes back when undrained;
+with scale-in on, an idle node is given back, down to the floor."""
 
 from __future__ import annotations
 
