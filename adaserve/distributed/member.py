@@ -240,7 +240,8 @@ class ClusterMember:
                     self.plane.tracer.finish(trace)  # what the forwards that failed stamped; served here now
                     return None
                 self.forwards[(model, node)] += 1
-                trace = trace or begin()
+                if failures == 0:  # sampled once, at its first send
+                    trace = begin()
                 forward, context = trace.forward(node) if trace is not None else (None, {})
                 try:
                     return await send(address, context), trace
