@@ -23,7 +23,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from adaserve.cpu.profiler import PROFILE_FILE
+from adaserve.cpu.profiler import PROFILE_FILE, PROFILER_NAME
 from adaserve.engine.processes import ProcessMemory
 from benchmarks.common import (
     RESULTS,
@@ -39,8 +39,6 @@ from tests.server_utils import EXAMPLES, free_ports, serve_command, stop_server
 
 BARS = {"ready_s": 4.0, "pss_mib": 400.0}
 ROLES = ("server", "zygote", "host", "worker", "profiler")
-#: What the background profile's child runs (`adaserve.cpu.profiler`): a child of the server, as the zygote is.
-PROFILER_COMMAND = "from adaserve.cpu.profiler import main"
 MIB = 1 << 20
 SETTLE_S = 2.0  # after ready: the workers' first passes and the server's first collections have run
 
@@ -115,17 +113,17 @@ def _wait_ready(process: subprocess.Popen[bytes], url: str, began: float, timeou
 def _tree_roles(root: int) -> dict[int, str]:
     """Every live process of the server's tree and its role, by its depth: the server, the zygote (its child that
     forks hosts), each host (the zygote's children) and each worker (a host's children); a model's background
-    profile (a child of the server, with no usable profile of the model) and the process it forks per thread count
-    are the profiler's."""
+    profile (a child of the zygote, as the hosts are, named `PROFILER_NAME`; with no usable profile of the model)
+    and the process it forks per thread count are the profiler's."""
     roles = {pid: ROLES[min(depth, 3)] for pid, depth in tree_depths(root).items()}
-    for pid in [pid for pid, role in roles.items() if role == "zygote" and _is_profiler(pid)]:
+    for pid in [pid for pid, role in roles.items() if role == "host" and _is_profiler(pid)]:
         roles.update(dict.fromkeys(tree_depths(pid), "profiler"))
     return roles
 
 
 def _is_profiler(pid: int) -> bool:
     try:
-        return PROFILER_COMMAND in Path(f"/proc/{pid}/cmdline").read_text()
+        return Path(f"/proc/{pid}/comm").read_text().strip() == PROFILER_NAME
     except OSError:
         return False
 

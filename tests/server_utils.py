@@ -348,6 +348,12 @@ def process_stat(pid: int) -> list[str] | None:
         return None
 
 
+def parent_pid(pid: int) -> int | None:
+    """The parent's PID, or None for a process already gone."""
+    fields = process_stat(pid)
+    return None if fields is None else int(fields[1])
+
+
 def renice_tree(pid: int, niceness: int) -> None:
     """Set the niceness of every thread of `pid` and of its descendants (Linux nice values are per thread)."""
     for task in Path(f"/proc/{pid}/task").glob("*"):

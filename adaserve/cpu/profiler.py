@@ -51,6 +51,7 @@ from adaserve.errors import ConfigError
 from adaserve.repository import ModelSpec
 
 __all__ = [
+    "PROFILER_NAME",
     "PROFILE_FILE",
     "AutoPlanner",
     "Fingerprint",
@@ -66,6 +67,7 @@ __all__ = [
     "idle_runner",
     "load_profile",
     "lowest_priority",
+    "measure_beside_serving",
     "measure_cell",
     "packrat_threads",
     "profile_model",
@@ -76,6 +78,8 @@ __all__ = [
 ]
 
 PROFILE_FILE = "profile.json"
+#: A background profile's child's process name (/proc/PID/comm, at most 15 characters).
+PROFILER_NAME = "adaserve-prof"
 FORMAT: Literal[1] = 1
 
 
@@ -438,15 +442,16 @@ def profile_warnings(record: ProfileRecord) -> list[str]:
 
 
 def idle_runner(started: Callable[[int], None]) -> Runner:
-    """The profile's child at the lowest CPU priority (`lowest_priority`), for a profile measured beside serving,
-    in a process group of its own: `started` gets its PID, which is its group's, so that the caller can end it and
-    the process it forked for a t (`os.killpg`)."""
-    return functools.partial(_run_child, started=started)
+    """The profile's child forked from the server's zygote (`adaserve.engine.zygote`), for a profile measured beside
+    serving: it shares the zygote's torch instead of importing its own, runs at the lowest CPU priority
+    (`lowest_priority`) in a process group of its own, and `started` gets its PID, which is its group's, once it
+    is both, so that the caller can end it and the process it forked for a t (`os.killpg`)."""
+    return functools.partial(_run_forked, started=started)
 
 
 def lowest_priority(pid: int) -> str:
-    """Let `pid` (and what it starts later) run only on CPU time nothing else wants: SCHED_IDLE, or nice 19 where
-    that is refused; returns which."""
+    """Let `pid` (0: this process; and what it starts later) run only on CPU time nothing else wants: SCHED_IDLE,
+    or nice 19 where that is refused; returns which."""
     try:
         os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))
         return "SCHED_IDLE"
@@ -455,43 +460,35 @@ def lowest_priority(pid: int) -> str:
         return "nice 19"
 
 
-def _run_child(
-    job: dict[str, Any], record: Callable[[Cell], None], *, started: Callable[[int], None] | None = None
-) -> None:
-    """Run the profile in a child Python (`main` below); cells arrive one JSON line each on a pipe, not on stdout.
-    With `started`, the child runs as `idle_runner` says."""
+def _run_child(job: dict[str, Any], record: Callable[[Cell], None]) -> None:
+    """Run the profile in a child Python (`main` below), `adaserve profile`'s: cells arrive one JSON line each on
+    a pipe, not on stdout."""
     read_fd, write_fd = os.pipe()
-    job = {**job, "result_fd": write_fd}
     # One thread until a forked process sets its own (`place`): the child's loading never starts a thread pool.
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_FORCE_WEIGHTS_ONLY_LOAD": "1"}
     with tempfile.TemporaryFile("w+") as log:
         try:
             process = subprocess.Popen(
-                [sys.executable, "-c", "from adaserve.cpu.profiler import main; main()", json.dumps(job)],
+                [
+                    sys.executable,
+                    "-c",
+                    "from adaserve.cpu.profiler import main; main()",
+                    json.dumps(job),
+                    str(write_fd),
+                ],
                 pass_fds=(write_fd,),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,
                 env=env,
-                process_group=None if started is None else 0,
             )
         except OSError:
             os.close(read_fd)
             raise
         finally:
             os.close(write_fd)  # the child holds its own copy
-        errors = []
         try:
-            if started is not None:
-                lowest_priority(process.pid)  # before it loads the model: its forks inherit the policy
-                started(process.pid)
-            with os.fdopen(read_fd, "r") as results:
-                for line in results:
-                    message = json.loads(line)
-                    if "error" in message:
-                        errors.append(str(message["error"]))
-                    else:
-                        record(Cell.model_validate(message))
+            errors = _read_results(read_fd, record)
             code = process.wait()
         finally:
             if process.poll() is None:
@@ -499,8 +496,52 @@ def _run_child(
                 process.wait()
         if code != 0:
             log.seek(0)
-            error = "; ".join(errors) or log.read()[-2000:].strip()
-            raise ProfileError(f"profiling {job['artifact']} failed (exit {code}): {error}")
+            _failed(job, f"exit {code}", errors or [log.read()[-2000:].strip()])
+
+
+def _run_forked(job: dict[str, Any], record: Callable[[Cell], None], *, started: Callable[[int], None]) -> None:
+    """Run the profile in a child the server's zygote forks (`measure_beside_serving`); its first line says it is
+    in its own group at the lowest priority, and `started` is told then."""
+    from adaserve.engine.processes import ZYGOTE, how_it_exited
+
+    read_fd, write_fd = os.pipe()
+    try:
+        child = ZYGOTE.fork_profiler(json.dumps(job), write_fd)
+    except BaseException:
+        os.close(read_fd)
+        raise
+    finally:
+        os.close(write_fd)  # the child holds its own copy
+    try:
+        errors = _read_results(read_fd, record, lambda: started(child.pid))
+    except BaseException:
+        child.kill()
+        raise
+    code = child.wait_blocking()
+    if code != 0:
+        how = "its exit was not reported" if code is None else f"it {how_it_exited(code)}"
+        _failed(job, how, errors or ["no reason given"])
+
+
+def _read_results(read_fd: int, record: Callable[[Cell], None], started: Callable[[], None] | None = None) -> list[str]:
+    """Read the child's lines until it and its forks have closed the pipe: cells go to `record`, a `started`
+    line calls `started`; the errors it reported."""
+    errors = []
+    with os.fdopen(read_fd, "r") as results:
+        for line in results:
+            message = json.loads(line)
+            if "error" in message:
+                errors.append(str(message["error"]))
+            elif "started" in message:
+                if started is not None:
+                    started()
+            else:
+                record(Cell.model_validate(message))
+    return errors
+
+
+def _failed(job: dict[str, Any], how: str, errors: list[str]) -> None:
+    raise ProfileError(f"profiling {job['artifact']} failed ({how}): {'; '.join(errors)}")
 
 
 def measure_cell(threads: int, batch: int, trials: Iterator[list[float]], settings: ProfileSettings) -> Cell:
@@ -573,15 +614,26 @@ def random_inputs(config: ModelConfig, batch: int, seed: int) -> list[Any]:
     return tensors
 
 
-def _child(job: dict[str, Any]) -> int:
+def measure_beside_serving(job: dict[str, Any], result_fd: int) -> int:
+    """A background profile's child, forked by the server's zygote in a session of its own (`idle_runner`): at the
+    lowest priority before it loads the model, so that the processes it forks per t inherit it, and named
+    `PROFILER_NAME` (what `ps` and the footprint benchmark see), it says so on its first line and measures."""
+    how = lowest_priority(0)
+    with contextlib.suppress(OSError):
+        Path("/proc/self/comm").write_text(PROFILER_NAME)
+    os.write(result_fd, (json.dumps({"started": how}) + "\n").encode())
+    return _child(job, result_fd)
+
+
+def _child(job: dict[str, Any], result_fd: int) -> int:
     """The profile's child: load the model, then fork a process per t that pins itself, measures every b and
-    reports each cell; the next t starts when the last one has exited.
+    reports each cell on `result_fd`; the next t starts when the last one has exited.
 
     A failure is reported on the result pipe as `{"error": ...}`, so the parent can say why in one line.
     """
-    with os.fdopen(job["result_fd"], "w", buffering=1) as out:
+    with os.fdopen(result_fd, "w", buffering=1) as out:
         try:
-            _measure_all(job, lambda cell: out.write(cell.model_dump_json() + "\n"))
+            _measure_all(job, result_fd, lambda cell: out.write(cell.model_dump_json() + "\n"))
         except Exception as exc:
             out.write(json.dumps({"error": _reason(exc)}) + "\n")
             return 1
@@ -592,7 +644,7 @@ def _reason(exc: Exception) -> str:
     return str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
 
 
-def _measure_all(job: dict[str, Any], report: Callable[[Cell], object]) -> None:
+def _measure_all(job: dict[str, Any], result_fd: int, report: Callable[[Cell], object]) -> None:
     from adaserve.engine.processes import how_it_exited
     from adaserve.repository import load_artifact
 
@@ -608,7 +660,7 @@ def _measure_all(job: dict[str, Any], report: Callable[[Cell], object]) -> None:
                 _measure_threads(model, config, settings, placement, job["batches"], report)
                 code = 0
             except Exception as exc:
-                os.write(job["result_fd"], (json.dumps({"error": f"t={threads}: {_reason(exc)}"}) + "\n").encode())
+                os.write(result_fd, (json.dumps({"error": f"t={threads}: {_reason(exc)}"}) + "\n").encode())
             finally:
                 os._exit(code)
         _, status = os.waitpid(pid, 0)
@@ -684,5 +736,5 @@ class AutoPlanner:
 
 
 def main() -> None:
-    """The child's entry point: `python -c "from adaserve.cpu.profiler import main; main()" JOB_JSON`."""
-    sys.exit(_child(json.loads(sys.argv[1])))
+    """The child's entry point: `python -c "from adaserve.cpu.profiler import main; main()" JOB_JSON RESULT_FD`."""
+    sys.exit(_child(json.loads(sys.argv[1]), int(sys.argv[2])))

@@ -25,14 +25,22 @@ class ForkHost(msgspec.Struct, frozen=True, tag="fork_host"):
     message (SCM_RIGHTS)."""
 
 
-class HostForked(msgspec.Struct, frozen=True, tag="host_forked"):
-    """From the zygote, in the order of the `ForkHost`s: the new host's PID."""
+class ForkProfiler(msgspec.Struct, frozen=True, tag="fork_profiler"):
+    """To the zygote: fork a background profile's child (`adaserve.cpu.profiler.measure_beside_serving`); the
+    write end of the pipe its cells go on travels beside this message (SCM_RIGHTS)."""
+
+    job_json: str  # what `profile_model` asks the child to measure
+
+
+class Forked(msgspec.Struct, frozen=True, tag="forked"):
+    """From the zygote, in the order of the fork requests: the new process's PID."""
 
     pid: int
 
 
-class HostExited(msgspec.Struct, frozen=True, tag="host_exited"):
-    """From the zygote, whenever it reaps a host: how the host ended (a return code as `subprocess` gives it)."""
+class Exited(msgspec.Struct, frozen=True, tag="exited"):
+    """From the zygote, whenever it reaps a process it forked: how it ended (a return code as `subprocess` gives
+    it)."""
 
     pid: int
     returncode: int
@@ -154,7 +162,8 @@ ToWorker = RunBatch | Stop | Rest
 FromWorker = WorkerReady | WorkerFailed | BatchDone | RowsDone
 
 FromHost = HostReady | HostFailed | WorkerSpawned
-FromZygote = HostForked | HostExited
+ToZygote = ForkHost | ForkProfiler
+FromZygote = Forked | Exited
 
 _encoder = msgspec.msgpack.Encoder()
 _to_worker = msgspec.msgpack.Decoder(ToWorker)
@@ -163,7 +172,7 @@ _from_host = msgspec.msgpack.Decoder(FromHost)
 _spawn = msgspec.msgpack.Decoder(SpawnWorker)
 _launch = msgspec.msgpack.Decoder(HostLaunch)
 _from_zygote = msgspec.msgpack.Decoder(FromZygote)
-_fork_host = msgspec.msgpack.Decoder(ForkHost)
+_to_zygote = msgspec.msgpack.Decoder(ToZygote)
 
 
 def encode(message: msgspec.Struct) -> bytes:
@@ -187,8 +196,8 @@ def decode_from_zygote(data: bytes) -> FromZygote:
     return _from_zygote.decode(data)
 
 
-def decode_fork_host(data: bytes) -> ForkHost:
-    return _fork_host.decode(data)
+def decode_to_zygote(data: bytes) -> ToZygote:
+    return _to_zygote.decode(data)
 
 
 def frame(message: msgspec.Struct) -> bytes:

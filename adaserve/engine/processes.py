@@ -9,21 +9,24 @@ import asyncio
 import contextlib
 import logging
 import os
+import select
 import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
 from adaserve.config import WorkerSpec
 from adaserve.engine.messages import (
+    Exited,
+    Forked,
     ForkHost,
-    HostExited,
+    ForkProfiler,
     HostFailed,
-    HostForked,
     HostLaunch,
     HostReady,
     Rest,
@@ -89,7 +92,7 @@ class ModelHost:
     Made by `HostLauncher.launch`, which hands the model to a host the zygote has forked.
     """
 
-    def __init__(self, model: ModelSpec, process: HostProcess, control: socket.socket) -> None:
+    def __init__(self, model: ModelSpec, process: ForkedProcess, control: socket.socket) -> None:
         self.model = model
         self.process = process
         self._control = control
@@ -185,7 +188,7 @@ class HostLauncher:
         self.launches = {"spare": 0, "cold": 0}  # loads given to a spare / to a host forked for them
         self._zygote = zygote or ZYGOTE
         self._zygote.start()  # its imports overlap whatever the server does before its first load
-        self._waiting: deque[tuple[HostProcess, socket.socket]] = deque()
+        self._waiting: deque[tuple[ForkedProcess, socket.socket]] = deque()
         self._lock = threading.Lock()  # launches run in threads (`launch`): one takes from the spares at a time
 
     async def launch(self, model: ModelSpec, *, pool_fd: int, slots: int, stage_fd: int | None = None) -> ModelHost:
@@ -208,7 +211,7 @@ class HostLauncher:
             raise
         return ModelHost(model, process, control)
 
-    def _hand_over(self, model: ModelSpec, launch: bytes, fds: list[int]) -> tuple[HostProcess, socket.socket]:
+    def _hand_over(self, model: ModelSpec, launch: bytes, fds: list[int]) -> tuple[ForkedProcess, socket.socket]:
         with self._lock:
             while True:
                 kind = "spare" if self._waiting else "cold"
@@ -227,10 +230,10 @@ class HostLauncher:
                 self._waiting.append(self._fork())
             return process, control
 
-    def _fork(self) -> tuple[HostProcess, socket.socket]:
+    def _fork(self) -> tuple[ForkedProcess, socket.socket]:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         with theirs:
-            return self._zygote.fork(theirs), ours
+            return self._zygote.fork_host(theirs), ours
 
     @property
     def waiting_pids(self) -> list[int]:
@@ -247,9 +250,10 @@ class HostLauncher:
                 process.kill()
 
 
-class HostProcess:
-    """A model host forked by the zygote. Not this process's child: it is watched through a pidfd, signalled
-    through it (never a reused PID), and its return code is what the zygote reports when it reaps it."""
+class ForkedProcess:
+    """A process forked by the zygote: a model host, or a background profile's child. Not this process's child: it
+    is watched through a pidfd, signalled through it (never a reused PID), and its return code is what the zygote
+    reports when it reaps it."""
 
     def __init__(self, pid: int, zygote: Zygote) -> None:
         self.pid = pid
@@ -265,18 +269,29 @@ class HostProcess:
                 signal.pidfd_send_signal(self._exit_fd, signal.SIGKILL)
 
     async def wait(self, timeout_s: float | None = None) -> int | None:
-        """Until the host has exited: its return code (None when the host has not exited within `timeout_s`, or
+        """Until the process has exited: its return code (None when it has not exited within `timeout_s`, or
         the zygote has not said how within a second)."""
         if self._exit_fd is not None:
             try:
                 await asyncio.wait_for(asyncio.shield(self._exited()), timeout_s)
             except TimeoutError:
                 return None
-        for _ in range(100):  # the zygote reaps it and reports at once, after the pidfd has woken us
+        for _ in range(_REPORT_POLLS):  # the zygote reaps it and reports at once, after the pidfd has woken us
             code = self._zygote.returncode(self.pid)
             if code is not None:
                 return code
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(_REPORT_POLL_S)
+        return None
+
+    def wait_blocking(self) -> int | None:
+        """`wait` for a thread with no event loop (a background profile's), without a time limit."""
+        if self._exit_fd is not None:
+            select.select([self._exit_fd], [], [])
+        for _ in range(_REPORT_POLLS):
+            code = self._zygote.returncode(self.pid)
+            if code is not None:
+                return code
+            time.sleep(_REPORT_POLL_S)
         return None
 
     def _exited(self) -> asyncio.Future[None]:
@@ -300,9 +315,13 @@ class HostProcess:
             os.close(self._exit_fd)
 
 
+_REPORT_POLLS, _REPORT_POLL_S = 100, 0.01  # how long the zygote is given to report an exit it has seen
+
+
 class Zygote:
-    """The server's end of the zygote (`adaserve/engine/zygote.py`), the process that forks every model host: one per
-    server process (`ZYGOTE`), started when the first launcher is made, started again when it has died.
+    """The server's end of the zygote (`adaserve/engine/zygote.py`), the process that forks every model host and
+    background profile's child: one per server process (`ZYGOTE`), started when the first launcher is made, started
+    again when it has died.
 
     `fork` blocks (a fork takes milliseconds, but the first waits for the zygote's imports): launchers call it off
     the event loop, one at a time."""
@@ -310,7 +329,7 @@ class Zygote:
     def __init__(self) -> None:
         self._process: subprocess.Popen[bytes] | None = None
         self._control: socket.socket | None = None
-        self._returncodes: dict[int, int] = {}  # hosts the zygote has reported exited
+        self._returncodes: dict[int, int] = {}  # processes the zygote has reported exited
         self._lock = threading.Lock()
 
     def start(self) -> None:
@@ -318,26 +337,34 @@ class Zygote:
         with self._lock:
             self._started()
 
-    def fork(self, host_control: socket.socket) -> HostProcess:
+    def fork_host(self, host_control: socket.socket) -> ForkedProcess:
         """A new host, talking on `host_control`'s other end. A zygote that died is started again once."""
+        return self._fork(ForkHost(), host_control.fileno(), "a model host")
+
+    def fork_profiler(self, job_json: str, result_fd: int) -> ForkedProcess:
+        """A background profile's child, measuring `job_json` (`adaserve.cpu.profiler`) onto the pipe `result_fd`
+        writes to."""
+        return self._fork(ForkProfiler(job_json), result_fd, "a background profile")
+
+    def _fork(self, request: ForkHost | ForkProfiler, fd: int, what: str) -> ForkedProcess:
         with self._lock:
             for attempt in (1, 2):
                 control = self._started()
                 try:
-                    socket.send_fds(control, [encode(ForkHost())], [host_control.fileno()])
+                    socket.send_fds(control, [encode(request)], [fd])
                     while True:
                         message = self._receive(control)
-                        if isinstance(message, HostForked):
-                            return HostProcess(message.pid, self)
+                        if isinstance(message, Forked):
+                            return ForkedProcess(message.pid, self)
                 except OSError as exc:
                     how = self._discard()
                     if attempt == 2:
-                        raise ConfigError(f"cannot start a model host: the zygote process {how} ({exc})") from None
+                        raise ConfigError(f"cannot start {what}: the zygote process {how} ({exc})") from None
                     log.warning("the zygote process ended; starting it again", extra={"how": how})
         raise AssertionError("unreachable")
 
     def returncode(self, pid: int) -> int | None:
-        """How host `pid` ended, if the zygote has said so; reads what it has said without waiting (nor while a
+        """How process `pid` ended, if the zygote has said so; reads what it has said without waiting (nor while a
         fork is under way, whose reading keeps what it finds)."""
         if self._lock.acquire(blocking=False):
             try:
@@ -349,12 +376,12 @@ class Zygote:
                 self._lock.release()
         return self._returncodes.get(pid)
 
-    def _receive(self, control: socket.socket) -> HostForked | HostExited:
+    def _receive(self, control: socket.socket) -> Forked | Exited:
         data = control.recv(1024)
         if not data:
             raise ConnectionResetError("the zygote closed its socket")
         message = decode_from_zygote(data)
-        if isinstance(message, HostExited):
+        if isinstance(message, Exited):
             self._returncodes[message.pid] = message.returncode
         return message
 

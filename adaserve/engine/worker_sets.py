@@ -165,7 +165,8 @@ class ProfilingWorkerSet(WorkerSetPlanner):
     """The default set now, Packrat's plan once this machine's profile, measured in the background, settled.
 
     The profile is measured once the model serves (the first `observe`), in a thread that waits on the profiler's
-    child, which runs at the lowest CPU priority (`idle_runner`): serving comes first. A profile with unstable cells
+    child, which the server's zygote forks and which runs at the lowest CPU priority (`idle_runner`): serving comes
+    first, and the child shares the zygote's torch rather than importing its own. A profile with unstable cells
     is stored but not planned from (other work disturbed it, most likely): measured again after `profile_retry_s`,
     doubling, `profile_attempts` in all, and then the default set stays. Each attempt first looks for a usable
     profile (`adaserve profile` may have been run meanwhile). The server's models are profiled one at a time.

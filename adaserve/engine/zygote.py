@@ -1,4 +1,5 @@
-"""The zygote: one process that imports torch and adaserve's engine once, then forks every model host.
+"""The zygote: one process that imports torch and adaserve's engine once, then forks every model host (and every
+background profile's child).
 
 Started by the server (`processes.Zygote`) as `python -m adaserve.engine.zygote CONTROL_FD`. Importing torch takes
 about 2.6 s of CPU on the 2-core VM and leaves some 150 MiB written in the process that did it; the first program
@@ -9,15 +10,18 @@ copy-on-write with the zygote and every other host, as a host's workers share it
 
 On its control socket (SOCK_SEQPACKET) the server sends a `ForkHost` with one descriptor, the new host's control
 socket; the zygote forks, the child leaves for a session of its own and runs `host.serve` on that socket, and the
-zygote answers `HostForked(pid)`. The zygote is every host's parent, so it reaps them and reports each as
-`HostExited(pid, returncode)`: the server can still say how a host ended. It never computes and never starts a
-thread, so forking is safe. It exits when the server's end of its socket closes; the hosts it forked live on until
-their own sockets close.
+zygote answers `Forked(pid)`. A `ForkProfiler` is answered the same way, its child measuring a model's profile
+(`adaserve.cpu.profiler.measure_beside_serving`) onto the pipe that came with it: started afresh, that child imported
+torch again and held 160 MiB of its own; forked, it shares the zygote's pages as a host does. The zygote is its
+children's parent, so it reaps them and reports each as `Exited(pid, returncode)`: the server can still say how
+one ended. It never computes and never starts a thread, so forking is safe. It exits when the server's end of its
+socket closes; the processes it forked live on until their own sockets (or pipes) close.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import select
 import signal
@@ -25,12 +29,12 @@ import socket
 import sys
 
 from adaserve.engine import host
-from adaserve.engine.messages import HostExited, HostForked, decode_fork_host, encode
+from adaserve.engine.messages import Exited, Forked, ForkHost, ForkProfiler, decode_to_zygote, encode
 from adaserve.malloc import keep_freed_memory
 
 
 def serve(control: socket.socket) -> int:
-    """Fork a host per request, and report each host's exit, until the server hangs up."""
+    """Fork a process per request, and report each one's exit, until the server hangs up."""
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_write, False)
     signal.set_wakeup_fd(wake_write)
@@ -44,29 +48,35 @@ def serve(control: socket.socket) -> int:
                 os.read(wake_read, 4096)
                 _report_exits(control)
                 continue
-            data, fds, _, _ = socket.recv_fds(control, 1024, 1)
+            data, fds, _, _ = socket.recv_fds(control, 1 << 20, 1)
             if not data:
                 return 0
-            decode_fork_host(data)
+            request = decode_to_zygote(data)
             pid = os.fork()
             if pid == 0:
-                _become_host(socket.socket(fileno=fds[0]), control, (wake_read, wake_write))
+                _become(request, fds[0], control, (wake_read, wake_write))
             os.close(fds[0])
-            control.send(encode(HostForked(pid)))
+            control.send(encode(Forked(pid)))
 
 
-def _become_host(host_control: socket.socket, control: socket.socket, wake: tuple[int, int]) -> None:
-    """In the forked child: drop the zygote's descriptors and handlers, then live and exit as a model host. A session
-    of its own, as a host always had: signals sent to the zygote's group are not its business."""
+def _become(request: ForkHost | ForkProfiler, fd: int, control: socket.socket, wake: tuple[int, int]) -> None:
+    """In the forked child: drop the zygote's descriptors and handlers, then live and exit as a model host or a
+    profile's child. A session of its own, as a host always had: signals sent to the zygote's group are not its
+    business, and the server ends a profile's child with its process group."""
     code = 1
     try:
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         control.close()
-        for fd in wake:
-            os.close(fd)
+        for wake_fd in wake:
+            os.close(wake_fd)
         os.setsid()
-        code = host.serve(host_control)
+        if isinstance(request, ForkHost):
+            code = host.serve(socket.socket(fileno=fd))
+        else:
+            from adaserve.cpu.profiler import measure_beside_serving
+
+            code = measure_beside_serving(json.loads(request.job_json), fd)
     finally:
         with contextlib.suppress(Exception):
             sys.stdout.flush()
@@ -75,7 +85,7 @@ def _become_host(host_control: socket.socket, control: socket.socket, wake: tupl
 
 
 def _report_exits(control: socket.socket) -> None:
-    """Reap every host that has exited and tell the server how each ended."""
+    """Reap every child that has exited and tell the server how each ended."""
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -83,7 +93,7 @@ def _report_exits(control: socket.socket) -> None:
             return  # no child left
         if pid == 0:
             return
-        control.send(encode(HostExited(pid, os.waitstatus_to_exitcode(status))))
+        control.send(encode(Exited(pid, os.waitstatus_to_exitcode(status))))
 
 
 def main() -> None:

@@ -17,7 +17,7 @@ from adaserve.engine.engine import ModelEngine
 from adaserve.engine.processes import HostLauncher, ModelHost, Zygote, how_it_exited
 from adaserve.errors import ConfigError
 from adaserve.repository import ModelRepository
-from tests.server_utils import EXAMPLES, link_example, process_stat
+from tests.server_utils import EXAMPLES, link_example, parent_pid
 
 ONE_WORKER = [{"batch": 1, "threads": 1}]
 
@@ -138,7 +138,7 @@ def test_hosts_share_the_zygote_and_the_zygote_that_died_is_started_again(tmp_pa
             assert 0.2 < engine.host_wait_s < took
             first_zygote = own_zygote._process
             assert first_zygote is not None and engine._host is not None
-            assert _parent(engine._host.process.pid) == first_zygote.pid
+            assert parent_pid(engine._host.process.pid) == first_zygote.pid
             first_zygote.kill()  # started by this test's zygote handle
             first_zygote.wait()
             # The host it forked serves on; the next load forks from a zygote started again.
@@ -146,7 +146,7 @@ def test_hosts_share_the_zygote_and_the_zygote_that_died_is_started_again(tmp_pa
             assert result.outputs[0].shape == (1, 10)
             second = await _serve_one_request(tmp_path, launcher)
             assert own_zygote._process is not None and own_zygote._process.pid != first_zygote.pid
-            assert _parent(second) in (own_zygote._process.pid, None)  # None: already exited
+            assert parent_pid(second) in (own_zygote._process.pid, None)  # None: already exited
         finally:
             await engine.stop(drain_timeout_s=5.0)
 
@@ -210,9 +210,3 @@ def test_a_primed_zygote_forks_hosts_that_load_their_first_program_without_impor
     stored.write_bytes(b"not a program")
     assert modules_imported_by_first_load("prime") == 0  # exported again, and kept in its place
     assert [p.name for p in (tmp_path / "cache").iterdir()] == [stored.name] and stored.stat().st_size > 1000
-
-
-def _parent(pid: int) -> int | None:
-    """The parent's PID, or None for a process already gone."""
-    fields = process_stat(pid)
-    return None if fields is None else int(fields[1])

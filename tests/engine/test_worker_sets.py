@@ -14,8 +14,16 @@ from pathlib import Path
 import pytest
 
 from adaserve import cpu
-from adaserve.cpu.profiler import ProfileRecord, StaleProfile, fingerprint, load_profile, save_profile
+from adaserve.cpu.profiler import (
+    PROFILER_NAME,
+    ProfileRecord,
+    StaleProfile,
+    fingerprint,
+    load_profile,
+    save_profile,
+)
 from adaserve.engine.engine import ModelEngine
+from adaserve.engine.processes import ZYGOTE
 from adaserve.engine.worker_sets import (
     FixedWorkerSet,
     PackratWorkerSet,
@@ -25,7 +33,7 @@ from adaserve.engine.worker_sets import (
 from adaserve.repository import ModelRepository, ModelSpec
 from tests.cpu.test_profiler import synthetic_record, unstable_record
 from tests.engine.engines import run_engine
-from tests.server_utils import link_example
+from tests.server_utils import link_example, parent_pid
 
 
 @pytest.mark.parametrize(("cpus", "limit"), [({0}, 1), ({0, 1}, 1), (set(range(16)), 15)])
@@ -126,8 +134,12 @@ def test_background_profile_false_never_profiles(tmp_path: Path) -> None:
     assert planner.initial().workers == spec.config.worker_set and planner.background is None
 
 
-def test_the_background_profile_runs_at_the_lowest_priority_and_ends_with_close(tmp_path: Path) -> None:
-    """A real profile's child: SCHED_IDLE (nice 19 where refused); `close` (the engine stopping) ends it."""
+def test_the_background_profile_is_forked_by_the_zygote_at_the_lowest_priority_and_ends_with_close(
+    tmp_path: Path,
+) -> None:
+    """A real profile's child: forked by the server's zygote, so it shares the zygote's torch rather than importing
+    its own; SCHED_IDLE (nice 19 where refused) in a process group of its own; `close` (the engine stopping) ends
+    it."""
     planner = ProfilingWorkerSet(no_workers_line(tmp_path, background_profile=True), "no profile")
     assert planner.observe(0, 0, time.monotonic()) is None  # the first sample starts the profile
     deadline = time.monotonic() + 120
@@ -135,6 +147,9 @@ def test_the_background_profile_runs_at_the_lowest_priority_and_ends_with_close(
         assert time.monotonic() < deadline, planner.background
         time.sleep(0.05)
     try:
+        assert ZYGOTE._process is not None and parent_pid(pid) == ZYGOTE._process.pid
+        assert Path(f"/proc/{pid}/comm").read_text().strip() == PROFILER_NAME
+        assert os.getpgid(pid) == pid and os.getsid(pid) == pid
         idle = os.sched_getscheduler(pid) == os.SCHED_IDLE
         assert idle or os.getpriority(os.PRIO_PROCESS, pid) == 19
     finally:
