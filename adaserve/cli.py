@@ -294,11 +294,14 @@ def _list(names: list[str], read: Callable[[str], Read], line: Callable[[Read], 
 
 
 def _model_line(spec: ModelSpec) -> str:
+    from adaserve.engine.footprint import describe_footprint
+
     config = spec.config
     inputs = ", ".join(f"{t.name}:{t.datatype}{list(t.shape)}" for t in config.inputs)
     return (
         f"v{','.join(map(str, spec.served))}\t{spec.platform}\tmax_batch={config.max_batch_size}\t"
-        f"policy={config.batching.policy}\tinputs={inputs}{_default_field(spec)}"
+        f"policy={config.batching.policy}\tinputs={inputs}{_default_field(spec)}\t"
+        f"{describe_footprint(spec.directory, spec.artifact)}"
     )
 
 

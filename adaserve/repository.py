@@ -21,6 +21,9 @@ ARTIFACTS = {"model.pt2": "torch_export", "model.pt": "torchscript"}
 CONFIG_FILE = "config.yaml"
 #: A folder with this file instead of `config.yaml` holds a DAG query (`adaserve.planner`), not a model.
 DAG_FILE = "dag.yaml"
+#: Written beside a model by each load (`adaserve.engine.footprint`): what it measured, not how the model is served,
+#: so it is no part of the model's fingerprint (else a load, writing it, would have the poller load the model again).
+FOOTPRINT_FILE = "footprint.json"
 #: The longest name a model or DAG query can have: its folder's, which Linux file systems cap at 255 bytes.
 MAX_NAME_BYTES = 255
 #: (name, size, modification time) of each file of a folder, by name.
@@ -140,13 +143,13 @@ class ModelRepository:
 
     def fingerprint(self, name: str) -> Fingerprint | None:
         """What on disk decides how `name` is served: the files at the top of its folder (the config, and those it
-        names beside it: label files, Packrat's profile.json) and the files of its version folders (name, size and
-        modification time of each), or a DAG query's. None when it is neither now. Cheap enough to take for every
-        model every few seconds; the poller compares them (`engine/poller.py`)."""
+        names beside it: label files, Packrat's profile.json; not the footprint a load records) and the files of its
+        version folders (name, size and modification time of each), or a DAG query's. None when it is neither now.
+        Cheap enough to take for every model every few seconds; the poller compares them (`engine/poller.py`)."""
         directory = self.root / name
         try:
             entries = list(directory.iterdir())  # one listing for the files at the top and the version folders
-            top = _stats(entries)
+            top = _stats(p for p in entries if not p.name.lstrip(".").startswith(FOOTPRINT_FILE))
             if not any(file == CONFIG_FILE for file, _, _ in top):
                 return (top, ()) if any(file == DAG_FILE for file, _, _ in top) else None
             folders = sorted((p for p in entries if p.is_dir() and is_version(p.name)), key=lambda p: int(p.name))

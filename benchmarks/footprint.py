@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from adaserve.cpu.profiler import PROFILE_FILE, PROFILER_NAME
-from adaserve.engine.processes import ProcessMemory
+from adaserve.engine.footprint import ProcessMemory
 from benchmarks.common import (
     RESULTS,
     SCRATCH,

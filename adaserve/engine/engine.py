@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -30,6 +30,7 @@ from adaserve.adaptive.responses import Part, combine
 from adaserve.config import AdaptationSpec, ModelConfig, WorkerSpec
 from adaserve.engine.batching import WorkerSlot, create_batching_policy
 from adaserve.engine.cores import Cores
+from adaserve.engine.footprint import ProcessMemory, record_footprint
 from adaserve.engine.messages import (
     BatchDone,
     FrameReader,
@@ -42,7 +43,7 @@ from adaserve.engine.messages import (
     write_staged,
 )
 from adaserve.engine.pool import PoolLayout, SharedRings, SlotRing
-from adaserve.engine.processes import HostLauncher, ModelHost, ProcessMemory, WorkerProcess
+from adaserve.engine.processes import HostLauncher, ModelHost, WorkerProcess
 from adaserve.engine.schedule_policy import queue_rank, rank_level, schedule
 from adaserve.engine.scheduler import Batch, Scheduler
 from adaserve.engine.stats import ModelStats, RetrainingStats
@@ -259,6 +260,7 @@ class ModelEngine:
                 "early_exit": self.early_exit,
             },
         )
+        self._keep(self._loop.create_task(self._record_footprint("ready")))  # beside serving, not before it
         if self.planner.sample_interval_s is not None:
             self._keep(self._loop.create_task(self._follow_load(self.planner.sample_interval_s)))
         caches = self.model.config.caches
@@ -282,8 +284,19 @@ class ModelEngine:
     def process_memory(self) -> ProcessMemory:
         """What the model's host and workers add to the machine's memory now (its share of what they share with the
         zygote and the other models' processes included)."""
+        return ProcessMemory.of(self._process_pids())
+
+    def _process_pids(self) -> list[int]:
+        """The host's and the workers', each once (a CUDA model's workers are threads of its host)."""
         host = [self._host.process.pid] if self._host is not None else []
-        return ProcessMemory.of(host + [worker.pid for worker in self.workers.values()])
+        return list(dict.fromkeys(host + [worker.pid for worker in self.workers.values()]))
+
+    async def _record_footprint(self, moment: Literal["ready", "unloading"]) -> None:
+        """Keep what the model's processes add now beside the model, for `models list` (`adaserve.engine.footprint`);
+        off the event loop, as it reads /proc and writes a file."""
+        model = self.model
+        pids = self._process_pids()
+        await self._loop.run_in_executor(None, record_footprint, model.directory, model.version, pids, moment)
 
     @property
     def memory_bytes(self) -> int:
@@ -428,6 +441,8 @@ class ModelEngine:
 
     async def stop(self, drain_timeout_s: float = 30.0) -> None:
         """Finish what was accepted (up to `drain_timeout_s`), then stop the workers and release the pool."""
+        if self.loaded:  # what it held while it served: the last figure `models list` shows
+            await self._record_footprint("unloading")
         self.state = EngineState.UNLOADING
         try:
             await self._stop(drain_timeout_s)

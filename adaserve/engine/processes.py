@@ -17,8 +17,6 @@ import sys
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
-from pathlib import Path
 
 from adaserve.config import WorkerSpec
 from adaserve.engine.messages import (
@@ -435,32 +433,6 @@ def _start_zygote() -> tuple[subprocess.Popen[bytes], socket.socket]:
 
 #: This process's zygote: every launcher forks its hosts from it, so torch is imported once per server.
 ZYGOTE = Zygote()
-
-
-@dataclass(frozen=True)
-class ProcessMemory:
-    """What processes add to the machine's memory, from /proc/PID/smaps_rollup: PSS counts each shared page divided
-    among the processes sharing it (summed over a process tree, what the tree adds), USS the pages only a process
-    holds, RSS every page it maps."""
-
-    pss_bytes: int
-    uss_bytes: int
-    rss_bytes: int
-
-    @staticmethod
-    def of(pids: list[int]) -> ProcessMemory:
-        """The sum over `pids`; a process that has exited meanwhile counts nothing."""
-        pss = uss = rss = 0
-        for pid in pids:
-            try:
-                lines = Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:]
-            except OSError:
-                continue
-            fields = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in lines}
-            pss += fields["Pss"]
-            uss += fields["Private_Clean"] + fields["Private_Dirty"]
-            rss += fields["Rss"]
-        return ProcessMemory(pss, uss, rss)
 
 
 def _in_words(returncode: int | None) -> str:
