@@ -77,7 +77,7 @@ class RemoteError(AdaserveError):
 
     def __init__(self, code: grpc.StatusCode, message: str) -> None:
         super().__init__(message)
-        self.grpc_code = code
+        self.grpc_status = code.name
 
 
 class Forwarder:

@@ -210,3 +210,11 @@ def test_a_primed_zygote_forks_hosts_that_load_their_first_program_without_impor
     stored.write_bytes(b"not a program")
     assert modules_imported_by_first_load("prime") == 0  # exported again, and kept in its place
     assert [p.name for p in (tmp_path / "cache").iterdir()] == [stored.name] and stored.stat().st_size > 1000
+
+
+def test_the_zygote_imports_no_frontend_package() -> None:
+    """What the zygote imports every host and worker shares, and every server holds once: grpc, the frontend's (2
+    MiB there), is not among it, though the errors hosts raise carry their gRPC status."""
+    script = "import sys; import adaserve.engine.zygote; print([m for m in ('grpc', 'uvloop') if m in sys.modules])"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.strip() == "[]"
