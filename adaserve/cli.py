@@ -425,24 +425,34 @@ def _match_inputs(
     return [(by_name[item.name], array) for item, array in inputs if item.name is not None]
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from adaserve.adaptive.activator.cli import register as register_activator
-    from adaserve.adaptive.gati.cli import register as register_caches
-    from adaserve.bench.cli import add_client_tls_arguments
-    from adaserve.bench.cli import register as register_bench
-    from adaserve.cache.cli import register as register_cache
-    from adaserve.cache.policies import POLICIES
-    from adaserve.cpu.cli import register as register_cpu
-    from adaserve.distributed.cli import add_cluster_arguments
-    from adaserve.distributed.cli import register as register_cluster
-    from adaserve.server.content_coding import GRPC_COMPRESSION_LEVELS
-    from adaserve.server.limits import ClientLimits
-    from adaserve.server.restrictions import CATEGORIES
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The command line; with the name of a `command` (`main` passes the first argument), that command's parser
+    alone, so that the other commands' modules are not imported: `adaserve serve` started its zygote after 0.6-0.9
+    s of CPU spent importing every command's module (numpy, pydantic, the load generator), the zygote's torch import
+    waiting behind them. Anything else (`--help`, a misspelt command) gets every command."""
+    import importlib
 
     parser = argparse.ArgumentParser(
         prog="adaserve", description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     commands = parser.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
+    known = any(command in names for names, _ in COMMANDS)
+    for names, adder in COMMANDS:
+        if known and command not in names:
+            continue
+        if isinstance(adder, str):
+            importlib.import_module(adder).register(commands)
+        else:
+            adder(commands)
+    return parser
+
+
+def _add_serve(commands: argparse._SubParsersAction) -> None:
+    from adaserve.cache.policies import POLICIES
+    from adaserve.distributed.cli import add_cluster_arguments
+    from adaserve.server.content_coding import GRPC_COMPRESSION_LEVELS
+    from adaserve.server.limits import ClientLimits
+    from adaserve.server.restrictions import CATEGORIES
 
     serve = commands.add_parser(
         "serve", help="serve a model repository over REST and gRPC (the example repository unless told another)"
@@ -639,6 +649,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.set_defaults(func=_serve)
 
+
+def _add_infer(commands: argparse._SubParsersAction) -> None:
+    from adaserve.bench.cli import add_client_tls_arguments
+
     infer = commands.add_parser(
         "infer", help="send tensors from .npy files to a running server and print the outputs it answers"
     )
@@ -668,6 +682,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     infer.set_defaults(func=_infer)
 
+
+def _add_models(commands: argparse._SubParsersAction) -> None:
     models = commands.add_parser("models", help="list a model repository's models and say which configs are invalid")
     models_commands = models.add_subparsers(dest="models_command", required=True)
     listing = models_commands.add_parser(
@@ -682,8 +698,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     listing.set_defaults(func=_models_list)
 
-    register_bench(commands)
 
+def _add_trace(commands: argparse._SubParsersAction) -> None:
     trace = commands.add_parser("trace", help="summarize where traced requests' time went (serve --trace-config)")
     trace_commands = trace.add_subparsers(dest="trace_command", required=True)
     summary = trace_commands.add_parser(
@@ -693,16 +709,26 @@ def build_parser() -> argparse.ArgumentParser:
     summary.add_argument("--json", action="store_true", help="print the summary as JSON")
     summary.set_defaults(func=_trace_summary)
 
-    register_cpu(commands)
-    register_caches(commands)
-    register_activator(commands)
-    register_cache(commands)
-    register_cluster(commands)
-    return parser
+
+#: Each command the parser has, in the order `adaserve --help` lists them, and the function that adds it (or the
+#: module whose `register` does).
+COMMANDS: tuple[tuple[tuple[str, ...], Callable[[argparse._SubParsersAction], None] | str], ...] = (
+    (("serve",), _add_serve),
+    (("infer",), _add_infer),
+    (("models",), _add_models),
+    (("bench",), "adaserve.bench.cli"),
+    (("trace",), _add_trace),
+    (("profile", "plan"), "adaserve.cpu.cli"),
+    (("caches",), "adaserve.adaptive.gati.cli"),
+    (("activator",), "adaserve.adaptive.activator.cli"),
+    (("model-cache",), "adaserve.cache.cli"),
+    (("cluster",), "adaserve.distributed.cli"),
+)
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv[0] if argv else None).parse_args(argv)
     try:
         code = args.func(args)
     except (AdaserveError, Refused, Unreachable, OSError) as exc:  # e.g. a refused connection: say it plainly

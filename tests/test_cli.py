@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import ctypes
 import json
 import os
@@ -18,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from adaserve.cli import COMMANDS, build_parser
 from adaserve.datasets import FASHION_MNIST_CLASSES, load_fashion_mnist
 from tests.server.test_compression import ByteCounter
 from tests.server.test_dag import write_dag
@@ -35,6 +37,29 @@ def test_help_says_what_each_command_is_for_most_common_first() -> None:
     commands = [line.split()[0] for line in run.stdout.split("commands:")[1].splitlines()[2:] if line[4:5].isalpha()]
     assert commands[:4] == ["serve", "infer", "models", "bench"], run.stdout
     assert "adaserve serves PyTorch models" in run.stdout and "exit codes: 0 done" in run.stdout
+
+
+def test_a_command_is_parsed_by_its_parser_alone_without_the_other_commands_modules() -> None:
+    """`adaserve serve` starts its zygote once its arguments are parsed: its parser alone imports neither numpy nor
+    pydantic nor the load generator, and parses as the whole command line does."""
+    full = _choices(build_parser())
+    assert list(full) == [name for names, _ in COMMANDS for name in names]  # every command, in --help's order
+    for names, _ in COMMANDS:
+        assert list(_choices(build_parser(names[0]))) == list(names)
+    assert list(_choices(build_parser("serv"))) == list(full)  # not a command: argparse names the choices
+    argv = ["serve", "--http-port", "9000", "--cache-policy", "lru", "--model-memory-budget", "1GiB"]
+    assert build_parser("serve").parse_args(argv) == build_parser().parse_args(argv)
+    script = (
+        "import sys; from adaserve.cli import build_parser; build_parser('serve'); "
+        "print([m for m in ('numpy', 'pydantic', 'adaserve.bench', 'adaserve.repository') if m in sys.modules])"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.strip() == "[]"
+
+
+def _choices(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(commands.choices)
 
 
 def test_infer_matches_each_file_to_a_named_input(server: ServerHandle, tmp_path: Path) -> None:
