@@ -284,7 +284,9 @@ class ForkedProcess:
     def wait_blocking(self) -> int | None:
         """`wait` for a thread with no event loop (a background profile's), without a time limit."""
         if self._exit_fd is not None:
-            select.select([self._exit_fd], [], [])
+            poller = select.poll()  # not select.select: a server's descriptors may number past FD_SETSIZE
+            poller.register(self._exit_fd, select.POLLIN)
+            poller.poll()
         for _ in range(_REPORT_POLLS):
             code = self._zygote.returncode(self.pid)
             if code is not None:
