@@ -39,8 +39,8 @@ from adaserve.bench.codec import (
     model_info_from_grpc,
     model_info_from_json,
 )
-from adaserve.bench.http1 import ConnectFailed, ConnectionPool
 from adaserve.server.content_coding import CODINGS, CodingError, compress, decompress
+from adaserve.server.http_client import ConnectFailed, ConnectionPool
 from adaserve.server.protos import grpc_service_pb2 as service_pb2
 
 Protocol = Literal["http", "grpc"]

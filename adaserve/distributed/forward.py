@@ -25,8 +25,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 import grpc
 
-from adaserve.bench.http1 import ConnectionPool
-from adaserve.bench.http1 import Response as Answer
+from adaserve.server.http_client import ConnectionPool
+from adaserve.server.http_client import Response as Answer
 from adaserve.distributed.messages import NodeAddress
 from adaserve.errors import AdaserveError, ModelNotReadyError
 from adaserve.server.grpc_service import RELAYED

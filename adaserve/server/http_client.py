@@ -1,8 +1,11 @@
-"""A minimal HTTP/1.1 client for the load generator: keep-alive connections over asyncio.Protocol, parsed by httptools.
+"""A minimal HTTP/1.1 client: keep-alive connections over asyncio.Protocol, parsed by httptools.
 
 Each request is sent as bytes encoded before the run, so the per-request work is one write and one parse. On this
 project's 2-core machine that costs about half the CPU of aiohttp (README: "The generator's own cost"), and CPU
-the generator spends is taken from the server under test.
+the generator spends is taken from the server under test. The load generator, a node server forwarding a request
+to another (`adaserve.distributed.forward`) and the gRPC frontend's process relaying its calls to the engine over
+a Unix socket (`server/grpc_frontend.py`) use it; it lives here, apart from `adaserve.bench`, so that the last
+imports no more than it needs.
 """
 
 from __future__ import annotations
@@ -114,8 +117,11 @@ class _Connection(asyncio.Protocol):
 class ConnectionPool:
     """Connections to one host: idle ones are reused, a new one opens whenever all are busy (no client queue)."""
 
-    def __init__(self, host: str, port: int, timeout_s: float, tls: ssl.SSLContext | None = None) -> None:
-        self.host, self.port = host, port
+    def __init__(
+        self, host: str, port: int, timeout_s: float, tls: ssl.SSLContext | None = None, unix: str | None = None
+    ) -> None:
+        """`unix`: the path of a Unix socket to connect to instead of `host`:`port`."""
+        self.host, self.port, self.unix = host, port, unix
         self._tls = tls
         self._timeout_s = timeout_s
         self._idle: list[_Connection] = []
@@ -163,10 +169,16 @@ class ConnectionPool:
     async def _connect(self) -> _Connection:
         loop = asyncio.get_running_loop()
         try:
-            _, connection = await loop.create_connection(lambda: _Connection(self), self.host, self.port, ssl=self._tls)
+            if self.unix is not None:
+                _, connection = await loop.create_unix_connection(lambda: _Connection(self), self.unix)
+            else:
+                _, connection = await loop.create_connection(
+                    lambda: _Connection(self), self.host, self.port, ssl=self._tls
+                )
         except OSError as exc:
             reason = "connection refused" if isinstance(exc, ConnectionRefusedError) else exc.strerror or str(exc)
-            raise ConnectFailed(f"cannot connect to {self.host}:{self.port}: {reason}") from exc
+            where = self.unix if self.unix is not None else f"{self.host}:{self.port}"
+            raise ConnectFailed(f"cannot connect to {where}: {reason}") from exc
         return connection
 
     async def _sweep(self) -> None:

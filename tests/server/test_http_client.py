@@ -10,7 +10,7 @@ import pytest
 
 from adaserve.bench.client import HttpSender, Outcome
 from adaserve.bench.codec import Payload
-from adaserve.bench.http1 import ConnectFailed, ConnectionPool, Response
+from adaserve.server.http_client import ConnectFailed, ConnectionPool, Response
 from tests.server_utils import free_port
 
 REQUEST = b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"
