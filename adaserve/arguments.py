@@ -14,6 +14,7 @@ __all__ = [
     "DEFAULT_HOST",
     "DEFAULT_HTTP_PORT",
     "EXAMPLE_REPOSITORY",
+    "PROCESS_FRONTEND_CORES",
     "InputFile",
     "add_model_repository",
     "add_url_argument",
@@ -27,6 +28,9 @@ __all__ = [
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_HTTP_PORT = 8000
 DEFAULT_GRPC_PORT = 8001
+#: `serve --grpc-frontend auto` puts gRPC in a process of its own where the server may use at least this many cores,
+#: and on the engine's event loop below (`adaserve.server.grpc_frontend`).
+PROCESS_FRONTEND_CORES = 4
 #: The example repository shipped in the source tree; `adaserve serve` with no arguments serves it.
 EXAMPLE_REPOSITORY = Path(__file__).resolve().parent.parent / "examples" / "models"
 

@@ -1,4 +1,5 @@
-"""Run the server: REST (`server/http.py`) and gRPC (grpc.aio) frontends on one event loop over one router.
+"""Run the server: REST (`server/http.py`) and gRPC (grpc.aio) frontends over one router, both on one event loop,
+or gRPC's in a process of its own that relays its calls here (`--grpc-frontend`, `server/grpc_frontend.py`).
 
 The frontends come up first so liveness answers while models load; readiness follows the loading. SIGTERM and
 SIGINT stop the frontends, let accepted requests finish, then stop the workers.
@@ -12,9 +13,10 @@ import logging
 import resource
 import signal
 import socket
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import grpc
 from grpc_health.v1 import health_pb2_grpc
@@ -25,9 +27,11 @@ from adaserve.engine.router import CacheSettings, ModelRouter
 from adaserve.errors import AdaserveError, ConfigError
 from adaserve.malloc import keep_freed_memory
 from adaserve.repository import ModelRepository
-from adaserve.server.content_coding import GRPC_COMPRESSION_LEVELS
 from adaserve.server.dataplane import DataPlane, ModelControlMode
-from adaserve.server.grpc_service import InferenceServicer, add_to_server
+from adaserve.server.grpc_frontend import GrpcFrontendMode, grpc_frontend_mode, grpc_server_options
+from adaserve.server.grpc_process import GrpcFrontendProcess
+from adaserve.server.grpc_relay import grpc_route
+from adaserve.server.grpc_service import FORWARDED, InferenceServicer, add_to_server
 from adaserve.server.health import HealthService
 from adaserve.server.http import LISTEN_BACKLOG, HttpServer
 from adaserve.server.limits import ClientLimits
@@ -65,6 +69,15 @@ class ServeOptions:
     cluster_control: int | None = None  # on a cluster: the node actor's control channel (adaserve.distributed)
     cluster_node: str = ""  # ... and the node's name there
     reuse_port: bool = False  # SO_REUSEPORT on both frontends: several servers share the ports (cpu/groups.py)
+    grpc_frontend: GrpcFrontendMode = "auto"  # gRPC on the engine's event loop, or in a process of its own
+
+
+class GrpcFrontend(Protocol):
+    """The gRPC frontend, inline (a grpc.aio server) or in its own process (`GrpcFrontendProcess`)."""
+
+    def start(self) -> Awaitable[None]: ...
+
+    def stop(self, grace: float) -> Awaitable[None]: ...
 
 
 def _listen(host: str, port: int, reuse_port: bool = False) -> socket.socket:
@@ -152,48 +165,46 @@ async def serve(options: ServeOptions) -> None:
     grpc_bytes = limits.grpc_message_bytes or grpc_message_bytes(router.repository, limits.max_body_bytes)
     member = None
     if options.cluster_control is not None:
-        from adaserve.distributed.forward import Forwarder, grpc_route
+        from adaserve.distributed.forward import Forwarder
         from adaserve.distributed.member import ClusterMember
 
         member = ClusterMember(options.cluster_node, plane, Forwarder(http_restrictions))
     relay, statistics = (member.grpc_relay, member.statistics) if member is not None else (None, None)
     servicer = InferenceServicer(plane, grpc_restrictions, relay, statistics)
-    internal = [grpc_route(servicer.relayed_call)] if member is not None else []  # relayed gRPC calls arrive there
+    health = HealthService(plane, grpc_restrictions)
+    calls = servicer.relayed_calls()
+    # on a cluster, other nodes relay the calls for the models held here to the REST port
+    internal = [grpc_route({rpc: calls[rpc] for rpc in FORWARDED})] if member is not None else []
     http_socket = _listen(options.host, options.http_port, options.reuse_port)
     app, body_limit = create_app(
         plane, limits.max_body_bytes, http_restrictions, member.rest_route if member is not None else None, internal
     )
     http = HttpServer(app, on_error=error_response, limits=limits, body_limit=body_limit)
-    grpc_server = grpc.aio.server(
-        options=[
-            ("grpc.max_receive_message_length", grpc_bytes),
-            ("grpc.max_send_message_length", -1),
-            ("grpc.so_reuseport", int(options.reuse_port)),  # gRPC's default is 1: a taken port must fail
-            ("grpc.max_allowed_incoming_connections", limits.max_connections),
-            ("grpc.server_handshake_timeout_ms", int(limits.header_timeout_s * 1000)),
-            ("grpc.max_connection_idle_ms", int(limits.idle_timeout_s * 1000)),
-            # gRPC picks an algorithm the client accepts for the level, per call
-            ("grpc.default_compression_level", GRPC_COMPRESSION_LEVELS.index(options.grpc_compression_level)),
-        ]
-    )
-    add_to_server(servicer, grpc_server)
-    health_pb2_grpc.add_HealthServicer_to_server(HealthService(plane, grpc_restrictions), grpc_server)
+    grpc_options = grpc_server_options(grpc_bytes, limits, options.reuse_port, options.grpc_compression_level)
     grpc_address = f"{options.host}:{options.grpc_port}"
-    try:  # grpcio raises when the port is taken, with no reason: only its C core logs one
-        if options.grpc_tls is None:
-            grpc_server.add_insecure_port(grpc_address)
-        else:
-            grpc_server.add_secure_port(grpc_address, options.grpc_tls.grpc_credentials())
-    except RuntimeError:
-        http_socket.close()
-        raise ConfigError(f"cannot listen for gRPC on {options.host}:{options.grpc_port}") from None
+    grpc_mode = grpc_frontend_mode(options.grpc_frontend)
+    grpc_frontend: GrpcFrontend
+    if grpc_mode == "process":
+        grpc_frontend = GrpcFrontendProcess(
+            grpc_address, grpc_options, options.grpc_tls, {**calls, **health.relayed_calls()}, limits
+        )
+    else:
+        try:
+            grpc_frontend = _inline_grpc(grpc_address, grpc_options, options.grpc_tls, servicer, health)
+        except ConfigError:
+            http_socket.close()
+            raise
 
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stopping.set)
 
-    await grpc_server.start()
+    try:
+        await grpc_frontend.start()  # in a process of its own, it listens once started
+    except ConfigError:
+        http_socket.close()
+        raise
     await http.start(http_socket, options.http_tls.ssl_context() if options.http_tls is not None else None)
     if member is not None and options.cluster_control is not None:
         await member.start(options.cluster_control, on_end=stopping.set)  # the node actor gone: this server stops
@@ -201,7 +212,8 @@ async def serve(options: ServeOptions) -> None:
         "listening",
         extra={
             "http": f"{options.host}:{options.http_port}",
-            "grpc": f"{options.host}:{options.grpc_port}",
+            "grpc": grpc_address,
+            "grpc_frontend": grpc_mode,
             "tls": [name for name, tls in (("http", options.http_tls), ("grpc", options.grpc_tls)) if tls is not None],
             "open_files": open_files,
             "grpc_message_bytes": grpc_bytes,
@@ -223,10 +235,31 @@ async def serve(options: ServeOptions) -> None:
     plane.stopping = True  # not ready from now on: health checks tell load balancers to send no more
     if polling is not None:
         polling.cancel()  # no load may start now; one under way is the router's, which close() ends
-    await asyncio.gather(http.stop(grace_s=5.0), grpc_server.stop(grace=5.0))
+    await asyncio.gather(http.stop(grace_s=5.0), grpc_frontend.stop(5.0))
     if member is not None:
         await member.close()
     await router.close()
     plane.shared_memory.close()
     tracer.close()
     log.info("stopped")
+
+
+def _inline_grpc(
+    address: str,
+    grpc_options: list[tuple[str, int]],
+    tls: TlsSettings | None,
+    servicer: InferenceServicer,
+    health: HealthService,
+) -> grpc.aio.Server:
+    """The gRPC frontend on this event loop; ConfigError when it cannot listen."""
+    server = grpc.aio.server(options=grpc_options)
+    add_to_server(servicer, server)
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    try:  # grpcio raises when the port is taken, with no reason: only its C core logs one
+        if tls is None:
+            server.add_insecure_port(address)
+        else:
+            server.add_secure_port(address, tls.grpc_credentials())
+    except RuntimeError:
+        raise ConfigError(f"cannot listen for gRPC on {address}") from None
+    return server

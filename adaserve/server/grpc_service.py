@@ -23,6 +23,8 @@ from adaserve.config import Interface
 from adaserve.errors import AdaserveError, InvalidInputError, RequestTooLargeError
 from adaserve.server.content_coding import OFFLOAD_BYTES
 from adaserve.server.dataplane import DataPlane
+from adaserve.server.grpc_relay import RelayedCall
+from adaserve.server.grpc_stream import stream_answers
 from adaserve.server.protocol import (
     InferenceRequest,
     InferenceResponse,
@@ -61,11 +63,6 @@ CONTENTS_FIELD = {
     "FP32": "fp32_contents",
     "FP64": "fp64_contents",
 }
-
-#: Requests of one `ModelStreamInfer` call read and not yet answered to the client: past it the call reads no more
-#: until an answer is sent, so a client that never reads holds a bounded amount of the server's memory (unbounded,
-#: 1.5 KB an answer piled up: 115 to 374 MB in 60 s).
-STREAM_WINDOW = 64
 
 Message = TypeVar("Message")
 
@@ -117,14 +114,18 @@ def _status(exc: Exception, rpc: str) -> tuple[grpc.StatusCode, str]:
 _SETTING_KINDS = {bool: "bool_param", int: "uint32_param", str: "string_param"}
 
 
-#: The calls relayed to the node that holds their model (`Relay`), by their request's message type; ModelInfer's
-#: comes as its bytes (`add_to_server`), and each message of a ModelStreamInfer is relayed as a ModelInfer.
+#: The RPCs whose requests come as their bytes (`add_to_server`).
+RAW = ("ModelInfer", "ModelStreamInfer")
+#: Every RPC the servicer runs on a relayed request's bytes (`relayed_calls`), by its request's message type (None:
+#: taken as bytes). ModelStreamInfer is relayed a message at a time: a ModelInferRequest, answered with its
+#: ModelStreamInferResponse.
 RELAYED = {
-    "ModelInfer": None,
-    "ModelReady": service_pb2.ModelReadyRequest,
-    "ModelMetadata": service_pb2.ModelMetadataRequest,
-    "ModelConfig": service_pb2.ModelConfigRequest,
+    method.name: None if method.name in RAW else getattr(service_pb2, method.input_type.name)
+    for method in service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods
 }
+#: On a cluster, the calls relayed to the node that holds their model (`Relay`); each message of a
+#: ModelStreamInfer is relayed as a ModelInfer.
+FORWARDED = ("ModelInfer", "ModelReady", "ModelMetadata", "ModelConfig")
 
 
 class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
@@ -143,12 +144,24 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         self.relay = relay
         self.statistics = statistics
 
-    async def relayed_call(self, rpc: str, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        """A call another node relayed here (`Relay`), as its request's bytes: run by the method that runs it when
-        a client calls this frontend, its answer's bytes. An error is `context.abort`ed, as on a call."""
+    def relayed_calls(self) -> dict[str, RelayedCall]:
+        """The calls relayed here (`server/grpc_relay.py`) by RPC: from another node (`Relay`) or from the gRPC
+        frontend's process. Each takes its request's bytes and runs the method that runs it when a client calls
+        this frontend; an error is `context.abort`ed, as on a call."""
+        calls: dict[str, RelayedCall] = {rpc: functools.partial(self._relayed_call, rpc) for rpc in RELAYED}
+        calls["ModelStreamInfer"] = self._relayed_stream_message
+        return calls
+
+    async def _relayed_call(self, rpc: str, raw: bytes, context: Any) -> bytes:
         request_type = RELAYED[rpc]
         answer = await getattr(self, rpc)(raw if request_type is None else request_type.FromString(raw), context)
         return _serialize(answer)
+
+    async def _relayed_stream_message(self, raw: bytes, context: Any) -> bytes:
+        """One request of a stream the gRPC frontend's process reads (`grpc_stream.stream_answers` there): its
+        answer, or its failure, as a `ModelStreamInferResponse`; a call refused its restricted category fails."""
+        await self._check_stream(context)
+        return _serialize(await self._answer_in_stream(raw, context))
 
     async def _relayed(self, rpc: str, name: str, request: Any, context: grpc.aio.ServicerContext) -> bytes | None:
         """The answer's bytes from the node that holds model `name`, or None to serve the call here."""
@@ -291,59 +304,36 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
         """Triton's streaming inference (tritonclient's `start_stream` / `async_stream_infer`), for models that
-        answer each request once: every request runs as it arrives, and its response is written when it is done, in
-        the order requests finish (a client matches them by `id`); at most `STREAM_WINDOW` are read ahead of the
-        answers the client has taken. A request that fails is answered with
-        `error_message` and its `id`; the stream goes on until the client ends it."""
+        answer each request once, as `grpc_stream.stream_answers` runs a stream. A request that fails is answered
+        with `error_message` and its `id`; the stream goes on until the client ends it."""
+        await self._check_stream(context)
+        async for response in stream_answers(requests, lambda raw: self._answer_in_stream(raw, context)):
+            yield response
+
+    async def _check_stream(self, context: grpc.aio.ServicerContext) -> None:
         try:
             self.restrictions.check_call("inference", context)
         except Exception as exc:
             await context.abort(*_status(exc, "ModelStreamInfer"))
-        answers: asyncio.Queue[Any] = asyncio.Queue()
-        running: set[asyncio.Task[None]] = set()
-        room = asyncio.Semaphore(STREAM_WINDOW)  # taken by each request read, given back as its answer is sent
 
-        async def answer(raw: bytes) -> None:
-            arrived_ns = time.perf_counter_ns()
-            request = None
-            try:
-                if (relayed := await self._relayed_infer(raw, context)) is not None:
-                    answers.put_nowait(_stream_answer(relayed))
-                    return
-                request, config = await self._parsed(raw)
-                answered = await self._infer(request, config, context, arrived_ns)
-                response = service_pb2.ModelStreamInferResponse(infer_response=answered)
-            except Exception as exc:
-                _, message = _status(exc, "ModelStreamInfer")
-                model_name, model_version = peek_model(raw) or ("", "")
-                named = service_pb2.ModelInferResponse(
-                    model_name=model_name, model_version=model_version, id=request.id if request is not None else ""
-                )
-                response = service_pb2.ModelStreamInferResponse(error_message=message, infer_response=named)
-            answers.put_nowait(response)
-
-        async def read() -> None:
-            try:
-                async for request in requests:
-                    await room.acquire()  # past the window, read no more: the client's sends wait (flow control)
-                    task = asyncio.create_task(answer(request))
-                    running.add(task)
-                    task.add_done_callback(running.discard)
-                if running:
-                    await asyncio.wait(set(running))
-            finally:
-                answers.put_nowait(None)  # the end of the answers, also when reading failed
-
-        reader = asyncio.create_task(read())
+    async def _answer_in_stream(self, raw: bytes, context: grpc.aio.ServicerContext) -> Any:
+        """A stream's answer to one request, as its `ModelStreamInferResponse` (its bytes when relayed from another
+        node); its failure, too, named by its model and `id`."""
+        arrived_ns = time.perf_counter_ns()
+        request = None
         try:
-            while (response := await answers.get()) is not None:
-                yield response  # returns once gRPC has taken it, as far as the client's flow control lets it
-                room.release()
-            await reader  # a failed read ends the call with its error
-        finally:
-            reader.cancel()  # the client went away: what has not started is taken back (engine.infer)
-            for task in running:
-                task.cancel()
+            if (relayed := await self._relayed_infer(raw, context)) is not None:
+                return _stream_answer(relayed)
+            request, config = await self._parsed(raw)
+            answered = await self._infer(request, config, context, arrived_ns)
+            return service_pb2.ModelStreamInferResponse(infer_response=answered)
+        except Exception as exc:
+            _, message = _status(exc, "ModelStreamInfer")
+            model_name, model_version = peek_model(raw) or ("", "")
+            named = service_pb2.ModelInferResponse(
+                model_name=model_name, model_version=model_version, id=request.id if request is not None else ""
+            )
+            return service_pb2.ModelStreamInferResponse(error_message=message, infer_response=named)
 
     async def _parsed(self, raw: bytes) -> tuple[Any, Interface]:
         """A request's message out of its bytes, and what its model takes. The model is read from the message's

@@ -5,20 +5,26 @@ The server as a whole (service "") and `inference.GRPCInferenceService` are SERV
 (`DataPlane.ready`: the startup models loaded and every engine ready, and not stopping), else NOT_SERVING. Any other
 service name is NOT_FOUND to Check and SERVICE_UNKNOWN to Watch, as the protocol asks. It is in Triton's `health`
 category of restricted APIs.
+
+With `--grpc-frontend process` the frontend's process relays Check to the engine and answers Watch from relayed
+reads of the status (`relayed_calls`), with the same loop (`watch`). This module imports the engine only to type it.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from adaserve.errors import NotAllowedError
-from adaserve.server.dataplane import DataPlane
+from adaserve.server.grpc_relay import RelayedCall
 from adaserve.server.restrictions import Restrictions
+
+if TYPE_CHECKING:
+    from adaserve.server.dataplane import DataPlane
 
 SERVICES = ("", "inference.GRPCInferenceService")
 #: How often a Watch looks at readiness again (it writes only when the status changes).
@@ -47,16 +53,41 @@ class HealthService(health_pb2_grpc.HealthServicer):
     async def Watch(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         """The status now, then each change, until the client goes away or the server stops."""
         await self._check_allowed(context)
-        last = None
-        while True:
-            status = self.status(request.service)
-            if status != last:
-                yield Status(status=status)
-                last = status
-            await asyncio.sleep(WATCH_PERIOD_S)
+
+        async def status() -> int:
+            return self.status(request.service)
+
+        async for answer in watch(status):
+            yield answer
+
+    def relayed_calls(self) -> dict[str, RelayedCall]:
+        """The calls the gRPC frontend's process relays here (`server/grpc_relay.py`): Check, and "Watch", which
+        answers the status now, SERVICE_UNKNOWN included, for the frontend's own `watch` loop."""
+
+        async def check(raw: bytes, context: Any) -> bytes:
+            return bytes((await self.Check(health_pb2.HealthCheckRequest.FromString(raw), context)).SerializeToString())
+
+        async def status(raw: bytes, context: Any) -> bytes:
+            await self._check_allowed(context)
+            service = health_pb2.HealthCheckRequest.FromString(raw).service
+            return bytes(Status(status=self.status(service)).SerializeToString())
+
+        return {"Check": check, "Watch": status}
 
     async def _check_allowed(self, context: grpc.aio.ServicerContext) -> None:
         try:
             self.restrictions.check_call("health", context)
         except NotAllowedError as exc:
             await context.abort(exc.grpc_code, str(exc))
+
+
+async def watch(status: Callable[[], Awaitable[int]]) -> AsyncIterator[Any]:
+    """Health's Watch: the `status()` now, then each change, read every WATCH_PERIOD_S, until the client goes away
+    or the server stops."""
+    last = None
+    while True:
+        now = await status()
+        if now != last:
+            yield Status(status=now)
+            last = now
+        await asyncio.sleep(WATCH_PERIOD_S)

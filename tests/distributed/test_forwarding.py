@@ -31,7 +31,6 @@ from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
-from adaserve.distributed.forward import GRPC_PATH, METADATA_PREFIX
 from adaserve.distributed.member import HOPS, MAX_HOPS, PEER_TIMEOUT_S
 from adaserve.distributed.messages import (
     Drain,
@@ -48,6 +47,7 @@ from adaserve.distributed.messages import (
 from adaserve.distributed.routes import ASK_AGAIN_S
 from adaserve.distributed.testing import FakeActor, node_server
 from adaserve.server.documents import merge_statistics
+from adaserve.server.grpc_relay import GRPC_PATH, METADATA_PREFIX
 from adaserve.server.protos import grpc_service_pb2 as service_pb2
 from tests.server_utils import Clients, ServerHandle, free_ports, link_example, running_server
 

@@ -35,7 +35,8 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from adaserve.repository import ModelRepository
 from adaserve.server.app import GRPC_DEFAULT_MESSAGE_BYTES, grpc_message_bytes
-from adaserve.server.grpc_service import STREAM_WINDOW, InferenceServicer, peek_model
+from adaserve.server.grpc_service import InferenceServicer, peek_model
+from adaserve.server.grpc_stream import STREAM_WINDOW
 from tests.server.reference import reference_outputs
 from tests.server_utils import ServerHandle, link_example, running_server, write_config
 

@@ -1,0 +1,263 @@
+"""`--grpc-frontend process` against a real server with `tritonclient.grpc`: every answer, error and status the
+same as the inline frontend's, streams, health, restrictions, a client's cancel reaching the engine, the
+frontend's process restarted when it dies, and a stop that answers the calls in progress."""
+
+from __future__ import annotations
+
+import functools
+import os
+import queue
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from tritonclient.utils import InferenceServerException
+
+from tests.server_utils import (
+    Clients,
+    ServerHandle,
+    free_ports,
+    link_example,
+    logged_errors,
+    metric,
+    running_server,
+    serve_command,
+    stop_server,
+    wait_until_ready,
+    write_slow_model,
+)
+
+#: Statistics answer only calls with this metadata (`--grpc-restricted-protocol`), on both servers.
+RESTRICTION = ("statistics:admin=secret",)
+ADMIN = {"triton-grpc-protocol-admin": "secret"}
+#: Models slow enough that requests queue behind one another: "slow" about 0.4-1.4 s a request (warm, cold), well
+#: within a stop's grace for two; "slowest" several seconds, far past a 0.5 s deadline.
+SLOW_ROUNDS, SLOWEST_ROUNDS = 20_000, 150_000
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("grpc-frontend") / "models"
+    link_example(root, "mlp")
+    write_slow_model(root, "slow", rounds=SLOW_ROUNDS)
+    write_slow_model(root, "slowest", rounds=SLOWEST_ROUNDS)
+    return root
+
+
+@pytest.fixture(scope="module")
+def process(repository: Path) -> Iterator[ServerHandle]:
+    with running_server(repository, "--grpc-frontend", "process", "--grpc-restricted-protocol", *RESTRICTION) as handle:
+        yield handle
+
+
+@pytest.fixture(scope="module")
+def inline(repository: Path) -> Iterator[ServerHandle]:
+    with running_server(repository, "--grpc-frontend", "inline", "--grpc-restricted-protocol", *RESTRICTION) as handle:
+        yield handle
+
+
+def frontend_pid(server: ServerHandle) -> int | None:
+    """The PID of the server's gRPC frontend process (a child of the server running `grpc_frontend`)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            command = (entry / "cmdline").read_bytes().split(b"\0")
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if parent == server.pid and b"adaserve.server.grpc_frontend" in command:
+            return int(entry.name)
+    return None
+
+
+def tensor(name: str, array: np.ndarray) -> grpcclient.InferInput:
+    made = grpcclient.InferInput(name, list(array.shape), "FP32")
+    made.set_data_from_numpy(array)
+    return made
+
+
+def failure(call: Callable[[], object]) -> tuple[Any, str]:
+    """The status and message of a call that fails."""
+    with pytest.raises(InferenceServerException) as raised:
+        call()
+    return raised.value.status(), raised.value.message()
+
+
+def test_inference_answers_as_inline(process: ServerHandle, inline: ServerHandle, clients: Clients) -> None:
+    array = np.random.default_rng(5).random((3, 784), dtype=np.float32)
+    answers = [
+        clients.grpc(server.grpc_url).infer("mlp", [tensor("image", array)], request_id="p-1")
+        for server in (process, inline)
+    ]
+    assert np.array_equal(answers[0].as_numpy("logits"), answers[1].as_numpy("logits"))
+    assert answers[0].get_response().id == "p-1"
+
+
+def test_errors_carry_the_inline_status_and_message(
+    process: ServerHandle, inline: ServerHandle, clients: Clients
+) -> None:
+    calls: list[Callable[[grpcclient.InferenceServerClient], object]] = [
+        lambda client: client.infer("nope", [tensor("image", np.ones((1, 784), np.float32))]),
+        lambda client: client.infer("mlp", [tensor("image", np.ones((1, 783), np.float32))]),
+        lambda client: client.infer("mlp", [tensor("picture", np.ones((1, 784), np.float32))]),
+        lambda client: client.get_model_config("nope"),
+        lambda client: client.get_inference_statistics("mlp"),  # restricted: no header
+    ]
+    for call in calls:
+        seen = [failure(functools.partial(call, clients.grpc(server.grpc_url))) for server in (process, inline)]
+        assert seen[0] == seen[1]
+    statistics = clients.grpc(process.grpc_url).get_inference_statistics("mlp", headers=ADMIN)
+    assert statistics.model_stats[0].name == "mlp"
+
+
+def test_metadata_config_index_and_health_as_inline(
+    process: ServerHandle, inline: ServerHandle, clients: Clients
+) -> None:
+    def documents(server: ServerHandle) -> list[object]:
+        client = clients.grpc(server.grpc_url)
+        return [
+            client.is_server_live(),
+            client.is_server_ready(),
+            client.is_model_ready("mlp"),
+            client.get_model_metadata("mlp", as_json=True),
+            {**client.get_model_config("mlp", as_json=True)["config"], "parameters": None},  # its workers' PIDs
+            client.get_model_repository_index(as_json=True),
+            client.get_server_metadata(as_json=True)["extensions"],
+        ]
+
+    assert documents(process) == documents(inline)
+    with grpc.insecure_channel(process.grpc_url) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        serving = health_pb2.HealthCheckResponse.SERVING
+        assert health.Check(health_pb2.HealthCheckRequest(service="")).status == serving
+        with pytest.raises(grpc.RpcError) as unknown:
+            health.Check(health_pb2.HealthCheckRequest(service="nope"))
+        assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+        watched = health.Watch(health_pb2.HealthCheckRequest(service="nope"))
+        assert next(watched).status == health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
+        watched.cancel()
+
+
+def stream(
+    server: ServerHandle, clients: Clients, requests: list[tuple[str, str, np.ndarray]]
+) -> tuple[dict[str, np.ndarray], list[str]]:
+    """Each request (id, model, input) sent on one stream; the outputs by id, and the errors' messages."""
+    answers: queue.Queue[tuple[grpcclient.InferResult | None, InferenceServerException | None]] = queue.Queue()
+    client = clients.grpc(server.grpc_url)
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        for request_id, model, array in requests:
+            client.async_stream_infer(model, [tensor("image", array)], request_id=request_id)
+        got = [answers.get(timeout=60) for _ in requests]
+    finally:
+        client.stop_stream()
+    outputs = {r.get_response().id: r.as_numpy("logits") for r, _ in got if r is not None}
+    return outputs, sorted(e.message() for _, e in got if e is not None)
+
+
+def test_a_stream_answers_as_inline(process: ServerHandle, inline: ServerHandle, clients: Clients) -> None:
+    """Every request answered once under its id, the bad one with its error, as inline (the outputs as close as
+    batches of other sizes compute them)."""
+    rng = np.random.default_rng(9)
+    requests = [(f"r{i}", "mlp", rng.random((1 + i % 2, 784), dtype=np.float32)) for i in range(6)]
+    requests.insert(3, ("bad", "mlp", np.ones((1, 783), np.float32)))
+    outputs, errors = stream(process, clients, requests)
+    inline_outputs, inline_errors = stream(inline, clients, requests)
+    assert sorted(outputs) == sorted(inline_outputs) == [f"r{i}" for i in range(6)]
+    assert all(np.allclose(outputs[key], inline_outputs[key], atol=1e-5) for key in outputs)
+    assert errors == inline_errors and len(errors) == 1
+
+
+def test_a_cancelled_call_is_taken_back_by_the_engine(process: ServerHandle) -> None:
+    """Calls whose deadline passes while they queue behind a slow one: the client sees DEADLINE_EXCEEDED, and the
+    engine runs none of those still queued (each would count as a success once run)."""
+    before = metric(process, 'adaserve_inference_request_success_total{model="slowest"')
+    statuses: list[Any] = []
+
+    def call() -> None:
+        with grpcclient.InferenceServerClient(process.grpc_url) as client:
+            x = tensor("x", np.ones((1, 4), np.float32))
+            statuses.append(failure(lambda: client.infer("slowest", [x], client_timeout=0.5))[0])
+
+    threads = [threading.Thread(target=call) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert statuses == ["StatusCode.DEADLINE_EXCEEDED"] * len(threads)
+    while metric(process, 'adaserve_queued_rows{model="slowest"') + metric(
+        process, 'adaserve_inflight_rows{model="slowest"'
+    ):
+        time.sleep(0.1)
+    assert metric(process, 'adaserve_inference_request_success_total{model="slowest"') - before <= 1
+
+
+def test_the_frontend_process_killed_is_started_again(process: ServerHandle) -> None:
+    killed = frontend_pid(process)
+    assert killed is not None
+    errors_before = logged_errors(process)
+    os.kill(killed, signal.SIGKILL)
+    while frontend_pid(process) in (None, killed):
+        time.sleep(0.1)
+    while True:  # the new process listens soon after it starts
+        with grpcclient.InferenceServerClient(process.grpc_url) as client:
+            try:
+                answer = client.infer("mlp", [tensor("image", np.ones((1, 784), np.float32))])
+                break
+            except InferenceServerException:
+                time.sleep(0.1)
+    assert answer.as_numpy("logits").shape == (1, 10)
+    assert "the gRPC frontend's process ended: starting it again" in process.log.read_text()
+    assert logged_errors(process) == errors_before
+
+
+def test_a_stop_answers_the_calls_in_progress(repository: Path, tmp_path: Path) -> None:
+    """SIGTERM with two calls, one running and one queued: all are answered, then the server and
+    its frontend's process exit."""
+    http_port, grpc_port = free_ports(2)
+    log = tmp_path / "server.log"
+    with log.open("wb") as out:
+        server = subprocess.Popen(
+            serve_command(repository, http_port, grpc_port, "--grpc-frontend", "process", "--model", "slow"),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+    handle = ServerHandle(f"127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}", server.pid, log)
+    try:
+        wait_until_ready(handle, server, 180.0, lambda: '"msg": "serving"' in log.read_text())
+        frontend = frontend_pid(handle)
+        results: list[object] = []
+
+        def call() -> None:
+            with grpcclient.InferenceServerClient(handle.grpc_url) as client:
+                try:
+                    results.append(client.infer("slow", [tensor("x", np.ones((1, 4), np.float32))]).as_numpy("y"))
+                except InferenceServerException as exc:
+                    results.append(exc)
+
+        threads = [threading.Thread(target=call) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        while metric(handle, 'adaserve_queued_rows{model="slow"') + metric(
+            handle, 'adaserve_inflight_rows{model="slow"'
+        ) < len(threads):
+            time.sleep(0.05)
+        os.kill(server.pid, signal.SIGTERM)
+        for thread in threads:
+            thread.join()
+        assert server.wait(timeout=60) == 0
+    finally:
+        stop_server(server)
+    assert all(isinstance(result, np.ndarray) for result in results), results
+    assert frontend is not None and not Path(f"/proc/{frontend}").exists()
