@@ -166,7 +166,9 @@ def cluster_settings(
     elif nodes_here is not None:  # the nodes share this machine: half its memory, in equal parts
         budget = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (2 * nodes_here)
     log_level = getattr(args, "log_level", None) or "info"
-    serve_args = ("--log-level", log_level)
+    serve_args: tuple[str, ...] = ("--log-level", log_level)
+    if getattr(args, "grpc_frontend", None) is not None:  # `serve --ray` has it; each node server decides by it
+        serve_args += ("--grpc-frontend", args.grpc_frontend)
     if args.servers_per_node < 1:
         raise ConfigError(f"--servers-per-node must be at least 1, got {args.servers_per_node}")
     node = NodeSettings(

@@ -1,6 +1,7 @@
 """`--grpc-frontend process` against a real server with `tritonclient.grpc`: every answer, error and status the
 same as the inline frontend's, streams, health, restrictions, a client's cancel reaching the engine, the
-frontend's process restarted when it dies, and a stop that answers the calls in progress."""
+frontend's process restarted when it dies, and a stop that answers the calls in progress; and which frontend `auto`
+and a cluster's node servers get."""
 
 from __future__ import annotations
 
@@ -22,6 +23,9 @@ import tritonclient.grpc as grpcclient
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
+from adaserve.cli import build_parser
+from adaserve.distributed.cli import cluster_settings
+from adaserve.server.grpc_frontend import PROCESS_FRONTEND_CORES, grpc_frontend_mode
 from tests.server_utils import (
     Clients,
     ServerHandle,
@@ -261,3 +265,16 @@ def test_a_stop_answers_the_calls_in_progress(repository: Path, tmp_path: Path) 
         stop_server(server)
     assert all(isinstance(result, np.ndarray) for result in results), results
     assert frontend is not None and not Path(f"/proc/{frontend}").exists()
+
+
+@pytest.mark.parametrize(("cores", "mode"), [(2, "inline"), (PROCESS_FRONTEND_CORES, "process")])
+def test_auto_puts_grpc_in_a_process_from_so_many_cores(monkeypatch: pytest.MonkeyPatch, cores: int, mode: str) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
+    assert grpc_frontend_mode("auto") == mode
+    assert grpc_frontend_mode("inline") == "inline" and grpc_frontend_mode("process") == "process"
+
+
+def test_a_cluster_s_node_servers_run_grpc_where_serve_says() -> None:
+    args = build_parser().parse_args(["serve", "--ray", "auto", "--grpc-frontend", "process"])
+    serve_args = cluster_settings(args, port_stride=0, host_from_ray=False).node.serve_args
+    assert serve_args[-2:] == ("--grpc-frontend", "process")
