@@ -6,7 +6,9 @@ and at `BAR_RATE` req/s. Beside it, with the same perf_analyzer settings and the
 that answer with canned bytes and no model: `benchmarks.rest_floor` (HTTP/1.1 on uvloop) and `benchmarks.grpc_floor`
 (grpc.aio). A floor's open-loop latency over its own closed-loop c=1 latency is what this machine and client add
 at that load before any server code runs (a vCPU woken from idle, caches gone cold, perf_analyzer's own timers);
-adaserve's same ratio is read against it. Every case runs `--repeats` times, interleaved, and medians are reported.
+adaserve's same ratio is read against it. gRPC runs twice over: adaserve with its gRPC frontend inline (on the
+engine's event loop) and in a process of its own (`--grpc-frontend process`, a second server beside the first).
+Every case runs `--repeats` times, interleaved, and medians are reported.
 
     benchmarks/perf_analyzer_env.sh                     # once: Triton's perf_analyzer in .venv-perf
     .venv/bin/python -m benchmarks.latency_profile      # ~20 minutes; --quick for a smoke run
@@ -37,6 +39,8 @@ from tests.server_utils import ServerHandle, link_example, running_server
 
 MODEL = "mlp"
 PROTOCOLS = ("http", "grpc")
+#: The servers measured over each protocol, the floor last.
+SERVERS = {"http": ("adaserve", "rest_floor"), "grpc": ("adaserve", "adaserve_process", "grpc_floor")}
 #: Offered loads, as shares of the protocol's closed-loop concurrency-8 throughput.
 FRACTIONS = (0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9)
 #: The issue's bars: at this open-loop rate REST p50 ≤ 1.3× and p99 ≤ 3× its closed-loop c=1 p50; gRPC c=8 ≥ 0.8×
@@ -66,8 +70,13 @@ def main() -> int:
     repository = SCRATCH / "latency_profile" / "repo"
     shutil.rmtree(repository, ignore_errors=True)
     link_example(repository, MODEL)
-    with running_server(repository) as server, floor_server("http") as rest, floor_server("grpc") as grpc:
-        servers = {"adaserve": server, "rest_floor": rest, "grpc_floor": grpc}
+    with (
+        running_server(repository, "--grpc-frontend", "inline") as server,
+        running_server(repository, "--grpc-frontend", "process") as process,
+        floor_server("http") as rest,
+        floor_server("grpc") as grpc,
+    ):
+        servers = {"adaserve": server, "adaserve_process": process, "rest_floor": rest, "grpc_floor": grpc}
         report["commands"] = {name: process_command(handle.pid) for name, handle in servers.items()}
         report["server_config"] = (repository / MODEL / "config.yaml").read_text()
         capacity = {p: perf_run(perf, server, p, 8, -1, args.request_count) for p in PROTOCOLS if args.fractions}
@@ -115,14 +124,17 @@ def _rates(capacity_rps: float | None, fractions: tuple[float, ...]) -> list[flo
 def _profile(
     perf: PerfAnalyzer, servers: dict[str, ServerHandle], protocol: str, rates: list[float], repeat: int, args: Any
 ) -> list[dict[str, Any]]:
-    """One repeat of a protocol: adaserve and the protocol's floor closed loop at 1 and 8, then open loop at each
-    rate, one after the other."""
-    floor = "rest_floor" if protocol == "http" else "grpc_floor"
-    runs = [perf_run(perf, servers["adaserve"], protocol, c, repeat, args.request_count) for c in (1, 8)]
-    runs += [perf_run(perf, servers[floor], protocol, c, repeat, args.request_count, name=floor) for c in (1, 8)]
+    """One repeat of a protocol: its servers (adaserve, and its floor) closed loop at 1 and 8, then open loop at
+    each rate, one after the other."""
+    names = SERVERS[protocol]
+    runs = [
+        perf_run(perf, servers[name], protocol, c, repeat, args.request_count, name=name)
+        for name in names
+        for c in (1, 8)
+    ]
     for rate in rates:
         count = max(MIN_WINDOW_REQUESTS, round(rate * args.window_s))
-        for name in ("adaserve", floor):
+        for name in names:
             runs.append(perf_run(perf, servers[name], protocol, 1, repeat, count, name=name, rate=rate))
     return runs
 
@@ -133,7 +145,7 @@ def _summarize(report: dict[str, Any]) -> None:
     runs = report["runs"]
     profiles: dict[str, Any] = {}
     for protocol in PROTOCOLS:
-        for name in ("adaserve", "rest_floor" if protocol == "http" else "grpc_floor"):
+        for name in SERVERS[protocol]:
             mine = [r for r in runs if r["server"] == name and r["protocol"] == protocol]
             closed = {
                 f"c{c}": perf_medians(rs)
@@ -179,6 +191,12 @@ def _summarize(report: dict[str, Any]) -> None:
         "rest_floor_p99_over_c1_p50": floor_at_bar["p99_over_c1_p50"],
         "rest_floor_added_p50_ms": _difference(floor_at_bar["p50_ms"], profiles["rest_floor http"], "c1"),
         "adaserve_added_p50_ms": _difference(at_bar["p50_ms"], rest, "c1"),
+    }
+    process = profiles["adaserve_process grpc"]["closed_loop"]
+    process_c8, process_c1 = process["c8"]["throughput_rps"], process["c1"]["p50_ms"]
+    report["grpc_process_over_inline"] = {
+        "c8_throughput": process_c8 / grpc_c8 if process_c8 and grpc_c8 else None,
+        "c1_p50": process_c1 / grpc_c1 if process_c1 and grpc_c1 else None,
     }
 
 
@@ -243,6 +261,12 @@ def _print(report: dict[str, Any], output: Path) -> None:
             f"at {BAR_RATE:.0f} req/s the REST floor's p50 is {floor['rest_floor_p50_over_c1_p50']:.2f}× its c=1 p50 "
             f"(+{ms_text(floor['rest_floor_added_p50_ms'])} ms); adaserve adds "
             f"+{ms_text(floor['adaserve_added_p50_ms'])} ms"
+        )
+    process = report.get("grpc_process_over_inline")  # reports before --grpc-frontend have none
+    if process is not None:
+        print(
+            f"gRPC frontend in a process of its own over inline: c=8 req/s {_times(process['c8_throughput'])}, "
+            f"c=1 p50 {_times(process['c1_p50'])}"
         )
     print(f"wrote {output}")
 

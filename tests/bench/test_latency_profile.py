@@ -35,7 +35,13 @@ def test_the_latency_profile_runs_every_server_and_protocol(tmp_path: Path, perf
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=540)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(output.read_text())
-    assert set(report["profiles"]) == {"adaserve http", "rest_floor http", "adaserve grpc", "grpc_floor grpc"}
+    assert set(report["profiles"]) == {
+        "adaserve http",
+        "rest_floor http",
+        "adaserve grpc",
+        "adaserve_process grpc",
+        "grpc_floor grpc",
+    }
     for protocol in ("http", "grpc"):
         assert report["rates"][protocol] == [BAR_RATE]  # no shares of capacity: no capacity run either
     assert report["capacity_runs"] == []
@@ -45,7 +51,9 @@ def test_the_latency_profile_runs_every_server_and_protocol(tmp_path: Path, perf
         c1_p50 = profile["closed_loop"]["c1"]["p50_ms"]
         assert (c1_p50 is None or c1_p50 > 0) and len(profile["open_loop"]) == 1
     assert set(report["bars"]) == {"rest_poisson_p50", "rest_poisson_p99", "grpc_c8_throughput", "grpc_c1_p50"}
+    assert set(report["grpc_process_over_inline"]) == {"c8_throughput", "c1_p50"}
     assert output.with_suffix(".png").exists() and "bar rest_poisson_p50" in done.stdout
+    assert "gRPC frontend in a process of its own over inline" in done.stdout
 
 
 def test_a_run_perf_analyzer_could_not_measure_prints_as_a_dash(
@@ -62,7 +70,9 @@ def test_a_run_perf_analyzer_could_not_measure_prints_as_a_dash(
             "rest_floor_added_p50_ms": None,
             "adaserve_added_p50_ms": None,
         },
+        "grpc_process_over_inline": {"c8_throughput": 1.25, "c1_p50": None},
     }
     _print(report, tmp_path / "latency_profile.json")
     printed = capsys.readouterr().out
     assert "| 200 | 1.500 | - | - | - |" in printed and "adaserve adds +- ms" in printed
+    assert "c=8 req/s 1.25×, c=1 p50 -" in printed
