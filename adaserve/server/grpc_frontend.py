@@ -16,7 +16,7 @@ stops the request. It imports no torch and no engine (a frontend's memory is a s
 
 `server/grpc_process.py` starts it (`python -m adaserve.server.grpc_frontend SETTINGS`), restarts it and stops it:
 it writes a line on stdout once it listens, stops within `STOP_GRACE_S` on SIGTERM or SIGINT, and stops when its
-stdin closes (the engine's process is gone).
+stdin closes (the engine's process is gone), removing the socket's directory the engine could not.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import signal
 import sys
 from collections.abc import AsyncIterator
@@ -212,6 +213,8 @@ async def serve(settings: FrontendSettings) -> None:
     await asyncio.wait([loop.create_task(stopping.wait()), orphaned], return_when=asyncio.FIRST_COMPLETED)
     await server.stop(grace=STOP_GRACE_S)
     await handler.pool.close()
+    if orphaned.done():  # the engine's process is gone (killed, say) and cannot remove its socket's directory
+        shutil.rmtree(Path(settings.engine).parent, ignore_errors=True)
 
 
 async def _stdin_closed() -> None:

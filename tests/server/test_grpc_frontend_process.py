@@ -6,6 +6,7 @@ and a cluster's node servers get."""
 from __future__ import annotations
 
 import functools
+import json
 import os
 import queue
 import signal
@@ -278,3 +279,25 @@ def test_a_cluster_s_node_servers_run_grpc_where_serve_says() -> None:
     args = build_parser().parse_args(["serve", "--ray", "auto", "--grpc-frontend", "process"])
     serve_args = cluster_settings(args, port_stride=0, host_from_ray=False).node.serve_args
     assert serve_args[-2:] == ("--grpc-frontend", "process")
+
+
+def test_a_killed_server_s_frontend_stops_and_removes_the_socket(repository: Path) -> None:
+    """The server's process killed (no stop of its own): its frontend's process sees its stdin close, stops, and
+    removes the private directory of the engine's socket."""
+    with running_server(repository, "--grpc-frontend", "process", "--model", "mlp") as server:
+        frontend = frontend_pid(server)
+        assert frontend is not None
+        arguments = Path(f"/proc/{frontend}/cmdline").read_bytes().split(b"\0")
+        directory = Path(json.loads(arguments[3])["engine"]).parent
+        assert directory.is_dir() and directory.stat().st_mode & 0o777 == 0o700
+        os.kill(server.pid, signal.SIGKILL)
+        while Path(f"/proc/{frontend}").exists() and "zombie" not in _state(frontend):
+            time.sleep(0.1)
+    assert not directory.exists()
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return "zombie"
