@@ -4,8 +4,8 @@ as its bytes, to the engine's process over a Unix socket (`server/grpc_relay.py`
 Why a process: inline, grpc.aio's Cython and its event-engine thread share the engine's process and its GIL (on a
 2-core VM adaserve's gRPC served 0.38x REST's requests a second at 8 clients, its main thread 71% busy, 68% of that
 in grpc.aio). Here grpc.aio has a process and a GIL to itself. The price is a hop: on that 2-core VM, where the
-frontend's process has no core of its own, it served 0.74-0.76x inline's requests a second at 8 clients and took
-1.12-1.22x its p50 at one, so `--grpc-frontend auto` keeps gRPC inline there (`grpc_frontend_mode`).
+frontend's process has no core of its own, it served 0.74-0.89x inline's requests a second at 8 clients and took
+1.12-1.32x its p50 at one, so `--grpc-frontend auto` keeps gRPC inline there (`grpc_frontend_mode`).
 
 Its handlers take and return bytes (no (de)serializers) for every method of `inference.GRPCInferenceService` and
 of `grpc.health.v1.Health`; all that belongs to the socket is here (TLS, the message-size limit, compression of the
