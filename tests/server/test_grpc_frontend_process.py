@@ -301,3 +301,31 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/status").read_text()
     except OSError:
         return "zombie"
+
+
+def test_a_stream_of_a_restricted_category_is_refused_as_inline(repository: Path) -> None:
+    """Inline refuses the stream at its start; the frontend's process at its first request, with the same status
+    and message; with the header the stream is answered."""
+    refused = ("StatusCode.PERMISSION_DENIED", "This protocol is restricted, expecting header 'triton-grpc-protocol-k'")
+    restricted = ("--grpc-restricted-protocol", "inference:k=v")
+    with (
+        running_server(repository, "--grpc-frontend", "process", "--model", "mlp", *restricted) as server,
+        Clients() as clients,
+    ):
+        result, error = first_stream_answer(clients.grpc(server.grpc_url), {})
+        assert result is None and error is not None and (str(error.status()), error.message()) == refused
+        result, error = first_stream_answer(clients.grpc(server.grpc_url), {"triton-grpc-protocol-k": "v"})
+        assert error is None and result is not None and result.get_response().id == "a"
+
+
+def first_stream_answer(
+    client: grpcclient.InferenceServerClient, headers: dict[str, str]
+) -> tuple[Any, InferenceServerException | None]:
+    """A stream opened with `headers`, one request sent on it: its answer or error."""
+    answers: queue.Queue[tuple[Any, InferenceServerException | None]] = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)), headers=headers)
+    try:
+        client.async_stream_infer("mlp", [tensor("image", np.ones((1, 784), np.float32))], request_id="a")
+        return answers.get(timeout=60)
+    finally:
+        client.stop_stream()
