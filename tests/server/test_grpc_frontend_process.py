@@ -24,9 +24,10 @@ import tritonclient.grpc as grpcclient
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
+from adaserve.arguments import PROCESS_FRONTEND_CORES
 from adaserve.cli import build_parser
 from adaserve.distributed.cli import cluster_settings
-from adaserve.server.grpc_frontend import PROCESS_FRONTEND_CORES, grpc_frontend_mode
+from adaserve.server.grpc_frontend import grpc_frontend_mode
 from tests.server_utils import (
     Clients,
     ServerHandle,
