@@ -441,10 +441,11 @@ class ModelEngine:
 
     async def stop(self, drain_timeout_s: float = 30.0) -> None:
         """Finish what was accepted (up to `drain_timeout_s`), then stop the workers and release the pool."""
-        if self.loaded:  # what it held while it served: the last figure `models list` shows
-            await self._record_footprint("unloading")
+        loaded = self.loaded
         self.state = EngineState.UNLOADING
         try:
+            if loaded:  # what it held while it served: the last figure `models list` shows
+                await self._record_footprint("unloading")
             await self._stop(drain_timeout_s)
         finally:  # however the stop ended, its busy threads must not hold the other models back
             self.scheduler.cores.leave(self.scheduler)

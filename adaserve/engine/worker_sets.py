@@ -239,15 +239,18 @@ class ProfilingWorkerSet(WorkerSetPlanner):
                 _ONE_PROFILE.release()
             if why is None or self._closed.is_set():
                 return
+            # Logged before it is shown: whoever reads `background` finds the log line already written.
             if attempt == settings.profile_attempts:
-                self.background = (
+                gave_up = (
                     f"{why}; gave up after {attempt} background profile(s): the default set stays; run "
                     f"`adaserve profile {self.model.name}` on an idle machine to plan from a profile"
                 )
-                log.info("%s", self.background, extra={"model": self.model.name})
+                log.info("%s", gave_up, extra={"model": self.model.name})
+                self.background = gave_up
                 return
-            self.background = f"{why}; retrying in {wait_s:g} s"
-            log.info("%s", self.background, extra={"model": self.model.name})
+            retrying = f"{why}; retrying in {wait_s:g} s"
+            log.info("%s", retrying, extra={"model": self.model.name})
+            self.background = retrying
             if self._closed.wait(wait_s):
                 return
             wait_s *= 2
