@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -460,33 +460,25 @@ def lowest_priority(pid: int) -> str:
         return "nice 19"
 
 
+_CHILD_MAIN = "from adaserve.cpu.profiler import main; main()"
+
+
 def _run_child(job: dict[str, Any], record: Callable[[Cell], None]) -> None:
     """Run the profile in a child Python (`main` below), `adaserve profile`'s: cells arrive one JSON line each on
     a pipe, not on stdout."""
-    read_fd, write_fd = os.pipe()
     # One thread until a forked process sets its own (`place`): the child's loading never starts a thread pool.
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_FORCE_WEIGHTS_ONLY_LOAD": "1"}
     with tempfile.TemporaryFile("w+") as log:
-        try:
-            process = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-c",
-                    "from adaserve.cpu.profiler import main; main()",
-                    json.dumps(job),
-                    str(write_fd),
-                ],
+        read_fd, process = _started_writing(
+            lambda write_fd: subprocess.Popen(
+                [sys.executable, "-c", _CHILD_MAIN, json.dumps(job), str(write_fd)],
                 pass_fds=(write_fd,),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,
                 env=env,
             )
-        except OSError:
-            os.close(read_fd)
-            raise
-        finally:
-            os.close(write_fd)  # the child holds its own copy
+        )
         try:
             errors = _read_results(read_fd, record)
             code = process.wait()
@@ -504,14 +496,7 @@ def _run_forked(job: dict[str, Any], record: Callable[[Cell], None], *, started:
     in its own group at the lowest priority, and `started` is told then."""
     from adaserve.engine.processes import ZYGOTE, how_it_exited
 
-    read_fd, write_fd = os.pipe()
-    try:
-        child = ZYGOTE.fork_profiler(json.dumps(job), write_fd)
-    except BaseException:
-        os.close(read_fd)
-        raise
-    finally:
-        os.close(write_fd)  # the child holds its own copy
+    read_fd, child = _started_writing(lambda write_fd: ZYGOTE.fork_profiler(json.dumps(job), write_fd))
     try:
         errors = _read_results(read_fd, record, lambda: started(child.pid))
     except BaseException:
@@ -521,6 +506,21 @@ def _run_forked(job: dict[str, Any], record: Callable[[Cell], None], *, started:
     if code != 0:
         how = "its exit was not reported" if code is None else f"it {how_it_exited(code)}"
         _failed(job, how, errors or ["no reason given"])
+
+
+_Child = TypeVar("_Child")
+
+
+def _started_writing(start: Callable[[int], _Child]) -> tuple[int, _Child]:
+    """Start a child that writes to a new pipe (`start` gets its write end): the read end, and the child."""
+    read_fd, write_fd = os.pipe()
+    try:
+        return read_fd, start(write_fd)
+    except BaseException:
+        os.close(read_fd)
+        raise
+    finally:
+        os.close(write_fd)  # the child holds its own copy
 
 
 def _read_results(read_fd: int, record: Callable[[Cell], None], started: Callable[[], None] | None = None) -> list[str]:

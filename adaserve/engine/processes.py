@@ -231,7 +231,11 @@ class HostLauncher:
     def _fork(self) -> tuple[ForkedProcess, socket.socket]:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         with theirs:
-            return self._zygote.fork_host(theirs), ours
+            try:
+                return self._zygote.fork_host(theirs), ours
+            except BaseException:
+                ours.close()
+                raise
 
     @property
     def waiting_pids(self) -> list[int]:

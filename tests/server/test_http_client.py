@@ -115,31 +115,26 @@ def test_a_cancelled_request_closes_its_connection() -> None:
     asyncio.run(_with_server(silent, client))
 
 
-def test_a_broken_answer_is_an_error_not_a_hang() -> None:
-    async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
+@pytest.mark.parametrize(
+    ("answer", "hang_up", "error", "message"),
+    [
+        (b"SMTP READY\r\n\r\n", False, ValueError, "malformed HTTP response"),  # an error, not a hang
+        (OK[:-3], True, ConnectionResetError, "mid-response"),  # closing mid-response: a lost connection
+    ],
+)
+def test_a_bad_answer_is_an_error(answer: bytes, hang_up: bool, error: type[Exception], message: str) -> None:
+    async def server(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
         await reader.readuntil(b"\r\n\r\n")
-        writer.write(b"SMTP READY\r\n\r\n")
+        writer.write(answer)
         await writer.drain()
-        await reader.read()
+        if not hang_up:
+            await reader.read()
 
     async def client(pool: ConnectionPool) -> None:
-        with pytest.raises(ValueError, match="malformed HTTP response"):
+        with pytest.raises(error, match=message):
             await pool.request(REQUEST)
 
-    asyncio.run(_with_server(garbage, client))
-
-
-def test_closing_mid_response_is_a_lost_connection() -> None:
-    async def cut(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
-        await reader.readuntil(b"\r\n\r\n")
-        writer.write(OK[:-3])
-        await writer.drain()
-
-    async def client(pool: ConnectionPool) -> None:
-        with pytest.raises(ConnectionResetError, match="mid-response"):
-            await pool.request(REQUEST)
-
-    asyncio.run(_with_server(cut, client))
+    asyncio.run(_with_server(server, client))
 
 
 def test_refused_connection() -> None:
