@@ -16,6 +16,7 @@ __all__ = [
     "EXAMPLE_REPOSITORY",
     "PROCESS_FRONTEND_CORES",
     "InputFile",
+    "add_grpc_frontend",
     "add_model_repository",
     "add_url_argument",
     "input_file",
@@ -43,6 +44,18 @@ def add_model_repository(parser: argparse.ArgumentParser) -> None:
         default=EXAMPLE_REPOSITORY,
         metavar="DIR",
         help="the model repository: a folder per model or DAG query (default: the example repository, examples/models)",
+    )
+
+
+def add_grpc_frontend(parser: argparse.ArgumentParser, whose: str) -> None:
+    """`--grpc-frontend inline|process|auto` (`adaserve.server.grpc_frontend`); `whose`: the servers it sets."""
+    parser.add_argument(
+        "--grpc-frontend",
+        choices=("inline", "process", "auto"),
+        default="auto",
+        help=f"where {whose} gRPC frontend runs: inline, on the engine's event loop; process, in a process of its "
+        "own that relays each call to the engine over a Unix socket (grpc.aio no longer shares the engine's GIL); "
+        f"auto (the default), process where a server may use {PROCESS_FRONTEND_CORES} or more cores, else inline",
     )
 
 

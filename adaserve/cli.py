@@ -16,8 +16,8 @@ from adaserve.arguments import (
     DEFAULT_GRPC_PORT,
     DEFAULT_HOST,
     DEFAULT_HTTP_PORT,
-    PROCESS_FRONTEND_CORES,
     InputFile,
+    add_grpc_frontend,
     add_model_repository,
     add_url_argument,
     input_file,
@@ -467,14 +467,7 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
     serve.add_argument(
         "--grpc-port", type=int, default=DEFAULT_GRPC_PORT, help="port of the gRPC frontend (default %(default)s)"
     )
-    serve.add_argument(
-        "--grpc-frontend",
-        choices=("inline", "process", "auto"),
-        default="auto",
-        help="where the gRPC frontend runs: inline, on the engine's event loop; process, in a process of its own "
-        "that relays each call to the engine over a Unix socket (grpc.aio no longer shares the engine's GIL); "
-        f"auto (the default), process where the server may use {PROCESS_FRONTEND_CORES} or more cores, else inline",
-    )
+    add_grpc_frontend(serve, "the server's (with --ray, each node server's)")
     _add_switch(
         serve,
         "--reuse-port",

@@ -24,7 +24,7 @@ PLACEMENTS = ("iam", "lru", "random")
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from adaserve.arguments import DEFAULT_HOST, add_model_repository, positive_integer
+    from adaserve.arguments import DEFAULT_HOST, add_grpc_frontend, add_model_repository, positive_integer
     from adaserve.cache.policies import POLICIES
     from adaserve.cli import memory_budget
 
@@ -41,6 +41,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     up.add_argument("--host", default=DEFAULT_HOST, help="address the node servers listen on (default: loopback)")
     up.add_argument("--http-port", type=int, default=8000, help="the first node's REST port (default: %(default)s)")
     up.add_argument("--grpc-port", type=int, default=8001, help="the first node's gRPC port (default: %(default)s)")
+    add_grpc_frontend(up, "each node server's")
     add_cluster_arguments(up, memory_budget)
     up.add_argument(
         "--cache-policy",
@@ -167,8 +168,7 @@ def cluster_settings(
         budget = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (2 * nodes_here)
     log_level = getattr(args, "log_level", None) or "info"
     serve_args: tuple[str, ...] = ("--log-level", log_level)
-    if getattr(args, "grpc_frontend", None) is not None:  # `serve --ray` has it; each node server decides by it
-        serve_args += ("--grpc-frontend", args.grpc_frontend)
+    serve_args += ("--grpc-frontend", args.grpc_frontend)  # `up` and `serve --ray`: each node server decides by it
     if args.servers_per_node < 1:
         raise ConfigError(f"--servers-per-node must be at least 1, got {args.servers_per_node}")
     node = NodeSettings(

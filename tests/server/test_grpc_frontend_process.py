@@ -276,10 +276,24 @@ def test_auto_puts_grpc_in_a_process_from_so_many_cores(monkeypatch: pytest.Monk
     assert grpc_frontend_mode("inline") == "inline" and grpc_frontend_mode("process") == "process"
 
 
-def test_a_cluster_s_node_servers_run_grpc_where_serve_says() -> None:
-    args = build_parser().parse_args(["serve", "--ray", "auto", "--grpc-frontend", "process"])
+@pytest.mark.parametrize(
+    ("command", "given", "mode"),
+    [
+        (["serve", "--ray", "auto"], ["--grpc-frontend", "process"], "process"),
+        (["cluster", "up"], ["--grpc-frontend", "inline"], "inline"),
+        (["cluster", "up"], [], "auto"),
+    ],
+)
+def test_node_servers_run_grpc_where_the_command_says(command: list[str], given: list[str], mode: str) -> None:
+    args = build_parser(command[0]).parse_args([*command, *given])
     serve_args = cluster_settings(args, port_stride=0, host_from_ray=False).node.serve_args
-    assert serve_args[-2:] == ("--grpc-frontend", "process")
+    assert serve_args[-2:] == ("--grpc-frontend", mode)
+
+
+def test_cluster_up_refuses_an_unknown_grpc_frontend(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        build_parser("cluster").parse_args(["cluster", "up", "--grpc-frontend", "elsewhere"])
+    assert "--grpc-frontend: invalid choice: 'elsewhere'" in capsys.readouterr().err
 
 
 def test_a_killed_server_s_frontend_stops_and_removes_the_socket(repository: Path) -> None:
