@@ -6,6 +6,7 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from adaserve.errors import InvalidInputError
@@ -49,13 +50,15 @@ class LevelSwitches(logging.Filter):
     """Triton's log switches, which its logging extension reads and sets while the server runs (`GET/POST
     /v2/logging`, gRPC `LogSettings`): info, warning and error each on or off, and a verbose level (above 0: debug
     lines too). A filter on the handler, so any combination holds; the root logger's level follows the lowest
-    switch that is on, so lines nobody wants are not even made. It governs the server process; a model's host
-    processes log at the level they started with."""
+    switch that is on, so lines nobody wants are not even made. It governs the server process, and each of its
+    `listeners` is told the settings after every change (the gRPC frontend's process follows them so); a model's
+    host processes log at the level they started with."""
 
     def __init__(self) -> None:
         super().__init__()
         self.info = self.warning = self.error = True  # info and above, as `serve --log-level info`; the root
         self.verbose = 0  # logger is left alone until `set_level` or `update`: importing this must not change it
+        self.listeners: list[Callable[[dict[str, Any]], None]] = []
 
     def set_level(self, level: int) -> None:
         """Every switch from a level: those at or above it on."""
@@ -106,6 +109,7 @@ class LevelSwitches(logging.Filter):
         return self.settings()
 
     def _apply(self) -> None:
+        """The root logger's level from the switches; each listener told the settings."""
         switched_on = [
             level
             for level, on in (
@@ -117,6 +121,8 @@ class LevelSwitches(logging.Filter):
             if on
         ]
         logging.getLogger().setLevel(min(switched_on, default=logging.CRITICAL + 1))
+        for listener in self.listeners:
+            listener(self.settings())
 
 
 #: The server process's switches: `configure_logging` puts them on its handler, the logging extension sets them.

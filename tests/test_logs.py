@@ -99,3 +99,15 @@ def test_a_log_setting_that_cannot_be_applied_is_refused_by_name_and_nothing_cha
     with pytest.raises(InvalidInputError, match=re.escape(message)):
         SWITCHES.update(changes)
     assert SWITCHES.settings() == before
+
+
+def test_each_listener_is_told_the_settings_after_every_change_and_none_after_a_refusal(
+    logged: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    told: list[dict[str, object]] = []
+    monkeypatch.setattr(SWITCHES, "listeners", [told.append])
+    configure_logging("warning")
+    SWITCHES.update({"log_verbose_level": 2})
+    with pytest.raises(InvalidInputError):
+        SWITCHES.update({"log_info": 1})
+    assert [(settings["log_info"], settings["log_verbose_level"]) for settings in told] == [(False, 0), (False, 2)]

@@ -16,7 +16,9 @@ stops the request. It imports no torch and no engine (a frontend's memory is a s
 
 `server/grpc_process.py` starts it (`python -m adaserve.server.grpc_frontend SETTINGS`), restarts it and stops it:
 it writes a line on stdout once it listens, stops within `STOP_GRACE_S` on SIGTERM or SIGINT, and stops when its
-stdin closes (the engine's process is gone), removing the socket's directory the engine could not.
+stdin closes (the engine's process is gone), removing the socket's directory the engine could not. Each line on its
+stdin is the server's log settings (Triton's names, `adaserve.logs.LevelSwitches`), the first before it listens:
+it logs as the server does, each relayed call at debug.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import grpc
 from grpc_health.v1 import health_pb2
 
 from adaserve.arguments import PROCESS_FRONTEND_CORES
+from adaserve.logs import SWITCHES, configure_logging
 from adaserve.server.content_coding import GRPC_COMPRESSION_LEVELS
 from adaserve.server.grpc_relay import RemoteError, relayed_answer, relayed_request
 from adaserve.server.grpc_stream import stream_answers
@@ -169,6 +172,7 @@ class RelayHandler(grpc.GenericRpcHandler):
         """The call's answer from the engine; RemoteError with the status its error, or the engine's absence,
         ends the call with."""
         request = relayed_request(rpc, "engine", raw, context.invocation_metadata() or ())
+        log.debug("relaying a gRPC call to the engine", extra={"rpc": rpc})
         try:
             answer = await self.pool.request(request)
         except (OSError, TimeoutError, ValueError) as exc:
@@ -190,7 +194,13 @@ async def _ending_on_errors(context: grpc.aio.ServicerContext) -> AsyncIterator[
 
 
 async def serve(settings: FrontendSettings) -> None:
-    """Listen, say so on stdout, and relay calls until told to stop."""
+    """Take the log settings, listen, say so on stdout, and relay calls until told to stop."""
+    loop = asyncio.get_running_loop()
+    stdin = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stdin), sys.stdin)
+    if not await _take_log_settings(stdin):  # the engine's process ended before it said how to log
+        shutil.rmtree(Path(settings.engine).parent, ignore_errors=True)
+        return
     handler = RelayHandler(settings.engine)
     server = grpc.aio.server(options=settings.options)
     server.add_generic_rpc_handlers((handler,))
@@ -205,11 +215,10 @@ async def serve(settings: FrontendSettings) -> None:
     await server.start()
     print("listening", flush=True)
 
-    loop = asyncio.get_running_loop()
     stopping = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stopping.set)
-    orphaned = loop.create_task(_stdin_closed())
+    orphaned = loop.create_task(_follow_log_settings(stdin))
     await asyncio.wait([loop.create_task(stopping.wait()), orphaned], return_when=asyncio.FIRST_COMPLETED)
     await server.stop(grace=STOP_GRACE_S)
     await handler.pool.close()
@@ -217,20 +226,26 @@ async def serve(settings: FrontendSettings) -> None:
         shutil.rmtree(Path(settings.engine).parent, ignore_errors=True)
 
 
-async def _stdin_closed() -> None:
-    """Returns when stdin closes: the engine's process, which holds its other end, is gone."""
-    reader = asyncio.StreamReader()
-    await asyncio.get_running_loop().connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-    await reader.read()
+async def _take_log_settings(stdin: asyncio.StreamReader) -> bool:
+    """Log as the next line of `stdin` says; False when stdin has closed: the engine's process, which holds its
+    other end, is gone."""
+    line = await stdin.readline()
+    if line:
+        SWITCHES.update(json.loads(line))
+    return bool(line)
+
+
+async def _follow_log_settings(stdin: asyncio.StreamReader) -> None:
+    """Log as each line of `stdin` says; returns when it closes."""
+    while await _take_log_settings(stdin):
+        pass
 
 
 def main() -> None:
     import uvloop
 
-    from adaserve.logs import configure_logging
-
     settings = FrontendSettings.from_json(sys.argv[1])
-    configure_logging(sys.argv[2] if len(sys.argv) > 2 else "info")
+    configure_logging()
     uvloop.run(serve(settings))
 
 

@@ -5,13 +5,16 @@ The socket lies in a directory of its own that only the server's user may enter 
 REST client cannot reach a gRPC-only path, nor a user of the machine a gRPC call past the gRPC port's TLS. The
 frontend's process is started again whenever it ends while the server runs (logged); it is told to stop on the
 server's stop and given the same grace as the REST frontend, and the socket is served until it has stopped, so the
-calls in progress are answered.
+calls in progress are answered. It logs as the server's log switches say (`adaserve.logs.SWITCHES`, which the
+logging extension sets over either protocol): each process is written their settings, a JSON line on its stdin, as
+it starts and after every change.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import shutil
 import signal
@@ -20,8 +23,10 @@ import sys
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from adaserve.errors import ConfigError
+from adaserve.logs import SWITCHES
 from adaserve.server.grpc_frontend import FrontendSettings
 from adaserve.server.grpc_relay import RelayedCall, relay_app
 from adaserve.server.http import LISTEN_BACKLOG, HttpServer
@@ -64,33 +69,40 @@ class GrpcFrontendProcess:
         sock.bind(self.settings.engine)
         sock.listen(LISTEN_BACKLOG)
         await self._http.start(sock)
+        SWITCHES.listeners.append(self._send_log_settings)
         try:
             await self._spawn()
         except ConfigError:
+            SWITCHES.listeners.remove(self._send_log_settings)
             await self._http.stop(grace_s=0)
             shutil.rmtree(self._directory, ignore_errors=True)
             raise
         self._watcher = asyncio.get_running_loop().create_task(self._watch())
 
     async def _spawn(self) -> None:
-        """Start the frontend's process and wait until it listens."""
-        level = logging.getLevelName(logging.getLogger("adaserve").getEffectiveLevel()).lower()
+        """Start the frontend's process, with the log settings of now, and wait until it listens."""
         process = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
             "adaserve.server.grpc_frontend",
             self.settings.to_json(),
-            level,
-            stdin=asyncio.subprocess.PIPE,  # closed when this process ends: the frontend's then stops
+            stdin=asyncio.subprocess.PIPE,  # log settings; closed when this process ends: the frontend's then stops
             stdout=asyncio.subprocess.PIPE,
             start_new_session=True,  # a terminal's Ctrl-C stops the server, which stops it, not it alone
         )
         self._process = process
+        self._send_log_settings(SWITCHES.settings())  # no await since: a change from now on is sent to it
         assert process.stdout is not None
         if not await process.stdout.readline():  # it says a line once it listens
             await process.wait()
             raise ConfigError(f"cannot listen for gRPC on {self.settings.address}")
         log.debug("gRPC frontend started", extra={"pid": process.pid})
+
+    def _send_log_settings(self, settings: dict[str, Any]) -> None:
+        """Write the log settings to the frontend's process, unless it has ended (the next one starts with them)."""
+        process = self._process
+        if process is not None and process.returncode is None and process.stdin is not None:
+            process.stdin.write(json.dumps(settings).encode() + b"\n")
 
     async def _watch(self) -> None:
         """Start the frontend's process again whenever it ends."""
@@ -109,6 +121,7 @@ class GrpcFrontendProcess:
 
     async def stop(self, grace: float) -> None:
         """Stop the frontend's process (SIGTERM: it finishes its calls within `grace` s), then the socket."""
+        SWITCHES.listeners.remove(self._send_log_settings)
         if self._watcher is not None:
             self._watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):

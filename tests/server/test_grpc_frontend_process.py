@@ -1,7 +1,7 @@
 """`--grpc-frontend process` against a real server with `tritonclient.grpc`: every answer, error and status the
 same as the inline frontend's, streams, health, restrictions, a client's cancel reaching the engine, the
-frontend's process restarted when it dies, and a stop that answers the calls in progress; and which frontend `auto`
-and a cluster's node servers get."""
+frontend's process restarted when it dies, its logging following the server's log settings, and a stop that
+answers the calls in progress; and which frontend `auto` and a cluster's node servers get."""
 
 from __future__ import annotations
 
@@ -225,6 +225,45 @@ def test_the_frontend_process_killed_is_started_again(process: ServerHandle) -> 
     assert answer.as_numpy("logits").shape == (1, 10)
     assert "the gRPC frontend's process ended: starting it again" in process.log.read_text()
     assert logged_errors(process) == errors_before
+
+
+def test_the_frontend_process_logs_as_the_log_settings_say(process: ServerHandle, clients: Clients) -> None:
+    """A change over REST or gRPC reaches the frontend's process, and one started again starts with the settings
+    of now: it logs each call it relays at log_verbose_level 1, and none at 0."""
+    rest, grpc_client = clients.http(process.http_url), clients.grpc(process.grpc_url)
+    try:
+        rest.update_log_settings({"log_verbose_level": 1})
+        grpc_client.is_model_ready("mlp")
+        _wait_for_relayed(process, "ModelReady")
+        grpc_client.update_log_settings({"log_verbose_level": 0})  # relayed to the engine, and from it back
+        grpc_client.get_server_metadata()
+        rest.update_log_settings({"log_verbose_level": 1})
+        killed = frontend_pid(process)
+        assert killed is not None
+        os.kill(killed, signal.SIGKILL)
+        while frontend_pid(process) in (None, killed):
+            time.sleep(0.1)
+        while True:  # the new process listens soon after it starts, at verbose level 1
+            try:
+                grpc_client.is_server_live()
+                break
+            except InferenceServerException:
+                time.sleep(0.1)
+        _wait_for_relayed(process, "ServerLive")
+        assert "ServerMetadata" not in _relayed(process)
+    finally:
+        rest.update_log_settings({"log_verbose_level": 0})
+
+
+def _relayed(server: ServerHandle) -> list[str]:
+    """The RPCs of the calls the server's gRPC frontend process has logged relaying."""
+    lines = [json.loads(line) for line in server.log.read_text().splitlines() if line.startswith("{")]
+    return [line["rpc"] for line in lines if line["msg"] == "relaying a gRPC call to the engine"]
+
+
+def _wait_for_relayed(server: ServerHandle, rpc: str) -> None:
+    while rpc not in _relayed(server):
+        time.sleep(0.1)
 
 
 def test_a_stop_answers_the_calls_in_progress(repository: Path, tmp_path: Path) -> None:
