@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -60,21 +60,29 @@ __all__ = [
     "ProfileSettings",
     "Stability",
     "StaleProfile",
+    "Timing",
     "WorkerPlan",
     "batch_grid",
     "busy_warning",
+    "check_grid",
+    "cpu_model",
+    "distinct_increasing",
     "fingerprint",
     "idle_runner",
     "load_profile",
     "lowest_priority",
     "measure_beside_serving",
     "measure_cell",
+    "one_each",
     "packrat_threads",
     "profile_model",
     "profile_warnings",
     "random_inputs",
+    "read_document",
     "save_profile",
+    "settle",
     "unstable_reason",
+    "write_document",
 ]
 
 PROFILE_FILE = "profile.json"
@@ -155,13 +163,24 @@ class Stability(_Strict):
     stable: bool = Field(description="spread_pct ≤ the stability percentage within max_trials")
 
 
-class Cell(_Strict):
-    threads: int = Field(ge=1)
+class Timing(_Strict):
+    """A cell's batch size and the statistics of its timed batches (Packrat's cells and the GPU's stream cells)."""
+
     batch: int = Field(ge=1)
-    mean_s: float = Field(gt=0, allow_inf_nan=False, description="mean batch latency (what the optimizer uses)")
+    mean_s: float = Field(gt=0, allow_inf_nan=False, description="mean batch latency (what plans are made from)")
     p50_s: float = Field(gt=0, allow_inf_nan=False)
     std_s: float = Field(ge=0, allow_inf_nan=False)
     runs: int = Field(ge=1, description="timed runs behind the statistics: the last 3 trials'")
+
+    @classmethod
+    def of(cls, times: list[float], **fields: Any) -> Self:
+        """The cell of these batch latencies (`fields`: the others)."""
+        mean, p50, std = statistics.fmean(times), statistics.median(times), statistics.pstdev(times)
+        return cls(mean_s=mean, p50_s=p50, std_s=std, runs=len(times), **fields)
+
+
+class Cell(Timing):
+    threads: int = Field(ge=1)
     stability: Stability | None = None
 
     @property
@@ -189,23 +208,11 @@ class ProfileRecord(_Strict):
     @field_validator("threads", "batches")
     @classmethod
     def _sorted_positive(cls, values: tuple[int, ...]) -> tuple[int, ...]:
-        if any(v < 1 for v in values) or list(values) != sorted(set(values)):
-            raise ValueError(f"expected distinct positive integers in increasing order, got {list(values)}")
-        return values
+        return distinct_increasing(values)
 
     @model_validator(mode="after")
     def _complete_grid(self) -> ProfileRecord:
-        seen = [(c.threads, c.batch) for c in self.cells]
-        grid = {(t, b) for t in self.threads for b in self.batches}
-        repeated = sorted({cell for cell in seen if seen.count(cell) > 1})
-        missing, extra = sorted(grid - set(seen)), sorted(set(seen) - grid)
-        problems = [
-            f"{kind} (threads, batch) cells {cells}"
-            for kind, cells in (("repeated", repeated), ("missing", missing), ("unexpected", extra))
-            if cells
-        ]
-        if problems:
-            raise ValueError("the cells do not cover threads × batches once each: " + "; ".join(problems))
+        check_grid([(c.threads, c.batch) for c in self.cells], self.threads, self.batches, "threads")
         return self
 
     @property
@@ -222,10 +229,35 @@ class ProfileFile(_Strict):
     @field_validator("profiles")
     @classmethod
     def _one_per_machine(cls, profiles: tuple[ProfileRecord, ...]) -> tuple[ProfileRecord, ...]:
-        prints = [p.fingerprint for p in profiles]
-        if len(set(prints)) != len(prints):
-            raise ValueError("two profiles for the same fingerprint")
+        one_each([p.fingerprint for p in profiles], "fingerprint")
         return profiles
+
+
+def distinct_increasing(values: tuple[int, ...]) -> tuple[int, ...]:
+    """`values` if they are distinct positive integers in increasing order (a profile's axis), else ValueError."""
+    if any(v < 1 for v in values) or list(values) != sorted(set(values)):
+        raise ValueError(f"expected distinct positive integers in increasing order, got {list(values)}")
+    return values
+
+
+def check_grid(seen: list[tuple[int, int]], rows: tuple[int, ...], batches: tuple[int, ...], axis: str) -> None:
+    """ValueError unless the cells `seen` cover `rows` × `batches` once each; `axis` names the rows."""
+    grid = {(r, b) for r in rows for b in batches}
+    repeated = sorted({cell for cell in seen if seen.count(cell) > 1})
+    missing, extra = sorted(grid - set(seen)), sorted(set(seen) - grid)
+    problems = [
+        f"{kind} ({axis}, batch) cells {cells}"
+        for kind, cells in (("repeated", repeated), ("missing", missing), ("unexpected", extra))
+        if cells
+    ]
+    if problems:
+        raise ValueError(f"the cells do not cover {axis} × batches once each: " + "; ".join(problems))
+
+
+def one_each(keys: list[Any], what: str) -> None:
+    """ValueError if two of a file's profiles share a key."""
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"two profiles for the same {what}")
 
 
 @dataclass(frozen=True)
@@ -240,7 +272,7 @@ def fingerprint(topology: Topology | None = None, cpuinfo: Path = Path("/proc/cp
     """This machine's fingerprint: CPU model from /proc/cpuinfo and the shape of the CPUs this process may use."""
     topology = topology or machine_topology()
     return Fingerprint(
-        cpu_model=_cpu_model(cpuinfo),
+        cpu_model=cpu_model(cpuinfo),
         logical_cpus=len(topology.cpus),
         physical_cores=topology.physical_cores,
         sockets=topology.sockets,
@@ -248,7 +280,8 @@ def fingerprint(topology: Topology | None = None, cpuinfo: Path = Path("/proc/cp
     )
 
 
-def _cpu_model(cpuinfo: Path) -> str:
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """This machine's CPU model as /proc/cpuinfo names it (else what `platform` says)."""
     with contextlib.suppress(OSError):
         for line in cpuinfo.read_text().splitlines():
             key, _, value = line.partition(":")
@@ -261,16 +294,25 @@ def _cpu_model(cpuinfo: Path) -> str:
 
 def read_profile_file(path: Path) -> ProfileFile:
     """Parse and validate profile.json; ProfileError with the path and the reason when it cannot be used."""
+    return read_document(path, ProfileFile, FORMAT)
+
+
+Stored = TypeVar("Stored", bound=BaseModel)
+
+
+def read_document(path: Path, schema: type[Stored], version: int) -> Stored:
+    """Parse and validate a versioned JSON profile (`{"format": version, ...}`); ProfileError with the path and the
+    reason when it cannot be used (also for the GPU's stream profile)."""
     try:
         raw = json.loads(path.read_text())
     except OSError as exc:
         raise ProfileError(f"{path}: cannot read: {exc.strerror}") from exc
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ProfileError(f"{path}: corrupt profile, not valid JSON: {exc}") from None
-    if isinstance(raw, dict) and raw.get("format") not in (None, FORMAT):
-        raise ProfileError(f"{path}: profile format {raw.get('format')!r} is not supported (expected {FORMAT})")
+    if isinstance(raw, dict) and raw.get("format") not in (None, version):
+        raise ProfileError(f"{path}: profile format {raw.get('format')!r} is not supported (expected {version})")
     try:
-        return ProfileFile.model_validate(raw)
+        return schema.model_validate(raw)
     except ValidationError as exc:
         problems = []
         for error in exc.errors()[:5]:
@@ -322,8 +364,12 @@ def save_profile(model_dir: Path, record: ProfileRecord) -> Path:
     if path.exists():
         with contextlib.suppress(ProfileError):  # a corrupt file is replaced by the new measurement
             others = tuple(p for p in read_profile_file(path).profiles if p.fingerprint != record.fingerprint)
-    document = ProfileFile(format=FORMAT, profiles=(*others, record))
-    with tempfile.NamedTemporaryFile("w", dir=model_dir, prefix=".profile-", suffix=".json", delete=False) as f:
+    return write_document(path, ProfileFile(format=FORMAT, profiles=(*others, record)))
+
+
+def write_document(path: Path, document: BaseModel) -> Path:
+    """Write `document` as indented JSON at `path`, atomically (a reader sees the old file or the new one)."""
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=".profile-", suffix=".json", delete=False) as f:
         f.write(document.model_dump_json(indent=1) + "\n")
     os.replace(f.name, path)
     return path
@@ -549,6 +595,13 @@ def measure_cell(threads: int, batch: int, trials: Iterator[list[float]], settin
     each trial's mean latency within `stability_percentage` of the three's mean. After `max_trials` without that,
     the cell is marked unstable with its spread. Latency alone is checked: one worker's throughput is b over its
     batch latency, so it agrees when the latency does. The statistics are those of the last three trials' runs."""
+    times, stability = settle(trials, settings)
+    return Cell.of(times, threads=threads, batch=batch, stability=stability)
+
+
+def settle(trials: Iterator[list[float]], settings: ProfileSettings) -> tuple[list[float], Stability]:
+    """`measure_cell`'s rule for any cell (the GPU's stream profile's too): the last three trials' latencies, and
+    whether their means agreed."""
     last: deque[list[float]] = deque(maxlen=STABLE_TRIALS)
     for count in range(1, settings.max_trials + 1):
         last.append(next(trials))
@@ -557,18 +610,8 @@ def measure_cell(threads: int, batch: int, trials: Iterator[list[float]], settin
         spread_pct = 100 * max(abs(m - center) for m in means) / center
         if count >= STABLE_TRIALS and spread_pct <= settings.stability_percentage:
             break
-    times = [t for trial in last for t in trial]
-    return Cell(
-        threads=threads,
-        batch=batch,
-        mean_s=statistics.fmean(times),
-        p50_s=statistics.median(times),
-        std_s=statistics.pstdev(times),
-        runs=len(times),
-        stability=Stability(
-            trials=count, spread_pct=round(spread_pct, 2), stable=spread_pct <= settings.stability_percentage
-        ),
-    )
+    stable = spread_pct <= settings.stability_percentage
+    return [t for trial in last for t in trial], Stability(trials=count, spread_pct=round(spread_pct, 2), stable=stable)
 
 
 def _trials(model: Callable[..., Any], inputs: Sequence[Any], settings: ProfileSettings) -> Iterator[list[float]]:
