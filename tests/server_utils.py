@@ -248,9 +248,13 @@ def write_config(directory: Path, config: dict[str, object]) -> None:
     (directory / "config.yaml").write_text(yaml.safe_dump(config))
 
 
+#: What serving the examples writes into their folders (`link_example` leaves it behind).
+LEFT_BEHIND = ("profile.json", "stream_profile.json", "footprint.json")
+
+
 def link_example(repository: Path, name: str, as_name: str | None = None, **overrides: object) -> Path:
     """A model of the example repository in `repository`, its artifacts linked, its other files (labels) copied
-    (the server reads class names only from files inside the repository) and its config overridden. A profile.json
+    (the server reads class names only from files inside the repository) and its config overridden. The profiles
     and footprint.json that serving the examples wrote are left behind: a test's model is profiled only if the test
     says so, and its footprint is its own."""
     source, target = EXAMPLES / name, repository / (as_name or name)
@@ -258,7 +262,7 @@ def link_example(repository: Path, name: str, as_name: str | None = None, **over
     config.update(overrides, name=as_name or name)
     write_config(target, config)
     for entry in source.iterdir():
-        if entry.is_file() and entry.name not in ("config.yaml", "profile.json", "footprint.json"):
+        if entry.is_file() and entry.name not in ("config.yaml", *LEFT_BEHIND):
             shutil.copyfile(entry, target / entry.name)
         elif entry.is_dir():
             (target / entry.name).mkdir(exist_ok=True)

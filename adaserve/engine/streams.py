@@ -85,7 +85,7 @@ class StagedInputs:
     def stage(self, start: int, rows: int) -> None:
         """Copy slots [start, start + rows) of the pool into the device ring (issued on the input stream)."""
         end = start + rows
-        with _on(self._stream):
+        with on_stream(self._stream):
             for pool, ring in zip(self._pool, self.rings, strict=True):
                 ring[start:end].copy_(pool[start:end], non_blocking=True)
             marker: Any = True
@@ -120,7 +120,8 @@ def _pin(rings: SharedRings) -> None:
         raise ConfigError(f"device cuda: cannot pin the input pool ({rings.layout.size} bytes): CUDA error {error}")
 
 
-def _on(stream: torch.cuda.Stream | None) -> contextlib.AbstractContextManager[Any]:
+def on_stream(stream: torch.cuda.Stream | None) -> contextlib.AbstractContextManager[Any]:
+    """`stream` made current (nothing on the CPU, which has none)."""
     return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
 
 
@@ -147,7 +148,7 @@ class StreamLane:
         """Released only after a batch that ran: when the worker dies instead, the engine runs the rows again
         elsewhere, and they are still staged for it."""
         self._inputs.order(self.stream, start, rows)
-        with _on(self.stream):
+        with on_stream(self.stream):
             yield
         if self.stream is not None:
             self.stream.synchronize()  # the outputs are in the pool before the worker answers
