@@ -177,6 +177,14 @@ class BatchingSpec(Strict):
         "the last second: then rows wait for a busy worker and run as one larger batch rather than start beside it "
         "(for CUDA streams, whose batches side by side ran slower than alone); default: off",
     )
+    latency_target_ms: float = Field(
+        default=100.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="device cuda with no workers line: the stream set and MaxInf are the highest throughput of the "
+        "GPU's stream profile whose latency at high load (twice the batch latency: a wait for a busy stream, then "
+        "its own batch) stays within this (milliseconds)",
+    )
     idle_spin_us: int = Field(
         default=5000,
         ge=0,
@@ -514,7 +522,8 @@ class ModelConfig(Interface):
     max_inflight: int | None = Field(
         default=None,
         ge=1,
-        description="Ebird's MaxInf: rows computing at once; default: sum of worker batches",
+        description="Ebird's MaxInf: rows computing at once; default: on cuda with no workers line, the one chosen "
+        "from the GPU's stream profile, else the sum of worker batches",
     )
     max_queue_size: int = Field(
         default=1024, ge=1, description="rows waiting in the input pool before new requests get 503"
@@ -524,8 +533,9 @@ class ModelConfig(Interface):
         default=None,
         description="the worker set; 'auto' lets Packrat choose it; left out on a CPU: Packrat's plan when this "
         "machine has a usable profile, else the default set, profiled in the background (packrat.background_profile); "
-        "the default set: Ebird's granularities capped at max_batch_size and, on a CPU, the largest of them as many "
-        "as max_busy_threads lets compute at once",
+        "left out on cuda: chosen from the GPU's stream profile (measured at load if missing; "
+        "batching.latency_target_ms); the default set: Ebird's granularities capped at max_batch_size and, on a "
+        "CPU, the largest of them as many as max_busy_threads lets compute at once",
     )
     packrat: PackratSpec = Field(
         default=PackratSpec(), description="Packrat's settings, read with workers: auto or with no workers line"
@@ -654,9 +664,10 @@ class ModelConfig(Interface):
         """MaxInf of the configured (or default) worker set."""
         return self.inflight_limit_for(self.worker_set)
 
-    def inflight_limit_for(self, workers: tuple[WorkerSpec, ...]) -> int:
-        """Ebird's MaxInf for a worker set: the configured value, else the rows the set can hold at once."""
-        return self.max_inflight or sum(w.batch for w in workers)
+    def inflight_limit_for(self, workers: tuple[WorkerSpec, ...], chosen: int | None = None) -> int:
+        """Ebird's MaxInf for a worker set: the configured value, else the one chosen with the set (a GPU's, from
+        its stream profile), else the rows the set can hold at once."""
+        return self.max_inflight or chosen or sum(w.batch for w in workers)
 
 
 def _check_lookup(lookup: str, device: str, *, cuda_graphs: bool) -> None:

@@ -173,7 +173,7 @@ class ModelEngine:
         self.shares_cores = cores is not None and config.device == "cpu" and config.batching.share_cores
         self.scheduler = Scheduler(
             create_batching_policy(config.batching, config.max_batch_size),
-            config.inflight_limit_for(self.worker_set.workers),
+            config.inflight_limit_for(self.worker_set.workers, self.worker_set.max_inflight),
             max_busy_threads=self._busy_threads(),
             saturated_busy_threads=config.batching.max_busy_threads_saturated,
             idle_spin=self.idle_spin_us > 0,
@@ -304,6 +304,10 @@ class ModelEngine:
         return self.model_bytes + sum(worker.workspace_bytes for worker in self.workers.values())
 
     async def _start_processes(self) -> None:
+        chosen = await self._loop.run_in_executor(None, self.planner.prepare)
+        if chosen is not None:
+            self.worker_set = chosen
+            self.scheduler.max_inflight = self.model.config.inflight_limit_for(chosen.workers, chosen.max_inflight)
         await self._launch_host()
         starts = [await self._spawn(worker, self._active_set) for worker in self.worker_set.workers]
         await asyncio.gather(*(started for _, started in starts))
@@ -393,7 +397,7 @@ class ModelEngine:
         # replacement is still being forked, `_on_ready` stops it).
         for worker_id in [w for w in self._processes if self._set_of[w] != set_id and w not in self._retiring]:
             self._retire(worker_id, idle=self.scheduler.retire_worker(worker_id))
-        self.scheduler.max_inflight = self.model.config.inflight_limit_for(choice.workers)
+        self.scheduler.max_inflight = self.model.config.inflight_limit_for(choice.workers, choice.max_inflight)
         self.scheduler.max_busy_threads = self._busy_threads()  # a planner's default may follow its sets
         for worker_id, spec in new.items():
             if worker_id not in self._processes:

@@ -2,6 +2,8 @@
 
 * `FixedWorkerSet` — the configured `workers`, or Ebird's granularities 1,1,2,4,8,16 capped at `max_batch_size`
   (on a CPU, the largest of them as many as may compute at once: `ModelConfig.worker_set`); it never changes.
+* `StreamProfileWorkerSet` — a CUDA model with no `workers` line: one set and MaxInf, chosen as the model loads
+  from this GPU's stream profile (`adaserve.engine.stream_choice`), measured first if there is none.
 * `PackratWorkerSet` — `workers: auto`: the set ⟨instances, threads, batch⟩ the Packrat optimizer picks from the
   model's profile for the batch size the estimator reads off the queue depth, pinned to disjoint cores; when the
   smoothed batch size moves, it answers with a new set and the engine swaps sets with no downtime. A profile with
@@ -11,8 +13,8 @@
   this machine's profile is measured in the background at the lowest CPU priority; once a profile settles, Packrat's
   plan, and from then on `PackratWorkerSet` (with a usable profile at start, such a model is Packrat's at once).
 
-The engine asks `initial()` once and, for planners with a `sample_interval_s`, feeds
-`observe(queue_depth, arrived_rows, now)`; `close()` when it stops.
+The engine asks `initial()` once, then `prepare()` off the event loop (a set that replaces it, if any) and, for
+planners with a `sample_interval_s`, feeds `observe(queue_depth, arrived_rows, now)`; `close()` when it stops.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ class WorkerSetChoice:
     reason: str
     batch: int | None = None  # the batch size B the set was planned for (Packrat)
     details: dict[str, Any] = field(default_factory=dict)
+    max_inflight: int | None = None  # MaxInf chosen with the set (a GPU's stream profile); None: the set's rows
 
 
 class WorkerSetPlanner(ABC):
@@ -62,6 +65,11 @@ class WorkerSetPlanner(ABC):
 
     @abstractmethod
     def initial(self) -> WorkerSetChoice: ...
+
+    def prepare(self) -> WorkerSetChoice | None:
+        """Work before the first set starts, off the event loop (a GPU's stream profile); a set that replaces
+        `initial()`'s, or None."""
+        return None
 
     @abstractmethod
     def max_rows_in_flight(self) -> int:
@@ -318,8 +326,59 @@ class ProfilingWorkerSet(WorkerSetPlanner):
                 os.killpg(child, signal.SIGKILL)
 
 
+class StreamProfileWorkerSet(WorkerSetPlanner):
+    """A CUDA model with no `workers` line: streams and MaxInf chosen from this GPU's stream profile
+    (`adaserve.engine.stream_choice`), read or measured by a child process as the model loads (`prepare`)."""
+
+    name = "stream-profile"
+
+    def __init__(self, model: ModelSpec) -> None:
+        self.model = model
+
+    def initial(self) -> WorkerSetChoice:
+        """What the engine sizes itself with before `prepare` has chosen."""
+        return WorkerSetChoice(self.model.config.worker_set, f"{DEFAULT_SET}, until the stream profile is read")
+
+    def prepare(self) -> WorkerSetChoice:
+        from adaserve.engine.stream_choice import WAIT_AND_RUN, choose_streams
+        from adaserve.engine.stream_profile import profile_in_child
+
+        config = self.model.config
+        profile, source = profile_in_child(self.model)
+        unstable = profile.unstable()
+        if unstable:
+            log.warning(
+                "stream profile: cells whose trials did not agree: %s (other work on the GPU, most likely)",
+                ", ".join(unstable),
+                extra={"model": self.model.name},
+            )
+        chosen = choose_streams(profile, config.batching.latency_target_ms)
+        if not chosen.meets_target:
+            log.warning("stream profile: %s", chosen.reason, extra={"model": self.model.name})
+        details = {
+            "expected_latency_ms": round(WAIT_AND_RUN * chosen.latency_s * 1e3, 4),
+            "expected_rows_per_s": round(chosen.rows_per_s, 1),
+            "latency_target_ms": config.batching.latency_target_ms,
+            "meets_target": chosen.meets_target,
+            "max_inflight": config.inflight_limit_for(chosen.workers, chosen.max_inflight),
+            "unstable_cells": unstable,
+        }
+        reason = f"{chosen.reason}; from the {source}"
+        if config.max_inflight is not None:
+            reason += f"; max_inflight {config.max_inflight} configured"
+        return WorkerSetChoice(chosen.workers, reason, details=details, max_inflight=chosen.max_inflight)
+
+    def max_rows_in_flight(self) -> int:
+        """Every stream of the default set with `max_batch_size` rows, at most (or the configured MaxInf)."""
+        from adaserve.engine.stream_profile import stream_count
+
+        config = self.model.config
+        return config.max_inflight or stream_count(config) * config.max_batch_size
+
+
 def create_worker_set_planner(model: ModelSpec) -> WorkerSetPlanner:
-    """`workers: [...]` pins a set and `workers: auto` is Packrat's. A CPU model that leaves `workers` out is
+    """`workers: [...]` pins a set and `workers: auto` is Packrat's. A CUDA model that leaves `workers` out gets
+    its set from the GPU's stream profile (`StreamProfileWorkerSet`). A CPU model that leaves `workers` out is
     Packrat's when this machine has a usable profile of it; without one it serves the default set, and with
     `packrat.background_profile` (the default) measures a profile meanwhile (`ProfilingWorkerSet`)."""
     from adaserve.cpu import AutoPlanner, ProfileError
@@ -327,8 +386,10 @@ def create_worker_set_planner(model: ModelSpec) -> WorkerSetPlanner:
     config = model.config
     if config.auto_workers:
         return PackratWorkerSet(model)
-    if config.workers is not None or config.device != "cpu":
+    if config.workers is not None:
         return FixedWorkerSet(model)
+    if config.device == "cuda":
+        return StreamProfileWorkerSet(model)
     try:
         planner = AutoPlanner(model, threads=config.packrat.threads)
     except ProfileError as exc:  # a corrupt profile.json: served meanwhile, the background profile replaces it

@@ -22,17 +22,21 @@ from adaserve.cpu.profiler import (
     load_profile,
     save_profile,
 )
+from adaserve.engine import stream_profile
 from adaserve.engine.engine import ModelEngine
 from adaserve.engine.processes import ZYGOTE
 from adaserve.engine.worker_sets import (
     FixedWorkerSet,
     PackratWorkerSet,
     ProfilingWorkerSet,
+    StreamProfileWorkerSet,
+    WorkerSetPlanner,
     create_worker_set_planner,
 )
 from adaserve.repository import ModelRepository, ModelSpec
 from tests.cpu.test_profiler import synthetic_record, unstable_record
 from tests.engine.engines import run_engine
+from tests.engine.stream_profiles import gpu_like, profile_of
 from tests.server_utils import link_example, parent_pid
 
 
@@ -261,3 +265,51 @@ def test_a_stopping_engine_ends_its_background_profile(tmp_path: Path) -> None:
     with pytest.raises(ProcessLookupError):
         os.kill(pids[0], 0)  # ended, and reaped by the profiling thread
     assert not (tmp_path / "mlp" / "profile.json").exists()  # a profile left to finish would have been stored
+
+
+def cuda_planner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **overrides: object) -> WorkerSetPlanner:
+    """A CUDA MLP's planner, its stream profile `gpu_like` as the child process would have read it."""
+    link_example(tmp_path, "mlp", device="cuda", max_batch_size=8, **overrides)
+    stored = profile_of(gpu_like)
+    monkeypatch.setattr(
+        stream_profile, "profile_in_child", lambda spec: (stored, f"stream profile of {stored.created} (H200)")
+    )
+    return create_worker_set_planner(ModelRepository(tmp_path).read("mlp"))
+
+
+def test_a_cuda_model_with_no_workers_line_gets_its_set_and_max_inflight_from_the_stream_profile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    planner = cuda_planner(tmp_path, monkeypatch, batching={"latency_target_ms": 50})
+    assert isinstance(planner, StreamProfileWorkerSet) and planner.max_rows_in_flight() == 5 * 8
+    choice = planner.prepare()
+    assert [w.batch for w in choice.workers] == [2, 2, 2] and choice.max_inflight == 6
+    assert choice.reason.startswith("3 stream(s) of batch 2, MaxInf 6: the most rows a second (5000")
+    assert choice.reason.endswith("the 50 ms target; from the stream profile of 2026-12-01T00:00:00+00:00 (H200)")
+    assert choice.details["meets_target"] and choice.details["expected_latency_ms"] == pytest.approx(2.4)
+
+
+def test_a_configured_max_inflight_still_pins_it_beside_the_chosen_streams(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    planner = cuda_planner(tmp_path, monkeypatch, max_inflight=4)
+    choice = planner.prepare()
+    assert choice.details["max_inflight"] == 4 and choice.reason.endswith("; max_inflight 4 configured")
+    assert planner.max_rows_in_flight() == 4
+
+
+def test_a_target_no_set_meets_is_warned_of(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    planner = cuda_planner(tmp_path, monkeypatch, batching={"latency_target_ms": 1})
+    with caplog.at_level(logging.WARNING, logger="adaserve.engine"):
+        choice = planner.prepare()
+    assert [w.batch for w in choice.workers] == [1] and not choice.details["meets_target"]
+    (record,) = caplog.records
+    assert record.getMessage().startswith("stream profile: 1 stream(s) of batch 1, MaxInf 1: no set meets the 1 ms")
+
+
+def test_a_cuda_models_workers_line_still_pins_its_set(tmp_path: Path) -> None:
+    link_example(tmp_path, "mlp", device="cuda", workers=[{"batch": 4}, {"batch": 16}])
+    planner = create_worker_set_planner(ModelRepository(tmp_path).read("mlp"))
+    assert isinstance(planner, FixedWorkerSet) and planner.prepare() is None
