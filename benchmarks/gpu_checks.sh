@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The checks a lent GPU machine runs next, as one call of the device tool (about 10 minutes of its 15; the open
+# The checks a lent GPU machine runs next, as one call of the device tool (about 12 minutes of its 15; the open
 # questions are GATI's p99 with `lookup: process` on spare cores, benchmarks/README.md §4, and the GPU high-load
 # miss, §2 "Next on a lent machine"). Here, first:
 #
@@ -9,8 +9,11 @@
 # under OUT (default benchmarks/results/tmp/gpu):
 #   gati_cpu16-process.json               GATI at batch 1 on the CPU: inline against `lookup: process` (~1 min)
 #   stream_concurrency.json               Ebird's §VI-B premise on the server's stream workers (~30 s)
-#   elastic_batching-cuda-resnet50.json   the elastic run with the busy-stream entries beside (~7 min), its PNGs
-#                                         and log beside it
+#   stream_profiles.json                  the stream profile (batch latency by streams × batch) of the example models
+#                                         and ResNet-50, and the set and MaxInf each latency target gets (~1-2 min)
+#   elastic_batching-cuda-resnet50.json   the elastic run with the busy-stream entries beside (~7 min, more now
+#                                         that each elastic model measures its stream profile as it loads), its
+#                                         PNGs and log beside it
 #   server-step.txt                       py-spy's samples (raw, collapsed stacks) of the server and its model
 #                                         host during the step stage, where the time of a host-bound server goes
 # Copy the JSONs and PNGs into benchmarks/results/ (renamed by date or run) and record them in benchmarks/README.md.
@@ -26,6 +29,7 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 timeout 150 python3 -m benchmarks.gati.gpu --packed "$BUNDLE/gati" --device cpu --output "$OUT/gati_cpu16-process.json" \
     2>&1 | grep -E '^  "(base|gati)|"(mean|p99)_ms"'
 timeout 120 python3 -m benchmarks.stream_concurrency --output "$OUT/stream_concurrency.json" 2>&1 | tail -n 8
+timeout 240 python3 -m benchmarks.stream_profiles --output "$OUT/stream_profiles.json" 2>&1 | grep -E '^\S|target'
 
 log="$OUT/elastic.log"
 python3 -m benchmarks.elastic_batching --quick --device cuda --model resnet50 --noise-cores 2 --quiet-s 0 \

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import http_compression, priority, stream_concurrency
+from benchmarks import http_compression, priority, stream_concurrency, stream_profiles
 from tests.bench.factories import can_unshare, positive, recorded, run_benchmark
 from tests.server_utils import ROOT
 
@@ -61,3 +61,18 @@ def test_stream_concurrency_on_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     for split in report["splits"]:
         assert positive(split["together_ms"], split["one_alone_ms"], split["vs_one_at_a_time"])
     assert report["splits"][0]["vs_one_batch"] == 1.0
+
+
+def test_stream_profiles_on_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CPU form (threads with no streams) of the GPU check's step: a profile and a choice per target."""
+    output = tmp_path / "stream_profiles.json"
+    run_benchmark(
+        monkeypatch, tmp_path, stream_profiles, "--device", "cpu", "--models", "mlp", "--quick", "--output", str(output)
+    )
+    report = recorded(output, "benchmarks.stream_profiles", png=False)
+    (mlp,) = report["models"]
+    assert mlp["profile"]["key"]["device"].startswith("cpu: ") and len(mlp["profile"]["cells"]) == 6 * 5
+    assert (tmp_path / "stream_profiles" / "mlp" / "stream_profile.json").exists()
+    for target, choice in mlp["choices"].items():
+        assert choice["max_inflight"] == sum(choice["granularities"]), target
+        assert choice["meets_target"] == (choice["expected_latency_ms"] <= float(target)), target
