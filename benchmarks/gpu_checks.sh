@@ -11,8 +11,8 @@
 #   stream_concurrency.json               Ebird's §VI-B premise on the server's stream workers (~30 s)
 #   stream_profiles.json                  the stream profile (batch latency by streams × batch) of the example models
 #                                         and ResNet-50, and the set and MaxInf each latency target gets (~1-2 min)
-#   elastic_batching-cuda-resnet50.json   the elastic run with the busy-stream entries beside (~7 min, more now
-#                                         that each elastic model measures its stream profile as it loads), its
+#   elastic_batching-cuda-resnet50.json   the elastic run with the busy-stream entries beside (~7 min, and the
+#                                         stream profile its elastic entries share, measured as they load), its
 #                                         PNGs and log beside it
 #   server-step.txt                       py-spy's samples (raw, collapsed stacks) of the server and its model
 #                                         host during the step stage, where the time of a host-bound server goes

@@ -137,6 +137,11 @@ def stream_count(config: ModelConfig) -> int:
     return sum(1 for g in EBIRD_GRANULARITIES if g <= config.max_batch_size)
 
 
+def grid(config: ModelConfig) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The streams and batches a profile for `config` measures (a stored one of another grid is measured again)."""
+    return tuple(range(1, stream_count(config) + 1)), batch_grid(config.max_batch_size)
+
+
 def stream_key(spec: ModelSpec, device: Any) -> StreamKey:
     """The key of a profile of `spec` measured now on `device` (a `torch.device`)."""
     import torch
@@ -177,7 +182,7 @@ def obtain_profile(
     """This device's profile of `spec`, measured and stored first if there is none; and where it came from."""
     key = stream_key(spec, device)
     stored = find_profile(spec.directory, key)
-    if stored is not None:
+    if stored is not None and (stored.streams, stored.batches) == grid(spec.config):
         return stored, f"stream profile of {stored.created} ({key.describe()})"
     profile = measure_profile(spec, device, settings, key)
     save_profile(spec.directory, profile)
@@ -191,8 +196,7 @@ def measure_profile(spec: ModelSpec, device: Any, settings: ProfileSettings, key
 
     config = spec.config
     model = executable(on_device(read_artifact(spec.artifact, config.max_batch_size), device))
-    streams = tuple(range(1, stream_count(config) + 1))
-    batches = batch_grid(config.max_batch_size)
+    streams, batches = grid(config)
     lanes = _lanes(config, getattr(model, "forward", model), device, streams[-1])
     cells = [_measure_cell(config, lanes[:s], b, device, settings) for s in streams for b in batches]
     return StreamProfile(
@@ -310,6 +314,26 @@ def _run(stream: Any, forward: Callable[..., Any], inputs: Sequence[Any]) -> Non
 
 _CHILD = "from adaserve.engine.stream_profile import main; main()"
 
+#: One profile at a time in a server (its models load side by side, and two profiles on one GPU would time each
+#: other), and those it has read or measured, by artifact, `cuda_graphs` and grid: models of one artifact (a
+#: benchmark's entries) share a measurement. A server drives one GPU.
+_ONE_AT_A_TIME = threading.Lock()
+_KNOWN: dict[tuple[str, bool, tuple[tuple[int, ...], tuple[int, ...]]], StreamProfile] = {}
+
+
+def server_profile(spec: ModelSpec) -> tuple[StreamProfile, str]:
+    """The profile a model loading in this server is planned from: one this server already has of the same
+    artifact (stored beside this model too), or `profile_in_child`'s."""
+    known = (artifact_digest(spec.artifact), spec.config.cuda_graphs, grid(spec.config))
+    with _ONE_AT_A_TIME:
+        profile = _KNOWN.get(known)
+        if profile is not None:
+            save_profile(spec.directory, profile)
+            return profile, f"stream profile of {profile.created} ({profile.key.describe()}), also another model's"
+        profile, source = profile_in_child(spec)
+        _KNOWN[known] = profile
+        return profile, source
+
 
 def profile_in_child(spec: ModelSpec) -> tuple[StreamProfile, str]:
     """`obtain_profile` on the GPU in a child Python, so that the server process never holds a CUDA context and
@@ -325,8 +349,11 @@ def profile_in_child(spec: ModelSpec) -> tuple[StreamProfile, str]:
                 stdout=log,
                 stderr=log,
             )
+        except OSError:
+            os.close(read_fd)
+            raise
         finally:
-            os.close(write_fd)
+            os.close(write_fd)  # the child holds its own copy
         with os.fdopen(read_fd) as results:
             answer = results.read()
         code = process.wait()

@@ -328,7 +328,8 @@ class ProfilingWorkerSet(WorkerSetPlanner):
 
 class StreamProfileWorkerSet(WorkerSetPlanner):
     """A CUDA model with no `workers` line: streams and MaxInf chosen from this GPU's stream profile
-    (`adaserve.engine.stream_choice`), read or measured by a child process as the model loads (`prepare`)."""
+    (`adaserve.engine.stream_choice`), read or measured by a child process as the model loads (`prepare`), one
+    model at a time (`stream_profile.server_profile`)."""
 
     name = "stream-profile"
 
@@ -341,10 +342,10 @@ class StreamProfileWorkerSet(WorkerSetPlanner):
 
     def prepare(self) -> WorkerSetChoice:
         from adaserve.engine.stream_choice import WAIT_AND_RUN, choose_streams
-        from adaserve.engine.stream_profile import profile_in_child
+        from adaserve.engine.stream_profile import server_profile
 
         config = self.model.config
-        profile, source = profile_in_child(self.model)
+        profile, source = server_profile(self.model)
         unstable = profile.unstable()
         if unstable:
             log.warning(

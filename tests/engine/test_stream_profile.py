@@ -107,6 +107,18 @@ def test_a_changed_artifact_is_measured_again_and_replaces_the_old_profile(
     assert find_profile(spec.directory, first.key) is None
 
 
+def test_a_profile_of_another_grid_is_measured_again(tmp_path: Path) -> None:
+    spec = small_mlp(tmp_path)
+    cpu = torch.device("cpu")
+    obtain_profile(spec, cpu, QUICK)
+    smaller = ModelSpec(spec.config.model_copy(update={"max_batch_size": 2}), spec.version, spec.artifact, (1,))
+    profile, source = obtain_profile(smaller, cpu, QUICK)
+    assert source.startswith("stream profile measured at load") and (profile.streams, profile.batches) == (
+        (1, 2, 3),
+        (1, 2),
+    )
+
+
 @needs_cuda
 def test_a_gpu_profile_replays_the_workers_graphs_on_streams(tmp_path: Path) -> None:
     spec = small_mlp(tmp_path)

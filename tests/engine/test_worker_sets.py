@@ -271,6 +271,7 @@ def cuda_planner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **overrides: o
     """A CUDA MLP's planner, its stream profile `gpu_like` as the child process would have read it."""
     link_example(tmp_path, "mlp", device="cuda", max_batch_size=8, **overrides)
     stored = profile_of(gpu_like)
+    monkeypatch.setattr(stream_profile, "_KNOWN", {})
     monkeypatch.setattr(
         stream_profile, "profile_in_child", lambda spec: (stored, f"stream profile of {stored.created} (H200)")
     )
@@ -307,6 +308,21 @@ def test_a_target_no_set_meets_is_warned_of(
     assert [w.batch for w in choice.workers] == [1] and not choice.details["meets_target"]
     (record,) = caplog.records
     assert record.getMessage().startswith("stream profile: 1 stream(s) of batch 1, MaxInf 1: no set meets the 1 ms")
+
+
+def test_models_of_one_artifact_in_a_server_share_one_stream_profile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = cuda_planner(tmp_path, monkeypatch)
+    calls: list[str] = []
+    measured = stream_profile.profile_in_child
+    monkeypatch.setattr(stream_profile, "profile_in_child", lambda spec: calls.append(spec.name) or measured(spec))
+    link_example(tmp_path, "mlp", "mlp_again", device="cuda", max_batch_size=8)
+    again = ModelRepository(tmp_path).read("mlp_again")
+    first.prepare()
+    choice = create_worker_set_planner(again).prepare()
+    assert calls == ["mlp"] and "), also another model's" in choice.reason
+    assert stream_profile.find_profile(again.directory, profile_of(gpu_like).key) == profile_of(gpu_like)
 
 
 def test_a_cuda_models_workers_line_still_pins_its_set(tmp_path: Path) -> None:
