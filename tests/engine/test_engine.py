@@ -14,7 +14,7 @@ import pytest
 
 from adaserve.config import WorkerSpec
 from adaserve.engine.engine import EngineState, ModelEngine, PendingRequest, idle_spin_in_force
-from adaserve.engine.worker_sets import WorkerSetChoice
+from adaserve.engine.worker_sets import FixedWorkerSet, WorkerSetChoice
 from adaserve.errors import InvalidInputError, ModelNotReadyError, OverloadedError
 from adaserve.repository import ModelRepository
 from benchmarks.common import tree_cpu_s
@@ -107,6 +107,24 @@ def test_a_new_worker_that_dies_before_the_switch_is_started_again(tmp_path: Pat
         assert sorted(w.batch for w in engine.workers.values()) == [2, 2]
         rows = np.zeros((3, 784), dtype=np.float32)
         result: Any = await engine.infer([rows], 3, {})
+        assert result.outputs[0].shape == (3, 10)
+
+    run_engine(tmp_path, body)
+
+
+def test_a_set_the_planner_prepares_as_the_model_loads_starts_with_its_max_inflight(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a CUDA model's stream-profile planner does at load (`prepare`), on the CPU: the prepared set replaces
+    the initial one before any worker starts, and its MaxInf is the scheduler's."""
+    link_example(tmp_path, "mlp", workers=ONE_WORKER)
+    chosen = WorkerSetChoice(TWO_OF_BATCH_2, "prepared", max_inflight=3)
+    monkeypatch.setattr(FixedWorkerSet, "prepare", lambda self: chosen)
+
+    async def body(engine: ModelEngine) -> None:
+        assert engine.worker_set is chosen and engine.scheduler.max_inflight == 3
+        assert sorted(w.batch for w in engine.workers.values()) == [2, 2]
+        result: Any = await engine.infer([np.zeros((3, 784), dtype=np.float32)], 3, {})
         assert result.outputs[0].shape == (3, 10)
 
     run_engine(tmp_path, body)
