@@ -9,7 +9,8 @@ from it.
 
 The file sits beside the model, like Packrat's `profile.json`, and holds one profile per GPU model, torch version
 and whether it replayed CUDA graphs (`cuda_graphs`, on a GPU), for the artifact it measured (`StreamKey`): a
-profile is reused while its key matches and measured again when it does not. The same code runs on the CPU
+profile is reused while its key matches and measured again when it does not, or when some of its cells did not
+settle (it is still planned from, with a warning). The same code runs on the CPU
 (threads with no streams, eager forward passes), so that tests run it end to end on a small model; such a profile's
 device is the CPU's model name.
 """
@@ -179,10 +180,11 @@ def save_profile(model_dir: Path, profile: StreamProfile) -> Path:
 def obtain_profile(
     spec: ModelSpec, device: Any, settings: ProfileSettings = LOAD_SETTINGS
 ) -> tuple[StreamProfile, str]:
-    """This device's profile of `spec`, measured and stored first if there is none; and where it came from."""
+    """This device's profile of `spec`, measured and stored first if there is none (nor one of this grid whose
+    cells all settled: other work on the GPU may have disturbed it); and where it came from."""
     key = stream_key(spec, device)
     stored = find_profile(spec.directory, key)
-    if stored is not None and (stored.streams, stored.batches) == grid(spec.config):
+    if stored is not None and (stored.streams, stored.batches) == grid(spec.config) and not stored.unstable():
         return stored, f"stream profile of {stored.created} ({key.describe()})"
     profile = measure_profile(spec, device, settings, key)
     save_profile(spec.directory, profile)

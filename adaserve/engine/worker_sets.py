@@ -349,7 +349,8 @@ class StreamProfileWorkerSet(WorkerSetPlanner):
         unstable = profile.unstable()
         if unstable:
             log.warning(
-                "stream profile: cells whose trials did not agree: %s (other work on the GPU, most likely)",
+                "stream profile: cells whose trials did not agree: %s (other work on the GPU, most likely); "
+                "planned from all the same, and measured again at the next load",
                 ", ".join(unstable),
                 extra={"model": self.model.name},
             )

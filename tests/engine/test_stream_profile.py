@@ -11,7 +11,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from adaserve.cpu.profiler import ProfileError, ProfileSettings
+from adaserve.cpu.profiler import ProfileError, ProfileSettings, Stability
 from adaserve.engine import stream_profile
 from adaserve.engine.stream_profile import (
     STREAM_PROFILE_FILE,
@@ -25,8 +25,9 @@ from adaserve.repository import ModelRepository, ModelSpec
 from tests.engine.stream_profiles import KEY, gpu_like, profile_of
 from tests.server_utils import link_example, needs_cuda
 
-#: Short trials (`adaserve profile --quick`'s): what is checked is the grid and the cache, not the latencies.
-QUICK = ProfileSettings.for_run(quick=True)
+#: Short trials (`adaserve profile --quick`'s) that always settle: what is checked is the grid and the cache, not
+#: the latencies (on a busy CPU they do not agree).
+QUICK = ProfileSettings.for_run(quick=True, stability_percentage=1e6)
 
 
 def small_mlp(tmp_path: Path, **overrides: object) -> ModelSpec:
@@ -117,6 +118,17 @@ def test_a_profile_of_another_grid_is_measured_again(tmp_path: Path) -> None:
         (1, 2, 3),
         (1, 2),
     )
+
+
+def test_a_profile_with_unsettled_cells_is_measured_again(tmp_path: Path) -> None:
+    spec = small_mlp(tmp_path)
+    cpu = torch.device("cpu")
+    first, _ = obtain_profile(spec, cpu, QUICK)
+    unsettled = Stability(trials=10, spread_pct=40.0, stable=False)
+    cells = (first.cells[0].model_copy(update={"stability": unsettled}), *first.cells[1:])
+    save_profile(spec.directory, first.model_copy(update={"cells": cells}))
+    again, source = obtain_profile(spec, cpu, QUICK)
+    assert source.startswith("stream profile measured at load") and again.created >= first.created
 
 
 @needs_cuda
