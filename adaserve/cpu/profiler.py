@@ -81,6 +81,7 @@ __all__ = [
     "read_document",
     "save_profile",
     "settle",
+    "started_writing",
     "unstable_reason",
     "write_document",
 ]
@@ -515,7 +516,7 @@ def _run_child(job: dict[str, Any], record: Callable[[Cell], None]) -> None:
     # One thread until a forked process sets its own (`place`): the child's loading never starts a thread pool.
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_FORCE_WEIGHTS_ONLY_LOAD": "1"}
     with tempfile.TemporaryFile("w+") as log:
-        read_fd, process = _started_writing(
+        read_fd, process = started_writing(
             lambda write_fd: subprocess.Popen(
                 [sys.executable, "-c", _CHILD_MAIN, json.dumps(job), str(write_fd)],
                 pass_fds=(write_fd,),
@@ -542,7 +543,7 @@ def _run_forked(job: dict[str, Any], record: Callable[[Cell], None], *, started:
     in its own group at the lowest priority, and `started` is told then."""
     from adaserve.engine.processes import ZYGOTE, how_it_exited
 
-    read_fd, child = _started_writing(lambda write_fd: ZYGOTE.fork_profiler(json.dumps(job), write_fd))
+    read_fd, child = started_writing(lambda write_fd: ZYGOTE.fork_profiler(json.dumps(job), write_fd))
     try:
         errors = _read_results(read_fd, record, lambda: started(child.pid))
     except BaseException:
@@ -557,7 +558,7 @@ def _run_forked(job: dict[str, Any], record: Callable[[Cell], None], *, started:
 _Child = TypeVar("_Child")
 
 
-def _started_writing(start: Callable[[int], _Child]) -> tuple[int, _Child]:
+def started_writing(start: Callable[[int], _Child]) -> tuple[int, _Child]:
     """Start a child that writes to a new pipe (`start` gets its write end): the read end, and the child."""
     read_fd, write_fd = os.pipe()
     try:

@@ -48,6 +48,7 @@ from adaserve.cpu.profiler import (
     random_inputs,
     read_document,
     settle,
+    started_writing,
     write_document,
 )
 from adaserve.errors import ConfigError
@@ -342,20 +343,15 @@ def profile_in_child(spec: ModelSpec) -> tuple[StreamProfile, str]:
     the profile's memory is freed before the host loads the model; ConfigError with the child's reason."""
     job = {"config": spec.config.model_dump(mode="json"), "artifact": str(spec.artifact), "version": spec.version}
     with tempfile.TemporaryFile("w+") as log:
-        read_fd, write_fd = os.pipe()
-        try:
-            process = subprocess.Popen(
+        read_fd, process = started_writing(
+            lambda write_fd: subprocess.Popen(
                 [sys.executable, "-c", _CHILD, json.dumps(job), str(write_fd)],
                 pass_fds=(write_fd,),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,
             )
-        except OSError:
-            os.close(read_fd)
-            raise
-        finally:
-            os.close(write_fd)  # the child holds its own copy
+        )
         with os.fdopen(read_fd) as results:
             answer = results.read()
         code = process.wait()
