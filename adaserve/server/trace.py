@@ -36,26 +36,16 @@ import numpy as np
 from adaserve.engine.engine import RequestTimes
 from adaserve.errors import ConfigError, InvalidInputError
 from adaserve.repository import is_version
+from adaserve.server.trace_state import LEVELS, TraceSettings, TraceState, parse_changes
 
 log = logging.getLogger("adaserve.trace")
 
-LEVELS = ("TIMESTAMPS", "TENSORS")
 #: W3C trace-context headers a client's OpenTelemetry context comes in.
 TRACE_CONTEXT = ("traceparent", "tracestate")
 #: The header (REST) and metadata key (gRPC) of a request one node server forwarded to another, with its hop count.
 FORWARDED = "adaserve-forwarded"
 #: A W3C `traceparent`: version, trace id, parent span id, flags (a later version may add fields after them).
 _TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(?:$|-)")
-#: Setting names as the trace API spells them → `TraceSettings` fields.
-SETTINGS = {"trace_level": "level", "trace_rate": "rate", "trace_count": "count", "log_frequency": "log_frequency"}
-
-
-@dataclass(frozen=True)
-class TraceSettings:
-    level: tuple[str, ...] = ()  # of LEVELS; empty: OFF
-    rate: int = 1000  # trace one request of every `rate`
-    count: int = -1  # traces left to take; -1: no limit
-    log_frequency: int = 0  # traces per numbered file; 0: all into the trace file itself
 
 
 @dataclass
@@ -281,9 +271,9 @@ class Tracer:
             self._check_sink(settings)
         except InvalidInputError as exc:
             raise ConfigError(f"--trace-config: {exc}") from None
+        self.state = TraceState(settings)  # the settings in force (`adopt`)
         self._server = _Scope(settings)
-        self._models: dict[str, _Scope] = {}
-        self._given: dict[str, dict[str, Any]] = {}  # per model: the settings given for it, by field
+        self._models: dict[str, _Scope] = {}  # the models given settings of their own
         self._ids = itertools.count(1)
         self.finished = 0  # traces handed to the sink
 
@@ -360,40 +350,39 @@ class Tracer:
         }
 
     def update(self, model_name: str, changes: Mapping[str, list[str] | None]) -> dict[str, Any]:
-        """Apply a trace setting request: each setting given a list of strings (the level may have several), or
-        None to clear it (a model's then follows the server's again; the server's returns to its value at start).
-        For a model, a request with no settings drops all of the model's own. Returns the settings now in force."""
-        parsed = parse_changes(changes)
-        if model_name:
-            self._update_model(model_name, parsed, clear_all=not changes)
-        else:
-            self._update_server(parsed)
+        """Apply a trace setting request (`TraceState.changed`); the settings now in force."""
+        self.adopt(self.state.changed(self.initial, model_name, changes))
         return self.settings(model_name)
 
-    def _update_server(self, parsed: dict[str, Any]) -> None:
-        fields = {key: getattr(self.initial, key) if value is None else value for key, value in parsed.items()}
-        settings = replace(self._server.settings, **fields)
-        self._check_sink(settings)
-        self._server.reset(settings)
-        for model_name, scope in self._models.items():  # what a model was not given follows the server's
-            followed = {key: value for key, value in fields.items() if key not in self._given[model_name]}
-            if followed:
-                scope.reset(replace(scope.settings, **followed))
+    def check(self, state: TraceState) -> None:
+        """An InvalidInputError if this server cannot trace as `state` says (no trace file, a level its sink does
+        not record)."""
+        for settings in (state.server, *(state.of(name) for name in state.models)):
+            self._check_sink(settings)
 
-    def _update_model(self, model_name: str, parsed: dict[str, Any], clear_all: bool) -> None:
-        given = {} if clear_all else {**self._given.get(model_name, {}), **parsed}
-        given = {key: value for key, value in given.items() if value is not None}
-        settings = replace(self._server.settings, **given)
-        self._check_sink(settings)
-        if not given:  # the model follows the server's settings again; what it collected goes with theirs
-            self._given.pop(model_name, None)
-            dropped = self._models.pop(model_name, None)
-            if dropped is not None:
-                self._server.collected += dropped.collected
-            return
-        self._given[model_name] = given
-        scope = self._models.setdefault(model_name, _Scope(settings))
-        scope.reset(settings)
+    def adopt(self, state: TraceState) -> None:
+        """Sample under `state` from now on (checked first): a scope whose settings it changes starts sampling
+        afresh, its count anew where `state` gave one, else what is left of it; a model it gives no settings of its
+        own follows the server's again, what it collected going with theirs."""
+        self.check(state)
+        before, self.state = self.state, state
+        self._reset(self._server, state.of(""), before.of(""), state.recounted("") != before.recounted(""))
+        for name in [name for name in self._models if name not in state.models]:
+            self._server.collected += self._models.pop(name).collected
+        for name in state.models:
+            scope = self._models.get(name)
+            if scope is None:
+                self._models[name] = _Scope(state.of(name))
+            else:
+                recount = state.recounted(name) != before.recounted(name)
+                self._reset(scope, state.of(name), before.of(name), recount)
+
+    @staticmethod
+    def _reset(scope: _Scope, settings: TraceSettings, before: TraceSettings, recount: bool) -> None:
+        if recount:
+            scope.reset(settings)
+        elif settings != before:
+            scope.reset(replace(settings, count=scope.settings.count))
 
     def _check_sink(self, settings: TraceSettings) -> None:
         if settings.level and self.sink is None:
@@ -410,48 +399,6 @@ FILE_HINT = "start the server with --trace-config triton,file=PATH"
 def _context(headers: Mapping[str, str]) -> dict[str, str]:
     """The W3C trace context in a request's headers (or metadata); empty without a `traceparent`."""
     return {key: headers[key] for key in TRACE_CONTEXT if key in headers} if "traceparent" in headers else {}
-
-
-def parse_changes(changes: Mapping[str, list[str] | None]) -> dict[str, Any]:
-    """Trace API settings → `TraceSettings` fields (None: clear), each value checked; errors name the setting."""
-    parsed: dict[str, Any] = {}
-    for name, values in changes.items():
-        if name == "trace_file":
-            raise InvalidInputError("trace file location can not be updated through network protocol")
-        if name not in SETTINGS:
-            known = ", ".join(["trace_file", *SETTINGS])
-            raise InvalidInputError(f"unknown trace setting '{name}'; the settings are: {known}")
-        key = SETTINGS[name]
-        if values is None:
-            parsed[key] = None
-        elif key == "level":
-            parsed[key] = parse_level(values)
-        elif len(values) != 1:
-            raise InvalidInputError(f"trace setting '{name}' takes one value, got {len(values)}")
-        else:
-            parsed[key] = parse_number(name, values[0], -1 if key == "count" else 1 if key == "rate" else 0)
-    return parsed
-
-
-def parse_level(values: list[str]) -> tuple[str, ...]:
-    if values == ["OFF"]:
-        return ()
-    if "OFF" in values:
-        raise InvalidInputError("trace_level OFF cannot be given with other levels")
-    unknown = [v for v in values if v not in LEVELS]
-    if unknown or not values:
-        raise InvalidInputError(f"unknown trace_level {unknown or values}; the levels are OFF, {', '.join(LEVELS)}")
-    return tuple(level for level in LEVELS if level in values)
-
-
-def parse_number(name: str, text: str, least: int) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise InvalidInputError(f"trace setting '{name}' must be an integer, got '{text}'") from None
-    if value < least:
-        raise InvalidInputError(f"trace setting '{name}' must be at least {least}, got {value}")
-    return value
 
 
 def tracer_from_config(options: Iterable[str]) -> Tracer:

@@ -15,6 +15,7 @@ import pytest
 from adaserve.engine.engine import RequestTimes
 from adaserve.errors import ConfigError, InvalidInputError
 from adaserve.server.trace import FORWARDED, TraceFile, Tracer, TraceSettings, parse_traceparent, tracer_from_config
+from adaserve.server.trace_state import TraceState
 
 
 @pytest.fixture
@@ -269,3 +270,34 @@ def test_a_dag_querys_stages_sent_to_other_nodes_share_its_trace(tracer: Callabl
 @pytest.mark.parametrize("value", ["", "00-xyz", f"ff-{'ab' * 16}-{'cd' * 8}-01", f"00-{'0' * 32}-{'cd' * 8}-01"])
 def test_a_traceparent_that_is_not_valid_is_not_taken(value: str) -> None:
     assert parse_traceparent(value) is None
+
+
+def test_a_state_adopted_restarts_the_count_only_where_it_gave_one(tracer: Callable[..., Tracer]) -> None:
+    node = tracer(level=("TIMESTAMPS",), rate=1, count=3)
+    assert traced(node, "mlp", 2) == [1, 2]
+    state = node.state.changed(node.initial, "", {"trace_rate": ["2"]})
+    node.adopt(state)
+    assert node.settings()["trace_count"] == "1"  # what was left: the change gave no count
+    assert traced(node, "mlp", 6) == [2]
+    node.adopt(state.changed(node.initial, "", {"trace_count": ["3"]}))  # the count it had before, given again
+    assert traced(node, "mlp", 8) == [2, 4, 6]
+
+
+def test_a_state_adopted_gives_and_takes_models_their_own_settings(tracer: Callable[..., Tracer]) -> None:
+    node = tracer(level=("TIMESTAMPS",), rate=1)
+    other = tracer(level=("TIMESTAMPS",), rate=1)  # another node, under the same --trace-config
+    state = node.state.changed(node.initial, "mlp", {"trace_rate": ["3"], "trace_level": ["TIMESTAMPS", "TENSORS"]})
+    other.adopt(state)
+    assert other.settings("mlp")["trace_rate"] == "3" and other.settings("cnn")["trace_rate"] == "1"
+    assert other.settings("mlp")["trace_level"] == ["TIMESTAMPS", "TENSORS"]
+    assert traced(other, "mlp", 6) == [3, 6]
+    other.adopt(state.changed(node.initial, "mlp", {}))  # dropped: it follows the server's again
+    assert other.settings("mlp") == other.settings() and traced(other, "mlp", 2) == [1, 2]
+
+
+def test_a_state_the_sink_cannot_record_is_refused_and_changes_nothing() -> None:
+    node = Tracer(TraceSettings(rate=5), None)
+    refused = node.state.changed(node.initial, "mlp", {"trace_level": ["TIMESTAMPS"]})
+    with pytest.raises(InvalidInputError, match="tracing needs a trace file"):
+        node.adopt(refused)
+    assert node.state == TraceState(TraceSettings(rate=5)) and node.settings("mlp")["trace_level"] == ["OFF"]
