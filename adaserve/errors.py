@@ -60,6 +60,14 @@ class ModelControlError(AdaserveError):
     grpc_status = "UNAVAILABLE"
 
 
+class ClusterChangeError(AdaserveError):
+    """A change made for a whole cluster (its trace settings) that its controller refused, did not answer for, or
+    that some nodes did not confirm; the message names them."""
+
+    http_status = 503
+    grpc_status = "UNAVAILABLE"
+
+
 class NotAllowedError(AdaserveError):
     """An operation the server was started without: e.g. client shared memory without --allow-client-shm."""
 

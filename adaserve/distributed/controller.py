@@ -5,9 +5,10 @@ policy that picks a node for a new replica, and mCache's eviction policies choos
 fleet-scale simulator replays traces through. It follows Ray's membership (a node server for each node that joins, its
 replicas written off when it leaves), places a model on its first request, evicts to make room, drains a node on request
 (its loaded models moved, its requests answered, then it stops) or, with scale-in on, once it has been idle a while
-(`scale_in.py`), and sends every node the routing table whenever it changes. It is restartable: its state is rebuilt
-from what the node servers hold (and the drained nodes from Ray's key-value store), and while it is away the nodes keep
-routing by the last table they have.
+(`scale_in.py`), sends every node the routing table whenever it changes, and keeps the cluster's trace settings
+(a change made on any node is sent to every node, and a node starts under them). It is restartable: its state is
+rebuilt from what the node servers hold (and the drained nodes and the trace settings from Ray's key-value store),
+and while it is away the nodes keep routing by the last table they have.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
-from adaserve.distributed.messages import NodeAddress, Requests, Routes
+from adaserve.distributed.messages import NodeAddress, Requests, Routes, TraceChange, Tracing
 from adaserve.distributed.node import NodeServer, NodeSettings
 from adaserve.distributed.placement import ModelLoad, Placement, ScaleKind
 from adaserve.distributed.scale_in import IdleNodes, ScaleIn
@@ -46,6 +47,10 @@ DRAIN_TIMEOUT_S = 30.0
 DRAIN_MOVES_USED_WITHIN_S = 60.0
 #: Where the drained nodes are kept, in Ray's key-value store (its GCS): a restarted controller starts none of them.
 DRAINED_KEY = "drained-nodes"
+#: Where the cluster's trace settings are kept there, once changed: a restarted controller gives them to new nodes.
+TRACING_KEY = "trace-settings"
+#: How long a node has to confirm new trace settings before the change is answered without it.
+TRACE_CONFIRM_TIMEOUT_S = 10.0
 #: A node server that failed to start is tried again after this long, the wait doubling with each failure in a row
 #: up to the cap: a node that cannot start (a port taken, a broken repository) is not restarted every second.
 START_RETRY_FIRST_S, START_RETRY_MAX_S = 2.0, 60.0
@@ -127,6 +132,7 @@ class Controller:
         self.scale_in = settings.scale_in
         self.idle = IdleNodes()
         self._scaling_in: asyncio.Task[None] | None = None  # the drain of an idle node under way
+        self.tracing: Tracing | None = None  # the cluster's trace settings, once a request changed them
 
     # -- start, membership -------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -139,6 +145,7 @@ class Controller:
 
     async def _start(self) -> None:
         self.drained = _load_drained()
+        self.tracing = _load_tracing()
         await self._adopt_running_nodes()
         await self._follow_membership_once()
         self._membership = asyncio.get_running_loop().create_task(self._follow_membership())
@@ -224,7 +231,7 @@ class Controller:
         )
         handle: Any = actor.remote(node_id, settings, CONTROLLER, NAMESPACE, self.settings.log_level)
         try:
-            address, pid = await handle.start.remote()
+            address, pid = await handle.start.remote(self.tracing)
         except Exception as exc:
             wait = self.start_failures.failed(node_id, str(exc), time.monotonic())
             log.error(
@@ -521,6 +528,42 @@ class Controller:
         _save_drained(self.drained)
         return name
 
+    # -- the cluster's trace settings ------------------------------------------------------------------------------
+    async def change_trace(self, asking: str, change: TraceChange) -> dict[str, str]:
+        """A trace setting request made on node `asking`: applied to the cluster's settings (this node's, before
+        any was changed) and sent to every node. The nodes that did not confirm them within
+        TRACE_CONFIRM_TIMEOUT_S, with why; they keep them for their next server start (a node that joins, or
+        whose actor was lost, takes them when it starts). A bad request raises InvalidInputError."""
+        await self.start()
+        self.tracing = self._changed_tracing(change)
+        _save_tracing(self.tracing)
+        log.info("trace settings changed", extra={"node": asking, "model": change.model, "changes": change.changes})
+        return await self._send_tracing(self.tracing)
+
+    def _changed_tracing(self, change: TraceChange) -> Tracing:
+        """The cluster's trace settings after `change` (a version above any before, across restarts too)."""
+        current = self.tracing.state if self.tracing is not None else change.current
+        state = current.changed(change.initial, change.model, change.changes)
+        version = max(self.tracing.version + 1 if self.tracing is not None else 1, time.time_ns() // 1000)
+        return Tracing(version, state)
+
+    async def _send_tracing(self, tracing: Tracing) -> dict[str, str]:
+        """Send `tracing` to every node; the nodes that did not confirm it, with why."""
+        names = list(self.nodes)
+        sending = (asyncio.wait_for(self.nodes[n].trace.remote(tracing), TRACE_CONFIRM_TIMEOUT_S) for n in names)
+        answers = await asyncio.gather(*sending, return_exceptions=True)
+        missing = {}
+        for name, answer in zip(names, answers, strict=True):
+            if isinstance(answer, TimeoutError):
+                missing[name] = f"no answer within {TRACE_CONFIRM_TIMEOUT_S:g} s"
+            elif isinstance(answer, BaseException):  # its actor is gone: the first line of Ray's account says so
+                missing[name] = (str(answer).strip().splitlines() or [type(answer).__name__])[0]
+            elif answer:  # its server cannot trace so
+                missing[name] = answer
+        if missing:
+            log.warning("trace settings not confirmed by some nodes", extra={"missing": missing})
+        return missing
+
     # -- the routing table ---------------------------------------------------------------------------------------
     def table(self) -> Routes:
         """The routing table: every node's address, and where each model is loaded (a node drained out of it
@@ -596,3 +639,18 @@ def _save_drained(nodes: set[str]) -> None:
     from ray.experimental.internal_kv import _internal_kv_put
 
     _internal_kv_put(DRAINED_KEY, json.dumps(sorted(nodes)), namespace=NAMESPACE)
+
+
+def _load_tracing() -> Tracing | None:
+    import msgspec
+    from ray.experimental.internal_kv import _internal_kv_get
+
+    value = _internal_kv_get(TRACING_KEY, namespace=NAMESPACE)
+    return msgspec.json.decode(value, type=Tracing) if value else None
+
+
+def _save_tracing(tracing: Tracing) -> None:
+    import msgspec
+    from ray.experimental.internal_kv import _internal_kv_put
+
+    _internal_kv_put(TRACING_KEY, msgspec.json.encode(tracing), namespace=NAMESPACE)

@@ -4,7 +4,9 @@ It carries out what the node actor sends on the control channel (load and unload
 table, report what is resident) and decides, for each request that names a model (and each stage of a DAG query,
 `stages.py`), where it is served: here when this node has the model loaded and ready, else on a node the table says
 holds it (forwarded, its bytes unchanged), else wherever the controller places it. Requests are counted per model
-where they arrive and reported every second: the controller's eviction policy learns request rates from them.
+where they arrive and reported every second: the controller's eviction policy learns request rates from them. A
+trace setting request made here goes up to the controller, which changes the cluster's settings and sends them to
+every node (`change_trace`).
 
 The engine does not know it is in a cluster: a request served here takes the single-node path unchanged.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import logging
 import os
@@ -45,13 +48,17 @@ from adaserve.distributed.messages import (
     Resident,
     Routes,
     ToNode,
+    TraceChange,
+    TraceChanged,
+    Traced,
+    Tracing,
     Unload,
     Unloaded,
 )
 from adaserve.distributed.routes import ClusterRoutes
 from adaserve.distributed.stages import ClusterStages
 from adaserve.engine.engine import EngineState
-from adaserve.errors import AdaserveError, ModelNotReadyError
+from adaserve.errors import AdaserveError, ClusterChangeError, ModelNotReadyError
 from adaserve.planner.planner import ModelAnswer
 from adaserve.server.dataplane import ClusterState, DataPlane
 from adaserve.server.documents import merge_statistics
@@ -69,6 +76,8 @@ MAX_HOPS = 2
 REPORT_EVERY_S = 1.0
 #: How long a node waits for another's own statistics or metrics before it answers without them.
 PEER_TIMEOUT_S = 5.0
+#: How long a trace setting request waits for the controller to say every node has the new settings.
+TRACE_CHANGE_TIMEOUT_S = 30.0
 
 Answer = TypeVar("Answer")
 
@@ -90,6 +99,9 @@ class ClusterMember:
         self._counts: Counter[str] = Counter()
         self._gone: set[str] = set()  # models the table places here that this node no longer holds (reported)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._tracing = 0  # the version of the cluster's trace settings this server traces under
+        self._trace_asks = itertools.count(1)
+        self._trace_changes: dict[int, asyncio.Future[TraceChanged]] = {}  # ask → its answer, awaited
 
     async def start(self, control_fd: int, on_end: Callable[[], None]) -> None:
         """Take the control channel inherited as `control_fd` and follow it; `on_end` is called when it closes (the
@@ -135,6 +147,12 @@ class ClusterMember:
                     self.routes.refused(model, reason)
                 case Drain(timeout_s):
                     self._spawn(self._drain(timeout_s))
+                case Tracing():
+                    self._adopt_tracing(message)
+                case TraceChanged(ask):
+                    waiting = self._trace_changes.pop(ask, None)
+                    if waiting is not None and not waiting.done():
+                        waiting.set_result(message)
         log.warning("the node actor is gone: stopping")
         on_end()
 
@@ -164,6 +182,46 @@ class ClusterMember:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.gather(*(engine.wait_idle() for engine in engines)), timeout_s)
         self._send(Drained(sorted({engine.model.name for engine in engines if not engine.idle})))
+
+    # -- the cluster's trace settings ------------------------------------------------------------------------------
+    def _adopt_tracing(self, tracing: Tracing) -> None:
+        """Trace under the cluster's settings `tracing` (unless this server has newer ones), and say so."""
+        error = ""
+        if tracing.version > self._tracing:
+            try:
+                self.plane.tracer.adopt(tracing.state)
+                self._tracing = tracing.version
+            except AdaserveError as exc:  # this node cannot trace so (its --trace-config differs): it says why
+                error = str(exc)
+                log.error("cannot take the cluster's trace settings", extra={"error": error})
+        self._send(Traced(tracing.version, error))
+
+    async def change_trace(self, model: str, changes: dict[str, list[str] | None]) -> None:
+        """A trace setting request made here, for the whole cluster: checked here (a bad one is refused before any
+        node has it), then applied by the controller to the cluster's settings and sent to every node, this one
+        too. A ClusterChangeError names the nodes that did not confirm them (those that did trace so now)."""
+        tracer = self.plane.tracer
+        tracer.check(tracer.state.changed(tracer.initial, model, changes))
+        ask = next(self._trace_asks)
+        waiting = self._trace_changes[ask] = asyncio.get_running_loop().create_future()
+        self._send(TraceChange(ask, model, changes, tracer.initial, tracer.state))
+        try:
+            answer = await asyncio.wait_for(waiting, TRACE_CHANGE_TIMEOUT_S)
+        except TimeoutError:
+            raise ClusterChangeError(
+                f"the cluster's controller did not answer within {TRACE_CHANGE_TIMEOUT_S:g} s: the trace settings "
+                "may have reached some nodes only; read them on each node, or send the request again"
+            ) from None
+        finally:
+            self._trace_changes.pop(ask, None)
+        if answer.error:
+            raise ClusterChangeError(f"the trace settings were not changed: {answer.error}")
+        if answer.missing:
+            nodes = "; ".join(f"{node}: {why}" for node, why in sorted(answer.missing.items()))
+            raise ClusterChangeError(
+                f"trace settings changed, but {len(answer.missing)} node(s) did not confirm them ({nodes}); every "
+                "other node traces so now, and a node takes the cluster's settings when its server (re)starts"
+            )
 
     def resident(self) -> dict[str, int]:
         """The models loaded and ready here, with their bytes."""
@@ -269,8 +327,11 @@ class ClusterMember:
     # -- the frontends' hooks ---------------------------------------------------------------------------------
     def rest_route(self, category: str, handler: Handler) -> Handler:
         """`handler` behind the cluster (`create_app`'s `model_routes`): the statistics routes answer for every
-        replica (`statistics`); on any other route, which names a model, a request for a model held elsewhere is
-        forwarded and answered with what comes back."""
+        replica (`statistics`); a model's trace settings are the cluster's, answered (and changed) on any node; on
+        any other route, which names a model, a request for a model held elsewhere is forwarded and answered with
+        what comes back."""
+        if category == "trace":
+            return handler
         return self._rest_statistics(handler) if category == "statistics" else self._rest_relay(category, handler)
 
     def _rest_relay(self, category: str, handler: Handler) -> Handler:

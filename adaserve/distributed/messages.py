@@ -1,10 +1,13 @@
 """Typed messages between a node server and the node actor that supervises it, on the socket pair the server
-inherits (`adaserve serve --cluster-control FD`): the routing table, load and drain orders down, placement
-requests, load reports and request counts up. Each is msgpack behind a 4-byte length (`control.py`)."""
+inherits (`adaserve serve --cluster-control FD`): the routing table, load and drain orders and the cluster's trace
+settings down, placement requests, load reports, request counts and trace setting changes up. Each is msgpack
+behind a 4-byte length (`control.py`)."""
 
 from __future__ import annotations
 
 import msgspec
+
+from adaserve.server.trace_state import TraceSettings, TraceState
 
 
 class NodeAddress(msgspec.Struct, frozen=True):
@@ -103,5 +106,41 @@ class Drained(msgspec.Struct, frozen=True, tag="drained"):
     busy: list[str] = []
 
 
-ToNode = Routes | Load | Unload | Report | Refused | Drain
-FromNode = Place | Loaded | Unloaded | Resident | Requests | Drained
+class Tracing(msgspec.Struct, frozen=True, tag="tracing"):
+    """The cluster's trace settings, to be adopted (`Tracer.adopt`); answered by `Traced` with the same `version`.
+    `version` grows with every change, so a node never takes older settings for newer ones."""
+
+    version: int
+    state: TraceState
+
+
+class Traced(msgspec.Struct, frozen=True, tag="traced"):
+    """The answer to `Tracing`: the node server traces under settings `version` now (`error`: it cannot)."""
+
+    version: int
+    error: str = ""
+
+
+class TraceChange(msgspec.Struct, frozen=True, tag="trace-change"):
+    """A trace setting request that arrived at this node (`TraceState.changed`'s arguments), for the controller to
+    apply to the cluster's settings and send to every node; `ask` names it in the answer (`TraceChanged`). `current`
+    is this node's state: the cluster's, if the controller has none yet (none has been changed)."""
+
+    ask: int
+    model: str
+    changes: dict[str, list[str] | None]
+    initial: TraceSettings
+    current: TraceState
+
+
+class TraceChanged(msgspec.Struct, frozen=True, tag="trace-changed"):
+    """The answer to `TraceChange` `ask`: `missing`, the nodes that did not confirm the new settings, with why;
+    `error`, why the change was refused or not made."""
+
+    ask: int
+    missing: dict[str, str] = {}
+    error: str = ""
+
+
+ToNode = Routes | Load | Unload | Report | Refused | Drain | Tracing | TraceChanged
+FromNode = Place | Loaded | Unloaded | Resident | Requests | Drained | Traced | TraceChange

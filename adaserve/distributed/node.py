@@ -3,9 +3,10 @@
 The node server is a process of its own (today's whole server: frontends, engine, workers), not the actor: Ray's
 actor runtime stays off the request path, and the server's event loop is not shared with Ray's. The actor holds the
 node's CPUs in Ray's books, so nothing else is scheduled onto the cores the server's Packrat plans. It talks to the
-server over a socket pair (`control.py`): orders down (load, unload, drain, the routing table), reports up (placement
-requests and request counts, which it passes to the controller). When the server dies the actor tells the
-controller (its replicas are gone) and starts it again; when the actor dies the socket closes and the server stops.
+server over a socket pair (`control.py`): orders down (load, unload, drain, the routing table, the cluster's trace
+settings), reports up (placement requests, request counts and trace setting changes, which it passes to the
+controller). When the server dies the actor tells the controller (its replicas are gone) and starts it again, under
+the cluster's trace settings; when the actor dies the socket closes and the server stops.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import asyncio
 import logging
 import socket
 import sys
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +34,10 @@ from adaserve.distributed.messages import (
     Resident,
     Routes,
     ToNode,
+    TraceChange,
+    TraceChanged,
+    Traced,
+    Tracing,
     Unload,
     Unloaded,
 )
@@ -76,6 +82,7 @@ class _Server:
         self.loads: dict[str, asyncio.Future[Loaded]] = {}
         self.unloads: dict[str, asyncio.Future[None]] = {}
         self.asked: dict[type, asyncio.Future[Any]] = {}  # the answer's type → the future of the question asked
+        self.traced: dict[int, asyncio.Future[str]] = {}  # trace settings version → its answer (an error, or "")
 
     def load(self, model: str) -> asyncio.Future[Loaded]:
         return self._ask(self.loads, model, Load(model))
@@ -88,6 +95,9 @@ class _Server:
 
     def drain(self, timeout_s: float) -> asyncio.Future[list[str]]:
         return self._ask(self.asked, Drained, Drain(timeout_s))
+
+    def trace(self, tracing: Tracing) -> asyncio.Future[str]:
+        return self._ask(self.traced, tracing.version, tracing)
 
     def _ask(self, waiting: dict[Any, asyncio.Future[Any]], key: object, order: ToNode) -> asyncio.Future[Any]:
         """The answer to `order`, sent once however many wait for it (`_follow` pops the future as it answers)."""
@@ -107,7 +117,7 @@ class _Server:
     def gone(self) -> None:
         """The server stopped: everything awaited from it fails."""
         error = ConnectionError("the node server stopped")
-        for waiting in (self.loads, self.unloads, self.asked):
+        for waiting in (self.loads, self.unloads, self.asked, self.traced):
             for pending in waiting.values():
                 if not pending.done():
                     pending.set_exception(error)
@@ -128,11 +138,13 @@ class NodeServer:
         self._stopping = False
         self._supervisors: list[asyncio.Task[None]] = []
         self._tasks: set[asyncio.Task[None]] = set()
+        self._tracing: Tracing | None = None  # the cluster's trace settings: each server started takes them
 
     # -- called by the controller ----------------------------------------------------------------------------------
-    async def start(self) -> tuple[NodeAddress, int]:
-        """Start the node's servers and keep them running; the node's address, and its first server's process id,
-        once they answer."""
+    async def start(self, tracing: Tracing | None = None) -> tuple[NodeAddress, int]:
+        """Start the node's servers (under the cluster's trace settings `tracing`, if any were changed) and keep
+        them running; the node's address, and its first server's process id, once they answer."""
+        self._tracing = tracing or self._tracing
         if not self._servers:
             self._servers = await self._start_servers()
             loop = asyncio.get_running_loop()
@@ -157,6 +169,14 @@ class NodeServer:
     async def routes(self, table: Routes) -> None:
         for server in self._servers:
             server.channel.send(table)
+
+    async def trace(self, tracing: Tracing) -> str:
+        """Have every server of the node trace under the cluster's settings `tracing`, from now on and when it
+        restarts; once they do, "", else why one cannot."""
+        if self._tracing is None or tracing.version > self._tracing.version:
+            self._tracing = tracing
+        answers = await asyncio.gather(*(s.trace(tracing) for s in self._servers), return_exceptions=True)
+        return next((str(answer) for answer in answers if answer), "")
 
     async def refused(self, model: str, reason: str) -> None:
         for server in self._servers:
@@ -218,6 +238,8 @@ class NodeServer:
         server = _Server(process, await Channel[FromNode].open(ours, FromNode))
         asyncio.get_running_loop().create_task(self._follow(server))
         await asyncio.wait_for(server.report(), START_TIMEOUT_S)  # answered once its control channel is read
+        if self._tracing is not None:  # a server that (re)starts traces as the cluster does
+            await asyncio.wait_for(server.trace(self._tracing), START_TIMEOUT_S)
         return server
 
     async def _supervise(self, index: int) -> None:
@@ -273,12 +295,29 @@ class NodeServer:
                     self._controller().place.remote(self.name, model, size, avoid)
                 case Requests():
                     self._controller().requests.remote(self.name, message)
+                case Traced(version, error):
+                    server.answer(server.traced, version, error)
+                case TraceChange():
+                    self._spawn(self._change_trace(server, message))
         server.gone()
+
+    async def _change_trace(self, server: _Server, change: TraceChange) -> None:
+        """Ask the controller to make a trace setting request that arrived at `server` for the cluster; its answer
+        goes back to the server."""
+        try:
+            missing: dict[str, str] = await self._controller().change_trace.remote(self.name, change)
+        except Exception as exc:  # the controller is away (restarting), or refused the change
+            server.channel.send(TraceChanged(change.ask, error=str(exc)))
+            return
+        server.channel.send(TraceChanged(change.ask, missing))
 
     def _forget(self, model: str) -> None:
         """Unload `model` from every server of the node (in a task: this runs in a server's report loop, which reads
         the answers)."""
-        task = asyncio.get_running_loop().create_task(self.unload(model))
+        self._spawn(self.unload(model))
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

@@ -21,7 +21,7 @@ from adaserve.config import Interface, ModelConfig
 from adaserve.engine.engine import EngineResult, EngineState, ModelEngine, RequestTimes
 from adaserve.engine.router import ModelRouter
 from adaserve.engine.schedule_policy import schedule
-from adaserve.errors import InvalidInputError, ModelControlError, ModelNotReadyError
+from adaserve.errors import InvalidInputError, ModelControlError, ModelNotFoundError, ModelNotReadyError
 from adaserve.logs import SWITCHES
 from adaserve.planner.catalog import DagCatalog
 from adaserve.planner.planner import ModelAnswer
@@ -85,6 +85,11 @@ class ClusterView(Protocol):
 
     async def metrics(self) -> bytes:
         """The cluster-wide exposition (`GET /metrics/cluster`)."""
+        ...
+
+    async def change_trace(self, model: str, changes: dict[str, list[str] | None]) -> None:
+        """Apply a trace setting request to every node's settings (`Tracer.update`'s arguments); an error names a
+        bad setting, or the nodes that did not confirm the change."""
         ...
 
     def held_elsewhere(self) -> dict[str, list[str]]:
@@ -181,11 +186,24 @@ class DataPlane:
         """Triton's logging extension: the server's log switches, after setting those in `changes`."""
         return SWITCHES.update(changes) if changes else SWITCHES.settings()
 
-    def trace_settings(self, name: str = "", changes: dict[str, list[str] | None] | None = None) -> dict[str, Any]:
-        """Triton's trace extension: the settings of a model (or the server's), after applying `changes`."""
-        if name:
+    async def trace_settings(
+        self, name: str = "", changes: dict[str, list[str] | None] | None = None
+    ) -> dict[str, Any]:
+        """Triton's trace extension: the settings of a model (or the server's), after applying `changes` (on a
+        cluster, to every node's: there a model is named as the repository has it, wherever it is held)."""
+        if name and self.cluster is None:
             self.check_model(name)
-        return self.tracer.settings(name) if changes is None else self.tracer.update(name, changes)
+        elif name:
+            _check_names(name, "")
+            repository = self.router.repository
+            if not (self.dags.knows(name) or repository.holds(name) or name in repository.dag_names()):
+                raise ModelNotFoundError(f"unknown model '{name}'")
+        if changes is None:
+            return self.tracer.settings(name)
+        if self.cluster is None:
+            return self.tracer.update(name, changes)
+        await self.cluster.change_trace(name, changes)
+        return self.tracer.settings(name)
 
     def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
         """Triton's statistics extension: `{"model_stats": [...]}` for one version of a model, every version it

@@ -236,7 +236,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def TraceSetting(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         """Triton's trace extension: a setting with no values clears it; a request with no settings reads them."""
         changes = {name: list(setting.value) or None for name, setting in request.settings.items()}
-        document = self.plane.trace_settings(request.model_name, changes or None)
+        document = await self.plane.trace_settings(request.model_name, changes or None)
         response = service_pb2.TraceSettingResponse()
         for name, value in document.items():
             response.settings[name].value.extend(value if isinstance(value, list) else [value])

@@ -188,7 +188,7 @@ def create_app(
 
     async def trace_settings(request: Request) -> Response:
         changes = _trace_changes(await json_body(request)) if request.method == "POST" else None
-        return json_response(plane.trace_settings(request.params.get("model", ""), changes))
+        return json_response(await plane.trace_settings(request.params.get("model", ""), changes))
 
     async def log_settings(request: Request) -> Response:
         return json_response(plane.log_settings(await json_body(request) if request.method == "POST" else None))

@@ -3,7 +3,8 @@ loopback-only network namespace: every node answers for every model, as the mode
 resident on one node answers through the others; concurrent load with several models; a node server killed by its
 PID under load loses no request; the controller killed, routing goes on and placement resumes; bad input is
 answered as on one node; a node drained under load loses no request and leaves, and comes back when undrained;
-with scale-in on, an idle node is given back, down to the floor."""
+with scale-in on, an idle node is given back, down to the floor; trace settings changed on one node are every
+node's, a restarted node server's too."""
 
 from __future__ import annotations
 
@@ -178,6 +179,54 @@ def test_bad_input_is_answered_as_on_one_node(cluster: Cluster) -> None:
             with pytest.raises(InferenceServerException) as refused:
                 clients.grpc(node.grpc).infer("mlp", [short])
             assert refused.value.status() == "StatusCode.INVALID_ARGUMENT"
+
+
+def _trace_settings(node: Node, model: str = "") -> dict[str, Any]:
+    path = f"/v2/models/{model}/trace/setting" if model else "/v2/trace/setting"
+    with urllib.request.urlopen(f"http://{node.http}{path}", timeout=30) as answer:
+        return json.loads(answer.read())  # type: ignore[no-any-return]
+
+
+def _server_pid(name: str) -> int | None:
+    """The process id of node `name`'s server (`adaserve serve --cluster-node NAME`), None while it has none."""
+    for entry in Path("/proc").iterdir():
+        try:
+            command = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if entry.name.isdigit() and b"serve" in command and name.encode() in command:
+            return int(entry.name)
+    return None
+
+
+def test_trace_settings_changed_on_one_node_are_every_nodes(cluster: Cluster) -> None:
+    first, second, third = cluster.nodes
+    with Clients() as clients:
+        clients.http(first.http).update_trace_settings(settings={"trace_rate": "7", "trace_count": "3"})
+        clients.grpc(second.grpc).update_trace_settings("cnn", {"trace_rate": ["2"]})
+        busy = {n.name for n in cluster.nodes if {"mlp", "cnn"} & _ready_on(clients, n)}
+    for node in cluster.nodes:
+        assert (_trace_settings(node)["trace_rate"], _trace_settings(node)["trace_count"]) == ("7", "3")
+        assert _trace_settings(node, "cnn")["trace_rate"] == "2" and _trace_settings(node, "mlp")["trace_rate"] == "7"
+    # a node server that restarts takes the cluster's settings (one holding neither model: later scenarios kill
+    # mlp's holder by the process id they were told at start)
+    restarted = next((n for n in (third, second, first) if n.name not in busy), third)
+    os.kill(restarted.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        pid = _server_pid(restarted.name)
+        try:
+            if pid not in (None, restarted.pid) and _trace_settings(restarted)["trace_rate"] == "7":
+                break
+        except OSError:
+            pass
+        time.sleep(0.5)
+    assert _trace_settings(restarted, "cnn")["trace_rate"] == "2"
+    restarted.pid = _server_pid(restarted.name) or restarted.pid
+    with Clients() as clients:  # back to the settings at start, for the scenarios after this one
+        clients.http(third.http).update_trace_settings(settings={"trace_rate": None, "trace_count": None})
+        clients.http(third.http).update_trace_settings("cnn", {})
+    assert _trace_settings(first)["trace_rate"] == "1000" and _trace_settings(first, "cnn")["trace_rate"] == "1000"
 
 
 def test_a_node_server_killed_under_load_loses_no_request(cluster: Cluster) -> None:

@@ -1,0 +1,179 @@
+"""The cluster's trace settings without Ray: a node server (`adaserve serve --cluster-control FD`) with this test as
+its node actor and controller, whose trace setting requests go up as `TraceChange` and take effect when the
+cluster's settings come down (`Tracing`); and the controller's part, which applies each change to the cluster's
+settings and names the nodes that did not confirm them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import queue
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from typing import Any
+
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from adaserve.distributed import controller as controller_module
+from adaserve.distributed.controller import ClusterSettings, Controller
+from adaserve.distributed.messages import NodeAddress, Report, Resident, TraceChange, TraceChanged, Traced, Tracing
+from adaserve.distributed.node import NodeSettings
+from adaserve.distributed.testing import FakeActor, node_server
+from adaserve.server.trace_state import TraceSettings, TraceState
+from tests.server_utils import ServerHandle, link_example, running_server
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerHandle, FakeActor]]:
+    root = tmp_path_factory.mktemp("cluster-trace")
+    repository = root / "models"
+    repository.mkdir()
+    link_example(repository, "mlp", workers=[{"batch": 1}])
+    trace = ("--trace-config", f"triton,file={root / 'trace.json'}")
+    with ExitStack() as stack:
+        starter = lambda args, fds: running_server(repository, *args, *trace, pass_fds=fds)  # noqa: E731
+        yield stack.enter_context(node_server(starter, "a"))
+
+
+def _post(handle: ServerHandle, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    request = urllib.request.Request(f"http://{handle.http_url}{path}", json.dumps(body).encode(), method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as refused:
+        return refused.code, json.loads(refused.read())
+
+
+def _get(handle: ServerHandle, path: str = "/v2/trace/setting") -> dict[str, Any]:
+    with urllib.request.urlopen(f"http://{handle.http_url}{path}", timeout=60) as answer:
+        return json.loads(answer.read())  # type: ignore[no-any-return]
+
+
+def _in_thread(call: Callable[[], Any]) -> queue.Queue[Any]:
+    """Run `call` (a request that waits for the controller's answer) while the test answers as the controller."""
+    outcome: queue.Queue[Any] = queue.Queue()
+
+    def run() -> None:
+        try:
+            outcome.put(call())
+        except Exception as exc:
+            outcome.put(exc)
+
+    threading.Thread(target=run, daemon=True).start()
+    return outcome
+
+
+def _answer_as_the_controller(actor: FakeActor, version: int, missing: dict[str, str]) -> TraceChange:
+    """Take the node's change, send it the cluster's settings after it (checking it confirms), then the answer."""
+    change = actor.expect(TraceChange)
+    assert isinstance(change, TraceChange)
+    actor.send(Tracing(version, change.current.changed(change.initial, change.model, change.changes)))
+    assert actor.expect(Traced) == Traced(version)
+    actor.send(TraceChanged(change.ask, missing))
+    return change
+
+
+def test_a_change_made_on_a_node_takes_effect_as_the_clusters(node: tuple[ServerHandle, FakeActor]) -> None:
+    handle, actor = node
+    posting = _in_thread(lambda: _post(handle, "/v2/trace/setting", {"trace_rate": "7"}))
+    change = _answer_as_the_controller(actor, 10, {})
+    assert (change.model, change.changes, change.initial) == ("", {"trace_rate": ["7"]}, TraceSettings())
+    status, settings = posting.get(timeout=60)
+    assert status == 200 and settings["trace_rate"] == "7"
+    assert _get(handle)["trace_rate"] == "7"
+    # older settings (a message overtaken by a newer change) are confirmed but not taken
+    actor.send(Tracing(9, TraceState(TraceSettings(rate=99))))
+    assert actor.expect(Traced) == Traced(9)
+    assert _get(handle)["trace_rate"] == "7"
+
+
+def test_a_bad_change_is_refused_on_the_node_before_the_cluster_hears_of_it(
+    node: tuple[ServerHandle, FakeActor],
+) -> None:
+    handle, actor = node
+    actor.drain()
+    status, answer = _post(handle, "/v2/trace/setting", {"trace_rate": "0"})
+    assert status == 400 and "trace setting 'trace_rate' must be at least 1, got 0" in answer["error"]
+    status, answer = _post(handle, "/v2/models/nope/trace/setting", {"trace_rate": "5"})
+    assert status == 404 and answer["error"] == "unknown model 'nope'"
+    actor.send(Report())  # its answer comes after anything the request sent up: a TraceChange fails `expect`
+    actor.expect(Resident)
+
+
+def test_a_change_some_nodes_did_not_confirm_is_unavailable_naming_them(
+    node: tuple[ServerHandle, FakeActor],
+) -> None:
+    handle, actor = node
+    missing = {"b7": "no answer within 10 s"}
+
+    def set_over_grpc() -> Any:
+        client = grpcclient.InferenceServerClient(handle.grpc_url)
+        try:
+            return client.update_trace_settings("mlp", {"trace_level": ["TIMESTAMPS"]}, client_timeout=60)
+        finally:
+            client.close()
+
+    setting = _in_thread(set_over_grpc)
+    change = _answer_as_the_controller(actor, 20, missing)
+    assert (change.model, change.changes) == ("mlp", {"trace_level": ["TIMESTAMPS"]})
+    refused = setting.get(timeout=60)
+    assert isinstance(refused, InferenceServerException) and refused.status() == "StatusCode.UNAVAILABLE"
+    assert "1 node(s) did not confirm them (b7: no answer within 10 s)" in str(refused.message())
+    assert _get(handle, "/v2/models/mlp/trace/setting")["trace_level"] == ["TIMESTAMPS"]  # taken here all the same
+    assert _get(handle)["trace_level"] == ["OFF"]
+
+
+class _Node:
+    """A node actor's handle as the controller calls it: `trace.remote(tracing)` answers `answer` (an error raised;
+    None: never)."""
+
+    def __init__(self, answer: str | BaseException | None) -> None:
+        self.got: list[Tracing] = []
+        self.trace = self
+        self._answer = answer
+
+    async def _call(self, tracing: Tracing) -> str:
+        self.got.append(tracing)
+        if self._answer is None:
+            await asyncio.Event().wait()
+        if isinstance(self._answer, BaseException):
+            raise self._answer
+        return self._answer
+
+    def remote(self, tracing: Tracing) -> Any:
+        return self._call(tracing)
+
+
+def test_the_controller_names_each_node_that_did_not_confirm(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(controller_module, "TRACE_CONFIRM_TIMEOUT_S", 0.05)
+    controller = Controller(ClusterSettings(NodeSettings("/models")))
+    answers = {"a": "", "b": "trace mode triton does not record trace_level ['TENSORS']", "c": None}
+    nodes = {name: _Node(answer) for name, answer in answers.items()}
+    nodes["d"] = _Node(ConnectionError("The actor died unexpectedly before finishing this task.\n\tclass_name: X"))
+    for name, handle in nodes.items():
+        controller._join(name, handle, NodeAddress(f"{name}:8000", f"{name}:8001"), 1, {}, 100)
+    tracing = Tracing(1, TraceState(TraceSettings(rate=3)))
+    missing = asyncio.run(controller._send_tracing(tracing))
+    assert missing == {
+        "b": "trace mode triton does not record trace_level ['TENSORS']",
+        "c": "no answer within 0.05 s",
+        "d": "The actor died unexpectedly before finishing this task.",
+    }
+    assert all(handle.got == [tracing] for handle in nodes.values())
+
+
+def test_the_controller_applies_each_change_to_the_clusters_settings() -> None:
+    controller = Controller(ClusterSettings(NodeSettings("/models")))
+    initial = TraceSettings(rate=100)
+    behind = TraceState(initial)  # what a node that has not taken the first change yet says it has
+    first = controller._changed_tracing(TraceChange(1, "", {"trace_rate": ["5"]}, initial, behind))
+    controller.tracing = first
+    second = controller._changed_tracing(TraceChange(1, "mlp", {"trace_count": ["2"]}, initial, behind))
+    assert second.version > first.version
+    assert second.state.of("") == TraceSettings(rate=5)  # the first change kept: built on the cluster's settings
+    assert second.state.of("mlp") == TraceSettings(rate=5, count=2)
