@@ -169,6 +169,8 @@ def cluster_settings(
     log_level = getattr(args, "log_level", None) or "info"
     serve_args: tuple[str, ...] = ("--log-level", log_level)
     serve_args += ("--grpc-frontend", args.grpc_frontend)  # `up` and `serve --ray`: each node server decides by it
+    for option in getattr(args, "trace_config", None) or ():  # `serve --ray`'s: every node server traces alike
+        serve_args += (f"--trace-config={option}",)
     if args.servers_per_node < 1:
         raise ConfigError(f"--servers-per-node must be at least 1, got {args.servers_per_node}")
     node = NodeSettings(

@@ -1,7 +1,7 @@
 """The cluster's trace settings without Ray: a node server (`adaserve serve --cluster-control FD`) with this test as
 its node actor and controller, whose trace setting requests go up as `TraceChange` and take effect when the
-cluster's settings come down (`Tracing`); and the controller's part, which applies each change to the cluster's
-settings and names the nodes that did not confirm them."""
+cluster's settings come down (`Tracing`); the controller's part, which applies each change to the cluster's
+settings and names the nodes that did not confirm them; and `serve --ray` handing its `--trace-config` on."""
 
 from __future__ import annotations
 
@@ -13,13 +13,16 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
+from pathlib import Path
 from typing import Any
 
 import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
+from adaserve.cli import build_parser
 from adaserve.distributed import controller as controller_module
+from adaserve.distributed.cli import cluster_settings
 from adaserve.distributed.controller import ClusterSettings, Controller
 from adaserve.distributed.messages import NodeAddress, Report, Resident, TraceChange, TraceChanged, Traced, Tracing
 from adaserve.distributed.node import NodeSettings
@@ -177,3 +180,15 @@ def test_the_controller_applies_each_change_to_the_clusters_settings() -> None:
     assert second.version > first.version
     assert second.state.of("") == TraceSettings(rate=5)  # the first change kept: built on the cluster's settings
     assert second.state.of("mlp") == TraceSettings(rate=5, count=2)
+
+
+def test_serve_ray_starts_every_node_server_with_its_trace_config(tmp_path: Path) -> None:
+    trace = ["--trace-config", "triton,file=/tmp/trace.json", "--trace-config", "level=TIMESTAMPS"]
+    command = ["serve", "--ray", "head:6379", "--model-repository", str(tmp_path), *trace]
+    args = build_parser("serve").parse_args(command)
+    settings = cluster_settings(args, port_stride=0, host_from_ray=True)
+    assert settings.node.serve_args[-2:] == (
+        "--trace-config=triton,file=/tmp/trace.json",
+        "--trace-config=level=TIMESTAMPS",
+    )
+    assert build_parser("serve").parse_args(["serve", *settings.node.serve_args]).trace_config == trace[1::2]
