@@ -2,8 +2,9 @@
 (routing tables, loads, forwarding) run and measured without Ray.
 
 This process sends what a controller's orders would (`Routes`, `Load`, `Unload`, `Report`) over the same socket pair
-`adaserve serve --cluster-control FD` takes from its node actor, and reads what the server reports. The forwarding
-tests and `benchmarks/cluster/forwarding.py` start their node servers with `node_server`.
+`adaserve serve --cluster-control FD` takes from its node actor, and reads what the server reports; a
+`FakeController` answers the trace setting changes the servers send up, as the cluster's controller would. The
+forwarding tests and `benchmarks/cluster/forwarding.py` start their node servers with `node_server`.
 """
 
 from __future__ import annotations
@@ -14,13 +15,26 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from typing import TypeVar
 
 import msgspec
 
-from adaserve.distributed.messages import FromNode, Load, Loaded, Place, Report, Requests, Resident, ToNode
+from adaserve.distributed.messages import (
+    FromNode,
+    Load,
+    Loaded,
+    Place,
+    Report,
+    Requests,
+    Resident,
+    ToNode,
+    TraceChange,
+    TraceChanged,
+    Traced,
+    Tracing,
+)
 
 #: The channel's frame header: each message's length (`control.py`).
 _LENGTH = struct.Struct("<I")
@@ -37,18 +51,25 @@ class FakeActor:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.reports: queue.Queue[FromNode] = queue.Queue()
+        self.controller: FakeController | None = None  # answers trace setting changes, once it has this node
         self._decoder = msgspec.msgpack.Decoder(FromNode)
         self._closed = False
+        self._sending = threading.Lock()  # the test's thread and the reader's (answering a change) both send
         threading.Thread(target=self._read, daemon=True).start()
 
     def send(self, message: ToNode) -> None:
         body = msgspec.msgpack.encode(message)
-        self.sock.sendall(_LENGTH.pack(len(body)) + body)
+        with self._sending:
+            self.sock.sendall(_LENGTH.pack(len(body)) + body)
 
     def _read(self) -> None:
         with self.sock.makefile("rb") as stream:
             while head := stream.read(_LENGTH.size):
-                self.reports.put(self._decoder.decode(stream.read(_LENGTH.unpack(head)[0])))
+                report = self._decoder.decode(stream.read(_LENGTH.unpack(head)[0]))
+                if self.controller is None or not isinstance(report, TraceChange | Traced):
+                    self.reports.put(report)
+                elif isinstance(report, TraceChange):
+                    self.controller.change(self, report)
 
     def expect(self, kind: type, timeout_s: float = 120.0) -> FromNode:
         """The next report of `kind` (request counts, which come every second, and a placement asked again while
@@ -83,6 +104,28 @@ class FakeActor:
         with contextlib.suppress(OSError):  # the server went first
             self.sock.shutdown(socket.SHUT_RDWR)
         self.sock.close()
+
+
+class FakeController:
+    """The controller's part in the cluster's trace settings, for node servers driven by `FakeActor`s: a change one
+    of them sends up is applied to the cluster's settings, sent to every node it has, and answered (the nodes'
+    confirmations are not awaited; each node's channel takes the settings before the answer)."""
+
+    def __init__(self, actors: Iterable[FakeActor]) -> None:
+        self.actors = list(actors)
+        self.tracing: Tracing | None = None
+        self._lock = threading.Lock()
+        for actor in self.actors:
+            actor.controller = self
+
+    def change(self, asking: FakeActor, change: TraceChange) -> None:
+        with self._lock:
+            current = self.tracing.state if self.tracing is not None else change.current
+            version = self.tracing.version + 1 if self.tracing is not None else 1
+            self.tracing = Tracing(version, current.changed(change.initial, change.model, change.changes))
+            for actor in self.actors:
+                actor.send(self.tracing)
+        asking.send(TraceChanged(change.ask))
 
 
 @contextlib.contextmanager

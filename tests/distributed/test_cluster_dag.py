@@ -25,7 +25,7 @@ import yaml
 from tritonclient.utils import InferenceServerException
 
 from adaserve.distributed.messages import NodeAddress, Place, Report, Requests, Resident, Routes, Unload, Unloaded
-from adaserve.distributed.testing import FakeActor
+from adaserve.distributed.testing import FakeActor, FakeController
 from tests.distributed.test_forwarding import _node, _same, _table
 from tests.server_utils import Clients, ServerHandle, free_ports, link_example
 
@@ -71,10 +71,12 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Nodes]:
     _write_dag(repository)
     with ExitStack() as stack:  # each node writes its traces, once turned on, to traces/NAME (`_traces`)
         (repository.parent / "traces").mkdir()
-        yield {
+        started = {
             name: _node(stack, repository, name, f"--trace-config=triton,file={repository.parent / 'traces' / name}")
             for name in ("a", "b")
         }
+        FakeController(actor for _, actor in started.values())  # a trace setting changed on one is both nodes'
+        yield started
 
 
 def _settled(actor: FakeActor) -> None:
@@ -259,8 +261,8 @@ def test_a_request_and_a_query_entering_a_are_one_trace_with_their_runs_on_b(nod
     on = {"trace_level": ["TIMESTAMPS"], "trace_rate": "1", "log_frequency": "1"}
     with Clients() as clients:
         try:
-            for handle in (a, b):
-                clients.http(handle.http_url).update_trace_settings(settings=on)
+            clients.http(a.http_url).update_trace_settings(settings=on)  # the cluster's: b's too
+            _settled(b_actor)
             image = httpclient.InferInput("image", [3, 784], "FP32")
             image.set_data_from_numpy(rows["flat"])
             clients.http(a.http_url).infer("mlp", [image], request_id="traced-rest")
@@ -273,8 +275,8 @@ def test_a_request_and_a_query_entering_a_are_one_trace_with_their_runs_on_b(nod
                 tensors[-1].set_data_from_numpy(array)
             clients.http(a.http_url).infer("pipe", tensors, request_id="traced-dag")
         finally:
-            for handle in (a, b):
-                clients.http(handle.http_url).update_trace_settings(settings={"trace_level": ["OFF"]})
+            clients.http(b.http_url).update_trace_settings(settings={"trace_level": ["OFF"]})
+            _settled(a_actor)
     on_b, on_a = _traces(b, "b", 4), _traces(a, "a", 5)
     for request_id, frontend in (("traced-rest", "HTTP"), ("traced-grpc", "GRPC")):
         served = _one(on_b, request_id=request_id)
