@@ -208,8 +208,7 @@ def test_trace_settings_changed_on_one_node_are_every_nodes(cluster: Cluster) ->
     for node in cluster.nodes:
         assert (_trace_settings(node)["trace_rate"], _trace_settings(node)["trace_count"]) == ("7", "3")
         assert _trace_settings(node, "cnn")["trace_rate"] == "2" and _trace_settings(node, "mlp")["trace_rate"] == "7"
-    # a node server that restarts takes the cluster's settings (one holding neither model: later scenarios kill
-    # mlp's holder by the process id they were told at start)
+    # a node server that restarts takes the cluster's settings (one holding neither model, if one holds neither)
     restarted = next((n for n in (third, second, first) if n.name not in busy), third)
     os.kill(restarted.pid, signal.SIGKILL)
     deadline = time.monotonic() + 120
@@ -223,9 +222,12 @@ def test_trace_settings_changed_on_one_node_are_every_nodes(cluster: Cluster) ->
         time.sleep(0.5)
     assert _trace_settings(restarted, "cnn")["trace_rate"] == "2"
     restarted.pid = _server_pid(restarted.name) or restarted.pid
-    with Clients() as clients:  # back to the settings at start, for the scenarios after this one
+    with Clients() as clients:  # back to the settings at start, and every model held, for the scenarios after this
         clients.http(third.http).update_trace_settings(settings={"trace_rate": None, "trace_count": None})
         clients.http(third.http).update_trace_settings("cnn", {})
+        for model in MODELS:  # placed again if the restarted server held it
+            rows = _rows(model, 5)
+            _close(_infer(clients, first, "http", model, rows), reference_outputs(model, rows))
     assert _trace_settings(first)["trace_rate"] == "1000" and _trace_settings(first, "cnn")["trace_rate"] == "1000"
 
 
