@@ -19,7 +19,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from adaserve.distributed.messages import NodeAddress, Requests, Routes, TraceChange, Tracing
@@ -99,6 +99,13 @@ class ClusterSettings:
     host_from_ray: bool = False  # listen on the address Ray knows each node by (real machines), not node.host
     log_level: str = "info"
     scale_in: ScaleIn | None = None  # give back nodes idle this long (`scale_in.py`); None: only by `drain`
+
+    def node_settings(self, index: int, host: str) -> NodeSettings:
+        """How node `index` starts: the first node's settings on `host`, its ports moved by `index` strides."""
+        stride = index * self.port_stride
+        return replace(
+            self.node, host=host, http_port=self.node.http_port + stride, grpc_port=self.node.grpc_port + stride
+        )
 
 
 class Controller:
@@ -213,13 +220,7 @@ class Controller:
         index = self._ports[node_id] = self._free_index()  # taken before the start, which others wait beside
         base = self.settings.node
         host = node["NodeManagerAddress"] if self.settings.host_from_ray else base.host
-        settings = NodeSettings(
-            repository=base.repository,
-            host=host,
-            http_port=base.http_port + index * self.settings.port_stride,
-            grpc_port=base.grpc_port + index * self.settings.port_stride,
-            serve_args=base.serve_args,
-        )
+        settings = self.settings.node_settings(index, host)
         actor = ray.remote(NodeServer).options(
             name=NODE_PREFIX + node_id,
             namespace=NAMESPACE,
