@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Literal
 
 __all__ = [
+    "CLUSTER_TRACE_FILE",
     "DEFAULT_GRPC_PORT",
     "DEFAULT_HOST",
     "DEFAULT_HTTP_PORT",
@@ -18,6 +19,7 @@ __all__ = [
     "InputFile",
     "add_grpc_frontend",
     "add_model_repository",
+    "add_trace_config",
     "add_url_argument",
     "input_file",
     "positive_integer",
@@ -44,6 +46,28 @@ def add_model_repository(parser: argparse.ArgumentParser) -> None:
         default=EXAMPLE_REPOSITORY,
         metavar="DIR",
         help="the model repository: a folder per model or DAG query (default: the example repository, examples/models)",
+    )
+
+
+#: What `--trace-config`'s file must say on a cluster (`adaserve.distributed.cli.cluster_settings` checks it).
+CLUSTER_TRACE_FILE = (
+    "; on a cluster whose node servers share a machine (cluster up; --servers-per-node above 1), the file's path "
+    "must hold {node}, which each node server replaces by its name"
+)
+
+
+def add_trace_config(parser: argparse.ArgumentParser, file_note: str = "") -> None:
+    """Triton's `--trace-config` (`adaserve.server.trace.tracer_from_config`); `file_note`: what else the file's
+    path must say (on a cluster)."""
+    parser.add_argument(
+        "--trace-config",
+        action="append",
+        default=[],
+        metavar="[triton,]SETTING=VALUE",
+        help="Triton's: trace sampled requests' timestamps (and tensors) into a file, e.g. --trace-config "
+        "triton,file=/tmp/trace.json --trace-config level=TIMESTAMPS --trace-config rate=100 (settings level, rate, "
+        "count, mode, and triton,file and triton,log-frequency); the trace API changes all but the file at run "
+        f"time{file_note}",
     )
 
 

@@ -13,12 +13,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from adaserve.arguments import (
+    CLUSTER_TRACE_FILE,
     DEFAULT_GRPC_PORT,
     DEFAULT_HOST,
     DEFAULT_HTTP_PORT,
     InputFile,
     add_grpc_frontend,
     add_model_repository,
+    add_trace_config,
     add_url_argument,
     input_file,
     positive_integer,
@@ -588,15 +590,7 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
         "send and receive tensors through it (the system and CUDA shared-memory extensions); off by default, since "
         "the server then reads and writes any shared-memory object a client names that the server may open",
     )
-    serve.add_argument(
-        "--trace-config",
-        action="append",
-        default=[],
-        metavar="[triton,]SETTING=VALUE",
-        help="Triton's: trace sampled requests' timestamps (and tensors) into a file, e.g. --trace-config "
-        "triton,file=/tmp/trace.json --trace-config level=TIMESTAMPS --trace-config rate=100 (settings level, rate, "
-        "count, mode, and triton,file and triton,log-frequency); the trace API changes all but the file at run time",
-    )
+    add_trace_config(serve, CLUSTER_TRACE_FILE)
     serve.add_argument(
         "--cache-config",
         action="append",

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from adaserve.distributed.controller import DRAIN_MOVES_USED_WITHIN_S, DRAIN_TIMEOUT_S, ClusterSettings
-from adaserve.distributed.node import NodeSettings
+from adaserve.distributed.node import NODE_PLACEHOLDER, NodeSettings
 from adaserve.distributed.scale_in import ScaleIn
 from adaserve.errors import ConfigError
 from adaserve.extras import needs_extra
@@ -24,7 +24,14 @@ PLACEMENTS = ("iam", "lru", "random")
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from adaserve.arguments import DEFAULT_HOST, add_grpc_frontend, add_model_repository, positive_integer
+    from adaserve.arguments import (
+        CLUSTER_TRACE_FILE,
+        DEFAULT_HOST,
+        add_grpc_frontend,
+        add_model_repository,
+        add_trace_config,
+        positive_integer,
+    )
     from adaserve.cache.policies import POLICIES
     from adaserve.cli import memory_budget
 
@@ -42,6 +49,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     up.add_argument("--http-port", type=int, default=8000, help="the first node's REST port (default: %(default)s)")
     up.add_argument("--grpc-port", type=int, default=8001, help="the first node's gRPC port (default: %(default)s)")
     add_grpc_frontend(up, "each node server's")
+    add_trace_config(up, CLUSTER_TRACE_FILE)
     add_cluster_arguments(up, memory_budget)
     up.add_argument(
         "--cache-policy",
@@ -169,10 +177,16 @@ def cluster_settings(
     log_level = getattr(args, "log_level", None) or "info"
     serve_args: tuple[str, ...] = ("--log-level", log_level)
     serve_args += ("--grpc-frontend", args.grpc_frontend)  # `up` and `serve --ray`: each node server decides by it
-    for option in getattr(args, "trace_config", None) or ():  # `serve --ray`'s: every node server traces alike
-        serve_args += (f"--trace-config={option}",)
     if args.servers_per_node < 1:
         raise ConfigError(f"--servers-per-node must be at least 1, got {args.servers_per_node}")
+    sharing = (nodes_here or 1) * args.servers_per_node  # node servers on one machine
+    for option in args.trace_config:  # every node server traces alike
+        if option.startswith("triton,file=") and sharing > 1 and NODE_PLACEHOLDER not in option:
+            raise ConfigError(
+                f"--trace-config {option}: {sharing} node servers share this machine and would write one file; "
+                f"put {NODE_PLACEHOLDER} in its path (each server replaces it by its name)"
+            )
+        serve_args += (f"--trace-config={option}",)
     node = NodeSettings(
         str(repository.resolve()), args.host, args.http_port, args.grpc_port, serve_args, args.servers_per_node
     )

@@ -50,6 +50,9 @@ START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 15.0
 #: Waits between restarts of a node server that keeps dying: from the first, doubling to the last.
 RESTART_BACKOFF_S = (1.0, 30.0)
+#: In a node server's arguments (a trace file's path), replaced by that server's name: servers sharing a machine
+#: must not write one file.
+NODE_PLACEHOLDER = "{node}"
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,13 @@ class NodeSettings:
     @property
     def address(self) -> NodeAddress:
         return NodeAddress(f"{self.host}:{self.http_port}", f"{self.host}:{self.grpc_port}")
+
+
+def server_arguments(settings: NodeSettings, node: str, index: int) -> list[str]:
+    """The further `serve` flags of server `index` of `node`, with `{node}` (a trace file's path) replaced by the
+    server's name: the node's, and the server's index on a node of several."""
+    name = node if settings.servers == 1 else f"{node}-{index}"
+    return [argument.replace(NODE_PLACEHOLDER, name) for argument in settings.serve_args]
 
 
 class _Server:
@@ -208,9 +218,9 @@ class NodeServer:
     # -- the node's servers --------------------------------------------------------------------------------------
     async def _start_servers(self) -> list[_Server]:
         groups = self._cpu_groups() or [()]
-        return list(await asyncio.gather(*(self._start_server(group) for group in groups)))
+        return list(await asyncio.gather(*(self._start_server(i, group) for i, group in enumerate(groups))))
 
-    async def _start_server(self, cpus: tuple[int, ...]) -> _Server:
+    async def _start_server(self, index: int, cpus: tuple[int, ...]) -> _Server:
         ours, theirs = socket.socketpair()
         settings = self.settings
         command = [
@@ -231,7 +241,7 @@ class NodeServer:
             "--cluster-control",
             str(theirs.fileno()),
             *(["--reuse-port", "--cpus", ",".join(map(str, cpus))] if cpus else []),
-            *settings.serve_args,
+            *server_arguments(settings, self.name, index),
         ]
         process = await asyncio.create_subprocess_exec(*command, pass_fds=(theirs.fileno(),))
         theirs.close()
@@ -261,7 +271,7 @@ class NodeServer:
             await asyncio.sleep(wait_s)
             try:
                 groups = self._cpu_groups()
-                self._servers[index] = await self._start_server(groups[index] if groups else ())
+                self._servers[index] = await self._start_server(index, groups[index] if groups else ())
             except (OSError, TimeoutError) as exc:
                 log.error("node server did not start", extra={"node": self.name, "error": str(exc)})
                 wait_s = min(2 * wait_s, RESTART_BACKOFF_S[1])

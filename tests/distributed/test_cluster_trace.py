@@ -25,8 +25,9 @@ from adaserve.distributed import controller as controller_module
 from adaserve.distributed.cli import cluster_settings
 from adaserve.distributed.controller import ClusterSettings, Controller
 from adaserve.distributed.messages import NodeAddress, Report, Resident, TraceChange, TraceChanged, Traced, Tracing
-from adaserve.distributed.node import NodeSettings
+from adaserve.distributed.node import NodeSettings, server_arguments
 from adaserve.distributed.testing import FakeActor, node_server
+from adaserve.errors import ConfigError
 from adaserve.server.trace_state import TraceSettings, TraceState
 from tests.server_utils import ServerHandle, link_example, running_server
 
@@ -192,3 +193,22 @@ def test_serve_ray_starts_every_node_server_with_its_trace_config(tmp_path: Path
         "--trace-config=level=TIMESTAMPS",
     )
     assert build_parser("serve").parse_args(["serve", *settings.node.serve_args]).trace_config == trace[1::2]
+
+
+def test_cluster_up_refuses_one_trace_file_for_its_node_servers(tmp_path: Path) -> None:
+    args = build_parser("cluster").parse_args(
+        ["cluster", "up", "--nodes", "2", "--model-repository", str(tmp_path), "--trace-config", "triton,file=/t.json"]
+    )
+    with pytest.raises(ConfigError, match=r"2 node servers share this machine .*put \{node\} in its path"):
+        cluster_settings(args, port_stride=10, host_from_ray=False, nodes_here=2)
+
+
+@pytest.mark.parametrize(("servers", "names"), [(1, ["node-a"]), (2, ["node-a-0", "node-a-1"])])
+def test_each_node_server_writes_the_trace_file_named_for_it(tmp_path: Path, servers: int, names: list[str]) -> None:
+    command = ["cluster", "up", "--nodes", "2", "--model-repository", str(tmp_path)]
+    command += ["--servers-per-node", str(servers), "--trace-config", "triton,file=/tmp/trace-{node}.json"]
+    settings = cluster_settings(build_parser("cluster").parse_args(command), port_stride=10, host_from_ray=False)
+    node = settings.node_settings(1, "127.0.0.1")  # the second node's, as the controller starts it
+    assert (node.servers, node.http_port, node.grpc_port) == (servers, 8010, 8011)
+    files = [server_arguments(node, "node-a", index)[-1] for index in range(servers)]
+    assert files == [f"--trace-config=triton,file=/tmp/trace-{name}.json" for name in names]
