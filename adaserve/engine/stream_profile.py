@@ -324,23 +324,26 @@ _ONE_AT_A_TIME = threading.Lock()
 _KNOWN: dict[tuple[str, bool, tuple[tuple[int, ...], tuple[int, ...]]], StreamProfile] = {}
 
 
-def server_profile(spec: ModelSpec) -> tuple[StreamProfile, str]:
+def server_profile(spec: ModelSpec, started: Callable[[subprocess.Popen[bytes]], None]) -> tuple[StreamProfile, str]:
     """The profile a model loading in this server is planned from: one this server already has of the same
-    artifact (stored beside this model too), or `profile_in_child`'s."""
+    artifact (stored beside this model too), or `profile_in_child`'s (`started` is given the child)."""
     known = (artifact_digest(spec.artifact), spec.config.cuda_graphs, grid(spec.config))
     with _ONE_AT_A_TIME:
         profile = _KNOWN.get(known)
         if profile is not None:
             save_profile(spec.directory, profile)
             return profile, f"stream profile of {profile.created} ({profile.key.describe()}), also another model's"
-        profile, source = profile_in_child(spec)
+        profile, source = profile_in_child(spec, started)
         _KNOWN[known] = profile
         return profile, source
 
 
-def profile_in_child(spec: ModelSpec) -> tuple[StreamProfile, str]:
+def profile_in_child(
+    spec: ModelSpec, started: Callable[[subprocess.Popen[bytes]], None] = lambda _: None
+) -> tuple[StreamProfile, str]:
     """`obtain_profile` on the GPU in a child Python, so that the server process never holds a CUDA context and
-    the profile's memory is freed before the host loads the model; ConfigError with the child's reason."""
+    the profile's memory is freed before the host loads the model; `started` is given the child (to end it if
+    the load is given up); ConfigError with the child's reason."""
     job = {"config": spec.config.model_dump(mode="json"), "artifact": str(spec.artifact), "version": spec.version}
     with tempfile.TemporaryFile("w+") as log:
         read_fd, process = started_writing(
@@ -352,6 +355,7 @@ def profile_in_child(spec: ModelSpec) -> tuple[StreamProfile, str]:
                 stderr=log,
             )
         )
+        started(process)
         with os.fdopen(read_fd) as results:
             answer = results.read()
         code = process.wait()

@@ -33,6 +33,8 @@ from adaserve.config import WorkerSpec, cpu_busy_threads
 from adaserve.repository import ModelSpec
 
 if TYPE_CHECKING:
+    import subprocess
+
     from adaserve.cpu import AutoPlanner
 
 log = logging.getLogger("adaserve.engine")
@@ -335,6 +337,8 @@ class StreamProfileWorkerSet(WorkerSetPlanner):
 
     def __init__(self, model: ModelSpec) -> None:
         self.model = model
+        self._child: subprocess.Popen[bytes] | None = None  # the profile's, while it measures
+        self._closed = False
 
     def initial(self) -> WorkerSetChoice:
         """What the engine sizes itself with before `prepare` has chosen."""
@@ -345,7 +349,7 @@ class StreamProfileWorkerSet(WorkerSetPlanner):
         from adaserve.engine.stream_profile import server_profile
 
         config = self.model.config
-        profile, source = server_profile(self.model)
+        profile, source = server_profile(self.model, self._started)
         unstable = profile.unstable()
         if unstable:
             log.warning(
@@ -369,6 +373,17 @@ class StreamProfileWorkerSet(WorkerSetPlanner):
         if config.max_inflight is not None:
             reason += f"; max_inflight {config.max_inflight} configured"
         return WorkerSetChoice(chosen.workers, reason, details=details, max_inflight=chosen.max_inflight)
+
+    def _started(self, child: subprocess.Popen[bytes]) -> None:
+        self._child = child
+        if self._closed:  # the load was given up while the child started
+            child.kill()
+
+    def close(self) -> None:
+        """A load given up (cancelled, or past its time) while the profile measures: end the profile's child."""
+        self._closed = True
+        if self._child is not None and self._child.poll() is None:
+            self._child.kill()
 
     def max_rows_in_flight(self) -> int:
         """Every stream of the default set with `max_batch_size` rows, at most (or the configured MaxInf)."""

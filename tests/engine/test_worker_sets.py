@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -33,6 +34,7 @@ from adaserve.engine.worker_sets import (
     WorkerSetPlanner,
     create_worker_set_planner,
 )
+from adaserve.errors import ConfigError
 from adaserve.repository import ModelRepository, ModelSpec
 from tests.cpu.test_profiler import synthetic_record, unstable_record
 from tests.engine.engines import run_engine
@@ -273,7 +275,7 @@ def cuda_planner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **overrides: o
     stored = profile_of(gpu_like)
     monkeypatch.setattr(stream_profile, "_KNOWN", {})
     monkeypatch.setattr(
-        stream_profile, "profile_in_child", lambda spec: (stored, f"stream profile of {stored.created} (H200)")
+        stream_profile, "profile_in_child", lambda spec, _: (stored, f"stream profile of {stored.created} (H200)")
     )
     return create_worker_set_planner(ModelRepository(tmp_path).read("mlp"))
 
@@ -316,13 +318,42 @@ def test_models_of_one_artifact_in_a_server_share_one_stream_profile(
     first = cuda_planner(tmp_path, monkeypatch)
     calls: list[str] = []
     measured = stream_profile.profile_in_child
-    monkeypatch.setattr(stream_profile, "profile_in_child", lambda spec: calls.append(spec.name) or measured(spec))
+    monkeypatch.setattr(
+        stream_profile, "profile_in_child", lambda spec, _: calls.append(spec.name) or measured(spec, _)
+    )
     link_example(tmp_path, "mlp", "mlp_again", device="cuda", max_batch_size=8)
     again = ModelRepository(tmp_path).read("mlp_again")
     first.prepare()
     choice = create_worker_set_planner(again).prepare()
     assert calls == ["mlp"] and "), also another model's" in choice.reason
     assert stream_profile.find_profile(again.directory, profile_of(gpu_like).key) == profile_of(gpu_like)
+
+
+def test_a_load_given_up_while_its_stream_profile_measures_ends_the_profile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    link_example(tmp_path, "mlp", device="cuda", max_batch_size=8)
+    monkeypatch.setattr(stream_profile, "_KNOWN", {})
+    monkeypatch.setattr(stream_profile, "_CHILD", "import time; time.sleep(300)")  # a profile that takes its time
+    planner = create_worker_set_planner(ModelRepository(tmp_path).read("mlp"))
+    assert isinstance(planner, StreamProfileWorkerSet)
+    errors: list[Exception] = []
+
+    def prepare() -> None:
+        try:
+            planner.prepare()
+        except ConfigError as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=prepare)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while planner._child is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    planner.close()  # as the engine's stop does
+    thread.join(timeout=60)
+    assert not thread.is_alive() and planner._child.returncode == -signal.SIGKILL
+    assert "stream profile: exit -9" in str(errors[0])
 
 
 def test_a_cuda_models_workers_line_still_pins_its_set(tmp_path: Path) -> None:
