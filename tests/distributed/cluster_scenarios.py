@@ -68,6 +68,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     write_slow_model(repository, "slow", rounds=2000)  # tens of ms a request: one replica cannot keep up
     log = root / "cluster.log"
     command = [sys.executable, "-m", "adaserve", "cluster", "up", "--nodes", "3", "--model-repository", str(repository)]
+    command += ["--trace-config", f"triton,file={root / 'trace-{node}.json'}"]  # one file per node server
     with log.open("w") as errors:
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=errors, text=True)
     assert process.stdout is not None
@@ -229,6 +230,28 @@ def test_trace_settings_changed_on_one_node_are_every_nodes(cluster: Cluster) ->
             rows = _rows(model, 5)
             _close(_infer(clients, first, "http", model, rows), reference_outputs(model, rows))
     assert _trace_settings(first)["trace_rate"] == "1000" and _trace_settings(first, "cnn")["trace_rate"] == "1000"
+
+
+def test_tracing_turned_on_at_one_node_traces_requests_entering_every_node(cluster: Cluster) -> None:
+    on = {"trace_level": ["TIMESTAMPS"], "trace_rate": "1", "log_frequency": "1"}  # each trace a file of its own
+    with Clients() as clients:
+        clients.http(cluster.nodes[0].http).update_trace_settings(settings=on)
+        for node in cluster.nodes:
+            rows = _rows("mlp", 6, count=1)
+            _close(_infer(clients, node, "http", "mlp", rows), reference_outputs("mlp", rows))
+        clients.http(cluster.nodes[1].http).update_trace_settings(settings=dict.fromkeys(on))  # back to the start's
+
+    def traced(node: Node) -> list[str]:  # the models in the node's own trace files (parts .0, .1, ...)
+        parts = cluster.log.parent.glob(f"trace-{node.name}.json.*")
+        return [
+            entry["model_name"] for part in parts for entry in json.loads(part.read_text()) if "model_name" in entry
+        ]
+
+    deadline = time.monotonic() + 30
+    while not all(traced(node) for node in cluster.nodes) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for node in cluster.nodes:  # the request that entered there (and any a node sent it), in its own file
+        assert set(traced(node)) == {"mlp"}, node.name
 
 
 def test_a_node_server_killed_under_load_loses_no_request(cluster: Cluster) -> None:
