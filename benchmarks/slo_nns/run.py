@@ -75,12 +75,13 @@ class Sizes:
     server_repeats: int
     quiet_wait_s: float  # how long each step waits for a quiet machine
     epochs: int | None  # training epochs; None: the model's own
+    train_rows: int | None  # train-split rows the model trains on and the tables fill from; None: all of them
 
 
 SIZES = {
-    "full": Sizes(CALIBRATION, 10_000, 300, 2, None, 3, 3000, 1000, 3, 20.0, None),
-    "quick": Sizes(2000, 2000, 100, 2, 1000, 1, 500, 200, 1, 20.0, None),
-    "smoke": Sizes(300, 300, 5, 1, 200, 1, 50, 10, 1, 0.0, 1),
+    "full": Sizes(CALIBRATION, 10_000, 300, 2, None, 3, 3000, 1000, 3, 20.0, None, None),
+    "quick": Sizes(2000, 2000, 100, 2, 1000, 1, 500, 200, 1, 20.0, None, None),
+    "smoke": Sizes(300, 300, 5, 1, 200, 1, 50, 10, 1, 0.0, 1, 10_000),
 }
 
 
@@ -129,11 +130,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def _measure(spec: MLPSpec, args: argparse.Namespace) -> dict[str, Any]:
     sizes: Sizes = SIZES[args.size]
-    directory = ensure_model(spec if sizes.epochs is None else replace(spec, epochs=sizes.epochs), args.repository)
+    trained = replace(spec, epochs=sizes.epochs or spec.epochs, rows=sizes.train_rows)
+    directory = ensure_model(trained, args.repository)
     _serve_with_activator(directory)
     model = ModelRepository(args.repository).read(spec.name)
     shutil.rmtree(directory / "activator", ignore_errors=True)
-    train_x, _ = load_fashion_mnist("train")
+    train_x = load_fashion_mnist("train")[0][: sizes.train_rows]
     test_x, test_y = load_fashion_mnist("test")
     bits, tables = LSH_SHAPE[spec.name]
     held = sizes.held_out
@@ -145,8 +147,9 @@ def _measure(spec: MLPSpec, args: argparse.Namespace) -> dict[str, Any]:
         busy_levels=sizes.busy_levels,
         latency_repeats=sizes.latency_repeats,
     )
+    table_split = "train" if sizes.train_rows is None else f"train[:{sizes.train_rows}]"
     data = BuildData(
-        train_x, test_x[:held], test_y[:held], f"fashion-mnist train (tables), test[:{held}] (calibration)"
+        train_x, test_x[:held], test_y[:held], f"fashion-mnist {table_split} (tables), test[:{held}] (calibration)"
     )
     wait_for_quiet(sizes.quiet_wait_s)
     folder, activator = build_activator(model, data, options, progress=args.progress)

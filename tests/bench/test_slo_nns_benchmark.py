@@ -1,5 +1,5 @@
-"""The SLO-NNs benchmark at its smallest (one epoch of the small MLP, a few hundred inputs), to check that it runs
-end to end and what it records; its figures are the benchmark's, not this test's."""
+"""The SLO-NNs benchmark at its smallest (one epoch of the small MLP on 10,000 rows, a few hundred inputs), to check
+that it runs end to end and what it records; its figures are the benchmark's, not this test's."""
 
 from __future__ import annotations
 
