@@ -48,6 +48,8 @@ WORKERS = [{"batch": 1, "threads": 1}]
 WARMUP_CALLS, TIMED_CALLS, ROUND_CALLS = 30, 200, 50
 #: --quick trains the specialists on the first this many tops rows only (the full build: all 24,000).
 QUICK_ROWS = 12_000
+#: The build measures each model's accuracy on the first this many validation rows (None: all of them).
+VALIDATION_ROWS: int | None = None
 Data = tuple[np.ndarray, np.ndarray]
 
 
@@ -127,7 +129,7 @@ def build_repository(root: Path, quick: bool) -> Built:
             spec, "fashion-mnist", explore_settings(quick), targets=[TARGET], fit_source=FIT_SOURCE, progress=False
         )
     evaluate_rows = np.asarray(cache_set.scores()["evaluate_rows"], dtype=np.int64)
-    validation = np.setdiff1d(np.arange(len(test[1])), evaluate_rows)
+    validation = np.setdiff1d(np.arange(len(test[1])), evaluate_rows)[:VALIDATION_ROWS]
     images, labels = test[0][validation], test[1][validation]
     on_tops = np.isin(labels, TOPS)
     latency = _latency(modules, images)

@@ -60,6 +60,7 @@ def test_replanning_builds_the_query_and_measures_every_policy_slo_and_method(
     monkeypatch.setattr(planner_models, "TIMED_CALLS", 20)
     monkeypatch.setattr(planner_models, "WARMUP_CALLS", 5)
     monkeypatch.setattr(planner_models, "ROUND_CALLS", 10)
+    monkeypatch.setattr(planner_models, "VALIDATION_ROWS", 500)
     monkeypatch.setattr(replanning, "SLO_POINTS", 2)
     monkeypatch.setattr(replanning, "CALIBRATION_CALLS", 25)
     monkeypatch.setattr(replanning, "WARM_UP", 5)
