@@ -19,12 +19,16 @@ from adaserve.bench.results import BenchResult, RequestRecord, Status, describe_
 from adaserve.bench.runner import BenchConfig
 from adaserve.bench.summary import summarize
 from adaserve.bench.workload import parse_workload
+from benchmarks import perf_load
 
 #: Niceness of the server under test in the bench tests and the generator-fidelity benchmark (the senders run at 0):
 #: on 2 cores the generator must not queue behind the server it measures.
 SERVER_NICENESS = 10
 #: Rounds of the slow model's matmul loop: about 15 ms per request on this project's 2-core machine.
 SLOW_ROUNDS = 3000
+#: perf_analyzer's open-loop sending threads in a smoke run: enough for its few hundred requests per second, and each
+#: of the benchmarks' 256 costs perf_analyzer ~40 ms to tear down (~10 s a run, for runs of a second).
+SMOKE_OPEN_LOOP_THREADS = 16
 #: The shared data lie beside the project (../shared/data from the project root).
 AZURE = Path(__file__).resolve().parents[3] / "shared/data/traces/azure-llm-2023/AzureLLMInferenceTrace_conv.csv"
 needs_azure = pytest.mark.skipif(not AZURE.is_file(), reason="shared/data traces are not beside the project")
@@ -92,10 +96,12 @@ def parse_cli(*argv: str) -> argparse.Namespace:
 
 def run_benchmark(monkeypatch: pytest.MonkeyPatch, scratch: Path, module: ModuleType, *argv: str) -> None:
     """Run a benchmark's `main` in this process as `python -m <module> argv` runs it (the command it records too),
-    its scratch files under `scratch` and with no wait for a quiet machine: a smoke run checks that a benchmark runs
-    and what it records, in seconds, not its figures. In-process, it spares a torch import per benchmark."""
+    its scratch files under `scratch`, with no wait for a quiet machine and perf_analyzer's open loops on few threads:
+    a smoke run checks that a benchmark runs and what it records, in seconds, not its figures. In-process, it spares
+    a torch import per benchmark."""
     assert module.__file__ is not None
     monkeypatch.setattr(sys, "argv", [module.__file__, *argv])
+    monkeypatch.setattr(perf_load, "OPEN_LOOP_THREADS", SMOKE_OPEN_LOOP_THREADS)
     for name, loaded in list(sys.modules.items()):
         if name.startswith("benchmarks."):
             if hasattr(loaded, "SCRATCH"):
