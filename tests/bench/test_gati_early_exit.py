@@ -33,6 +33,7 @@ def test_early_exit_measures_every_method_sweep_batch_and_the_server(
     monkeypatch.setattr(early_exit, "QUICK", early_exit.Rows(40, 40, 40, 20))
     monkeypatch.setattr(early_exit, "DISTILL_ROWS", 500)
     monkeypatch.setattr(early_exit, "FINE_TUNE_ROWS", 500)
+    monkeypatch.setattr(early_exit, "ACCURACY_ROWS", 1000)
     monkeypatch.setattr(early_exit, "ALPHAS", (0.0, 1.0))
     monkeypatch.setattr(early_exit, "BUDGET_FRACTIONS", (0.5, None))
     monkeypatch.setattr(early_exit, "BATCHES", (1, 2))
