@@ -627,7 +627,7 @@ class ModelConfig(Interface):
                 raise ValueError(f"cuda does not serve {' or '.join(asked)} yet; use device: cpu for them")
         caches = info.data.get("caches")
         if caches is not None:
-            _check_lookup(caches.lookup, device, cuda_graphs=info.data.get("cuda_graphs", True))
+            _check_lookup(caches.lookup, device)
         return device
 
     @property
@@ -670,15 +670,12 @@ class ModelConfig(Interface):
         return self.max_inflight or chosen or sum(w.batch for w in workers)
 
 
-def _check_lookup(lookup: str, device: str, *, cuda_graphs: bool) -> None:
-    """GATI on each device: a model process beside the worker is the CPU's overlap, a side stream the GPU's; and on
-    the GPU the chain runs block by block, eagerly (one graph of the whole model could not stop at an exit)."""
+def _check_lookup(lookup: str, device: str) -> None:
+    """GATI on each device: a model process beside the worker is the CPU's overlap, a side stream the GPU's."""
     if device == "cpu" and lookup == "stream":
         raise ValueError("caches.lookup: stream runs lookups on a CUDA side stream; it needs device: cuda")
     if device == "cuda" and lookup == "process":
         raise ValueError("caches.lookup: process is the CPU's overlap; on cuda use stream (a side stream) or inline")
-    if device == "cuda" and cuda_graphs:
-        raise ValueError("caches on cuda run the model block by block, eagerly: set cuda_graphs: false")
 
 
 def load_config(path: Path, *, name: str | None = None) -> ModelConfig:

@@ -42,7 +42,7 @@ class Worker:
         self.inputs = torch.randn((rows, *spec.shape[1:]), device=device)
         self.forward: Any = model
         if self.stream is not None:
-            self.forward = GraphedForward(model, [spec], rows, self.stream)
+            self.forward = GraphedForward(model, rows, self.stream)
         self.run()  # captures the graphs (the server's warm-up)
 
     def run(self) -> None:

@@ -230,7 +230,7 @@ def _lanes(config: ModelConfig, forward: Callable[..., Any], device: Any, count:
         stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         own = forward
         if stream is not None and config.cuda_graphs:
-            own = GraphedForward(forward, config.inputs, config.max_batch_size, stream)
+            own = GraphedForward(forward, config.max_batch_size, stream)
         lanes.append((stream, own))
     return lanes
 

@@ -31,11 +31,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from adaserve.config import ModelConfig, TensorSpec
+from adaserve.config import ModelConfig
 from adaserve.cpu.profiler import batch_grid
 from adaserve.engine.messages import read_staged
 from adaserve.engine.pool import SharedRings
-from adaserve.engine.worker import BatchRunner, as_sequence, resident_bytes, torch_dtype
+from adaserve.engine.worker import BatchRunner, as_sequence, resident_bytes
 from adaserve.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -161,7 +161,37 @@ def graph_sizes(batch: int) -> list[int]:
     return sorted({*batch_grid(batch), batch})
 
 
-class GraphedForward:
+class PaddedForward:
+    """A forward pass run on batches of the sizes in `graph_sizes(batch)` only: a call copies its r rows into the
+    buffers of the smallest size that holds them (the rows past r keep stale inputs: rows are independent) and
+    returns the first r rows of the outputs. Eager, this is the CPU's stand-in for `GraphedForward`, which replays a
+    CUDA graph over the same buffers: the tests check the padding and row bookkeeping of the graphs with it."""
+
+    def __init__(self, forward: Callable[..., Any], batch: int) -> None:
+        self._forward = forward
+        self._sizes = graph_sizes(batch)
+        self._buffers: dict[int, list[torch.Tensor]] = {}
+
+    def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if not self._buffers:
+            self._prepare(inputs)
+        rows = inputs[0].shape[0]
+        size = self._sizes[bisect.bisect_left(self._sizes, rows)]
+        buffers = self._buffers[size]
+        for buffer, given in zip(buffers, inputs, strict=True):
+            buffer[:rows].copy_(given, non_blocking=True)
+        return tuple(output[:rows] for output in self._run(size, buffers))
+
+    def _prepare(self, inputs: Sequence[torch.Tensor]) -> None:
+        """Buffers of every size, shaped and typed as the first call's rows."""
+        for size in reversed(self._sizes):
+            self._buffers[size] = [torch.zeros((size, *x.shape[1:]), dtype=x.dtype, device=x.device) for x in inputs]
+
+    def _run(self, size: int, buffers: list[torch.Tensor]) -> Sequence[torch.Tensor]:
+        return as_sequence(self._forward(*buffers))
+
+
+class GraphedForward(PaddedForward):
     """A worker's model as CUDA graphs of every size in `graph_sizes(batch)`, captured on first call (the worker's
     warm-up, on its thread) on the worker's stream, sharing one memory pool (captured largest first, replayed one at
     a time: the worker runs one batch at a time). A call copies its rows into the smallest graph that holds them and
@@ -170,33 +200,17 @@ class GraphedForward:
     #: Captures of different workers one at a time (they share the process's allocator and the stager's copies).
     _capturing = threading.Lock()
 
-    def __init__(
-        self, forward: Callable[..., Any], inputs: Sequence[TensorSpec], batch: int, stream: torch.cuda.Stream
-    ) -> None:
-        self._forward = forward
-        self._inputs = inputs
-        self._sizes = graph_sizes(batch)
+    def __init__(self, forward: Callable[..., Any], batch: int, stream: torch.cuda.Stream) -> None:
+        super().__init__(forward, batch)
         self._stream = stream
-        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, list[torch.Tensor], tuple[torch.Tensor, ...]]] = {}
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]] = {}
 
-    def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        if not self._graphs:
-            self._capture()
-        rows = inputs[0].shape[0]
-        graph, static_inputs, static_outputs = self._graphs[self._sizes[bisect.bisect_left(self._sizes, rows)]]
-        for static, given in zip(static_inputs, inputs, strict=True):
-            static[:rows].copy_(given, non_blocking=True)
-        graph.replay()
-        return tuple(output[:rows] for output in static_outputs)
-
-    def _capture(self) -> None:
-        device, pool = self._stream.device, None
+    def _prepare(self, inputs: Sequence[torch.Tensor]) -> None:
+        pool = None
         with self._capturing, torch.cuda.stream(self._stream):
+            super()._prepare(inputs)
             for size in reversed(self._sizes):
-                static_inputs = [
-                    torch.zeros((size, *spec.row_shape), dtype=torch_dtype(spec.dtype), device=device)
-                    for spec in self._inputs
-                ]
+                static_inputs = self._buffers[size]
                 for _ in range(2):  # eager runs first: lazy initialisation (cuDNN, cuBLAS) stays out of the graph
                     self._forward(*static_inputs)
                 self._stream.synchronize()
@@ -210,7 +224,12 @@ class GraphedForward:
                         f"({type(exc).__name__}: {exc}); set cuda_graphs: false to run it eagerly"
                     ) from exc
                 pool = graph.pool()
-                self._graphs[size] = (graph, static_inputs, static_outputs)
+                self._graphs[size] = (graph, static_outputs)
+
+    def _run(self, size: int, buffers: list[torch.Tensor]) -> Sequence[torch.Tensor]:
+        graph, static_outputs = self._graphs[size]
+        graph.replay()
+        return static_outputs
 
 
 def stream_worker(
@@ -223,10 +242,13 @@ def stream_worker(
 ) -> tuple[BatchRunner, StreamLane]:
     """A CUDA worker of granularity `batch`: its lane (a stream of its own) and its runner, which reads the device
     ring and, with `cuda_graphs`, replays graphs captured on that stream; with learned caches, it runs its own copy
-    of the model's early exit (block by block: the config has refused graphs for it)."""
+    of the model's early exit (with `cuda_graphs`, each segment between two exits a graph of its own)."""
     lane = StreamLane(inputs)
     forward = getattr(model, "forward", model)
-    if config.cuda_graphs and lane.stream is not None:
-        forward = GraphedForward(forward, config.inputs, batch, lane.stream)
-    own = early_exit.for_worker() if early_exit is not None else None
+    graphs = lane.stream if config.cuda_graphs else None
+    own = None
+    if early_exit is not None:
+        own = early_exit.for_worker(batch, graphs) if graphs is not None else early_exit.for_worker()
+    elif graphs is not None:
+        forward = GraphedForward(forward, batch, graphs)
     return BatchRunner(config, forward, rings, early_exit=own, device_inputs=inputs.rings), lane

@@ -41,7 +41,6 @@ import torch
 from adaserve.adaptive.gati.blocks import split_model
 from adaserve.adaptive.gati.cacheset import MANIFEST, CacheSet, Manifest
 from adaserve.adaptive.gati.runtime import EarlyExit, ExitPlan
-from adaserve.config import TensorSpec
 from adaserve.datasets import load_fashion_mnist
 from adaserve.engine.streams import GraphedForward
 from benchmarks.common import RESULTS, SCRATCH, command_line, figure, machine, write_json
@@ -85,8 +84,7 @@ def run(directory: Path, output: Path, limit: int, device: torch.device, batch: 
     methods: dict[str, Method] = {}
     if device.type == "cuda":
         stream = torch.cuda.Stream(device)
-        spec = TensorSpec(name="image", datatype="FP32", shape=(-1, *ROW_SHAPE))
-        graphed = GraphedForward(module.forward, [spec], batch, stream)
+        graphed = GraphedForward(module.forward, batch, stream)
 
         def whole_graph(x: torch.Tensor) -> torch.Tensor:
             with torch.cuda.stream(stream):

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-from adaserve.config import ModelConfig, TensorSpec
+from adaserve.config import ModelConfig
 from adaserve.engine import streams
 from adaserve.engine.engine import ModelEngine
 from adaserve.engine.host import _start_thread
@@ -224,12 +224,31 @@ def test_a_stream_worker_without_a_gpu_runs_its_model_eagerly(parts: Parts) -> N
     np.testing.assert_allclose(rings.outputs[0][0:3], _expected(model, rows), rtol=1e-6)
 
 
+def test_padded_forward_runs_the_smallest_size_that_holds_the_rows() -> None:
+    """The CPU stand-in of the graphs: rows copied into the buffer of the next size up, the first rows returned."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.ReLU(), torch.nn.Linear(4, 3)).eval()
+    sizes: list[int] = []
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        sizes.append(x.shape[0])
+        return model(x)
+
+    padded = streams.PaddedForward(forward, 6)
+    with torch.inference_mode():
+        for rows in (6, 1, 3, 5, 2, 4, 6):
+            x = torch.rand((rows, 5))
+            (answer,) = padded(x)
+            torch.testing.assert_close(answer, model(x))
+    assert sizes == [6, 1, 4, 6, 2, 4, 6]
+
+
 @needs_cuda
 def test_graphed_forward_answers_every_row_count_as_the_model_does() -> None:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(784, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10)).cuda().eval()
     stream = torch.cuda.Stream()
-    graphed = streams.GraphedForward(model, (TensorSpec(name="x", datatype="FP32", shape=(-1, 784)),), 6, stream)
+    graphed = streams.GraphedForward(model, 6, stream)
     with torch.inference_mode():
         for rows in (6, 1, 3, 5, 2, 4, 6):
             x = torch.rand((rows, 784), device="cuda")
@@ -342,6 +361,6 @@ class _HostSync(torch.nn.Module):
 def test_a_model_that_cannot_be_captured_is_a_clear_error_naming_the_switch() -> None:
     """Last in this file: a failed capture is the one CUDA error these tests cause on purpose."""
     stream = torch.cuda.Stream()
-    graphed = streams.GraphedForward(_HostSync(), (TensorSpec(name="x", datatype="FP32", shape=(-1, 4)),), 2, stream)
+    graphed = streams.GraphedForward(_HostSync(), 2, stream)
     with torch.inference_mode(), pytest.raises(ConfigError, match="set cuda_graphs: false to run it eagerly"):
         graphed(torch.rand((2, 4), device="cuda"))

@@ -25,6 +25,10 @@ is a dozen small kernels, the cost is the CPU's launches, not the GPU's work, an
 and a hit's bookkeeping is a few operations (see `_Pass`): right after a block every small operator costs several
 times what it does back to back.
 
+With `cuda_graphs` on a GPU, the blocks between two exits run as one CUDA graph per batch size (`segments`): the
+exit check sits between two replays, the rows still in the batch replay the smallest graph that holds them, and a
+batch whose rows all exited replays no more. On the CPU (and on a GPU without graphs) the blocks run eagerly.
+
 The worker runs every row through this chain, the rows with `early_exit: false` too (all blocks, no lookup): one
 execution path. A small `verify_fraction` of hits is answered from the cache and also run to the end, so the live
 agreement with the base model is counted.
@@ -51,6 +55,7 @@ from adaserve.adaptive.gati.blocks import BlockChain, split_model
 from adaserve.adaptive.gati.cacheset import CacheSetError, LearnedCache, load_cache_set
 from adaserve.adaptive.gati.model_process import ModelProcess, ModelProcessDied, Sizes, supported
 from adaserve.adaptive.gati.requests import exit_target
+from adaserve.adaptive.gati.segments import Segments
 from adaserve.config import Lookup, ModelConfig
 from adaserve.engine.messages import ExitCounts, RowParameters
 from adaserve.engine.stats import ExitStats
@@ -93,8 +98,10 @@ class EarlyExit:
         description: str,
         lookup: Lookup = "inline",
         device: torch.device | None = None,
+        segments: Segments | None = None,
     ) -> None:
         self.chain = chain
+        self.segments = segments or Segments(chain)  # eager, unless a GPU worker's graphs (`for_worker`)
         self.lookup = lookup
         self.device = device or torch.device("cpu")
         self.plans = sorted(plans, key=lambda plan: plan.target)
@@ -150,9 +157,14 @@ class EarlyExit:
         needs: the draws decide which rows the trigger's verified agreement counts (a server draws afresh)."""
         self._rng = np.random.default_rng(seed)
 
-    def for_worker(self) -> EarlyExit:
-        """A copy for one worker thread of a GPU host: the same chain and caches, its own counts and side stream."""
-        return EarlyExit(self.chain, self.plans, self.verify_fraction, self.description, self.lookup, self.device)
+    def for_worker(self, batch: int | None = None, stream: torch.cuda.Stream | None = None) -> EarlyExit:
+        """A copy for one worker thread of a GPU host: the same chain and caches, its own counts and side stream,
+        and with `batch`, its own segments padded to the sizes a worker of that granularity captures (CUDA graphs
+        captured on `stream`; without one, the CPU's eager stand-in)."""
+        segments = Segments(self.chain, batch, stream) if batch is not None else None
+        return EarlyExit(
+            self.chain, self.plans, self.verify_fraction, self.description, self.lookup, self.device, segments
+        )
 
     @property
     def cache_bytes(self) -> int:
@@ -173,6 +185,13 @@ class EarlyExit:
                     lookup(activation)
                     lookup(activation[:1])  # batch 1 too: a new shape's first call costs about a millisecond
                 row_bytes = max(row_bytes, activation[0].nbytes)
+        if self.segments.batch is not None:  # capture every segment a batch can replay now, not on a request
+            overlapped = self.lookup == "stream"
+            blocks = len(self.chain.blocks)
+            for exits in [(), *self._exits.values()]:
+                x = zeros
+                for start, stop in spans(exits, blocks, overlapped):
+                    x = self.segments.run(x, start, stop)
         reports = max(len(plan.caches) for plan in self.plans)  # the exits after the first, and the last block
         self.start_lookups(self.lookup, Sizes(rows, row_bytes, reports))
 
@@ -242,7 +261,7 @@ class EarlyExit:
                     rows = np.concatenate([np.arange(r.offset, r.offset + r.rows) for r in members])
                     x = inputs[torch.from_numpy(rows).to(inputs.device)]
                 if plan is None:
-                    result = self.chain.run(x)
+                    result = self.segments.run(x, 0, len(self.chain.blocks))
                     _write(outputs, slice(None) if whole else rows, result)
                     continue
                 responses += _Pass(self, plan, rows, members, outputs, answer).run(x)
@@ -282,6 +301,8 @@ class _Pass:
         self.answer = answer
         self.requests = requests
         self.exits = runtime._exits[plan]  # the blocks whose caches are consulted, in order
+        # the segments run between two exit checks: with lookups on the side stream, the block after an exit alone
+        self.spans = spans(self.exits, len(runtime.chain.blocks), runtime._running == "stream")
         self.open_rows = [r.rows for r in requests]  # rows not answered yet, per request
         self.deepest = [-1] * len(requests)  # deepest exit block of each request's answered rows
         self.verify_label: dict[int, int] = {}  # row → the cache's class, for rows answered and still running
@@ -303,16 +324,18 @@ class _Pass:
         return self._from(0, x, alive)
 
     def _from(self, start: int, x: torch.Tensor, alive: np.ndarray) -> list[RowParameters]:
-        """Blocks `start`… on `x` (`alive`: the rows of this pass still in the batch, in x's order) on this thread,
-        each lookup inline or on the side stream."""
-        chain, last = self.runtime.chain, len(self.runtime.chain.blocks) - 1
-        for index in range(start, last + 1):
-            x = chain.blocks[index](x)
-            lookup = self.plan.lookups.get(index)
-            if lookup is not None and index != last:
-                if self.runtime._running == "stream":
-                    return self._overlapped(index, x, alive)
-                x, alive = _leave(x, alive, self._look_up(index, lookup, x, alive))
+        """Blocks `start`… (an exit's next block, or 0) on `x` (`alive`: the rows of this pass still in the batch,
+        in x's order) on this thread, segment by segment, each lookup inline or on the side stream."""
+        segments, last = self.runtime.segments, len(self.runtime.chain.blocks) - 1
+        for begin, stop in self.spans:
+            if begin < start:
+                continue
+            x, index = segments.run(x, begin, stop), stop - 1
+            if index == last:
+                break
+            if self.runtime._running == "stream":
+                return self._overlapped(index, x, alive)
+            x, alive = _leave(x, alive, self._look_up(index, self.plan.lookups[index], x, alive))
             if not len(alive):
                 return []  # every row is answered: the blocks left would run on an empty batch
         return self._finish(x, alive)
@@ -350,12 +373,12 @@ class _Pass:
         """From the first exit on (block `first`, output `x`), lookups on the side stream: each exit's lookup is
         launched there, the next block on the worker's stream, and the lookup's hits leave the batch before the
         block after that is launched."""
-        blocks, last, side = self.runtime.chain.blocks, len(self.runtime.chain.blocks) - 1, self.runtime._side
-        index = first
+        segments, last, side = self.runtime.segments, len(self.runtime.chain.blocks) - 1, self.runtime._side
         looking: _Looking | None = self._launch(first, x, side)
-        while True:
-            index += 1
-            x = blocks[index](x)
+        for begin, stop in self.spans:
+            if begin <= first:
+                continue
+            x, index = segments.run(x, begin, stop), stop - 1
             if looking is not None:
                 exit_index, _, found, logits = looking
                 with torch.cuda.stream(side):  # None (CPU): no stream to switch to
@@ -364,9 +387,10 @@ class _Pass:
                 if not len(alive):
                     return []
             if index == last:
-                return self._finish(x, alive)
+                break
             if index in self.plan.lookups:
                 looking = self._launch(index, x, side)
+        return self._finish(x, alive)
 
     def _launch(self, index: int, x: torch.Tensor, side: torch.cuda.Stream | None) -> _Looking:
         """Block `index`'s lookup on its output `x`: (index, x, found, logits), launched on the side stream once the
@@ -468,6 +492,16 @@ class _Pass:
         exited = rows - self.open_rows[request]
         block = names[self.deepest[request]] if exited == rows else names[-1]
         return RowParameters(self.requests[request].offset, rows, {"exit_block": block, "exited_rows": exited})
+
+
+@functools.cache
+def spans(exits: tuple[int, ...], blocks: int, overlapped: bool) -> tuple[tuple[int, int], ...]:
+    """The segments [start, stop) a pass runs over a chain of `blocks` blocks with lookups after `exits`: up to each
+    exit, then to the end; `overlapped` (lookups on the side stream) runs the block after each exit alone, so the
+    lookup's hits leave the batch after it, as they do block by block."""
+    cuts = {index + 1 for index in exits} | ({index + 2 for index in exits} if overlapped else set())
+    ends = sorted({cut for cut in cuts if cut < blocks} | {blocks})
+    return tuple(zip([0, *ends[:-1]], ends, strict=True))
 
 
 def _leave(x: torch.Tensor, alive: np.ndarray, keep: np.ndarray | None) -> tuple[torch.Tensor, np.ndarray]:

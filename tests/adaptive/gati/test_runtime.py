@@ -17,7 +17,7 @@ from adaserve.adaptive.gati.blocks import BlockChain, load_chain, split_model
 from adaserve.adaptive.gati.cacheset import CacheSetError, ExitRecord, LearnedCache
 from adaserve.adaptive.gati.model_process import Sizes
 from adaserve.adaptive.gati.predictors import VariantSpec, build_predictor
-from adaserve.adaptive.gati.runtime import EarlyExit, ExitPlan, Lookup
+from adaserve.adaptive.gati.runtime import EarlyExit, ExitPlan, Lookup, spans
 from adaserve.adaptive.gati.selectors import Selector
 from adaserve.config import LearnedCachesSpec
 from adaserve.datasets import load_fashion_mnist
@@ -272,12 +272,17 @@ def threshold_in_widest_gap(scores: np.ndarray, least: int = 3) -> float:
     return float((ordered[below] + ordered[below + 1]) / 2)
 
 
-def test_once_every_row_is_answered_no_block_runs(chain: BlockChain, images: np.ndarray) -> None:
+@pytest.mark.parametrize("padded", [False, True], ids=["eager", "padded"])
+def test_once_every_row_is_answered_no_block_runs(chain: BlockChain, images: np.ndarray, padded: bool) -> None:
+    """Padded too: a GPU worker's batch whose rows all exited replays no later segment's graph."""
+
     def never(x: torch.Tensor) -> torch.Tensor:
         raise AssertionError("a block ran on an empty batch")
 
     cut = BlockChain(chain.names, (chain.blocks[0], never, never), chain.weight_bytes)
     early_exit = runtime(cut, ExitPlan(0.9, {0: cache_after(chain, 0, ALWAYS)}))
+    if padded:
+        early_exit = early_exit.for_worker(GRANULARITY)
     outputs, early, rest = run(early_exit, images, requests_of(5, 7))
     assert rest == [] and len(early) == 2 and not np.isnan(outputs).any()
 
@@ -326,3 +331,51 @@ def test_seeded_runtimes_verify_the_same_hits(chain: BlockChain, images: np.ndar
 
     assert verified_rows(0) == verified_rows(0)
     assert verified_rows(0) != verified_rows(1)  # 8 batches of 12 draws each: equal by chance about never
+
+
+#: The granularity of the worker whose graphs the padded segments stand in for: batches of 1, 2, 4, 8 and 16 rows.
+GRANULARITY = 16
+
+
+@pytest.mark.parametrize("exits", [(0, 1), (0,), (1,)], ids=["both", "stage1", "stage2"])
+@pytest.mark.parametrize(
+    ("lookup", "device"),
+    [
+        *((lookup, "cpu") for lookup in ("inline", "stream")),
+        *(pytest.param(lookup, "cuda", marks=needs_cuda) for lookup in ("inline", "stream")),
+    ],
+)
+def test_padded_segments_answer_as_the_chain_does_block_by_block(
+    chain: BlockChain, images: np.ndarray, lookup: Lookup, device: str, exits: tuple[int, ...]
+) -> None:
+    """A GPU worker's CUDA graphs, and on the CPU their stand-in: each segment between two exits runs on the smallest
+    power of two batch that holds the rows still in the batch (stale rows of larger batches after them). For every
+    batch size, with rows exiting at different blocks, the outputs and each row's exit block are the eager runner's."""
+    if device == "cuda":
+        chain = chain_on_gpu()
+    x = torch.from_numpy(images).to(device)
+    with torch.inference_mode():
+        probes = {b: cache_after(chain, b, NEVER, seed=b, device=device, sharpen=100) for b in exits}
+        scores = {b: probes[b](chain.run(x, 0, b + 1))[2].cpu().numpy() for b in exits}
+    thresholds = {b: threshold_in_widest_gap(scores[b]) for b in exits}
+    caches = {b: cache_after(chain, b, thresholds[b], seed=b, device=device, sharpen=100) for b in exits}
+    plan = ExitPlan(0.9, caches)
+    eager = runtime(chain, plan, lookup=lookup, device=device)
+    stream = torch.cuda.Stream() if device == "cuda" else None
+    padded = EarlyExit(chain, [plan], 0.0, "test", lookup, torch.device(device)).for_worker(GRANULARITY, stream)
+    with torch.inference_mode():
+        padded.warm_up(GRANULARITY, (1, 28, 28), torch.float32)
+    overlapped = lookup == "stream"
+    assert set(padded.segments._padded) == {(0, 3), *spans(exits, 3, overlapped)}  # captured at warm-up
+    assert spans((0, 1), 3, False) == ((0, 1), (1, 2), (2, 3)) and spans((0,), 3, False) == ((0, 1), (1, 3))
+    seen = set()
+    for rows in (12, 1, 5, 3, 8, 2, 7, 4, 11, 6, 9, 10):  # a smaller batch after a larger: stale rows in the pad
+        want, want_early, want_rest = run(eager, images[:rows], requests_of(*[1] * rows))
+        got, got_early, got_rest = run(padded, images[:rows], requests_of(*[1] * rows))
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        blocks = {p.offset: p.values["exit_block"] for p in [*want_early, *want_rest]}
+        assert {p.offset: p.values["exit_block"] for p in [*got_early, *got_rest]} == blocks
+        assert sorted(p.offset for p in got_early) == sorted(p.offset for p in want_early)
+        seen |= set(blocks.values())
+    assert seen == {*(chain.names[b] for b in exits), "head"}
+    assert eager.take_counts() == padded.take_counts()

@@ -48,7 +48,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
     copy_cache_set(root, "cnn_gati", "cnn_gati_process")
     models = ["--model=cnn", "--model=cnn_gati", "--model=cnn_nocache", "--model=cnn_gati_process"]
     if torch.cuda.is_available():  # the same caches served from the GPU
-        gpu = {"caches": CACHES | {"lookup": "stream"}, "device": "cuda", "cuda_graphs": False}
+        gpu = {"caches": CACHES | {"lookup": "stream"}, "device": "cuda"}
         link_example(root, "cnn", "cnn_gati_gpu", **gpu, **WORKERS)
         copy_cache_set(root, "cnn_gati", "cnn_gati_gpu")
         models.append("--model=cnn_gati_gpu")
