@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# The checks a lent GPU machine runs next, as one call of the device tool (about 12 minutes of its 15; the open
-# questions are GATI's p99 with `lookup: process` on spare cores, benchmarks/README.md §4, and the GPU high-load
-# miss, §2 "Next on a lent machine"). Here, first:
+# The checks a lent GPU machine runs next, as one call of the device tool (about 13 minutes of its 15; the open
+# questions are GATI with CUDA graphs between exits against the graph-replayed base (issue 52), GATI's p99 with
+# `lookup: process` on spare cores, benchmarks/README.md §4, and the GPU high-load miss, §2 "Next on a lent
+# machine"). Here, first:
 #
 #   echo /.gpu/ >> .git/info/exclude; bash benchmarks/gpu_bundle.sh pack .gpu
 #
 # then on the device (carry .gpu), from the repository root: `bash benchmarks/gpu_checks.sh .gpu "$OUT"`. It writes
 # under OUT (default benchmarks/results/tmp/gpu):
 #   gati_cpu16-process.json               GATI at batch 1 on the CPU: inline against `lookup: process` (~1 min)
+#   gati_gpu-graphs.json                  GATI at batch 1 on the GPU, each segment between exits a CUDA graph,
+#                                         against the base as one CUDA graph and GATI block by block (~1 min)
 #   stream_concurrency.json               Ebird's §VI-B premise on the server's stream workers (~30 s)
 #   stream_profiles.json                  the stream profile (batch latency by streams × batch) of the example models
 #                                         and ResNet-50, and the set and MaxInf each latency target gets (~1-2 min)
@@ -28,6 +31,8 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 
 timeout 150 python3 -m benchmarks.gati.gpu --packed "$BUNDLE/gati" --device cpu --output "$OUT/gati_cpu16-process.json" \
     2>&1 | grep -E '^  "(base|gati)|"(mean|p99)_ms"'
+timeout 90 python3 -m benchmarks.gati.gpu --packed "$BUNDLE/gati" --rows 2000 --output "$OUT/gati_gpu-graphs.json" \
+    2>&1 | grep -E '^  "(base|gati)|"(mean|p99)_ms"|"agreement"'
 timeout 120 python3 -m benchmarks.stream_concurrency --output "$OUT/stream_concurrency.json" 2>&1 | tail -n 8
 timeout 240 python3 -m benchmarks.stream_profiles --output "$OUT/stream_profiles.json" 2>&1 | grep -E '^\S|target'
 

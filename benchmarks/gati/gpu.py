@@ -13,7 +13,8 @@ labels, computed on the GPU.
 The run builds the network from `benchmarks.gati.models` with those weights (so no exported program has to cross
 torch versions), splits it into the blocks the cache set was built for, and interleaves, one request per row in a
 fresh random order per row (`runs.interleave`): the base model whole as the server runs a CUDA model (one CUDA graph)
-and eagerly, the base model's block chain, and `EarlyExit` with the lookups inline and on the side stream. Every
+and eagerly, the base model's block chain, and `EarlyExit` with the lookups inline and on the side stream, each
+block by block and as a worker with `cuda_graphs` runs it (each segment between two exits a CUDA graph). Every
 method copies its row to the GPU and its answer back, inside the timing.
 
 `--device cpu` runs the same on the lent machine's CPU, one intra-op thread, with the lookups inline and beside
@@ -42,7 +43,7 @@ from adaserve.adaptive.gati.blocks import split_model
 from adaserve.adaptive.gati.cacheset import MANIFEST, CacheSet, Manifest
 from adaserve.adaptive.gati.runtime import EarlyExit, ExitPlan
 from adaserve.datasets import load_fashion_mnist
-from adaserve.engine.streams import GraphedForward
+from adaserve.engine.streams import GraphedForward, on_stream
 from benchmarks.common import RESULTS, SCRATCH, command_line, figure, machine, write_json
 from benchmarks.gati.models import CLASSES, NETS, ROW_SHAPE, WEIGHTS
 from benchmarks.gati.runs import Method, early_exit, interleave, plain, summary
@@ -82,8 +83,8 @@ def run(directory: Path, output: Path, limit: int, device: torch.device, batch: 
         rows = archive["x"][:limit]
 
     methods: dict[str, Method] = {}
-    if device.type == "cuda":
-        stream = torch.cuda.Stream(device)
+    stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+    if stream is not None:
         graphed = GraphedForward(module.forward, batch, stream)
 
         def whole_graph(x: torch.Tensor) -> torch.Tensor:
@@ -100,6 +101,11 @@ def run(directory: Path, output: Path, limit: int, device: torch.device, batch: 
         with torch.inference_mode():
             runtime.warm_up(1, ROW_SHAPE, torch.float32)
         methods[f"gati ({lookup})"] = early_exit(runtime, CLASSES)
+        if stream is not None:  # as a worker with cuda_graphs runs it: each segment between exits a graph
+            graphs = runtime.for_worker(batch, stream)
+            with torch.inference_mode(), on_stream(stream):
+                graphs.warm_up(batch, ROW_SHAPE, torch.float32)
+            methods[f"gati ({lookup}, CUDA graphs)"] = on(stream, early_exit(graphs, CLASSES))
     with torch.inference_mode():
         parts = [module(torch.from_numpy(rows[i : i + 500]).to(device)) for i in range(0, len(rows), 500)]
     labels = torch.cat(parts).argmax(1).cpu().numpy()
@@ -121,6 +127,16 @@ def run(directory: Path, output: Path, limit: int, device: torch.device, batch: 
     write_json(report, output)
     print(json.dumps({k: v for k, v in report.items() if k != "machine"}, indent=1))
     return report
+
+
+def on(stream: torch.cuda.Stream, method: Method) -> Method:
+    """`method` run on `stream`, the one its graphs were captured on (as a worker replays them on its own)."""
+
+    def run(rows: np.ndarray) -> tuple[list[tuple[float, int, str | None]], float]:
+        with on_stream(stream):
+            return method(rows)
+
+    return run
 
 
 def plot(reports: list[Path], output: Path) -> None:
