@@ -338,9 +338,7 @@ def server_profile(spec: ModelSpec, started: Callable[[subprocess.Popen[bytes]],
         return profile, source
 
 
-def profile_in_child(
-    spec: ModelSpec, started: Callable[[subprocess.Popen[bytes]], None] = lambda _: None
-) -> tuple[StreamProfile, str]:
+def profile_in_child(spec: ModelSpec, started: Callable[[subprocess.Popen[bytes]], None]) -> tuple[StreamProfile, str]:
     """`obtain_profile` on the GPU in a child Python, so that the server process never holds a CUDA context and
     the profile's memory is freed before the host loads the model; `started` is given the child (to end it if
     the load is given up); ConfigError with the child's reason."""
