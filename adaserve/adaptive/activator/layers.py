@@ -113,8 +113,8 @@ class Prefix:
     def __call__(self, x: np.ndarray) -> np.ndarray:
         """The head's input rows for a batch of input rows (flat or shaped): (rows, head width), float32. Runs
         under the caller's torch threads."""
-        if self.run is None:
-            return x.reshape(len(x), -1)
+        if self.run is None:  # (a reshape costs a small MLP's request more than the check)
+            return x if x.ndim == 2 else x.reshape(len(x), -1)
         with torch.inference_mode():
             features = self.run(torch.from_numpy(x).reshape(len(x), *self.row_shape))
         return np.ascontiguousarray(features.reshape(len(x), -1).numpy(), dtype=np.float32)

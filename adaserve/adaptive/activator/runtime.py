@@ -32,7 +32,7 @@ from adaserve.adaptive.activator.artifact import Activator, ActivatorMismatchErr
 from adaserve.adaptive.activator.kernel import Kernel, PackedNetwork
 from adaserve.adaptive.activator.latency import InterferenceProbe
 from adaserve.adaptive.activator.layers import NO_PREFIX, Prefix, extract_head
-from adaserve.adaptive.activator.select import ARRIVED_NS, aclo_threshold, lcao_index, parse_target
+from adaserve.adaptive.activator.select import ARRIVED_NS, aclo_threshold, lcao_index
 from adaserve.config import ModelConfig
 from adaserve.errors import ConfigError
 
@@ -103,26 +103,29 @@ class ActivatorRuntime:
         self.probe.start()
 
     def takes(self, values: Mapping[str, Any]) -> bool:
-        """Rows of a request with a target run here (the engine validated it before queueing)."""
-        return parse_target(values) is not None
+        """Rows of a request with a target run here. The engine validated the target before queueing it
+        (`prepare_parameters`), so here its presence is enough: on a small model, parsing it again per request
+        cost a tenth of the forward."""
+        return values.get("accuracy") is not None or values.get("latency_ms") is not None
 
     def run(self, inputs: list[np.ndarray], outputs: list[np.ndarray], values: Mapping[str, Any]) -> dict[str, Any]:
-        """One request's rows, in place (its single input and output); returns its response parameters."""
-        target = parse_target(values)
-        assert target is not None
+        """One request's rows, in place (its single input and output); returns its response parameters. Its
+        target was validated before it was queued (`takes`)."""
         rows = len(inputs[0])
         x, out = self.prefix(inputs[0]), outputs[0]
         if self.activator is None:
             self.kernel.run(x, out, np.zeros(rows, np.int64), np.full(rows, -1.0))
             return {"mode": "dense", "k": 1.0}
-        if target.mode == "aclo":  # (small arrays from lists: np.full costs more than this model's last layer)
-            threshold = self._aclo_threshold(target.value)
+        accuracy = values.get("accuracy")
+        if accuracy is not None:  # ACLO, also when the request sets a latency too (`select`)
+            threshold = self._aclo_threshold(accuracy)
             if threshold < 0:
                 self.kernel.run(x, out, *self._whole(rows))
                 return {"mode": "aclo", "k": 1.0, "layers": self._layers[-1]}
             k_index = np.zeros(rows, np.int64)
             self.kernel.run(x, out, k_index, np.array([threshold] * rows))
             return {"mode": "aclo", **self._chosen(k_index.tolist())}
+        budget_ms = float(values["latency_ms"])
         beta = self.probe.busy
         latency = self.activator.latency.at(beta)
         arrived = values.get(ARRIVED_NS)
@@ -130,20 +133,20 @@ class ActivatorRuntime:
         k_index, no_threshold = np.zeros(1, np.int64), np.full(1, -1.0)
         for row in range(rows):  # each row's t0 includes the prefix and the rows before it
             waited_ms = (time.monotonic_ns() - arrived) / 1e6 if isinstance(arrived, int) else 0.0
-            k_index[0] = lcao_index(latency, target.value - waited_ms)
+            k_index[0] = lcao_index(latency, budget_ms - waited_ms)
             self.kernel.run(x[row : row + 1], out[row : row + 1], k_index, no_threshold)
             chosen.append(int(k_index[0]))
         return {"mode": "lcao", **self._chosen(chosen), "interference": round(beta, 2)}
 
     def _aclo_threshold(self, accuracy: float) -> float:
         """δ for an accuracy target, or -1 where it runs at k = 100% (the target asks for it, or ACLO was timed
-        slower there: `aclo_from`). Remembered per target: clients repeat theirs, and on a small model the lookup
-        would be a tenth of the request's compute."""
+        slower there: `aclo_from`). Remembered per target as the request sent it (an int or a float): clients repeat
+        theirs, and on a small model the lookup would be a tenth of the request's compute."""
         threshold = self._thresholds.get(accuracy)
         if threshold is None:
             assert self.activator is not None
             calibration = self.activator.calibration
-            found = aclo_threshold(calibration.thresholds, calibration.accuracy, accuracy)
+            found = aclo_threshold(calibration.thresholds, calibration.accuracy, float(accuracy))
             threshold = found if found > 0 and found >= self.activator.aclo_from else -1.0
             if len(self._thresholds) >= _REMEMBERED_TARGETS:
                 self._thresholds.clear()
