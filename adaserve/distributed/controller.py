@@ -7,14 +7,13 @@ replicas written off when it leaves), places a model on its first request, evict
 (its loaded models moved, its requests answered, then it stops) or, with scale-in on, once it has been idle a while
 (`scale_in.py`), sends every node the routing table whenever it changes, and keeps the cluster's trace settings
 (a change made on any node is sent to every node, and a node starts under them). It is restartable: its state is
-rebuilt from what the node servers hold (and the drained nodes and the trace settings from Ray's key-value store),
-and while it is away the nodes keep routing by the last table they have.
+rebuilt from what the node servers hold (and the drained nodes and the trace settings from Ray's key-value store,
+under its deployment's id: `state.py`), and while it is away the nodes keep routing by the last table they have.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections import Counter
@@ -26,6 +25,7 @@ from adaserve.distributed.messages import NodeAddress, Requests, Routes, TraceCh
 from adaserve.distributed.node import NodeServer, NodeSettings
 from adaserve.distributed.placement import ModelLoad, Placement, ScaleKind
 from adaserve.distributed.scale_in import IdleNodes, ScaleIn
+from adaserve.distributed.state import DeploymentState, KeyValue, RayKeyValue
 from adaserve.errors import CacheBusyError, ConfigError, ModelTooLargeError
 
 log = logging.getLogger("adaserve.cluster")
@@ -45,10 +45,6 @@ DRAIN_TIMEOUT_S = 30.0
 #: A model on a node being drained is placed elsewhere first when it has no other replica and was requested (or
 #: loaded) this recently; the others are written off and placed again on their next request.
 DRAIN_MOVES_USED_WITHIN_S = 60.0
-#: Where the drained nodes are kept, in Ray's key-value store (its GCS): a restarted controller starts none of them.
-DRAINED_KEY = "drained-nodes"
-#: Where the cluster's trace settings are kept there, once changed: a restarted controller gives them to new nodes.
-TRACING_KEY = "trace-settings"
 #: How long a node has to confirm new trace settings before the change is answered without it.
 TRACE_CONFIRM_TIMEOUT_S = 10.0
 #: A node server that failed to start is tried again after this long, the wait doubling with each failure in a row
@@ -109,13 +105,16 @@ class ClusterSettings:
 
 
 class Controller:
-    """The placement controller actor."""
+    """The placement controller actor of deployment `deployment` (the id its launcher made: its state in Ray's
+    key-value store is kept under it; `store` stands for that store in tests)."""
 
-    def __init__(self, settings: ClusterSettings) -> None:
+    def __init__(self, settings: ClusterSettings, deployment: str, store: KeyValue | None = None) -> None:
         from adaserve.logs import configure_logging
 
         configure_logging(settings.log_level)
         self.settings = settings
+        self.deployment = deployment
+        self.state = DeploymentState(deployment, store if store is not None else RayKeyValue(NAMESPACE))
         self.placement = Placement(settings.eviction, settings.placement)
         self.nodes: dict[str, Any] = {}  # node name → its NodeServer actor handle
         self.addresses: dict[str, NodeAddress] = {}
@@ -151,12 +150,20 @@ class Controller:
         await asyncio.shield(self._starting)
 
     async def _start(self) -> None:
-        self.drained = _load_drained()
-        self.tracing = _load_tracing()
+        self._load_state()
         await self._adopt_running_nodes()
         await self._follow_membership_once()
         self._membership = asyncio.get_running_loop().create_task(self._follow_membership())
         self._scaling = asyncio.get_running_loop().create_task(self._scale_every())
+
+    def _load_state(self) -> None:
+        """Take this deployment's drained nodes and trace settings from the store (a restart's: the same id), after
+        removing what earlier deployments left there."""
+        removed = self.state.remove_others()
+        if removed:
+            log.info("removed the state earlier deployments left", extra={"keys": removed})
+        self.drained = self.state.drained()
+        self.tracing = self.state.tracing()
 
     async def _adopt_running_nodes(self) -> None:
         import ray
@@ -199,7 +206,7 @@ class Controller:
             ray.kill(self._remove_actor(name), no_restart=True)
         if not self.drained <= set(alive):  # a machine that rejoins is a new Ray node: it is started
             self.drained &= set(alive)
-            _save_drained(self.drained)
+            self.state.save_drained(self.drained)
         now = time.monotonic()
         joined = [
             (node_id, node)
@@ -515,7 +522,7 @@ class Controller:
         self._forget(name)
         del self.draining[name]
         self.drained.add(name)
-        _save_drained(self.drained)
+        self.state.save_drained(self.drained)
         if handle is not None:
             await asyncio.gather(handle.stop.remote(), return_exceptions=True)
             ray.kill(handle, no_restart=True)
@@ -526,7 +533,7 @@ class Controller:
         await self.start()
         name = _one_of(node, self.drained, "drained node")
         self.drained.discard(name)
-        _save_drained(self.drained)
+        self.state.save_drained(self.drained)
         return name
 
     # -- the cluster's trace settings ------------------------------------------------------------------------------
@@ -537,7 +544,7 @@ class Controller:
         whose actor was lost, takes them when it starts). A bad request raises InvalidInputError."""
         await self.start()
         self.tracing = self._changed_tracing(change)
-        _save_tracing(self.tracing)
+        self.state.save_tracing(self.tracing)
         log.info("trace settings changed", extra={"node": asking, "model": change.model, "changes": change.changes})
         return await self._send_tracing(self.tracing)
 
@@ -589,11 +596,12 @@ class Controller:
 
     # -- what it knows -----------------------------------------------------------------------------------------
     async def snapshot(self) -> dict[str, Any]:
-        """The nodes (address, process id, budget, residents) and the decisions so far: for `models list
-        --cluster`, the node servers' metrics, and tests."""
+        """The deployment's id, the nodes (address, process id, budget, residents) and the decisions so far: for
+        `models list --cluster`, the node servers' metrics, the launcher, and tests."""
         await self.start()
         books = self.placement.snapshot()
         return {
+            "deployment": self.deployment,
             "nodes": {
                 name: {"http": address.http, "grpc": address.grpc, "pid": self.pids.get(name), **books["nodes"][name]}
                 for name, address in self.addresses.items()
@@ -627,31 +635,3 @@ def _one_of(name: str, among: Collection[str], what: str) -> str:
         known = ", ".join(sorted(among)) or "none"
         raise ConfigError(f"{len(matches) or 'no'} {what}s match {name!r}; the {what}s: {known}")
     return matches[0]
-
-
-def _load_drained() -> set[str]:
-    from ray.experimental.internal_kv import _internal_kv_get
-
-    value = _internal_kv_get(DRAINED_KEY, namespace=NAMESPACE)
-    return set(json.loads(value)) if value else set()
-
-
-def _save_drained(nodes: set[str]) -> None:
-    from ray.experimental.internal_kv import _internal_kv_put
-
-    _internal_kv_put(DRAINED_KEY, json.dumps(sorted(nodes)), namespace=NAMESPACE)
-
-
-def _load_tracing() -> Tracing | None:
-    import msgspec
-    from ray.experimental.internal_kv import _internal_kv_get
-
-    value = _internal_kv_get(TRACING_KEY, namespace=NAMESPACE)
-    return msgspec.json.decode(value, type=Tracing) if value else None
-
-
-def _save_tracing(tracing: Tracing) -> None:
-    import msgspec
-    from ray.experimental.internal_kv import _internal_kv_put
-
-    _internal_kv_put(TRACING_KEY, msgspec.json.encode(tracing), namespace=NAMESPACE)

@@ -1,7 +1,12 @@
 """Starting adaserve on a Ray cluster: `adaserve cluster up --nodes N` (a local cluster of N Ray nodes on this
 machine, for trying it and for tests) and `adaserve serve --ray ADDRESS` (an existing cluster, one node server on
 each of its machines). Either way this process is Ray's driver: it starts the placement controller, prints each
-node server's address as it comes up, and on SIGTERM or SIGINT stops the node servers and leaves."""
+node server's address as it comes up, and on SIGTERM or SIGINT stops the node servers and leaves.
+
+Each start is a deployment with an id of its own, which the controller keeps its state under (`state.py`). If an
+adaserve controller already runs on the Ray cluster (another `serve --ray` started it, or one whose driver died),
+this process joins that deployment rather than starting one: Ray hands back the running controller and its settings
+stand, not this command line's (a warning says so); stopping this process stops that deployment."""
 
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ import os
 import signal
 import sys
 import time
+import uuid
 from typing import Any
 
 from adaserve.distributed.controller import CONTROLLER, NAMESPACE, ClusterSettings, Controller
@@ -22,6 +28,8 @@ OBJECT_STORE_BYTES = 80 * 1024 * 1024
 PING_EVERY_S = 2.0
 #: How long `cluster up` waits for every node server to answer.
 UP_TIMEOUT_S = 300.0
+
+log = logging.getLogger("adaserve.cluster")
 
 
 def run(settings: ClusterSettings, *, nodes: int | None = None, address: str | None = None) -> int:
@@ -43,6 +51,7 @@ def run(settings: ClusterSettings, *, nodes: int | None = None, address: str | N
         cluster.wait_for_nodes()
         address = cluster.address
     ray.init(address=address, namespace=NAMESPACE, logging_level=logging.WARNING)
+    deployment = uuid.uuid4().hex
     controller: Any = (
         ray.remote(Controller)
         .options(
@@ -54,11 +63,18 @@ def run(settings: ClusterSettings, *, nodes: int | None = None, address: str | N
             max_task_retries=-1,
             num_cpus=0,
         )
-        .remote(settings)
+        .remote(settings, deployment)  # Ray restarts it with these arguments: the same deployment
     )
     try:
         ray.get(controller.start.remote())
-        print(json.dumps({"ray": ray.get_runtime_context().gcs_address}), flush=True)
+        running = ray.get(controller.snapshot.remote())["deployment"]
+        if running != deployment:
+            log.warning(
+                "an adaserve deployment runs on this Ray cluster already: this process joins it, under its settings "
+                "(this command line's are not used); stopping this process stops it",
+                extra={"deployment": running},
+            )
+        print(json.dumps({"ray": ray.get_runtime_context().gcs_address, "deployment": running}), flush=True)
         _announce(controller, nodes)
         while signal.sigtimedwait({signal.SIGTERM, signal.SIGINT}, PING_EVERY_S) is None:
             try:  # a controller Ray restarted starts again on its first call: this one, if no node calls first

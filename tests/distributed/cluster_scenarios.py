@@ -32,6 +32,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from adaserve.distributed.state import DeploymentState, RayKeyValue
 from tests.server.reference import MODEL_INPUT_SHAPES, reference_outputs
 from tests.server_utils import Clients, link_example, write_slow_model
 
@@ -316,6 +317,7 @@ def test_routing_goes_on_while_the_controller_restarts_and_placement_resumes(clu
                     break
             except Exception:
                 time.sleep(0.5)
+        assert after["deployment"] == before["deployment"]  # restarted with its arguments: its state's keys
         resident = {name: set(node["residents"]) for name, node in after["nodes"].items()}
         assert resident == {name: set(node["residents"]) for name, node in before["nodes"].items()}
         with Clients() as clients:  # placement resumes: a model unloaded by hand is placed again on its request
@@ -428,6 +430,9 @@ def test_a_node_drained_under_load_answers_every_request_and_leaves(cluster: Clu
         controller = ray.get_actor("adaserve-controller")
         snapshot = ray.get(controller.snapshot.remote())
         assert holder.name not in snapshot["nodes"] and snapshot["drained"] == [holder.name]
+        store = RayKeyValue("adaserve")  # the drained node kept under this deployment's id, and nothing else there
+        assert DeploymentState(snapshot["deployment"], store).drained() == {holder.name}
+        assert all(key.startswith(f"deployment/{snapshot['deployment']}/") for key in store.list_keys())
         undrain = [sys.executable, "-m", "adaserve", "cluster", "undrain", holder.name, "--ray", cluster.ray_address]
         subprocess.run(undrain, capture_output=True, text=True, timeout=120, check=True)
         deadline = time.monotonic() + 120

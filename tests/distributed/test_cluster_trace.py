@@ -29,6 +29,7 @@ from adaserve.distributed.node import NodeSettings, server_arguments
 from adaserve.distributed.testing import FakeActor, node_server
 from adaserve.errors import ConfigError
 from adaserve.server.trace_state import TraceSettings, TraceState
+from tests.distributed.fakes import FakeNode
 from tests.server_utils import ServerHandle, link_example, running_server
 
 
@@ -132,33 +133,12 @@ def test_a_change_some_nodes_did_not_confirm_is_unavailable_naming_them(
     assert _get(handle)["trace_level"] == ["OFF"]
 
 
-class _Node:
-    """A node actor's handle as the controller calls it: `trace.remote(tracing)` answers `answer` (an error raised;
-    None: never)."""
-
-    def __init__(self, answer: str | BaseException | None) -> None:
-        self.got: list[Tracing] = []
-        self.trace = self
-        self._answer = answer
-
-    async def _call(self, tracing: Tracing) -> str:
-        self.got.append(tracing)
-        if self._answer is None:
-            await asyncio.Event().wait()
-        if isinstance(self._answer, BaseException):
-            raise self._answer
-        return self._answer
-
-    def remote(self, tracing: Tracing) -> Any:
-        return self._call(tracing)
-
-
 def test_the_controller_names_each_node_that_did_not_confirm(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(controller_module, "TRACE_CONFIRM_TIMEOUT_S", 0.05)
-    controller = Controller(ClusterSettings(NodeSettings("/models")))
+    controller = Controller(ClusterSettings(NodeSettings("/models")), "test")
     answers = {"a": "", "b": "trace mode triton does not record trace_level ['TENSORS']", "c": None}
-    nodes = {name: _Node(answer) for name, answer in answers.items()}
-    nodes["d"] = _Node(ConnectionError("The actor died unexpectedly before finishing this task.\n\tclass_name: X"))
+    nodes = {name: FakeNode(answer) for name, answer in answers.items()}
+    nodes["d"] = FakeNode(ConnectionError("The actor died unexpectedly before finishing this task.\n\tclass_name: X"))
     for name, handle in nodes.items():
         controller._join(name, handle, NodeAddress(f"{name}:8000", f"{name}:8001"), 1, {}, 100)
     tracing = Tracing(1, TraceState(TraceSettings(rate=3)))
@@ -172,7 +152,7 @@ def test_the_controller_names_each_node_that_did_not_confirm(monkeypatch: pytest
 
 
 def test_the_controller_applies_each_change_to_the_clusters_settings() -> None:
-    controller = Controller(ClusterSettings(NodeSettings("/models")))
+    controller = Controller(ClusterSettings(NodeSettings("/models")), "test")
     initial = TraceSettings(rate=100)
     behind = TraceState(initial)  # what a node that has not taken the first change yet says it has
     first = controller._changed_tracing(TraceChange(1, "", {"trace_rate": ["5"]}, initial, behind))

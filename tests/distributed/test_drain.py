@@ -23,7 +23,7 @@ def test_a_node_is_named_in_full_or_by_a_start_only_it_has() -> None:
 
 def _controller(*nodes: str) -> Controller:
     """A controller (no Ray behind it) that has `nodes` joined, each holding mlp and a model of its own."""
-    controller = Controller(ClusterSettings(NodeSettings("/models")))
+    controller = Controller(ClusterSettings(NodeSettings("/models")), "test")
     for name in nodes:
         address = NodeAddress(f"{name}:8000", f"{name}:8001")
         controller._join(name, None, address, 1, {"mlp": 10, f"only-{name}": 10}, 100)

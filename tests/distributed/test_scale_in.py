@@ -33,7 +33,7 @@ def test_a_scale_in_setting_that_cannot_be_is_refused(idle_s: float, min_nodes: 
 
 
 def test_a_report_of_requests_or_compute_marks_a_node_busy_and_a_quiet_one_does_not() -> None:
-    controller = Controller(ClusterSettings(NodeSettings("/models")))
+    controller = Controller(ClusterSettings(NodeSettings("/models")), "test")
     for name in ("a", "b", "c"):
         controller._join(name, None, NodeAddress(f"{name}:8000", f"{name}:8001"), 1, {}, 100)
     joined = time.monotonic()

@@ -1,0 +1,53 @@
+"""The controller's state in Ray's key-value store (`adaserve.distributed.state`), with a dict for the store: kept
+under the deployment's id, so a controller Ray restarts (a new object, the same arguments) gets it back, and a new
+deployment starts from nothing, removing what earlier ones left."""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+
+from adaserve.distributed.controller import ClusterSettings, Controller
+from adaserve.distributed.messages import NodeAddress, TraceChange, Tracing
+from adaserve.distributed.node import NodeSettings
+from adaserve.server.trace_state import TraceSettings, TraceState
+from tests.distributed.fakes import FakeNode, MemoryKeyValue, started
+
+SETTINGS = ClusterSettings(NodeSettings("/models"))
+
+
+def test_a_deployments_state_is_its_own_and_a_restarted_controller_gets_it_back() -> None:
+    earlier = Tracing(3, TraceState(TraceSettings(rate=9)))
+    store = MemoryKeyValue(
+        {
+            "deployment/before/drained-nodes": b'["a"]',
+            "deployment/before/trace-settings": msgspec.json.encode(earlier),
+            "drained-nodes": b'["b"]',  # where a deployment kept them before they were under its id
+        }
+    )
+    change = TraceChange(1, "", {"trace_rate": ["5"]}, TraceSettings(), TraceState(TraceSettings()))
+
+    async def deploy() -> Controller:
+        controller = Controller(SETTINGS, "now", store)
+        started(controller)
+        assert (controller.drained, controller.tracing, store) == (set(), None, {})  # the earlier ones' are gone
+        for name, handle in (("a", None), ("b", FakeNode(""))):  # a's actor is not stopped (no Ray): no handle
+            controller._join(name, handle, NodeAddress(f"{name}:8000", f"{name}:8001"), 1, {}, 100)
+        controller.draining["a"] = True  # as `drain` has it once a's models moved
+        await controller._retire("a")
+        await controller.change_trace("b", change)
+        return controller
+
+    deployed = asyncio.run(deploy())
+    assert sorted(store) == ["deployment/now/drained-nodes", "deployment/now/trace-settings"]
+
+    async def restart(deployment: str) -> Controller:
+        controller = Controller(SETTINGS, deployment, store)
+        started(controller)
+        return controller
+
+    restarted = asyncio.run(restart("now"))  # Ray restarts the actor with the arguments it was made with
+    assert restarted.drained == {"a"} and restarted.tracing == deployed.tracing is not None
+    later = asyncio.run(restart("later"))  # the next `serve --ray` on this Ray cluster
+    assert (later.drained, later.tracing, store) == (set(), None, {})
