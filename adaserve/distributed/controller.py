@@ -6,9 +6,10 @@ fleet-scale simulator replays traces through. It follows Ray's membership (a nod
 replicas written off when it leaves), places a model on its first request, evicts to make room, drains a node on request
 (its loaded models moved, its requests answered, then it stops) or, with scale-in on, once it has been idle a while
 (`scale_in.py`), sends every node the routing table whenever it changes, and keeps the cluster's trace settings
-(a change made on any node is sent to every node, and a node starts under them). It is restartable: its state is
-rebuilt from what the node servers hold (and the drained nodes and the trace settings from Ray's key-value store,
-under its deployment's id: `state.py`), and while it is away the nodes keep routing by the last table they have.
+(a change made on any node is sent to every node, again to a node that missed it until it confirms, and a node
+starts under them). It is restartable: its state is rebuilt from what the node servers hold (and the drained nodes
+and the trace settings from Ray's key-value store, under its deployment's id: `state.py`), and while it is away the
+nodes keep routing by the last table they have.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ DRAIN_TIMEOUT_S = 30.0
 #: A model on a node being drained is placed elsewhere first when it has no other replica and was requested (or
 #: loaded) this recently; the others are written off and placed again on their next request.
 DRAIN_MOVES_USED_WITHIN_S = 60.0
-#: How long a node has to confirm new trace settings before the change is answered without it.
+#: How long a node has to confirm new trace settings before the change is answered without it (it is sent them
+#: again, each membership check, until it confirms).
 TRACE_CONFIRM_TIMEOUT_S = 10.0
 #: A node server that failed to start is tried again after this long, the wait doubling with each failure in a row
 #: up to the cap: a node that cannot start (a port taken, a broken repository) is not restarted every second.
@@ -139,6 +141,8 @@ class Controller:
         self.idle = IdleNodes()
         self._scaling_in: asyncio.Task[None] | None = None  # the drain of an idle node under way
         self.tracing: Tracing | None = None  # the cluster's trace settings, once a request changed them
+        self.traced: dict[str, int] = {}  # node → the settings version it confirmed (or answered it cannot take)
+        self._catching_up: asyncio.Task[None] | None = None  # settings sent again to the nodes behind
 
     # -- start, membership -------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -196,6 +200,7 @@ class Controller:
                 await self._follow_membership_once()
             except Exception:
                 log.exception("membership check failed")
+            self._catch_up_tracing()
 
     async def _follow_membership_once(self) -> None:
         import ray
@@ -238,8 +243,9 @@ class Controller:
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
         )
         handle: Any = actor.remote(node_id, settings, CONTROLLER, NAMESPACE, self.settings.log_level)
+        tracing = self.tracing
         try:
-            address, pid = await handle.start.remote(self.tracing)
+            address, pid = await handle.start.remote(tracing)
         except Exception as exc:
             wait = self.start_failures.failed(node_id, str(exc), time.monotonic())
             log.error(
@@ -250,6 +256,8 @@ class Controller:
             del self._ports[node_id]
             return
         self.start_failures.started(node_id)
+        if tracing is not None:  # a change made while it started is sent to it by `_catch_up_tracing`
+            self.traced[node_id] = tracing.version
         self._join(node_id, handle, address, pid, {}, self._budget(node))
         log.info("node joined", extra={"node": node_id, "http": address.http, "grpc": address.grpc})
         await self._broadcast()
@@ -286,6 +294,7 @@ class Controller:
     def _remove_actor(self, name: str) -> Any:
         """Node `name`'s actor handle, off the controller's list (the caller stops it)."""
         self._ports.pop(name, None)
+        self.traced.pop(name, None)
         return self.nodes.pop(name, None)
 
     def _forget(self, name: str) -> list[str]:
@@ -540,13 +549,17 @@ class Controller:
     async def change_trace(self, asking: str, change: TraceChange) -> dict[str, str]:
         """A trace setting request made on node `asking`: applied to the cluster's settings (this node's, before
         any was changed) and sent to every node. The nodes that did not confirm them within
-        TRACE_CONFIRM_TIMEOUT_S, with why; they keep them for their next server start (a node that joins, or
-        whose actor was lost, takes them when it starts). A bad request raises InvalidInputError."""
+        TRACE_CONFIRM_TIMEOUT_S, with why; those that could not be reached are sent them again until they confirm
+        (`_catch_up_tracing`), and a node that joins, or whose server restarts, starts under them. A bad request
+        raises InvalidInputError."""
         await self.start()
         self.tracing = self._changed_tracing(change)
         self.state.save_tracing(self.tracing)
         log.info("trace settings changed", extra={"node": asking, "model": change.model, "changes": change.changes})
-        return await self._send_tracing(self.tracing)
+        missing = await self._send_tracing(self.tracing, list(self.nodes))
+        if missing:
+            log.warning("trace settings not confirmed by some nodes", extra={"missing": missing})
+        return missing
 
     def _changed_tracing(self, change: TraceChange) -> Tracing:
         """The cluster's trace settings after `change` (a version above any before, across restarts too)."""
@@ -555,22 +568,42 @@ class Controller:
         version = max(self.tracing.version + 1 if self.tracing is not None else 1, time.time_ns() // 1000)
         return Tracing(version, state)
 
-    async def _send_tracing(self, tracing: Tracing) -> dict[str, str]:
-        """Send `tracing` to every node; the nodes that did not confirm it, with why."""
-        names = list(self.nodes)
+    async def _send_tracing(self, tracing: Tracing, names: list[str]) -> dict[str, str]:
+        """Send `tracing` to nodes `names`; the nodes that did not confirm it, with why. A node that answers is
+        `traced` at its version, one that says it cannot trace so too: sending them again would not change that,
+        and its server takes them when it next starts."""
         sending = (asyncio.wait_for(self.nodes[n].trace.remote(tracing), TRACE_CONFIRM_TIMEOUT_S) for n in names)
         answers = await asyncio.gather(*sending, return_exceptions=True)
         missing = {}
         for name, answer in zip(names, answers, strict=True):
             if isinstance(answer, TimeoutError):
                 missing[name] = f"no answer within {TRACE_CONFIRM_TIMEOUT_S:g} s"
-            elif isinstance(answer, BaseException):  # its actor is gone: the first line of Ray's account says so
+                continue
+            if isinstance(answer, BaseException):  # its actor is gone: the first line of Ray's account says so
                 missing[name] = (str(answer).strip().splitlines() or [type(answer).__name__])[0]
-            elif answer:  # its server cannot trace so
+                continue
+            if answer:  # its server cannot trace so
                 missing[name] = answer
-        if missing:
-            log.warning("trace settings not confirmed by some nodes", extra={"missing": missing})
+            if name in self.nodes:
+                self.traced[name] = max(self.traced.get(name, 0), tracing.version)
         return missing
+
+    def _catch_up_tracing(self) -> None:
+        """Send the cluster's trace settings again to the nodes that have not answered them: a node that missed a
+        change (no answer in time), one that started while a change was under way, and every node after this
+        controller restarted (it does not know what they have; one that has them confirms at once). One pass at a
+        time: a node that does not answer holds the next pass back by TRACE_CONFIRM_TIMEOUT_S at most."""
+        if self.tracing is None or (self._catching_up is not None and not self._catching_up.done()):
+            return
+        behind = [name for name in self.nodes if self.traced.get(name, 0) < self.tracing.version]
+        if behind:
+            self._catching_up = asyncio.get_running_loop().create_task(self._catch_up(self.tracing, behind))
+
+    async def _catch_up(self, tracing: Tracing, behind: list[str]) -> None:
+        missing = await self._send_tracing(tracing, behind)
+        caught_up = [name for name in behind if name not in missing]
+        if caught_up:
+            log.info("trace settings confirmed by nodes that were behind", extra={"nodes": caught_up})
 
     # -- the routing table ---------------------------------------------------------------------------------------
     def table(self) -> Routes:
@@ -617,7 +650,7 @@ class Controller:
         """Stop every node server (the cluster is going down)."""
         import ray
 
-        for task in (self._membership, self._scaling, self._scaling_in):
+        for task in (self._membership, self._scaling, self._scaling_in, self._catching_up):
             if task is not None:
                 task.cancel()
         await asyncio.gather(*(h.stop.remote() for h in self.nodes.values()), return_exceptions=True)

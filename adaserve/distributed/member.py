@@ -220,7 +220,8 @@ class ClusterMember:
             nodes = "; ".join(f"{node}: {why}" for node, why in sorted(answer.missing.items()))
             raise ClusterChangeError(
                 f"trace settings changed, but {len(answer.missing)} node(s) did not confirm them ({nodes}); every "
-                "other node traces so now, and a node takes the cluster's settings when its server (re)starts"
+                "other node traces so now, and the controller sends them again to a node that did not answer until it "
+                "does"
             )
 
     def resident(self) -> dict[str, int]:

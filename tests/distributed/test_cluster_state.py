@@ -51,3 +51,25 @@ def test_a_deployments_state_is_its_own_and_a_restarted_controller_gets_it_back(
     assert restarted.drained == {"a"} and restarted.tracing == deployed.tracing is not None
     later = asyncio.run(restart("later"))  # the next `serve --ray` on this Ray cluster
     assert (later.drained, later.tracing, store) == (set(), None, {})
+
+
+def test_a_restarted_controller_sends_its_trace_settings_to_every_node_once() -> None:
+    """It does not know what each node has (one may have missed the change as the controller went down)."""
+    store = MemoryKeyValue()
+    tracing = Tracing(7, TraceState(TraceSettings(rate=5)))
+    nodes = {"a": FakeNode(""), "b": FakeNode("")}
+
+    async def restarted() -> None:
+        controller = Controller(SETTINGS, "now", store)
+        controller.state.save_tracing(tracing)  # what it kept before Ray restarted it
+        started(controller)
+        for name, handle in nodes.items():  # as it adopts the running nodes
+            controller._join(name, handle, NodeAddress(f"{name}:8000", f"{name}:8001"), 1, {}, 100)
+        for _ in range(2):
+            controller._catch_up_tracing()
+            if controller._catching_up is not None:
+                await controller._catching_up
+        assert controller.traced == {"a": 7, "b": 7}
+
+    asyncio.run(restarted())
+    assert all(handle.got == [tracing] for handle in nodes.values())

@@ -1,7 +1,8 @@
 """The cluster's trace settings without Ray: a node server (`adaserve serve --cluster-control FD`) with this test as
 its node actor and controller, whose trace setting requests go up as `TraceChange` and take effect when the
 cluster's settings come down (`Tracing`); the controller's part, which applies each change to the cluster's
-settings and names the nodes that did not confirm them; and `serve --ray` handing its `--trace-config` on."""
+settings, names the nodes that did not confirm them and sends them again until they do; and `serve --ray` handing
+its `--trace-config` on."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from adaserve.distributed.node import NodeSettings, server_arguments
 from adaserve.distributed.testing import FakeActor, node_server
 from adaserve.errors import ConfigError
 from adaserve.server.trace_state import TraceSettings, TraceState
-from tests.distributed.fakes import FakeNode
+from tests.distributed.fakes import FakeNode, MemoryKeyValue, started
 from tests.server_utils import ServerHandle, link_example, running_server
 
 
@@ -142,7 +143,7 @@ def test_the_controller_names_each_node_that_did_not_confirm(monkeypatch: pytest
     for name, handle in nodes.items():
         controller._join(name, handle, NodeAddress(f"{name}:8000", f"{name}:8001"), 1, {}, 100)
     tracing = Tracing(1, TraceState(TraceSettings(rate=3)))
-    missing = asyncio.run(controller._send_tracing(tracing))
+    missing = asyncio.run(controller._send_tracing(tracing, list(nodes)))
     assert missing == {
         "b": "trace mode triton does not record trace_level ['TENSORS']",
         "c": "no answer within 0.05 s",
@@ -161,6 +162,36 @@ def test_the_controller_applies_each_change_to_the_clusters_settings() -> None:
     assert second.version > first.version
     assert second.state.of("") == TraceSettings(rate=5)  # the first change kept: built on the cluster's settings
     assert second.state.of("mlp") == TraceSettings(rate=5, count=2)
+
+
+def test_a_node_that_missed_a_change_is_sent_it_again_until_it_confirms(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(controller_module, "TRACE_CONFIRM_TIMEOUT_S", 0.05)
+    controller = Controller(ClusterSettings(NodeSettings("/models")), "test", MemoryKeyValue())
+    cannot = "trace mode triton does not record trace_level ['TENSORS']"
+    nodes = {"a": FakeNode(""), "b": FakeNode(None), "c": FakeNode(cannot)}  # b does not answer in time
+    change = TraceChange(1, "", {"trace_rate": ["5"]}, TraceSettings(), TraceState(TraceSettings()))
+
+    async def catch_up() -> None:
+        controller._catch_up_tracing()
+        assert controller._catching_up is not None
+        await controller._catching_up
+
+    async def scenario() -> None:
+        started(controller)
+        for name, handle in nodes.items():
+            controller._join(name, handle, NodeAddress(f"{name}:8000", f"{name}:8001"), 1, {}, 100)
+        assert await controller.change_trace("a", change) == {"b": "no answer within 0.05 s", "c": cannot}
+        tracing = controller.tracing
+        assert tracing is not None and tracing.state.of("").rate == 5
+        await catch_up()  # b is sent them again, and still does not answer; c said it cannot: not sent again
+        nodes["b"].answer = ""
+        await catch_up()  # now b confirms
+        assert controller.traced == dict.fromkeys(nodes, tracing.version)
+        controller._catch_up_tracing()  # nobody behind: nothing sent
+        assert [len(handle.got) for handle in nodes.values()] == [1, 3, 1]
+        assert all(got == tracing for handle in nodes.values() for got in handle.got)
+
+    asyncio.run(scenario())
 
 
 def test_serve_ray_starts_every_node_server_with_its_trace_config(tmp_path: Path) -> None:
