@@ -3,13 +3,13 @@
 It keeps the cluster's books in `Placement` (`placement.py`: one resident set per node under its memory budget, the
 policy that picks a node for a new replica, and mCache's eviction policies choosing victims), the same objects the
 fleet-scale simulator replays traces through. It follows Ray's membership (a node server for each node that joins, its
-replicas written off when it leaves), places a model on its first request, evicts to make room, drains a node on request
-(its loaded models moved, its requests answered, then it stops) or, with scale-in on, once it has been idle a while
-(`scale_in.py`), sends every node the routing table whenever it changes, and keeps the cluster's trace settings
-(a change made on any node is sent to every node, again to a node that missed it until it confirms, and a node
-starts under them). It is restartable: its state is rebuilt from what the node servers hold (and the drained nodes
-and the trace settings from Ray's key-value store, under its deployment's id: `state.py`), and while it is away the
-nodes keep routing by the last table they have.
+replicas written off when it leaves, or when its node actor dies for good, which is then started afresh), places a
+model on its first request, evicts to make room, drains a node on request (its loaded models moved, its requests
+answered, then it stops) or, with scale-in on, once it has been idle a while (`scale_in.py`), sends every node the
+routing table whenever it changes, and keeps the cluster's trace settings (a change made on any node is sent to every
+node, again to a node that missed it until it confirms, and a node starts under them). It is restartable: its state
+is rebuilt from what the node servers hold (and the drained nodes and the trace settings from Ray's key-value store,
+under its deployment's id: `state.py`), and while it is away the nodes keep routing by the last table they have.
 """
 
 from __future__ import annotations
@@ -173,11 +173,8 @@ class Controller:
         import ray
 
         ray_nodes = {node["NodeID"]: node for node in ray.nodes() if node["Alive"]}
-        for entry in ray.util.list_named_actors(all_namespaces=True):
-            if entry["namespace"] != NAMESPACE or not entry["name"].startswith(NODE_PREFIX):
-                continue
-            name = entry["name"].removeprefix(NODE_PREFIX)
-            handle = ray.get_actor(entry["name"], namespace=NAMESPACE)
+        for name in _node_actors():
+            handle = ray.get_actor(NODE_PREFIX + name, namespace=NAMESPACE)
             try:
                 address, pid = await handle.info.remote()
                 resident = await handle.resident.remote()
@@ -206,9 +203,17 @@ class Controller:
         import ray
 
         alive = {node["NodeID"]: node for node in ray.nodes() if node["Alive"]}
+        await self._follow(alive, _node_actors())
+
+    async def _follow(self, alive: dict[str, dict[str, Any]], actors: Collection[str]) -> None:
+        """Follow Ray's membership: `alive`, its living nodes by id; `actors`, the nodes whose actor is listed (a
+        named actor that died is not). A node that left, or whose actor died for good while its Ray node stays
+        (its restarts used up, or killed), is dropped; a fresh node server starts on each living node that has
+        none (it joined, or its actor was dropped) and is neither drained nor waiting to be tried again."""
         for name in [name for name in self.nodes if name not in alive]:
-            await self._lose(name, "its Ray node left the cluster")
-            ray.kill(self._remove_actor(name), no_restart=True)
+            await self._drop(name, "its Ray node left the cluster")
+        for name, reason in (await self._dead_actors(actors)).items():
+            await self._drop(name, f"its node actor died: {reason}")
         if not self.drained <= set(alive):  # a machine that rejoins is a new Ray node: it is started
             self.drained &= set(alive)
             self.state.save_drained(self.drained)
@@ -223,6 +228,28 @@ class Controller:
             and self.start_failures.may_start(node_id, now)
         ]
         await asyncio.gather(*(self._add(node_id, node) for node_id, node in joined))
+
+    async def _dead_actors(self, actors: Collection[str]) -> dict[str, str]:
+        """The nodes whose actor is not among `actors` and whose call fails as a dead actor's does, with the first
+        line of Ray's account of why (a call confirms it: the list is not the actor's own word). A node being
+        drained is left to its drain, which stops its actor."""
+        import ray
+
+        unlisted = [name for name in self.nodes if name not in actors and name not in self.draining]
+        answers = await asyncio.gather(*(self.nodes[name].info.remote() for name in unlisted), return_exceptions=True)
+        return {
+            name: _first_line(answer)
+            for name, answer in zip(unlisted, answers, strict=True)
+            if isinstance(answer, ray.exceptions.ActorDiedError)
+        }
+
+    async def _drop(self, name: str, reason: str) -> None:
+        """Node `name` off the books and the routing table (its replicas written off: placed again on their next
+        request), and its actor off the list and killed: a fresh one is started if its Ray node stays (`_follow`)."""
+        import ray
+
+        await self._lose(name, reason)
+        ray.kill(self._remove_actor(name), no_restart=True)
 
     async def _add(self, node_id: str, node: dict[str, Any]) -> None:
         """A node server on a node that joined: started, then given models as requests need them."""
@@ -580,7 +607,7 @@ class Controller:
                 missing[name] = f"no answer within {TRACE_CONFIRM_TIMEOUT_S:g} s"
                 continue
             if isinstance(answer, BaseException):  # its actor is gone: the first line of Ray's account says so
-                missing[name] = (str(answer).strip().splitlines() or [type(answer).__name__])[0]
+                missing[name] = _first_line(answer)
                 continue
             if answer:  # its server cannot trace so
                 missing[name] = answer
@@ -657,6 +684,22 @@ class Controller:
         for handle in self.nodes.values():
             ray.kill(handle, no_restart=True)
         self.nodes.clear()
+
+
+def _node_actors() -> list[str]:
+    """The nodes whose node actor Ray lists among adaserve's named actors (an actor that died is not listed)."""
+    import ray
+
+    return [
+        entry["name"].removeprefix(NODE_PREFIX)
+        for entry in ray.util.list_named_actors(all_namespaces=True)
+        if entry["namespace"] == NAMESPACE and entry["name"].startswith(NODE_PREFIX)
+    ]
+
+
+def _first_line(error: BaseException) -> str:
+    """The first line of an error's message (Ray's accounts of a dead actor run to many), else its type's name."""
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
 def _one_of(name: str, among: Collection[str], what: str) -> str:

@@ -4,22 +4,29 @@ actor's handle, Ray's key-value store, and a start that follows no membership.""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from adaserve.distributed.controller import Controller
-from adaserve.distributed.messages import Tracing
+from adaserve.distributed.messages import Loaded, NodeAddress, Tracing
 
 
 class FakeNode:
-    """A node actor's handle as the controller calls it: `trace.remote(tracing)` answers `answer` (an error raised;
-    None: never), which a test may change between calls."""
+    """A node actor's handle as the controller calls it (`handle.method.remote(...)`): `trace` answers `answer` (an
+    error raised; None: never), which a test may change between calls; `load` holds any model at `size_bytes`, the
+    other calls answer as a running node's; once `died` is set, every call raises it, as Ray does a dead actor's."""
 
-    def __init__(self, answer: str | BaseException | None) -> None:
+    def __init__(self, answer: str | BaseException | None = "", size_bytes: int = 10) -> None:
         self.got: list[Tracing] = []
-        self.trace = self
         self.answer = answer
+        self.size_bytes = size_bytes
+        self.died: BaseException | None = None
+        self.loaded: list[str] = []
+        self.trace, self.load = _Method(self, self._trace), _Method(self, self._load)
+        self.routes = self.unload = self.refused = _Method(self, self._ignore)
+        self.info = _Method(self, self._info)
 
-    async def _call(self, tracing: Tracing) -> str:
+    async def _trace(self, tracing: Tracing) -> str:
         self.got.append(tracing)
         if self.answer is None:  # until the caller's timeout cancels the wait
             never: asyncio.Future[str] = asyncio.get_running_loop().create_future()
@@ -28,8 +35,30 @@ class FakeNode:
             raise self.answer
         return self.answer
 
-    def remote(self, tracing: Tracing) -> Any:
-        return self._call(tracing)
+    async def _load(self, model: str) -> Loaded:
+        self.loaded.append(model)
+        return Loaded(model, size_bytes=self.size_bytes)
+
+    async def _info(self) -> tuple[NodeAddress, int]:
+        return NodeAddress("127.0.0.1:8000", "127.0.0.1:8001"), 1
+
+    async def _ignore(self, *args: object) -> None:
+        return None
+
+
+class _Method:
+    """One method of a `FakeNode`: `remote(...)` is the call, which the controller awaits."""
+
+    def __init__(self, node: FakeNode, call: Callable[..., Awaitable[Any]]) -> None:
+        self.node, self.call = node, call
+
+    async def _remote(self, *args: Any) -> Any:
+        if self.node.died is not None:
+            raise self.node.died
+        return await self.call(*args)
+
+    def remote(self, *args: Any) -> Any:
+        return self._remote(*args)
 
 
 class MemoryKeyValue(dict[str, bytes]):
