@@ -143,15 +143,32 @@ class Controller:
         self.tracing: Tracing | None = None  # the cluster's trace settings, once a request changed them
         self.traced: dict[str, int] = {}  # node → the settings version it confirmed (or answered it cannot take)
         self._catching_up: asyncio.Task[None] | None = None  # settings sent again to the nodes behind
+        self._pinged = time.monotonic()  # when the driver last called `ping` (it made this controller: now)
 
     # -- start, membership -------------------------------------------------------------------------------------
     async def start(self) -> None:
         """Rebuild the books from the node servers already running (after a restart), then follow the membership.
         Every call to the controller starts it first: Ray restarts an actor without calling anything, and the first
         node to report (or the driver's ping) brings it back."""
+        await asyncio.shield(self._begin())
+
+    def _begin(self) -> asyncio.Future[None]:
         if self._starting is None:
             self._starting = asyncio.ensure_future(self._start())
-        await asyncio.shield(self._starting)
+        return self._starting
+
+    async def ping(self) -> None:
+        """The driver's call every few seconds (`launch.py`): it starts a controller Ray restarted, without waiting
+        for the start (which waits for node servers), and tells a later start that this deployment's driver lives
+        (`driver`)."""
+        self._pinged = time.monotonic()
+        self._begin()
+
+    async def driver(self) -> dict[str, Any]:
+        """The deployment's id and the seconds since its driver last called `ping`: asked by a new start before
+        anything else, which takes an orphaned deployment over and refuses to join a live one (`launch.py`). Not
+        waiting for the start: a deployment that is starting has its driver."""
+        return {"deployment": self.deployment, "silent_s": time.monotonic() - self._pinged}
 
     async def _start(self) -> None:
         self._load_state()
@@ -686,15 +703,20 @@ class Controller:
         self.nodes.clear()
 
 
-def _node_actors() -> list[str]:
-    """The nodes whose node actor Ray lists among adaserve's named actors (an actor that died is not listed)."""
+def named_actors(prefix: str = "") -> list[str]:
+    """The names of adaserve's named actors in Ray that start with `prefix` (an actor that died is not listed)."""
     import ray
 
     return [
-        entry["name"].removeprefix(NODE_PREFIX)
+        entry["name"]
         for entry in ray.util.list_named_actors(all_namespaces=True)
-        if entry["namespace"] == NAMESPACE and entry["name"].startswith(NODE_PREFIX)
+        if entry["namespace"] == NAMESPACE and entry["name"].startswith(prefix)
     ]
+
+
+def _node_actors() -> list[str]:
+    """The nodes whose node actor Ray lists."""
+    return [name.removeprefix(NODE_PREFIX) for name in named_actors(NODE_PREFIX)]
 
 
 def _first_line(error: BaseException) -> str:

@@ -1,12 +1,14 @@
 """Starting adaserve on a Ray cluster: `adaserve cluster up --nodes N` (a local cluster of N Ray nodes on this
 machine, for trying it and for tests) and `adaserve serve --ray ADDRESS` (an existing cluster, one node server on
 each of its machines). Either way this process is Ray's driver: it starts the placement controller, prints each
-node server's address as it comes up, and on SIGTERM or SIGINT stops the node servers and leaves.
+node server's address as it comes up, calls the controller every PING_EVERY_S, and on SIGTERM or SIGINT stops the
+node servers and leaves.
 
-Each start is a deployment with an id of its own, which the controller keeps its state under (`state.py`). If an
-adaserve controller already runs on the Ray cluster (another `serve --ray` started it, or one whose driver died),
-this process joins that deployment rather than starting one: Ray hands back the running controller and its settings
-stand, not this command line's (a warning says so); stopping this process stops that deployment."""
+Each start is a deployment with an id of its own, which the controller keeps its state under (`state.py`). One
+deployment runs on a Ray cluster at a time (its controller is one named actor). A start that finds one running
+refuses to start, naming it, while its driver calls (`takes_over`); one whose driver has not called for
+ORPHANED_AFTER_S (it died) is taken over: its node servers and actors are stopped, and a fresh deployment starts
+from this command line."""
 
 from __future__ import annotations
 
@@ -15,17 +17,23 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 import uuid
 from typing import Any
 
-from adaserve.distributed.controller import CONTROLLER, NAMESPACE, ClusterSettings, Controller
+from adaserve.distributed.controller import CONTROLLER, NAMESPACE, ClusterSettings, Controller, named_actors
+from adaserve.errors import ConfigError
 from adaserve.extras import needs_extra
 
 #: Each local Ray node's object store: adaserve passes no data through it, so the least Ray accepts.
 OBJECT_STORE_BYTES = 80 * 1024 * 1024
 #: How often the driver calls the controller (which brings a restarted one back at once).
 PING_EVERY_S = 2.0
+#: A deployment whose driver has not called its controller for this long was left by it: a new start takes it over.
+ORPHANED_AFTER_S = 15 * PING_EVERY_S
+#: How long a start that takes a deployment over waits for its node servers, then its actors, to stop.
+TAKE_OVER_TIMEOUT_S = 60.0
 #: How long `cluster up` waits for every node server to answer.
 UP_TIMEOUT_S = 300.0
 
@@ -37,7 +45,7 @@ def run(settings: ClusterSettings, *, nodes: int | None = None, address: str | N
     with needs_extra("cluster", "running on a Ray cluster"):
         import ray
 
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})  # taken by sigtimedwait below
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})  # taken by sigwait below
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")  # the node servers' log lines are distinct events, not repeats
     cluster = None
     if nodes is not None:
@@ -50,44 +58,126 @@ def run(settings: ClusterSettings, *, nodes: int | None = None, address: str | N
             cluster.add_node(**node_args)
         cluster.wait_for_nodes()
         address = cluster.address
-    ray.init(address=address, namespace=NAMESPACE, logging_level=logging.WARNING)
-    deployment = uuid.uuid4().hex
-    controller: Any = (
-        ray.remote(Controller)
-        .options(
-            name=CONTROLLER,
-            namespace=NAMESPACE,
-            lifetime="detached",
-            get_if_exists=True,
-            max_restarts=-1,
-            max_task_retries=-1,
-            num_cpus=0,
-        )
-        .remote(settings, deployment)  # Ray restarts it with these arguments: the same deployment
-    )
     try:
-        ray.get(controller.start.remote())
-        running = ray.get(controller.snapshot.remote())["deployment"]
-        if running != deployment:
-            log.warning(
-                "an adaserve deployment runs on this Ray cluster already: this process joins it, under its settings "
-                "(this command line's are not used); stopping this process stops it",
-                extra={"deployment": running},
-            )
-        print(json.dumps({"ray": ray.get_runtime_context().gcs_address, "deployment": running}), flush=True)
-        _announce(controller, nodes)
-        while signal.sigtimedwait({signal.SIGTERM, signal.SIGINT}, PING_EVERY_S) is None:
-            try:  # a controller Ray restarted starts again on its first call: this one, if no node calls first
-                ray.get(controller.start.remote(), timeout=60)
-            except (ray.exceptions.RayError, TimeoutError):
-                continue
+        ray.init(address=address, namespace=NAMESPACE, logging_level=logging.WARNING)
+        deployment = uuid.uuid4().hex
+        return _serve(_controller(settings, deployment), deployment, nodes)
     finally:
-        ray.get(controller.stop.remote())
-        ray.kill(controller, no_restart=True)
         ray.shutdown()
         if cluster is not None:
             cluster.shutdown()
+
+
+def takes_over(deployment: str, running: str, silent_s: float) -> bool:
+    """Whether the start of deployment `deployment` takes over deployment `running`, whose controller it found (its
+    own: no), its driver silent for `silent_s`: yes once that is ORPHANED_AFTER_S (its driver died); before, a
+    ConfigError names it and says what to do."""
+    if running == deployment:
+        return False
+    if silent_s < ORPHANED_AFTER_S:
+        raise ConfigError(
+            f"adaserve deployment {running} runs on this Ray cluster, and its driver (the serve --ray or cluster up "
+            f"that started it) called it {silent_s:.0f} s ago: stop that process first (SIGTERM or Ctrl-C stops the "
+            f"deployment), then start this one; a deployment whose driver has not called for {ORPHANED_AFTER_S:g} s "
+            "is taken over"
+        )
+    return True
+
+
+def _controller(settings: ClusterSettings, deployment: str) -> Any:
+    """The controller of deployment `deployment`, made (not started yet) once no other deployment runs: one whose
+    driver died is stopped first; a live one is refused (`takes_over`)."""
+    import ray
+
+    while True:
+        controller: Any = (
+            ray.remote(Controller)
+            .options(
+                name=CONTROLLER,
+                namespace=NAMESPACE,
+                lifetime="detached",
+                get_if_exists=True,  # two starts at once: one makes it, the other finds it and is refused
+                max_restarts=-1,
+                max_task_retries=-1,
+                num_cpus=0,
+            )
+            .remote(settings, deployment)  # Ray restarts it with these arguments: the same deployment
+        )
+        running = ray.get(controller.driver.remote())
+        if not takes_over(deployment, running["deployment"], running["silent_s"]):
+            return controller
+        log.warning(
+            "taking over an adaserve deployment whose driver has not called for a while: stopping it",
+            extra={"deployment": running["deployment"], "silent_s": round(running["silent_s"], 1)},
+        )
+        _stop_orphan(controller)
+
+
+def _stop_orphan(controller: Any) -> None:
+    """Stop a deployment whose driver died: its node servers (SIGTERM: accepted requests finish), then its
+    controller and node actors, and wait until Ray lists none (a new controller would be handed the old one, and
+    would adopt the old node actors)."""
+    import ray
+
+    try:
+        ray.get(controller.stop.remote(), timeout=TAKE_OVER_TIMEOUT_S)
+    except (ray.exceptions.RayError, TimeoutError) as exc:  # its node actors are killed all the same
+        log.warning("the orphaned controller did not stop its node servers", extra={"error": str(exc)})
+    deadline = time.monotonic() + TAKE_OVER_TIMEOUT_S
+    while actors := named_actors():
+        if time.monotonic() > deadline:
+            raise ConfigError(f"the orphaned deployment's actors did not stop in {TAKE_OVER_TIMEOUT_S:g} s: {actors}")
+        for name in actors:
+            try:
+                ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=True)
+            except ValueError:  # gone meanwhile
+                continue
+        time.sleep(0.2)
+
+
+def _serve(controller: Any, deployment: str, nodes: int | None) -> int:
+    """Start the controller, print the node servers as they come up, and serve until SIGTERM or SIGINT, calling the
+    controller every PING_EVERY_S (`_ping`); then stop the deployment. 1 if the controller was killed meanwhile."""
+    import ray
+
+    stopping, gone = threading.Event(), threading.Event()
+    threading.Thread(target=_ping, args=(controller, stopping, gone), daemon=True).start()
+    try:
+        ray.get(controller.start.remote())
+        print(json.dumps({"ray": ray.get_runtime_context().gcs_address, "deployment": deployment}), flush=True)
+        _announce(controller, nodes)
+        signal.sigwait({signal.SIGTERM, signal.SIGINT})
+    finally:
+        stopping.set()
+        if not gone.is_set():
+            ray.get(controller.stop.remote())
+            ray.kill(controller, no_restart=True)
+    if gone.is_set():
+        log.error(
+            "the controller was stopped from outside: another start took this deployment over (it found no call "
+            f"from this process for {ORPHANED_AFTER_S:g} s), or it was killed",
+            extra={"deployment": deployment},
+        )
+        return 1
     return 0
+
+
+def _ping(controller: Any, stopping: threading.Event, gone: threading.Event) -> None:
+    """Call the controller every PING_EVERY_S until `stopping`, from the start on (its start waits for the node
+    servers): a controller Ray restarted starts on its first call, and the calls tell a later start that this
+    deployment has its driver. A controller killed for good sets `gone` and ends this process as SIGTERM does."""
+    import ray
+
+    while not stopping.wait(PING_EVERY_S):
+        try:
+            ray.get(controller.ping.remote(), timeout=60)
+        except ray.exceptions.ActorDiedError:
+            if not stopping.is_set():  # not this process's own stop
+                gone.set()
+                os.kill(os.getpid(), signal.SIGTERM)
+            return
+        except (ray.exceptions.RayError, TimeoutError):
+            continue
 
 
 def _announce(controller: Any, expected: int | None) -> None:

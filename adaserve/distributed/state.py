@@ -7,7 +7,7 @@ arguments when it restarts the actor; the keys are under that id. A controller t
 of adaserve's namespace: a later deployment on a long-lived Ray cluster starts from its own command line, not from
 the drained nodes and trace settings an earlier one left (it was stopped, or its driver died), and the store does
 not grow with each. None of those keys is in use: one deployment runs on a Ray cluster at a time (its controller is
-one named actor, which a second `serve --ray` joins rather than replaces).
+one named actor; a later start is refused while it runs, or stops it first when its driver died: `launch.py`).
 """
 
 from __future__ import annotations

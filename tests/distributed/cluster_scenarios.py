@@ -2,9 +2,9 @@
 loopback-only network namespace: every node answers for every model, as the model run directly does; a model
 resident on one node answers through the others; concurrent load with several models; a node server killed by its
 PID under load loses no request; the controller killed, routing goes on and placement resumes; bad input is
-answered as on one node; a node drained under load loses no request and leaves, and comes back when undrained;
-with scale-in on, an idle node is given back, down to the floor; trace settings changed on one node are every
-node's, a restarted node server's too."""
+answered as on one node; a second start on the Ray cluster is refused; a node drained under load loses no request
+and leaves, and comes back when undrained; with scale-in on, an idle node is given back, down to the floor; trace
+settings changed on one node are every node's, a restarted node server's too."""
 
 from __future__ import annotations
 
@@ -54,6 +54,7 @@ class Node:
 class Cluster:
     process: subprocess.Popen[str]
     ray_address: str
+    deployment: str
     nodes: list[Node]
     log: Path
 
@@ -73,18 +74,18 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     with log.open("w") as errors:
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=errors, text=True)
     assert process.stdout is not None
-    nodes, ray_address = [], ""
+    nodes, ray_address, deployment = [], "", ""
     try:
         for line in process.stdout:
             announced = json.loads(line)
             if "ray" in announced:
-                ray_address = announced["ray"]
+                ray_address, deployment = announced["ray"], announced["deployment"]
             elif "node" in announced:
                 nodes.append(Node(announced["node"], announced["http"], announced["grpc"], announced["pid"]))
             elif "ready" in announced:
                 break
         assert len(nodes) == 3, log.read_text()[-5000:]
-        yield Cluster(process, ray_address, nodes, log)
+        yield Cluster(process, ray_address, deployment, nodes, log)
     finally:
         process.stdout.close()
         process.send_signal(signal.SIGTERM)
@@ -181,6 +182,17 @@ def test_bad_input_is_answered_as_on_one_node(cluster: Cluster) -> None:
             with pytest.raises(InferenceServerException) as refused:
                 clients.grpc(node.grpc).infer("mlp", [short])
             assert refused.value.status() == "StatusCode.INVALID_ARGUMENT"
+
+
+def test_a_second_start_on_the_ray_cluster_is_refused_naming_the_running_deployment(cluster: Cluster) -> None:
+    repository = cluster.log.parent / "models"
+    command = [sys.executable, "-m", "adaserve", "serve", "--ray", cluster.ray_address, "--model-repository"]
+    refused = subprocess.run([*command, str(repository)], capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2, refused.stderr[-3000:]  # a configuration error: nothing was started or stopped
+    assert f"adaserve deployment {cluster.deployment} runs on this Ray cluster" in refused.stderr, refused.stderr
+    with Clients() as clients:  # the running deployment serves on
+        rows = _rows("mlp", 2)
+        _close(_infer(clients, cluster.nodes[2], "http", "mlp", rows), reference_outputs("mlp", rows))
 
 
 def _trace_settings(node: Node, model: str = "") -> dict[str, Any]:
