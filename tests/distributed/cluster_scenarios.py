@@ -367,7 +367,7 @@ def test_a_model_one_replica_cannot_serve_is_replicated(cluster: Cluster) -> Non
         running = [pool.submit(client, index) for index in range(8)]
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and len(holders) < 2:
-            time.sleep(2)
+            time.sleep(0.5)
             holders = [node.name for node in cluster.nodes if "slow" in _ready_on(clients, node)]
         stop.set()
         answered = sum(future.result(timeout=300) for future in running)
@@ -400,7 +400,7 @@ def test_a_node_drained_under_load_answers_every_request_and_leaves(cluster: Clu
 
     with Clients() as clients:
         holder = next(n for n in cluster.nodes if "mlp" in _ready_on(clients, n))
-    stop = threading.Event()
+    stop, holder_answered = threading.Event(), threading.Event()
 
     def client(index: int) -> Counter[str]:
         outcomes: Counter[str] = Counter()
@@ -414,13 +414,15 @@ def test_a_node_drained_under_load_answers_every_request_and_leaves(cluster: Clu
                 outcomes["refused"] += 1
                 continue
             outcomes["answered by the drained node" if node is holder else "answered"] += 1
+            if node is holder:
+                holder_answered.set()
             time.sleep(0.05)  # a small load: the drain's load elsewhere has cores to run on
         return outcomes
 
     command = [sys.executable, "-m", "adaserve", "cluster", "drain", holder.name[:12], "--ray", cluster.ray_address]
     with ThreadPoolExecutor(3) as pool:
         running = [pool.submit(client, index) for index in range(3)]
-        time.sleep(1.0)
+        holder_answered.wait(timeout=60)  # the drain starts under load (not after a fixed second)
         drained = subprocess.run([*command, "--timeout-s", "20"], capture_output=True, text=True, timeout=300)
         time.sleep(1.0)
         stop.set()
