@@ -261,8 +261,7 @@ class ClusterMember:
         """Serve it here: the model is loaded and ready on this node, which the table still has; or it was
         forwarded as often as a request may be; or the repository has no such model (this node's answer names the
         problem: a 404, or a 400 for a name no model can have)."""
-        engine = self.plane.router.engines.get(model)
-        if engine is not None and engine.state is EngineState.READY and not self.leaving:
+        if self.plane.router.ready(model) and not self.leaving:
             return True
         return hops >= MAX_HOPS or (not self.routes.holders(model) and not self.plane.router.repository.holds(model))
 

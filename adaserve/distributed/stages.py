@@ -25,7 +25,6 @@ from adaserve.bench.codec import decode_http_error, encode_http
 from adaserve.config import ModelConfig
 from adaserve.distributed.forward import HOPS, ForwardFailed
 from adaserve.distributed.messages import NodeAddress
-from adaserve.engine.engine import EngineState
 from adaserve.errors import (
     AdaserveError,
     InferenceError,
@@ -63,15 +62,11 @@ class ClusterStages:
         config = self._configs[model] = self.router.repository.read(model).config
         return config
 
-    def _ready_here(self, model: str) -> bool:
-        engine = self.router.engines.get(model)
-        return engine is not None and engine.state is EngineState.READY
-
     def start_delay_s(self, model: str) -> float | None:
         """0 when a node holds `model` (this one, or another: the hop is part of the planning latency its runs
         teach the planner); None when none does: placing it is a load of unknown time, so the planner passes it
         over, as one server passes over a model it cannot load, unless no option of the node is held anywhere."""
-        held = self._ready_here(model) or any(node != self.member.node for node in self.member.routes.holders(model))
+        held = self.router.ready(model) or any(node != self.member.node for node in self.member.routes.holders(model))
         return 0.0 if held else None
 
     def timed_at_load(self, model: str) -> bool:
@@ -79,7 +74,7 @@ class ClusterStages:
         for anything, timing every option would have the controller place every option model of every query;
         and the node's own runs, not those of whichever node held a model at load, are what it plans with. The
         others are timed when a request first finds them held (`QueryPlanner.probe`)."""
-        return self._ready_here(model)
+        return self.router.ready(model)
 
     async def run(
         self, model: str, inputs: dict[str, np.ndarray], rows: int, parameters: dict[str, Any], query: Trace | None

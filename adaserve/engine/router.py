@@ -295,8 +295,7 @@ class ModelRouter:
         """How long before a request for `name` could start computing: 0 when its newest version is ready, its
         expected load time when the model cache must load it first, None when it cannot be served now (not
         loaded and no cache to load it, failed, or never loaded so its load time is unknown)."""
-        served = self._served.get(name)
-        if served and served[max(served)].state is EngineState.READY:
+        if self.ready(name):
             return 0.0
         if self.cache is None or name in self._errors:
             return None
@@ -307,6 +306,14 @@ class ModelRouter:
         if engine.state is not EngineState.READY:
             raise ModelNotReadyError(f"model '{name}' is {engine.state.value.lower()}")
         return engine
+
+    def ready(self, name: str) -> bool:
+        """Whether `name`'s newest version served is ready: asked for every request on a cluster node, so it looks
+        at that model alone (`engines` builds the whole table)."""
+        served = self._served.get(name)
+        if not served:
+            return False
+        return served[max(served)].state is EngineState.READY
 
     @property
     def engines(self) -> dict[str, ModelEngine]:
