@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 
 from adaserve.distributed.messages import NodeAddress, Routes
 from adaserve.errors import ModelNotReadyError
@@ -45,11 +45,14 @@ class ClusterRoutes:
             if not waiting.done():
                 waiting.set_result(None)
 
-    def holders(self, model: str) -> list[str]:
+    def holders(self, model: str) -> Sequence[str]:
         return self._holders(model, ())
 
-    def _holders(self, model: str, avoid: Collection[str]) -> list[str]:
-        return [node for node in self.table.replicas.get(model, ()) if node not in avoid]
+    def _holders(self, model: str, avoid: Collection[str]) -> Sequence[str]:
+        """The nodes holding `model` outside `avoid`: with none avoided (every request's first send), the table's
+        own list, not a copy."""
+        holders = self.table.replicas.get(model, ())
+        return [node for node in holders if node not in avoid] if avoid else holders
 
     async def target(self, model: str, avoid: Collection[str] = ()) -> tuple[str, NodeAddress]:
         """The node a request for `model` goes to (this one among them), in turn among those that hold it outside
@@ -61,8 +64,10 @@ class ClusterRoutes:
             holders = self._holders(model, avoid)
         if self.node in holders:
             return self.node, self.table.nodes[self.node]
-        turn = next(self._turns.setdefault(model, itertools.count()))
-        node = holders[turn % len(holders)]
+        turns = self._turns.get(model)
+        if turns is None:
+            turns = self._turns[model] = itertools.count()
+        node = holders[next(turns) % len(holders)]
         return node, self.table.nodes[node]
 
     async def _placed(self, model: str, avoid: frozenset[str]) -> None:
