@@ -111,12 +111,15 @@ Application = Callable[[Request], Awaitable[Response]]
 BodyLimit = Callable[[str, str], tuple[int, str] | None]
 
 
+#: Each status's reason phrase, made once rather than an HTTPStatus per response.
+_REASONS = {status.value: status.phrase for status in HTTPStatus}
+
+
 def render(response: Response, keep_alive: bool, with_body: bool = True) -> bytes:
     """Status line, headers and body as one buffer, so a response leaves in one send. Without the body (the answer
     to a HEAD), content-length still says what a GET would get."""
-    reason = HTTPStatus(response.status).phrase
     lines = [
-        f"HTTP/1.1 {response.status} {reason}",
+        f"HTTP/1.1 {response.status} {_REASONS.get(response.status) or HTTPStatus(response.status).phrase}",
         f"content-length: {len(response.body)}",
         f"content-type: {response.content_type}",
         *(f"{name}: {value}" for name, value in response.headers.items()),
