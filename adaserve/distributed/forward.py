@@ -75,7 +75,7 @@ class Forwarder:
         credential = self.credentials.required.get(category)
         if credential is not None:
             lines.append(f"{credential.name}: {credential.value}")
-        answer = await self._request(node, ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
+        answer = await self._request(node, ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"), body)
         out = {"content-type": "application/json"}
         if answer.header_length is not None:
             out = {
@@ -95,7 +95,7 @@ class Forwarder:
         answers UNAVAILABLE (not ready there: another replica may be), is a ForwardFailed."""
         sent = [(key, value) for key, value in metadata if key not in _FORWARDERS_METADATA]
         try:
-            answer = await self._request(node, relayed_request(rpc, node.http, raw, [*sent, *extra.items()]))
+            answer = await self._request(node, *relayed_request(rpc, node.http, raw, [*sent, *extra.items()]))
         except ForwardTimedOut as exc:  # a deadline, as a channel's call has it: not sent again
             raise RemoteError(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc)) from None
         try:
@@ -105,14 +105,14 @@ class Forwarder:
                 raise ForwardFailed(f"node {node.http} did not answer the forwarded request: {exc}") from None
             raise
 
-    async def _request(self, node: NodeAddress, data: bytes) -> Answer:
-        """One request, its bytes `data`, to `node`'s REST port, on a kept-alive connection."""
+    async def _request(self, node: NodeAddress, head: bytes, body: bytes) -> Answer:
+        """One request, its `head` and `body` (as it came), to `node`'s REST port, on a kept-alive connection."""
         pool = self._pools.get(node.http)
         if pool is None:
             host, port = node.http.rsplit(":", 1)
             pool = self._pools[node.http] = ConnectionPool(host, int(port), FORWARD_TIMEOUT_S)
         try:
-            return await pool.request(data)
+            return await pool.request(head, body)
         except TimeoutError:
             raise ForwardTimedOut(f"node {node.http} did not answer within {FORWARD_TIMEOUT_S:g} s") from None
         except OSError as exc:

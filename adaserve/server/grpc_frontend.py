@@ -174,7 +174,7 @@ class RelayHandler(grpc.GenericRpcHandler):
         request = relayed_request(rpc, "engine", raw, context.invocation_metadata() or ())
         log.debug("relaying a gRPC call to the engine", extra={"rpc": rpc})
         try:
-            answer = await self.pool.request(request)
+            answer = await self.pool.request(*request)
         except (OSError, TimeoutError, ValueError) as exc:
             raise RemoteError(grpc.StatusCode.UNAVAILABLE, f"the server's engine did not answer: {exc}") from None
         return relayed_answer(answer)

@@ -55,11 +55,12 @@ class RemoteError(AdaserveError):
 
 
 # -- the relaying end ------------------------------------------------------------------------------------------------
-def relayed_request(rpc: str, host: str, raw: bytes, metadata: Metadata) -> bytes:
-    """The HTTP request that relays a call of `rpc` with its request's bytes `raw` and the caller's `metadata`."""
+def relayed_request(rpc: str, host: str, raw: bytes, metadata: Metadata) -> tuple[bytes, bytes]:
+    """The HTTP request that relays a call of `rpc` with its request's bytes `raw` and the caller's `metadata`: its
+    head and its body (`raw` itself, which `ConnectionPool.request` writes after the head without copying it)."""
     lines = [f"POST {GRPC_PATH}{rpc} HTTP/1.1", f"host: {host}", f"content-length: {len(raw)}"]
     lines += [_metadata_line(key, value) for key, value in metadata if key not in _TRANSPORT_METADATA]
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + raw
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"), raw
 
 
 def relayed_answer(answer: Answer) -> bytes:

@@ -98,11 +98,14 @@ class _Connection(asyncio.Protocol):
         if waiter is not None and not waiter.done():
             waiter.set_result(response)
 
-    def send(self, data: bytes, deadline: float) -> asyncio.Future[Response]:
+    def send(self, data: bytes, body: bytes, deadline: float) -> asyncio.Future[Response]:
         assert self._transport is not None
         self._waiter = asyncio.get_running_loop().create_future()
         self.deadline = deadline
-        self._transport.write(data)
+        if body:
+            self._transport.writelines((data, body))  # one writev: the body is not copied onto the head
+        else:
+            self._transport.write(data)
         return self._waiter
 
     def fail(self, exc: Exception) -> None:
@@ -128,8 +131,9 @@ class ConnectionPool:
         self._busy: set[_Connection] = set()
         self._sweeper: asyncio.Task[None] | None = None
 
-    async def request(self, data: bytes) -> Response:
-        """Send one complete request and read the answer.
+    async def request(self, data: bytes, body: bytes = b"") -> Response:
+        """Send one complete request, `data` (or its head, then its `body`: a forwarded body goes as it came,
+        never copied onto its head), and read the answer.
 
         Raises ConnectFailed, TimeoutError past the timeout, another OSError when the connection breaks, and
         ValueError for a response that is not HTTP. Cancelled, it closes the connection: the server stops working on
@@ -141,11 +145,11 @@ class ConnectionPool:
         connection = self._idle.pop() if reused else await self._connect()
         self._busy.add(connection)
         try:
-            return await connection.send(data, time.monotonic() + self._timeout_s)
+            return await connection.send(data, body, time.monotonic() + self._timeout_s)
         except StaleConnection:
             if not reused:
                 raise
-            return await self.request(data)
+            return await self.request(data, body)
         except asyncio.CancelledError:
             connection.fail(ConnectionAbortedError("the request was cancelled"))
             raise

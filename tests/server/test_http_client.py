@@ -85,6 +85,30 @@ def test_a_connection_the_server_closed_while_idle_is_replaced_silently() -> Non
     assert asyncio.run(_with_server(once, client)) == [0, 1]
 
 
+def test_a_body_written_after_its_head_is_one_request_also_when_sent_again() -> None:
+    """`request(head, body)` (a forwarded body, not copied onto its head) reaches the server as one request, and a
+    request sent again on a new connection (the kept-alive one had been closed) carries its body again."""
+    body = bytes(range(256)) * 64
+    head = f"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+    received: list[bytes] = []
+
+    async def record(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int) -> None:
+        while await reader.readuntil(b"\r\n\r\n"):
+            received.append(await reader.readexactly(len(body)))
+            writer.write(OK)
+            await writer.drain()
+            if number == 0:
+                await reader.read(1)  # closes as soon as the next request arrives, without answering it
+                return
+
+    async def client(pool: ConnectionPool) -> None:
+        assert (await pool.request(head, body)).status == 200
+        assert (await pool.request(head, body)).status == 200
+
+    assert asyncio.run(_with_server(record, client)) == [0, 1]
+    assert received == [body, body]
+
+
 def test_no_answer_is_a_timeout() -> None:
     async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
         await reader.read()
