@@ -478,12 +478,6 @@ class ClusterMember:
         )
 
 
-def _statistics_rows(body: bytes) -> list[dict[str, Any]]:
-    """A node's statistics of its own replicas (its `/v2/models/.../stats`) as rows."""
-    rows: list[dict[str, Any]] = json.loads(body)["model_stats"]
-    return rows
-
-
 def _families(body: bytes) -> list[Metric]:
     """A node's exposition (its `/metrics`) as metric families."""
     return list(text_string_to_metric_families(body.decode()))
