@@ -46,6 +46,11 @@ def server_and_stream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tupl
         yield handle, np.clip(stream + 0.4, 0, 1).astype(np.float32)  # a brightness shift
 
 
+#: How long the test waits for a retraining's verdict: a child Python that imports torch and trains, seconds of CPU
+#: on a quiet machine, and 120 s did not suffice once at a load average of 8-12 on 2 cores.
+RETRAINED_WITHIN_S = 300
+
+
 def retrainings(server: ServerHandle) -> dict[str, float]:
     with urllib.request.urlopen(f"http://{server.http_url}/metrics") as response:
         families = text_string_to_metric_families(response.read().decode())
@@ -58,7 +63,7 @@ def test_drifting_requests_are_retrained_on_and_an_accepted_version_swapped_in(
 ) -> None:
     server, stream = server_and_stream
     client = clients.http(server.http_url)
-    served, deadline, outcome = 0, time.monotonic() + 120, None
+    served, deadline, outcome = 0, time.monotonic() + RETRAINED_WITHIN_S, None
     while time.monotonic() < deadline:
         logits, _ = infer(client, "cnn_adapt", stream[served % len(stream)][np.newaxis])
         assert logits.shape == (1, 10)  # every request is answered, before, during and after a swap
@@ -75,7 +80,7 @@ def test_drifting_requests_are_retrained_on_and_an_accepted_version_swapped_in(
         if description.startswith("cache set v2"):
             break
     else:
-        pytest.fail(f"no retraining was judged and deployed within 120 s ({served} requests, {outcome=})")
+        pytest.fail(f"no retraining judged and deployed within {RETRAINED_WITHIN_S} s ({served} requests, {outcome=})")
     log = server.log.read_text()
     assert "retraining learned caches" in log and f"cache retraining {outcome or 'accepted'}" in log
     if outcome != "refused":  # the engine serving v2 counts the retraining that deployed it, which another engine ran
