@@ -22,11 +22,12 @@ from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from adaserve.distributed.messages import NodeAddress, Requests, Routes, TraceChange, Tracing
+from adaserve.distributed.messages import NodeAddress, Requests, Routes, TraceChange
 from adaserve.distributed.node import NodeServer, NodeSettings
 from adaserve.distributed.placement import ModelLoad, Placement, ScaleKind
 from adaserve.distributed.scale_in import IdleNodes, ScaleIn
 from adaserve.distributed.state import DeploymentState, KeyValue, RayKeyValue
+from adaserve.distributed.trace_settings import ClusterTracing, first_line
 from adaserve.errors import CacheBusyError, ConfigError, ModelTooLargeError
 
 log = logging.getLogger("adaserve.cluster")
@@ -46,9 +47,6 @@ DRAIN_TIMEOUT_S = 30.0
 #: A model on a node being drained is placed elsewhere first when it has no other replica and was requested (or
 #: loaded) this recently; the others are written off and placed again on their next request.
 DRAIN_MOVES_USED_WITHIN_S = 60.0
-#: How long a node has to confirm new trace settings before the change is answered without it (it is sent them
-#: again, each membership check, until it confirms).
-TRACE_CONFIRM_TIMEOUT_S = 10.0
 #: A node server that failed to start is tried again after this long, the wait doubling with each failure in a row
 #: up to the cap: a node that cannot start (a port taken, a broken repository) is not restarted every second.
 START_RETRY_FIRST_S, START_RETRY_MAX_S = 2.0, 60.0
@@ -140,9 +138,7 @@ class Controller:
         self.scale_in = settings.scale_in
         self.idle = IdleNodes()
         self._scaling_in: asyncio.Task[None] | None = None  # the drain of an idle node under way
-        self.tracing: Tracing | None = None  # the cluster's trace settings, once a request changed them
-        self.traced: dict[str, int] = {}  # node → the settings version it confirmed (or answered it cannot take)
-        self._catching_up: asyncio.Task[None] | None = None  # settings sent again to the nodes behind
+        self.tracing = ClusterTracing(self.state, self.nodes)
         self._pinged = time.monotonic()  # when the driver last called `ping` (it made this controller: now)
 
     # -- start, membership -------------------------------------------------------------------------------------
@@ -184,7 +180,7 @@ class Controller:
         if removed:
             log.info("removed the state earlier deployments left", extra={"keys": removed})
         self.drained = self.state.drained()
-        self.tracing = self.state.tracing()
+        self.tracing.load()
 
     async def _adopt_running_nodes(self) -> None:
         import ray
@@ -214,7 +210,7 @@ class Controller:
                 await self._follow_membership_once()
             except Exception:
                 log.exception("membership check failed")
-            self._catch_up_tracing()
+            self.tracing.catch_up()
 
     async def _follow_membership_once(self) -> None:
         import ray
@@ -255,7 +251,7 @@ class Controller:
         unlisted = [name for name in self.nodes if name not in actors and name not in self.draining]
         answers = await asyncio.gather(*(self.nodes[name].info.remote() for name in unlisted), return_exceptions=True)
         return {
-            name: _first_line(answer)
+            name: first_line(answer)
             for name, answer in zip(unlisted, answers, strict=True)
             if isinstance(answer, ray.exceptions.ActorDiedError)
         }
@@ -287,7 +283,7 @@ class Controller:
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
         )
         handle: Any = actor.remote(node_id, settings, CONTROLLER, NAMESPACE, self.settings.log_level)
-        tracing = self.tracing
+        tracing = self.tracing.current
         try:
             address, pid = await handle.start.remote(tracing)
         except Exception as exc:
@@ -300,8 +296,7 @@ class Controller:
             del self._ports[node_id]
             return
         self.start_failures.started(node_id)
-        if tracing is not None:  # a change made while it started is sent to it by `_catch_up_tracing`
-            self.traced[node_id] = tracing.version
+        self.tracing.started(node_id, tracing)
         self._join(node_id, handle, address, pid, {}, self._budget(node))
         log.info("node joined", extra={"node": node_id, "http": address.http, "grpc": address.grpc})
         await self._broadcast()
@@ -338,7 +333,7 @@ class Controller:
     def _remove_actor(self, name: str) -> Any:
         """Node `name`'s actor handle, off the controller's list (the caller stops it)."""
         self._ports.pop(name, None)
-        self.traced.pop(name, None)
+        self.tracing.forget(name)
         return self.nodes.pop(name, None)
 
     def _forget(self, name: str) -> list[str]:
@@ -589,65 +584,12 @@ class Controller:
         self.state.save_drained(self.drained)
         return name
 
-    # -- the cluster's trace settings ------------------------------------------------------------------------------
+    # -- the cluster's trace settings (`trace_settings.py`) -------------------------------------------------------
     async def change_trace(self, asking: str, change: TraceChange) -> dict[str, str]:
-        """A trace setting request made on node `asking`: applied to the cluster's settings (this node's, before
-        any was changed) and sent to every node. The nodes that did not confirm them within
-        TRACE_CONFIRM_TIMEOUT_S, with why; those that could not be reached are sent them again until they confirm
-        (`_catch_up_tracing`), and a node that joins, or whose server restarts, starts under them. A bad request
-        raises InvalidInputError."""
+        """A trace setting request made on node `asking`, for the whole cluster: the nodes that did not confirm it,
+        with why (`ClusterTracing.change`)."""
         await self.start()
-        self.tracing = self._changed_tracing(change)
-        self.state.save_tracing(self.tracing)
-        log.info("trace settings changed", extra={"node": asking, "model": change.model, "changes": change.changes})
-        missing = await self._send_tracing(self.tracing, list(self.nodes))
-        if missing:
-            log.warning("trace settings not confirmed by some nodes", extra={"missing": missing})
-        return missing
-
-    def _changed_tracing(self, change: TraceChange) -> Tracing:
-        """The cluster's trace settings after `change` (a version above any before, across restarts too)."""
-        current = self.tracing.state if self.tracing is not None else change.current
-        state = current.changed(change.initial, change.model, change.changes)
-        version = max(self.tracing.version + 1 if self.tracing is not None else 1, time.time_ns() // 1000)
-        return Tracing(version, state)
-
-    async def _send_tracing(self, tracing: Tracing, names: list[str]) -> dict[str, str]:
-        """Send `tracing` to nodes `names`; the nodes that did not confirm it, with why. A node that answers is
-        `traced` at its version, one that says it cannot trace so too: sending them again would not change that,
-        and its server takes them when it next starts."""
-        sending = (asyncio.wait_for(self.nodes[n].trace.remote(tracing), TRACE_CONFIRM_TIMEOUT_S) for n in names)
-        answers = await asyncio.gather(*sending, return_exceptions=True)
-        missing = {}
-        for name, answer in zip(names, answers, strict=True):
-            if isinstance(answer, TimeoutError):
-                missing[name] = f"no answer within {TRACE_CONFIRM_TIMEOUT_S:g} s"
-                continue
-            if isinstance(answer, BaseException):  # its actor is gone: the first line of Ray's account says so
-                missing[name] = _first_line(answer)
-                continue
-            if answer:  # its server cannot trace so
-                missing[name] = answer
-            if name in self.nodes:
-                self.traced[name] = max(self.traced.get(name, 0), tracing.version)
-        return missing
-
-    def _catch_up_tracing(self) -> None:
-        """Send the cluster's trace settings again to the nodes that have not answered them: a node that missed a
-        change (no answer in time), one that started while a change was under way, and every node after this
-        controller restarted (it does not know what they have; one that has them confirms at once). One pass at a
-        time: a node that does not answer holds the next pass back by TRACE_CONFIRM_TIMEOUT_S at most."""
-        if self.tracing is None or (self._catching_up is not None and not self._catching_up.done()):
-            return
-        behind = [name for name in self.nodes if self.traced.get(name, 0) < self.tracing.version]
-        if behind:
-            self._catching_up = asyncio.get_running_loop().create_task(self._catch_up(self.tracing, behind))
-
-    async def _catch_up(self, tracing: Tracing, behind: list[str]) -> None:
-        missing = await self._send_tracing(tracing, behind)
-        caught_up = [name for name in behind if name not in missing]
-        if caught_up:
-            log.info("trace settings confirmed by nodes that were behind", extra={"nodes": caught_up})
+        return await self.tracing.change(asking, change)
 
     # -- the routing table ---------------------------------------------------------------------------------------
     def table(self) -> Routes:
@@ -694,9 +636,10 @@ class Controller:
         """Stop every node server (the cluster is going down)."""
         import ray
 
-        for task in (self._membership, self._scaling, self._scaling_in, self._catching_up):
+        for task in (self._membership, self._scaling, self._scaling_in):
             if task is not None:
                 task.cancel()
+        self.tracing.stop()
         await asyncio.gather(*(h.stop.remote() for h in self.nodes.values()), return_exceptions=True)
         for handle in self.nodes.values():
             ray.kill(handle, no_restart=True)
@@ -717,11 +660,6 @@ def named_actors(prefix: str = "") -> list[str]:
 def _node_actors() -> list[str]:
     """The nodes whose node actor Ray lists."""
     return [name.removeprefix(NODE_PREFIX) for name in named_actors(NODE_PREFIX)]
-
-
-def _first_line(error: BaseException) -> str:
-    """The first line of an error's message (Ray's accounts of a dead actor run to many), else its type's name."""
-    return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
 def _one_of(name: str, among: Collection[str], what: str) -> str:

@@ -35,6 +35,7 @@ from adaserve.distributed.messages import (
     Traced,
     Tracing,
 )
+from adaserve.distributed.trace_settings import changed
 
 #: The channel's frame header: each message's length (`control.py`).
 _LENGTH = struct.Struct("<I")
@@ -120,9 +121,7 @@ class FakeController:
 
     def change(self, asking: FakeActor, change: TraceChange) -> None:
         with self._lock:
-            current = self.tracing.state if self.tracing is not None else change.current
-            version = self.tracing.version + 1 if self.tracing is not None else 1
-            self.tracing = Tracing(version, current.changed(change.initial, change.model, change.changes))
+            self.tracing = changed(self.tracing, change)
             for actor in self.actors:
                 actor.send(self.tracing)
         asking.send(TraceChanged(change.ask))

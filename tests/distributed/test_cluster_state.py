@@ -31,7 +31,7 @@ def test_a_deployments_state_is_its_own_and_a_restarted_controller_gets_it_back(
     async def deploy() -> Controller:
         controller = Controller(SETTINGS, "now", store)
         started(controller)
-        assert (controller.drained, controller.tracing, store) == (set(), None, {})  # the earlier ones' are gone
+        assert (controller.drained, controller.tracing.current, store) == (set(), None, {})  # earlier ones gone
         for name, handle in (("a", None), ("b", FakeNode(""))):  # a's actor is not stopped (no Ray): no handle
             controller._join(name, handle, NodeAddress(f"{name}:8000", f"{name}:8001"), 1, {}, 100)
         controller.draining["a"] = True  # as `drain` has it once a's models moved
@@ -48,9 +48,9 @@ def test_a_deployments_state_is_its_own_and_a_restarted_controller_gets_it_back(
         return controller
 
     restarted = asyncio.run(restart("now"))  # Ray restarts the actor with the arguments it was made with
-    assert restarted.drained == {"a"} and restarted.tracing == deployed.tracing is not None
+    assert restarted.drained == {"a"} and restarted.tracing.current == deployed.tracing.current is not None
     later = asyncio.run(restart("later"))  # the next `serve --ray` on this Ray cluster
-    assert (later.drained, later.tracing, store) == (set(), None, {})
+    assert (later.drained, later.tracing.current, store) == (set(), None, {})
 
 
 def test_a_restarted_controller_sends_its_trace_settings_to_every_node_once() -> None:
@@ -66,10 +66,9 @@ def test_a_restarted_controller_sends_its_trace_settings_to_every_node_once() ->
         for name, handle in nodes.items():  # as it adopts the running nodes
             controller._join(name, handle, NodeAddress(f"{name}:8000", f"{name}:8001"), 1, {}, 100)
         for _ in range(2):
-            controller._catch_up_tracing()
-            if controller._catching_up is not None:
-                await controller._catching_up
-        assert controller.traced == {"a": 7, "b": 7}
+            controller.tracing.catch_up()
+            await controller.tracing.caught_up()
+        assert controller.tracing.confirmed == {"a": 7, "b": 7}
 
     asyncio.run(restarted())
     assert all(handle.got == [tracing] for handle in nodes.values())

@@ -22,12 +22,14 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from adaserve.cli import build_parser
-from adaserve.distributed import controller as controller_module
+from adaserve.distributed import trace_settings
 from adaserve.distributed.cli import cluster_settings
 from adaserve.distributed.controller import ClusterSettings, Controller
 from adaserve.distributed.messages import NodeAddress, Report, Resident, TraceChange, TraceChanged, Traced, Tracing
 from adaserve.distributed.node import NodeSettings, server_arguments
+from adaserve.distributed.state import DeploymentState
 from adaserve.distributed.testing import FakeActor, node_server
+from adaserve.distributed.trace_settings import ClusterTracing
 from adaserve.errors import ConfigError
 from adaserve.server.trace_state import TraceSettings, TraceState
 from tests.distributed.fakes import FakeNode, MemoryKeyValue, started
@@ -135,15 +137,13 @@ def test_a_change_some_nodes_did_not_confirm_is_unavailable_naming_them(
 
 
 def test_the_controller_names_each_node_that_did_not_confirm(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(controller_module, "TRACE_CONFIRM_TIMEOUT_S", 0.05)
-    controller = Controller(ClusterSettings(NodeSettings("/models")), "test")
+    monkeypatch.setattr(trace_settings, "CONFIRM_TIMEOUT_S", 0.05)
     answers = {"a": "", "b": "trace mode triton does not record trace_level ['TENSORS']", "c": None}
     nodes = {name: FakeNode(answer) for name, answer in answers.items()}
     nodes["d"] = FakeNode(ConnectionError("The actor died unexpectedly before finishing this task.\n\tclass_name: X"))
-    for name, handle in nodes.items():
-        controller._join(name, handle, NodeAddress(f"{name}:8000", f"{name}:8001"), 1, {}, 100)
+    cluster = ClusterTracing(DeploymentState("test", MemoryKeyValue()), nodes)
     tracing = Tracing(1, TraceState(TraceSettings(rate=3)))
-    missing = asyncio.run(controller._send_tracing(tracing, list(nodes)))
+    missing = asyncio.run(cluster.send(tracing, list(nodes)))
     assert missing == {
         "b": "trace mode triton does not record trace_level ['TENSORS']",
         "c": "no answer within 0.05 s",
@@ -153,41 +153,38 @@ def test_the_controller_names_each_node_that_did_not_confirm(monkeypatch: pytest
 
 
 def test_the_controller_applies_each_change_to_the_clusters_settings() -> None:
-    controller = Controller(ClusterSettings(NodeSettings("/models")), "test")
     initial = TraceSettings(rate=100)
     behind = TraceState(initial)  # what a node that has not taken the first change yet says it has
-    first = controller._changed_tracing(TraceChange(1, "", {"trace_rate": ["5"]}, initial, behind))
-    controller.tracing = first
-    second = controller._changed_tracing(TraceChange(1, "mlp", {"trace_count": ["2"]}, initial, behind))
+    first = trace_settings.changed(None, TraceChange(1, "", {"trace_rate": ["5"]}, initial, behind))
+    second = trace_settings.changed(first, TraceChange(1, "mlp", {"trace_count": ["2"]}, initial, behind))
     assert second.version > first.version
     assert second.state.of("") == TraceSettings(rate=5)  # the first change kept: built on the cluster's settings
     assert second.state.of("mlp") == TraceSettings(rate=5, count=2)
 
 
 def test_a_node_that_missed_a_change_is_sent_it_again_until_it_confirms(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(controller_module, "TRACE_CONFIRM_TIMEOUT_S", 0.05)
+    monkeypatch.setattr(trace_settings, "CONFIRM_TIMEOUT_S", 0.05)
     controller = Controller(ClusterSettings(NodeSettings("/models")), "test", MemoryKeyValue())
     cannot = "trace mode triton does not record trace_level ['TENSORS']"
     nodes = {"a": FakeNode(""), "b": FakeNode(None), "c": FakeNode(cannot)}  # b does not answer in time
     change = TraceChange(1, "", {"trace_rate": ["5"]}, TraceSettings(), TraceState(TraceSettings()))
 
     async def catch_up() -> None:
-        controller._catch_up_tracing()
-        assert controller._catching_up is not None
-        await controller._catching_up
+        controller.tracing.catch_up()
+        await controller.tracing.caught_up()
 
     async def scenario() -> None:
         started(controller)
         for name, handle in nodes.items():
             controller._join(name, handle, NodeAddress(f"{name}:8000", f"{name}:8001"), 1, {}, 100)
         assert await controller.change_trace("a", change) == {"b": "no answer within 0.05 s", "c": cannot}
-        tracing = controller.tracing
+        tracing = controller.tracing.current
         assert tracing is not None and tracing.state.of("").rate == 5
         await catch_up()  # b is sent them again, and still does not answer; c said it cannot: not sent again
         nodes["b"].answer = ""
         await catch_up()  # now b confirms
-        assert controller.traced == dict.fromkeys(nodes, tracing.version)
-        controller._catch_up_tracing()  # nobody behind: nothing sent
+        assert controller.tracing.confirmed == dict.fromkeys(nodes, tracing.version)
+        controller.tracing.catch_up()  # nobody behind: nothing sent
         assert [len(handle.got) for handle in nodes.values()] == [1, 3, 1]
         assert all(got == tracing for handle in nodes.values() for got in handle.got)
 
