@@ -21,6 +21,11 @@ from tests.server_utils import (
     write_slow_model,
 )
 
+#: perf_analyzer's venv for the suite: in the user's cache, outside the checkout, so that a fresh clone (CI's) finds
+#: it made rather than spending a minute and a half on it (`benchmarks/perf_analyzer_env.sh` remakes it when its
+#: packages change).
+PERF_VENV = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "adaserve" / "venv-perf"
+
 #: The request body limit the session server runs with (for the 413 tests).
 MAX_REQUEST_BYTES = 1_000_000
 
@@ -65,14 +70,18 @@ def perf_analyzer() -> PerfAnalyzer:
     """Triton's perf_analyzer, set up (once) and found; in CI a set-up that fails is a failure, elsewhere a skip
     that says why."""
     done = subprocess.run(
-        ["bash", str(ROOT / "benchmarks" / "perf_analyzer_env.sh")], capture_output=True, text=True, timeout=900
+        ["bash", str(ROOT / "benchmarks" / "perf_analyzer_env.sh")],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "PERF_VENV": str(PERF_VENV)},
     )
     if done.returncode != 0:
         reason = f"perf_analyzer could not be set up: {done.stderr.strip()[-500:]}"
         if os.environ.get("CI"):
             pytest.fail(reason)
         pytest.skip(reason)
-    return PerfAnalyzer.find(ROOT / ".venv-perf")
+    return PerfAnalyzer.find(PERF_VENV)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
