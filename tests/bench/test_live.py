@@ -1,7 +1,7 @@
 """`adaserve bench` against a real `adaserve serve` on loopback.
 
 The slow-server test is the proof that the open loop has no coordinated omission: the model answers in ~15 ms, one
-request at a time, and the schedule asks for 2.5 times what it can serve, yet no request waits for an answer before it
+request at a time, and the schedule asks for five times what it can serve, yet no request waits for an answer before it
 is sent. How punctual the sends are is a timing claim, so it lives in `benchmarks/generator_fidelity.py`; these tests
 keep what does not depend on the machine's speed.
 """
@@ -139,12 +139,14 @@ def test_open_loop_two_models_with_parameters(
 
 @pytest.fixture(scope="module")
 def overload_rate(bench_server: ServerHandle) -> float:
-    """Two and a half times what the slow model serves, measured here so the test holds on a faster machine."""
+    """Five times what the slow model serves, measured here so the test holds on a faster machine. Five, not less:
+    on a busy machine a short measurement can catch a slow spell, and the run must overload the model even when it
+    serves twice what was measured (at 2.5 times, beside a CPU spinner on each core, it once did not)."""
     workload = parse_workload(
-        {"requests": [{"model": "slow"}], "load": {"kind": "closed", "concurrency": 1}, "max_requests": 10}
+        {"requests": [{"model": "slow"}], "load": {"kind": "closed", "concurrency": 1}, "max_requests": 20}
     )
     capacity = run_bench(BenchConfig(url=bench_server.grpc_url, protocol="grpc", workload=workload)).summary
-    return min(300.0, round(2.5 * capacity.throughput_rps))
+    return min(300.0, round(5 * capacity.throughput_rps))
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
