@@ -195,10 +195,7 @@ class Controller:
                 log.warning("could not adopt a node", extra={"node": name, "error": str(exc)})
                 continue
             self._join(name, handle, address, pid, resident, self._budget(ray_nodes.get(name, {})))
-            stride = self.settings.port_stride
-            self._ports[name] = (
-                (int(address.http.rsplit(":", 1)[1]) - self.settings.node.http_port) // stride if stride else 0
-            )
+            self._ports[name] = self._index_of(address)
         if self.nodes:
             log.info("rebuilt from the nodes", extra={"nodes": sorted(self.nodes)})
             await self._broadcast()

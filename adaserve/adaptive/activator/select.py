@@ -31,8 +31,8 @@ ARRIVED_NS = "adaserve.arrived_ns"
 
 
 class Target(NamedTuple):
-    """A request's SLO target (a named tuple: the worker parses one per request, and a frozen dataclass costs a
-    microsecond to make, a tenth of a small MLP's forward)."""
+    """A request's SLO target (a named tuple: the engine parses one per targeted request before queueing it, and a
+    frozen dataclass costs a microsecond to make, a tenth of a small MLP's forward)."""
 
     mode: Literal["aclo", "lcao"]
     value: float  # accuracy in (0, 1], or latency_ms > 0
