@@ -2,9 +2,9 @@
 `adaserve serve --model-memory-budget B --cache-policy P`, and through `adaserve.cache.simulator` with the figures
 the server itself measured, cell by cell.
 
-    .venv/bin/python -m benchmarks.mcache.server            # 80 requests, 9 cells (~27 min, load average 2-4)
+    .venv/bin/python -m benchmarks.mcache.server            # 80 requests, 12 cells (~36 min, load average 2-4)
     .venv/bin/python -m benchmarks.mcache.server --requests 40 --budget-min 30   # the cells that fit in 30 min
-    .venv/bin/python -m benchmarks.mcache.server --quick    # 24 requests, IAM and LFU at 40 and 80%, results/tmp/
+    .venv/bin/python -m benchmarks.mcache.server --quick    # 24 requests, the four policies at 40 and 80%, results/tmp/
     .venv/bin/python -m benchmarks.mcache.server --seeds 0,1,2 --cells iam@40,lfu@40   # three sequences per cell
 
 Steps:
@@ -28,10 +28,12 @@ Steps:
    The simulator replays the same sequence with `clients=1` and the probe's sizes, penalties and execution times,
    through the same policy objects.
 
-The bars are the paper's (IAM vs LFU on the random assignment: throughput ≥ 1.5× at 40% and ≥ 2.39× at 80%; mean
-load time ≥ 27/43/62% lower at 40/60/80%), computed from the server's figures on every seed where both cells were
-run; a bar is judged on the mean of the seeds' ratios, and each seed's ratio is kept beside it: one sequence of 80
-requests tells policies apart by little more than its own noise.
+The bars are issue 57's, on the random assignment at every budget where IAM, LFU, LRU and GDSF were all run, each
+figure the mean over the seeds that ran every one of them: IAM's throughput no lower and its mean load time no higher
+than the best of LFU, LRU and GDSF (the one with the best mean there), on the server's figures and, beside them, on
+the simulator's; and IAM's server throughput and mean load time within 10% of what the simulator predicts for the
+same sequences and budget. (The paper's bars against LFU alone are the simulator benchmark's: there the exact optimum
+shows its 2.39x is beyond any schedule of this workload.)
 """
 
 from __future__ import annotations
@@ -39,10 +41,11 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import statistics
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -55,12 +58,8 @@ from adaserve.cache.workload import ASSIGNMENTS, Assignment, Request, build_work
 from benchmarks.common import RESULTS, SCRATCH, command_line, figure, load_window, machine, write_json
 from benchmarks.mcache.models import CATALOGUE, export
 from benchmarks.mcache.simulate import (
-    LOAD_TIME_BARS,
-    THROUGHPUT_BARS,
     TRACE,
-    load_time_reduction,
     oracle_distance,
-    throughput_ratio,
 )
 from tests.server_utils import ServerHandle, running_server, write_config
 
@@ -76,9 +75,15 @@ MODELS = (
     "gpt2_l4_h512",
 )
 WORKERS = [{"batch": 1, "threads": 1}]
-#: IAM at every budget; LFU and LRU where the paper's bars are.
-FULL_CELLS = "iam@20,iam@40,iam@60,iam@80,iam@100,lfu@40,lfu@80,lru@40,lru@80"
-QUICK_CELLS = "iam@40,lfu@40,iam@80,lfu@80"
+#: The policies IAM must be no worse than (issue 57), at every budget of the full run.
+RIVALS = ("lfu", "lru", "gdsf")
+#: IAM's server figures must be within this share of what the simulator predicts for the same sequence and budget.
+SIMULATOR_TOLERANCE = 0.10
+POLICIES = ("iam", *RIVALS)
+#: The figures the bars judge, and their names in a bar.
+METRICS = {"throughput_rps": "throughput", "mean_load_wait_s": "mean load time"}
+FULL_CELLS = ",".join(f"{policy}@{share}" for share in (40, 60, 80) for policy in ("iam", *RIVALS))
+QUICK_CELLS = ",".join(f"{policy}@{share}" for share in (40, 80) for policy in ("iam", *RIVALS))
 ROOMY_BUDGET = "50GiB"
 #: A one-client replay waits for at most one load per request; a load took up to ~12 s on the busy 2-core machine.
 REQUEST_TIMEOUT_S = 120.0
@@ -212,46 +217,74 @@ def _seconds(ms: float | None) -> float | None:
     return None if ms is None else ms / 1000
 
 
-def bars(cells: dict[CellKey, dict[str, Any]], side: str) -> list[dict[str, Any]]:
-    """The paper's IAM-vs-LFU bars on `side` ("server" or "simulator") on the random assignment, for the shares
-    where both policies were run: the ratio on every seed that has both cells, judged on their mean."""
-    kinds = (
-        ("throughput", THROUGHPUT_BARS, throughput_ratio, "{:.2f}x".format, "{}x".format),
-        ("mean load time", LOAD_TIME_BARS, load_time_reduction, _lower_or_higher, "{:.0%} lower".format),
-    )
-    checks = []
-    for figure_name, targets, compare, show, wanted in kinds:
-        for share, target in targets.items():
-            per_seed = _per_seed(cells, share, side, compare)
-            if not per_seed:
-                continue
-            mean = statistics.fmean(per_seed.values())
-            checks.append(
+def bars(cells: dict[CellKey, dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Issue 57's bars on the random assignment, at every share where IAM and all of RIVALS were run, each figure
+    the mean over the seeds that have every cell: on the server's figures and on the simulator's, IAM's throughput
+    at least the best rival's and its mean load time at most the best rival's (the best: the rival with the best
+    mean at that share, one policy as a user would pick); and IAM's server figures within SIMULATOR_TOLERANCE of
+    the simulator's on the same sequences and budget."""
+    judged: dict[str, list[dict[str, Any]]] = {"server": [], "simulator": [], "server against the simulator": []}
+    for share in sorted({at for _, at, _, assign in cells if assign == BAR_ASSIGNMENT}):
+        seeds = _complete_seeds(cells, share)
+        if not seeds:
+            continue
+        at = f"{share:.0%}"
+        means = {
+            side: {
+                policy: _means(cells[policy, share, seed, BAR_ASSIGNMENT][side] for seed in seeds)
+                for policy in POLICIES
+            }
+            for side in ("server", "simulator")
+        }
+        for side, of_side in means.items():
+            judged[side] += [_against_best(of_side, metric, at, seeds) for metric in METRICS]
+        for metric in METRICS:
+            server, simulated = means["server"]["iam"][metric], means["simulator"]["iam"][metric]
+            off = server / simulated - 1 if simulated else (0.0 if server == 0 else math.inf)
+            judged["server against the simulator"].append(
                 {
-                    "bar": f"IAM vs LFU {figure_name} at {share:.0%}",
-                    "target": f">= {wanted(target)}",
-                    "measured": _spread(per_seed, mean, show),
-                    "value": mean,
-                    "pass": mean >= target,
-                    "seeds": {str(seed): value for seed, value in per_seed.items()},
+                    "bar": f"IAM's {METRICS[metric]} on the server against the simulator's at {at}",
+                    "target": f"within {SIMULATOR_TOLERANCE:.0%}",
+                    "measured": f"{off:+.1%} ({_show(metric, server)} vs {_show(metric, simulated)}; {_of(seeds)})",
+                    "value": off,
+                    "pass": abs(off) <= SIMULATOR_TOLERANCE,
                 }
             )
-    return checks
+    return judged
 
 
-def _per_seed(
-    cells: dict[CellKey, dict[str, Any]],
-    share: float,
-    side: str,
-    compare: Callable[[dict[str, Any], dict[str, Any]], float],
-) -> dict[int, float]:
-    """`compare(iam, lfu)` on `side`'s figures at `share`, for every seed where both cells were run."""
-    seeds = sorted(seed for policy, at, seed, assign in cells if (policy, at, assign) == ("iam", share, BAR_ASSIGNMENT))
+def _means(figures: Iterable[dict[str, float]]) -> dict[str, float]:
+    """Each of METRICS averaged over cells' figures (one per seed)."""
+    listed = list(figures)
+    return {metric: statistics.fmean(f[metric] for f in listed) for metric in METRICS}
+
+
+def _complete_seeds(cells: dict[CellKey, dict[str, Any]], share: float) -> list[int]:
+    """The seeds on which IAM and every rival were run at `share` on the random assignment."""
+    seeds = {seed for _, at, seed, assign in cells if (at, assign) == (share, BAR_ASSIGNMENT)}
+    return sorted(seed for seed in seeds if all((p, share, seed, BAR_ASSIGNMENT) in cells for p in POLICIES))
+
+
+def _against_best(means: dict[str, dict[str, float]], metric: str, at: str, seeds: list[int]) -> dict[str, Any]:
+    """IAM's mean `metric` against the best rival's: the most throughput, or the least mean load time."""
+    more_is_better = metric == "throughput_rps"
+    best = (max if more_is_better else min)(RIVALS, key=lambda policy: means[policy][metric])
+    iam, rival = means["iam"][metric], means[best][metric]
     return {
-        seed: compare(cells["iam", share, seed, BAR_ASSIGNMENT][side], cells["lfu", share, seed, BAR_ASSIGNMENT][side])
-        for seed in seeds
-        if ("lfu", share, seed, BAR_ASSIGNMENT) in cells
+        "bar": f"IAM vs the best of {', '.join(name.upper() for name in RIVALS)}: {METRICS[metric]} at {at}",
+        "target": "no lower" if more_is_better else "no higher",
+        "measured": f"{_show(metric, iam)} vs {_show(metric, rival)} ({best.upper()}; {_of(seeds)})",
+        "value": iam - rival if more_is_better else rival - iam,
+        "pass": iam >= rival if more_is_better else iam <= rival,
     }
+
+
+def _show(metric: str, value: float) -> str:
+    return f"{value:.3f} req/s" if metric == "throughput_rps" else f"{value:.2f} s"
+
+
+def _of(seeds: list[int]) -> str:
+    return "1 seed" if len(seeds) == 1 else f"mean of {len(seeds)} seeds"
 
 
 def distance_from_oracle(
@@ -284,17 +317,6 @@ def distance_from_oracle(
         policy: {"hit_ratio_gap": gaps["hit_ratio_gap"]} for policy, gaps in distance["server"].items()
     }
     return distance
-
-
-def _lower_or_higher(lower: float) -> str:
-    return f"{lower:.1%} lower" if lower >= 0 else f"{-lower:.1%} higher"
-
-
-def _spread(values: dict[int, float], mean: float, show: Callable[[float], str]) -> str:
-    """The mean, and with several seeds their range: "1.31x (mean of 3 seeds; 1.05x to 1.50x)"."""
-    if len(values) == 1:
-        return show(mean)
-    return f"{show(mean)} (mean of {len(values)} seeds; {show(min(values.values()))} to {show(max(values.values()))})"
 
 
 def plot(cells: dict[CellKey, dict[str, Any]], path: Path, title: str) -> None:
@@ -452,7 +474,7 @@ def main() -> None:
         )
         record["cells"] = list(cells.values())
         write_json(record, output)  # after every cell, so an interrupted run keeps what it measured
-    record["bars"] = {"server": bars(cells, "server"), "simulator": bars(cells, "simulator")}
+    record["bars"] = bars(cells)
     record["oracle_distance"] = distance_from_oracle(cells, sequences, figures)
     record["failed_requests"] = sum(cell["server"]["failed"] for cell in cells.values())
     write_json(record, output)
@@ -463,11 +485,11 @@ def main() -> None:
         f"mCache, real server vs simulator: {len(MODELS)} models, {record['requests']} requests per seed, "
         f"seeds {', '.join(map(str, seeds))}, closed loop, 1 client",
     )
-    for check in record["bars"]["server"]:
-        print(
-            f"server {check['bar']}: {check['measured']} (target {check['target']}): "
-            f"{'pass' if check['pass'] else 'MISS'}"
-        )
+    for side in ("server", "server against the simulator"):
+        for check in record["bars"][side]:
+            print(
+                f"{check['bar']}: {check['measured']} (target {check['target']}): {'pass' if check['pass'] else 'MISS'}"
+            )
     print(f"failed requests: {record['failed_requests']}; not run: {record['not_run'] or 'none'}; wrote {output}")
 
 
