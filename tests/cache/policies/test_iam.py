@@ -81,6 +81,16 @@ def test_the_shadow_queue_is_swapped_in_after_the_period() -> None:
     assert cache.policy.refreshes == 1
 
 
+def test_by_default_every_eviction_ranks_the_models_as_they_stand() -> None:
+    cache = _iam(budget=2)  # no refresh period: the queue is rebuilt when a victim is asked for
+    _load(cache, "A", penalty=1.0, size=1, requests=2, now=0.0)
+    _load(cache, "B", penalty=1.0, size=1, requests=1, now=0.0)
+    assert cache.request("C", now=5.0) == ["B"]  # the stale queue of the paper's refresh would evict A (above)
+    assert cache.policy.refreshes == 1
+    assert cache.request("B", now=5.0) == ["C"]  # one request in 105 s against two in 100: C goes before A
+    assert cache.policy.refreshes == 2
+
+
 def test_a_pinned_model_at_the_top_of_the_queue_is_skipped_and_kept() -> None:
     queue = ImportanceQueue([(0.0, "a"), (1.0, "b"), (2.0, "c")])
     assert queue.pop_min({"b", "c"}) == "b"
