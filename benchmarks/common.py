@@ -238,6 +238,28 @@ def add_noise_arguments(parser: argparse.ArgumentParser, *, run: str) -> None:
     )
 
 
+def add_seeds_argument(parser: argparse.ArgumentParser, *, build: str, each: str) -> None:
+    """`--seeds 0,1,2` (the default) for a benchmark whose headline is the median over fresh builds: a `build` per
+    seed, the first seed running every part, and `each` seed what its bars read."""
+
+    def seed_list(text: str) -> list[int]:
+        try:
+            seeds = [int(part) for part in text.split(",")]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: seeds are integers separated by commas, e.g. 0,1,2") from None
+        if len(set(seeds)) != len(seeds):
+            raise argparse.ArgumentTypeError(f"{text!r}: a seed repeated builds the same thing twice")
+        return seeds
+
+    parser.add_argument(
+        "--seeds",
+        type=seed_list,
+        default=[0, 1, 2],
+        metavar="0,1,2",
+        help=f"a {build} per seed; the first runs every part, each one {each} (default 0,1,2)",
+    )
+
+
 #: Set in the network namespace a benchmark re-runs itself in.
 _IN_OWN_NETWORK = "ADASERVE_BENCH_OWN_NETWORK"
 

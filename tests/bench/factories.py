@@ -136,3 +136,19 @@ def can_unshare() -> bool:
     if shutil.which("unshare") is None or shutil.which("ip") is None:
         return False
     return subprocess.run(["unshare", "-rn", "true"], capture_output=True).returncode == 0
+
+
+def gati_seed(gati_ms: float, agreement: float = 0.995) -> dict[str, Any]:
+    """One seed of the GATI early-exit benchmark as `bars` reads it: the base model at 1.5 ms a row (its block chain
+    at 1.6), GATI at `gati_ms` with `agreement` in both forms; 200 rows, each as fast as the others."""
+
+    def method(latency_ms: float, agreement: float = 1.0) -> dict[str, Any]:
+        return {
+            "mean_ms": latency_ms,
+            "p99_ms": latency_ms,
+            "agreement": agreement,
+            "latency_us": [latency_ms * 1e3] * 200,
+        }
+
+    forms = {name: method(gati_ms, agreement) for name in ("gati", "gati process")}
+    return {"methods": {"base": method(1.5), "base chain": method(1.6), **forms}}

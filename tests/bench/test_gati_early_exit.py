@@ -12,7 +12,7 @@ import pytest
 from benchmarks.gati import early_exit
 from benchmarks.planner import models as planner_models
 from benchmarks.planner import replanning
-from tests.bench.factories import recorded, run_benchmark
+from tests.bench.factories import gati_seed, recorded, run_benchmark
 from tests.bench.gati_smoke import SMALL_SPECIALISTS, small_gati
 
 
@@ -37,7 +37,7 @@ def test_early_exit_measures_every_method_sweep_batch_and_the_server(
     monkeypatch.setattr(early_exit, "ALPHAS", (0.0, 1.0))
     monkeypatch.setattr(early_exit, "BUDGET_FRACTIONS", (0.5, None))
     monkeypatch.setattr(early_exit, "BATCHES", (1, 2))
-    run_benchmark(monkeypatch, tmp_path, early_exit, "--quick", "--models", "resnet")
+    run_benchmark(monkeypatch, tmp_path, early_exit, "--quick", "--models", "resnet", "--seeds", "5")
     report = recorded(tmp_path / "gati_early_exit.json", "benchmarks.gati.early_exit", png=False)
     resnet = report["models"]["resnet"]
     methods = resnet["methods"]
@@ -46,9 +46,35 @@ def test_early_exit_measures_every_method_sweep_batch_and_the_server(
     assert {key for key in resnet["sweeps"] if key.startswith("alpha")} == {"alpha 0", "alpha 1"}
     assert set(resnet["batching"]) == {"1", "2"}
     assert resnet["server"]
-    assert len(report["bars"]) == 4 and all(bar["pass"] in (True, False) for bar in report["bars"])
-    assert all(len(bar["p99_ratio_95"]) == 2 for bar in report["bars"][1::2])
+    (seed,) = resnet["seeds"]  # one seed here: a second costs a build (~20 s); test_the_bars_... covers three
+    assert seed["seed"] == 5 and resnet["cache_set"]["settings"]["seed"] == 5
+    assert seed["methods"] == {name: methods[name] for name in ("base", "base chain", "gati", "gati process")}
+    bars = report["bars"]
+    assert len(bars) == 4 and all(bar["pass"] in (True, False) for bar in bars)
+    for speed, p99, name in ((bars[0], bars[1], "gati"), (bars[2], bars[3], "gati process")):
+        figures = seed["figures"][name]
+        base = min(methods["base"]["mean_ms"], methods["base chain"]["mean_ms"])
+        assert figures["speedup"] == speed["speedup"] == base / methods[name]["mean_ms"]
+        assert figures["p99_ratio"] == p99["p99_ratio"] and len(p99["p99_ratio_95"][0]) == 2
+        assert "median of 1 seed" in speed["bar"] and "median of 1 seed" in speed["measured"]
     assert all((tmp_path / f"gati_early_exit.{kind}.png").stat().st_size > 0 for kind in ("latency", "sweeps"))
+
+
+def test_the_bars_judge_the_median_seed_and_the_agreement_of_every_seed() -> None:
+    bars = early_exit.bars({"seeds": [gati_seed(1.0), gati_seed(0.4), gati_seed(0.5)]})
+    speed, p99 = bars[0], bars[1]
+    assert speed["speedups"] == pytest.approx([1.5, 3.75, 3.0]) and speed["speedup"] == pytest.approx(3.0)
+    assert speed["pass"] and "median of 3 seeds" in speed["bar"] and speed["measured"].startswith("3.00×")
+    assert p99["p99_ratio"] == pytest.approx(0.5 / 1.5) and p99["pass"] and len(p99["p99_ratio_95"]) == 3
+    one_short = early_exit.bars({"seeds": [gati_seed(1.0), gati_seed(0.4, agreement=0.98), gati_seed(0.5)]})[0]
+    assert one_short["speedup"] == pytest.approx(3.0) and not one_short["pass"]  # the median met it, one seed not
+    slow = early_exit.bars({"seeds": [gati_seed(2.0), gati_seed(0.4), gati_seed(1.6)]})
+    assert not slow[0]["pass"] and not slow[1]["pass"]  # 0.94× the base, its p99 1.07× the base's
+
+
+def test_a_result_from_before_seeds_is_judged_as_one_seed() -> None:
+    bars = early_exit.bars(gati_seed(0.5))
+    assert bars[0]["speedups"] == pytest.approx([3.0]) and "median of 1 seed" in bars[0]["bar"]
 
 
 @pytest.mark.slow
