@@ -62,7 +62,8 @@ class ModelControlError(AdaserveError):
 
 class ClusterChangeError(AdaserveError):
     """A change made for a whole cluster (its trace settings) that its controller refused, did not answer for, or
-    that some nodes did not confirm; the message names them."""
+    that some nodes did not confirm, or a question about the whole cluster (its trace count) it did not answer; the
+    message names them."""
 
     http_status = 503
     grpc_status = "UNAVAILABLE"

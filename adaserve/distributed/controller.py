@@ -7,7 +7,8 @@ replicas written off when it leaves, or when its node actor dies for good, which
 model on its first request, evicts to make room, drains a node on request (its loaded models moved, its requests
 answered, then it stops) or, with scale-in on, once it has been idle a while (`scale_in.py`), sends every node the
 routing table whenever it changes, and keeps the cluster's trace settings (a change made on any node is sent to every
-node, again to a node that missed it until it confirms, and a node starts under them). It is restartable: its state
+node, again to a node that missed it until it confirms, and a node starts under them; a trace count is split among the
+nodes and handed on to those that run out). It is restartable: its state
 is rebuilt from what the node servers hold (and the drained nodes and the trace settings from Ray's key-value store,
 under its deployment's id: `state.py`), and while it is away the nodes keep routing by the last table they have.
 """
@@ -380,6 +381,8 @@ class Controller:
         if report.counts or report.capacity_rps:  # requests arrived there, or its engines computed
             self.idle.busy(node, now)
         self._arrivals.update(report.counts)
+        if report.traces_wanted:
+            self.tracing.wanted(node, report.traces_wanted)
         for model, rows in report.queued.items():
             self._queued.setdefault(model, {})[node] = rows
         for model, rps in report.capacity_rps.items():
@@ -587,6 +590,12 @@ class Controller:
         with why (`ClusterTracing.change`)."""
         await self.start()
         return await self.tracing.change(asking, change)
+
+    async def trace_left(self, scope: str) -> int | None:
+        """What is left of a trace scope's count in the whole cluster, for a read on any node
+        (`ClusterTracing.left`)."""
+        await self.start()
+        return await self.tracing.left(scope)
 
     # -- the routing table ---------------------------------------------------------------------------------------
     def table(self) -> Routes:

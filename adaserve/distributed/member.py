@@ -50,7 +50,12 @@ from adaserve.distributed.messages import (
     ToNode,
     TraceChange,
     TraceChanged,
+    TraceCountLeft,
+    TraceCountRead,
     Traced,
+    TraceGive,
+    TraceShare,
+    TraceShareLeft,
     Tracing,
     Unload,
     Unloaded,
@@ -76,7 +81,8 @@ MAX_HOPS = 2
 REPORT_EVERY_S = 1.0
 #: How long a node waits for another's own statistics or metrics before it answers without them.
 PEER_TIMEOUT_S = 5.0
-#: How long a trace setting request waits for the controller to say every node has the new settings.
+#: How long a trace setting request waits for the controller: to say every node has the new settings, or what is left
+#: of the cluster's trace count.
 TRACE_CHANGE_TIMEOUT_S = 30.0
 
 Answer = TypeVar("Answer")
@@ -100,8 +106,8 @@ class ClusterMember:
         self._gone: set[str] = set()  # models the table places here that this node no longer holds (reported)
         self._tasks: set[asyncio.Task[None]] = set()
         self._tracing = 0  # the version of the cluster's trace settings this server traces under
-        self._trace_asks = itertools.count(1)
-        self._trace_changes: dict[int, asyncio.Future[TraceChanged]] = {}  # ask → its answer, awaited
+        self._asks = itertools.count(1)
+        self._asked: dict[int, asyncio.Future[Any]] = {}  # a question to the controller (its `ask`) → its answer
 
     async def start(self, control_fd: int, on_end: Callable[[], None]) -> None:
         """Take the control channel inherited as `control_fd` and follow it; `on_end` is called when it closes (the
@@ -149,8 +155,12 @@ class ClusterMember:
                     self._spawn(self._drain(timeout_s))
                 case Tracing():
                     self._adopt_tracing(message)
-                case TraceChanged(ask):
-                    waiting = self._trace_changes.pop(ask, None)
+                case TraceShare(ask, scope, serial, take):
+                    self._send(TraceShareLeft(ask, self.plane.tracer.left(scope, serial, take)))
+                case TraceGive(scope, serial, count):
+                    self.plane.tracer.give(scope, serial, count)
+                case TraceChanged(ask) | TraceCountLeft(ask):
+                    waiting = self._asked.pop(ask, None)
                     if waiting is not None and not waiting.done():
                         waiting.set_result(message)
         log.warning("the node actor is gone: stopping")
@@ -189,7 +199,7 @@ class ClusterMember:
         error = ""
         if tracing.version > self._tracing:
             try:
-                self.plane.tracer.adopt(tracing.state)
+                self.plane.tracer.adopt(tracing.state, tracing.shares)
                 self._tracing = tracing.version
             except AdaserveError as exc:  # this node cannot trace so (its --trace-config differs): it says why
                 error = str(exc)
@@ -202,18 +212,10 @@ class ClusterMember:
         too. A ClusterChangeError names the nodes that did not confirm them (those that did trace so now)."""
         tracer = self.plane.tracer
         tracer.check(tracer.state.changed(tracer.initial, model, changes))
-        ask = next(self._trace_asks)
-        waiting = self._trace_changes[ask] = asyncio.get_running_loop().create_future()
-        self._send(TraceChange(ask, model, changes, tracer.initial, tracer.state))
-        try:
-            answer = await asyncio.wait_for(waiting, TRACE_CHANGE_TIMEOUT_S)
-        except TimeoutError:
-            raise ClusterChangeError(
-                f"the cluster's controller did not answer within {TRACE_CHANGE_TIMEOUT_S:g} s: the trace settings "
-                "may have reached some nodes only; read them on each node, or send the request again"
-            ) from None
-        finally:
-            self._trace_changes.pop(ask, None)
+        answer: TraceChanged = await self._ask_controller(
+            lambda ask: TraceChange(ask, model, changes, tracer.initial, tracer.state),
+            "the trace settings may have reached some nodes only; read them on each node, or send the request again",
+        )
         if answer.error:
             raise ClusterChangeError(f"the trace settings were not changed: {answer.error}")
         if answer.missing:
@@ -223,6 +225,33 @@ class ClusterMember:
                 "other node traces so now, and the controller sends them again to a node that did not answer until it "
                 "does"
             )
+
+    async def trace_left(self, model: str) -> int | None:
+        """What is left of the `trace_count` model `model`'s requests draw on (the server's, for ""), in the whole
+        cluster (`ClusterTracing.left`); None where this server's own count stands (no change was made for the
+        cluster). A ClusterChangeError when the controller cannot tell."""
+        scope = self.plane.tracer.scope_of(model)
+        answer: TraceCountLeft = await self._ask_controller(
+            lambda ask: TraceCountRead(ask, scope), "read the trace settings again"
+        )
+        if answer.error:
+            raise ClusterChangeError(f"the cluster's trace count cannot be read: {answer.error}")
+        return answer.left
+
+    async def _ask_controller(self, question: Callable[[int], FromNode], otherwise: str) -> Any:
+        """The controller's answer to `question` (made with its `ask`), sent up through the node actor; a
+        ClusterChangeError, saying `otherwise`, when it does not answer within TRACE_CHANGE_TIMEOUT_S."""
+        ask = next(self._asks)
+        waiting = self._asked[ask] = asyncio.get_running_loop().create_future()
+        self._send(question(ask))
+        try:
+            return await asyncio.wait_for(waiting, TRACE_CHANGE_TIMEOUT_S)
+        except TimeoutError:
+            raise ClusterChangeError(
+                f"the cluster's controller did not answer within {TRACE_CHANGE_TIMEOUT_S:g} s: {otherwise}"
+            ) from None
+        finally:
+            self._asked.pop(ask, None)
 
     def resident(self) -> dict[str, int]:
         """The models loaded and ready here, with their bytes."""
@@ -238,9 +267,10 @@ class ClusterMember:
         while True:
             await asyncio.sleep(REPORT_EVERY_S)
             queued, capacity = meter.sample(self.plane.router.engines)
-            if self._counts or capacity or any(queued.values()):
+            wanted = self.plane.tracer.wanting()  # scopes whose share of the count ran out: the controller gives more
+            if self._counts or capacity or any(queued.values()) or wanted:
                 counts, self._counts = dict(self._counts), Counter()
-                self._send(Requests(counts, queued, capacity))
+                self._send(Requests(counts, queued, capacity, wanted))
 
     def _ask_to_place(self, model: str, avoid: list[str]) -> None:
         try:

@@ -98,6 +98,7 @@ class Requests(msgspec.Struct, frozen=True, tag="requests"):
     counts: dict[str, int]
     queued: dict[str, int] = {}
     capacity_rps: dict[str, float] = {}
+    traces_wanted: dict[str, int] = {}  # trace scope → the change that gave its count, used up here (`TraceGive`)
 
 
 class Drained(msgspec.Struct, frozen=True, tag="drained"):
@@ -108,10 +109,13 @@ class Drained(msgspec.Struct, frozen=True, tag="drained"):
 
 class Tracing(msgspec.Struct, frozen=True, tag="tracing"):
     """The cluster's trace settings, to be adopted (`Tracer.adopt`); answered by `Traced` with the same `version`.
-    `version` grows with every change, so a node never takes older settings for newer ones."""
+    `version` grows with every change, so a node never takes older settings for newer ones. `shares`: per trace
+    scope (the server's, "", or a model's), this server's share of the scope's `trace_count` where the settings
+    start it afresh (none given: 0), so that the cluster takes the count once in all, not once per node."""
 
     version: int
     state: TraceState
+    shares: dict[str, int] = {}
 
 
 class Traced(msgspec.Struct, frozen=True, tag="traced"):
@@ -142,5 +146,53 @@ class TraceChanged(msgspec.Struct, frozen=True, tag="trace-changed"):
     error: str = ""
 
 
-ToNode = Routes | Load | Unload | Report | Refused | Drain | Tracing | TraceChanged
-FromNode = Place | Loaded | Unloaded | Resident | Requests | Drained | Traced | TraceChange
+class TraceShare(msgspec.Struct, frozen=True, tag="trace-share"):
+    """Say what is left of this server's share of trace scope `scope`'s count, given by change `serial`
+    (`Tracer.left`); `take`: give it all back (the controller hands it to the nodes that want traces). Answered by
+    `TraceShareLeft` `ask`."""
+
+    ask: int
+    scope: str
+    serial: int
+    take: bool = False
+
+
+class TraceShareLeft(msgspec.Struct, frozen=True, tag="trace-share-left"):
+    """The answer to `TraceShare` `ask`: the traces that were left (-1: no limit)."""
+
+    ask: int
+    left: int
+
+
+class TraceGive(msgspec.Struct, frozen=True, tag="trace-give"):
+    """Add `count` traces to this server's share of scope `scope`'s count, if it still counts under change
+    `serial`."""
+
+    scope: str
+    serial: int
+    count: int
+
+
+class TraceCountRead(msgspec.Struct, frozen=True, tag="trace-count-read"):
+    """A trace setting read here: what is left of scope `scope`'s count in the whole cluster? Answered by
+    `TraceCountLeft` `ask`."""
+
+    ask: int
+    scope: str
+
+
+class TraceCountLeft(msgspec.Struct, frozen=True, tag="trace-count-left"):
+    """The answer to `TraceCountRead` `ask`: the traces left in the cluster; None where the node's own count
+    stands (no change was made for the cluster); `error`, why it cannot be told."""
+
+    ask: int
+    left: int | None = None
+    error: str = ""
+
+
+ToNode = (
+    Routes | Load | Unload | Report | Refused | Drain | Tracing | TraceChanged | TraceShare | TraceGive | TraceCountLeft
+)
+FromNode = (
+    Place | Loaded | Unloaded | Resident | Requests | Drained | Traced | TraceChange | TraceShareLeft | TraceCountRead
+)

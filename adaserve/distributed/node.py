@@ -12,12 +12,15 @@ the cluster's trace settings; when the actor dies the socket closes and the serv
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import socket
 import sys
 from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from adaserve.distributed.control import Channel
 from adaserve.distributed.messages import (
@@ -36,11 +39,17 @@ from adaserve.distributed.messages import (
     ToNode,
     TraceChange,
     TraceChanged,
+    TraceCountLeft,
+    TraceCountRead,
     Traced,
+    TraceGive,
+    TraceShare,
+    TraceShareLeft,
     Tracing,
     Unload,
     Unloaded,
 )
+from adaserve.distributed.trace_settings import split
 
 log = logging.getLogger("adaserve.cluster")
 
@@ -93,6 +102,8 @@ class _Server:
         self.unloads: dict[str, asyncio.Future[None]] = {}
         self.asked: dict[type, asyncio.Future[Any]] = {}  # the answer's type → the future of the question asked
         self.traced: dict[int, asyncio.Future[str]] = {}  # trace settings version → its answer (an error, or "")
+        self.shares: dict[int, asyncio.Future[int]] = {}  # a `TraceShare`'s ask → what was left
+        self._asks = itertools.count(1)
 
     def load(self, model: str) -> asyncio.Future[Loaded]:
         return self._ask(self.loads, model, Load(model))
@@ -108,6 +119,10 @@ class _Server:
 
     def trace(self, tracing: Tracing) -> asyncio.Future[str]:
         return self._ask(self.traced, tracing.version, tracing)
+
+    def share(self, scope: str, serial: int, take: bool) -> asyncio.Future[int]:
+        ask = next(self._asks)
+        return self._ask(self.shares, ask, TraceShare(ask, scope, serial, take))
 
     def _ask(self, waiting: dict[Any, asyncio.Future[Any]], key: object, order: ToNode) -> asyncio.Future[Any]:
         """The answer to `order`, sent once however many wait for it (`_follow` pops the future as it answers)."""
@@ -127,7 +142,7 @@ class _Server:
     def gone(self) -> None:
         """The server stopped: everything awaited from it fails."""
         error = ConnectionError("the node server stopped")
-        for waiting in (self.loads, self.unloads, self.asked, self.traced):
+        for waiting in (self.loads, self.unloads, self.asked, self.traced, self.shares):
             for pending in waiting.values():
                 if not pending.done():
                     pending.set_exception(error)
@@ -182,11 +197,32 @@ class NodeServer:
 
     async def trace(self, tracing: Tracing) -> str:
         """Have every server of the node trace under the cluster's settings `tracing`, from now on and when it
-        restarts; once they do, "", else why one cannot."""
+        restarts (with no share of a count then: what it had went with it), the node's shares of the counts split
+        among them; once they do, "", else why one cannot."""
         if self._tracing is None or tracing.version > self._tracing.version:
-            self._tracing = tracing
-        answers = await asyncio.gather(*(s.trace(tracing) for s in self._servers), return_exceptions=True)
+            self._tracing = msgspec.structs.replace(tracing, shares={})
+        parts = len(self._servers)
+        shares = {scope: split(count, parts) for scope, count in tracing.shares.items()}
+        answers = await asyncio.gather(
+            *(
+                server.trace(msgspec.structs.replace(tracing, shares={s: of[i] for s, of in shares.items()}))
+                for i, server in enumerate(self._servers)
+            ),
+            return_exceptions=True,
+        )
         return next((str(answer) for answer in answers if answer), "")
+
+    async def trace_left(self, scope: str, serial: int, take: bool) -> int:
+        """What is left of the node's share of trace scope `scope`'s count, given by change `serial`, on all its
+        servers (a server that does not answer has none); `take`: all of it given back."""
+        answers = await asyncio.gather(*(s.share(scope, serial, take) for s in self._servers), return_exceptions=True)
+        return sum(max(answer, 0) for answer in answers if isinstance(answer, int))
+
+    async def give_traces(self, scope: str, serial: int, count: int) -> None:
+        """Add `count` traces to the node's share of scope `scope`'s count, split among its servers."""
+        for server, part in zip(self._servers, split(count, len(self._servers)), strict=True):
+            if part:
+                server.channel.send(TraceGive(scope, serial, part))
 
     async def refused(self, model: str, reason: str) -> None:
         for server in self._servers:
@@ -307,8 +343,12 @@ class NodeServer:
                     self._controller().requests.remote(self.name, message)
                 case Traced(version, error):
                     server.answer(server.traced, version, error)
+                case TraceShareLeft(ask, left):
+                    server.answer(server.shares, ask, left)
                 case TraceChange():
                     self._spawn(self._change_trace(server, message))
+                case TraceCountRead():
+                    self._spawn(self._read_trace_count(server, message))
         server.gone()
 
     async def _change_trace(self, server: _Server, change: TraceChange) -> None:
@@ -320,6 +360,16 @@ class NodeServer:
             server.channel.send(TraceChanged(change.ask, error=str(exc)))
             return
         server.channel.send(TraceChanged(change.ask, missing))
+
+    async def _read_trace_count(self, server: _Server, read: TraceCountRead) -> None:
+        """Ask the controller what is left of the cluster's trace count `read` asks about; its answer goes back to
+        the server."""
+        try:
+            left: int | None = await self._controller().trace_left.remote(read.scope)
+        except Exception as exc:  # the controller is away (restarting)
+            server.channel.send(TraceCountLeft(read.ask, error=str(exc)))
+            return
+        server.channel.send(TraceCountLeft(read.ask, left))
 
     def _forget(self, model: str) -> None:
         """Unload `model` from every server of the node (in a task: this runs in a server's report loop, which reads

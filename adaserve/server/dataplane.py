@@ -92,6 +92,11 @@ class ClusterView(Protocol):
         bad setting, or the nodes that did not confirm the change."""
         ...
 
+    async def trace_left(self, model: str) -> int | None:
+        """What is left of the cluster's `trace_count` for `model`'s requests (the server's, for ""); None where
+        this server's own count stands."""
+        ...
+
     def held_elsewhere(self) -> dict[str, list[str]]:
         """Each model other nodes hold and this one does not, with those nodes."""
         ...
@@ -190,7 +195,8 @@ class DataPlane:
         self, name: str = "", changes: dict[str, list[str] | None] | None = None
     ) -> dict[str, Any]:
         """Triton's trace extension: the settings of a model (or the server's), after applying `changes` (on a
-        cluster, to every node's: there a model is named as the repository has it, wherever it is held)."""
+        cluster, to every node's: there a model is named as the repository has it, wherever it is held, and the
+        `trace_count` is what is left of it in the whole cluster)."""
         if name and self.cluster is None:
             self.check_model(name)
         elif name:
@@ -198,12 +204,15 @@ class DataPlane:
             repository = self.router.repository
             if not (self.dags.knows(name) or repository.holds(name) or name in repository.dag_names()):
                 raise ModelNotFoundError(f"unknown model '{name}'")
-        if changes is None:
-            return self.tracer.settings(name)
         if self.cluster is None:
-            return self.tracer.update(name, changes)
-        await self.cluster.change_trace(name, changes)
-        return self.tracer.settings(name)
+            return self.tracer.settings(name) if changes is None else self.tracer.update(name, changes)
+        if changes is not None:
+            await self.cluster.change_trace(name, changes)
+        settings = self.tracer.settings(name)
+        if settings["trace_count"] != "-1":  # this server holds its share of the count: the answer is the cluster's
+            left = await self.cluster.trace_left(name)
+            settings["trace_count"] = settings["trace_count"] if left is None else str(left)
+        return settings
 
     def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
         """Triton's statistics extension: `{"model_stats": [...]}` for one version of a model, every version it

@@ -36,7 +36,7 @@ import numpy as np
 from adaserve.engine.engine import RequestTimes
 from adaserve.errors import ConfigError, InvalidInputError
 from adaserve.repository import is_version
-from adaserve.server.trace_state import LEVELS, TraceSettings, TraceState, parse_changes
+from adaserve.server.trace_state import LEVELS, SERVER, TraceSettings, TraceState, parse_changes
 
 log = logging.getLogger("adaserve.trace")
 
@@ -164,16 +164,20 @@ class _Scope:
         self.settings = settings
         self.seen = 0  # requests since the settings last changed; every `rate`-th is traced
         self.collected: list[Trace] = []  # waiting for `log_frequency` of them
+        self.missed = 0  # requests due a trace that the count had none left for (a cluster node asks for more)
 
     def reset(self, settings: TraceSettings) -> None:
         self.settings, self.seen = settings, 0
 
     def sample(self) -> bool:
         settings = self.settings
-        if not settings.level or settings.count == 0:
+        if not settings.level:
             return False
         self.seen += 1
         if self.seen % settings.rate:
+            return False
+        if settings.count == 0:
+            self.missed += 1
             return False
         if settings.count > 0:
             self.settings = replace(settings, count=settings.count - 1)
@@ -360,29 +364,71 @@ class Tracer:
         for settings in (state.server, *(state.of(name) for name in state.models)):
             self._check_sink(settings)
 
-    def adopt(self, state: TraceState) -> None:
+    def adopt(self, state: TraceState, shares: Mapping[str, int] | None = None) -> None:
         """Sample under `state` from now on (checked first): a scope whose settings it changes starts sampling
         afresh, its count anew where `state` gave one, else what is left of it; a model it gives no settings of its
-        own follows the server's again, what it collected going with theirs."""
+        own follows the server's again, what it collected going with theirs. `shares`: a cluster's node server
+        counts its share of each scope's count (SERVER or a model; none: 0), the cluster's count split among its
+        servers, not the whole count."""
         self.check(state)
         before, self.state = self.state, state
-        self._reset(self._server, state.of(""), before.of(""), state.recounted("") != before.recounted(""))
+
+        def counted(name: str) -> TraceSettings:
+            settings = state.of(name)
+            if shares is None or settings.count < 0:
+                return settings
+            return replace(settings, count=shares.get(name, 0))
+
+        self._reset(self._server, counted(SERVER), before.of(SERVER), state.recounted("") != before.recounted(""))
         for name in [name for name in self._models if name not in state.models]:
             self._server.collected += self._models.pop(name).collected
         for name in state.models:
             scope = self._models.get(name)
             if scope is None:
-                self._models[name] = _Scope(state.of(name))
+                self._models[name] = _Scope(counted(name))
             else:
                 recount = state.recounted(name) != before.recounted(name)
-                self._reset(scope, state.of(name), before.of(name), recount)
+                self._reset(scope, counted(name), before.of(name), recount)
 
     @staticmethod
     def _reset(scope: _Scope, settings: TraceSettings, before: TraceSettings, recount: bool) -> None:
         if recount:
             scope.reset(settings)
-        elif settings != before:
+        elif replace(settings, count=before.count) != before:
             scope.reset(replace(settings, count=scope.settings.count))
+
+    # -- a cluster's share of a count (`adaserve.distributed.trace_settings`) ----------------------------------------
+    def scope_of(self, model_name: str) -> str:
+        """The scope whose count model `model_name`'s requests draw on: the model's, if it has settings of its own,
+        else the server's (SERVER)."""
+        return model_name if model_name in self._models else SERVER
+
+    def left(self, scope: str, serial: int, take: bool = False) -> int:
+        """What is left of `scope`'s count, as the change `serial` gave it (`TraceState.recounted`): 0 for a scope
+        counting under another change, or none; -1 for no limit. `take`: it is all taken back (the count is 0)."""
+        found = self._models.get(scope) if scope != SERVER else self._server
+        if found is None or self.state.recounted(scope) != serial:
+            return 0
+        left = found.settings.count
+        if take and left > 0:
+            found.settings = replace(found.settings, count=0)
+        return left
+
+    def give(self, scope: str, serial: int, count: int) -> None:
+        """Add `count` traces to `scope`'s count, if it still counts under the change `serial` and has a limit."""
+        found = self._models.get(scope) if scope != SERVER else self._server
+        if found is not None and self.state.recounted(scope) == serial and found.settings.count >= 0:
+            found.settings = replace(found.settings, count=found.settings.count + count)
+
+    def wanting(self) -> dict[str, int]:
+        """The scopes that let a request due a trace go untraced, their count used up, since the last call; each
+        with the change that gave the count."""
+        wanting = {}
+        for name, scope in {SERVER: self._server, **self._models}.items():
+            if scope.missed and scope.settings.count == 0:
+                wanting[name] = self.state.recounted(name)
+            scope.missed = 0
+        return wanting
 
     def _check_sink(self, settings: TraceSettings) -> None:
         if settings.level and self.sink is None:

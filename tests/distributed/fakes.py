@@ -9,31 +9,47 @@ from typing import Any
 
 from adaserve.distributed.controller import Controller
 from adaserve.distributed.messages import Loaded, NodeAddress, Tracing
+from adaserve.server.trace import Tracer
 
 
 class FakeNode:
     """A node actor's handle as the controller calls it (`handle.method.remote(...)`): `trace` answers `answer` (an
-    error raised; None: never), which a test may change between calls; `load` holds any model at `size_bytes`, the
-    other calls answer as a running node's; once `died` is set, every call raises it, as Ray does a dead actor's."""
+    error raised; None: never), which a test may change between calls, and a `tracer`, if given, adopts the settings
+    and holds the node's shares of the trace counts; `load` holds any model at `size_bytes`, the other calls answer
+    as a running node's; once `died` is set, every call raises it, as Ray does a dead actor's."""
 
-    def __init__(self, answer: str | BaseException | None = "", size_bytes: int = 10) -> None:
+    def __init__(
+        self, answer: str | BaseException | None = "", size_bytes: int = 10, tracer: Tracer | None = None
+    ) -> None:
         self.got: list[Tracing] = []
         self.answer = answer
         self.size_bytes = size_bytes
+        self.tracer = tracer
         self.died: BaseException | None = None
         self.loaded: list[str] = []
         self.trace, self.load = _Method(self, self._trace), _Method(self, self._load)
+        self.trace_left, self.give_traces = _Method(self, self._trace_left), _Method(self, self._give_traces)
         self.routes = self.unload = self.refused = _Method(self, self._ignore)
         self.info = _Method(self, self._info)
 
     async def _trace(self, tracing: Tracing) -> str:
         self.got.append(tracing)
+        if self.tracer is not None:
+            self.tracer.adopt(tracing.state, tracing.shares)
         if self.answer is None:  # until the caller's timeout cancels the wait
             never: asyncio.Future[str] = asyncio.get_running_loop().create_future()
             return await never
         if isinstance(self.answer, BaseException):
             raise self.answer
         return self.answer
+
+    async def _trace_left(self, scope: str, serial: int, take: bool) -> int:
+        assert self.tracer is not None
+        return self.tracer.left(scope, serial, take)
+
+    async def _give_traces(self, scope: str, serial: int, count: int) -> None:
+        assert self.tracer is not None
+        self.tracer.give(scope, serial, count)
 
     async def _load(self, model: str) -> Loaded:
         self.loaded.append(model)

@@ -10,6 +10,7 @@ import asyncio
 import json
 import queue
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -25,12 +26,27 @@ from adaserve.cli import build_parser
 from adaserve.distributed import trace_settings
 from adaserve.distributed.cli import cluster_settings
 from adaserve.distributed.controller import ClusterSettings, Controller
-from adaserve.distributed.messages import NodeAddress, Report, Resident, TraceChange, TraceChanged, Traced, Tracing
+from adaserve.distributed.messages import (
+    NodeAddress,
+    Report,
+    Requests,
+    Resident,
+    TraceChange,
+    TraceChanged,
+    TraceCountLeft,
+    TraceCountRead,
+    Traced,
+    TraceGive,
+    TraceShare,
+    TraceShareLeft,
+    Tracing,
+)
 from adaserve.distributed.node import NodeSettings, server_arguments
 from adaserve.distributed.state import DeploymentState
 from adaserve.distributed.testing import FakeActor, node_server
-from adaserve.distributed.trace_settings import ClusterTracing
+from adaserve.distributed.trace_settings import ClusterTracing, split
 from adaserve.errors import ConfigError
+from adaserve.server.trace import TraceFile, Tracer
 from adaserve.server.trace_state import TraceSettings, TraceState
 from tests.distributed.fakes import FakeNode, MemoryKeyValue, started
 from tests.server_utils import ServerHandle, link_example, running_server
@@ -134,6 +150,79 @@ def test_a_change_some_nodes_did_not_confirm_is_unavailable_naming_them(
     assert "1 node(s) did not confirm them (b7: no answer within 10 s)" in str(refused.message())
     assert _get(handle, "/v2/models/mlp/trace/setting")["trace_level"] == ["TIMESTAMPS"]  # taken here all the same
     assert _get(handle)["trace_level"] == ["OFF"]
+
+
+def test_a_node_counts_its_share_of_the_count_and_reads_the_clusters(node: tuple[ServerHandle, FakeActor]) -> None:
+    handle, actor = node
+    actor.drain()
+    state = TraceState(TraceSettings()).changed(TraceSettings(), "", {"trace_count": ["5"]})
+    serial = state.recounted("")
+    actor.send(Tracing(30, state, {"": 2}))
+    assert actor.expect(Traced) == Traced(30)
+    reading = _in_thread(lambda: _get(handle))
+    read = actor.expect(TraceCountRead)
+    assert isinstance(read, TraceCountRead) and read.scope == ""
+    actor.send(TraceCountLeft(read.ask, 7))  # what the controller says the nodes have left, together
+    assert reading.get(timeout=60)["trace_count"] == "7"
+    actor.send(TraceShare(1, "", serial, take=True))
+    assert actor.expect(TraceShareLeft) == TraceShareLeft(1, 2)  # its share, given back
+    actor.send(TraceGive("", serial, 3))
+    actor.send(TraceGive("", serial - 1, 50))  # for an older count: not taken
+    actor.send(TraceShare(2, "", serial))
+    assert actor.expect(TraceShareLeft) == TraceShareLeft(2, 3)
+    actor.send(Tracing(40, state.changed(TraceSettings(), "", {"trace_count": None})))  # no limit again
+    assert actor.expect(Traced) == Traced(40)
+    assert _get(handle)["trace_count"] == "-1"  # no limit: read here, not asked of the cluster
+
+
+def test_a_trace_count_is_the_clusters_handed_on_to_the_nodes_that_want_traces(tmp_path: Path) -> None:
+    """Ten traces asked of three nodes: split 4/3/3; a node whose share ran out with requests still due a trace
+    gets what the others have left, until the cluster has taken ten in all."""
+    controller = Controller(ClusterSettings(NodeSettings("/models")), "test", MemoryKeyValue())
+    on = TraceSettings(level=("TIMESTAMPS",), rate=1)
+    tracers = {name: Tracer(on, TraceFile(tmp_path / name)) for name in "abc"}
+    nodes = {name: FakeNode(tracer=tracer) for name, tracer in tracers.items()}
+    change = TraceChange(1, "", {"trace_count": ["10"]}, on, TraceState(on))
+
+    def traced(name: str, requests: int) -> int:
+        tracer = tracers[name]
+        taken = [trace for trace in (tracer.begin("mlp", "") for _ in range(requests)) if trace is not None]
+        for trace in taken:
+            tracer.finish(trace)
+        return len(taken)
+
+    def counts() -> list[str]:
+        return [tracer.settings()["trace_count"] for tracer in tracers.values()]
+
+    async def reports(name: str) -> None:  # the node's next report, and the hand-on it starts
+        controller._take_report(name, Requests({}, traces_wanted=tracers[name].wanting()), time.monotonic())
+        await asyncio.gather(*list(controller.tracing._handing_on.values()))
+
+    async def scenario() -> None:
+        started(controller)
+        for name, node in nodes.items():
+            controller._join(name, node, NodeAddress(f"{name}:8000", f"{name}:8001"), 1, {}, 100)
+        assert await controller.change_trace("a", change) == {}
+        assert counts() == ["4", "3", "3"] and await controller.trace_left("") == 10
+        assert (traced("a", 6), traced("b", 1)) == (4, 1)  # a's share used up, two requests due a trace untraced
+        await reports("b")  # b's share lasts: it wants none
+        assert counts() == ["0", "2", "3"]
+        await reports("a")  # a is handed what b and c have left
+        assert counts() == ["5", "0", "0"] and await controller.trace_left("") == 5
+        assert (traced("b", 3), traced("a", 8)) == (0, 5)
+        await reports("b")  # b wants some now, and none is left
+        assert counts() == ["0", "0", "0"] and await controller.trace_left("") == 0
+        await reports("a")  # nothing asked of the nodes for a count used up
+        assert all(len(node.got) == 1 for node in nodes.values())
+
+    asyncio.run(scenario())
+    for tracer in tracers.values():
+        tracer.close()
+    assert sum(len(json.loads((tmp_path / name).read_text())) for name in tracers) == 10  # a head entry each
+
+
+def test_a_count_is_split_as_evenly_as_can_be() -> None:
+    assert (split(10, 3), split(2, 3), split(0, 2), split(5, 1)) == ([4, 3, 3], [1, 1, 0], [0, 0], [5])
 
 
 def test_the_controller_names_each_node_that_did_not_confirm(monkeypatch: pytest.MonkeyPatch) -> None:

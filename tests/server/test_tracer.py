@@ -301,3 +301,15 @@ def test_a_state_the_sink_cannot_record_is_refused_and_changes_nothing() -> None
     with pytest.raises(InvalidInputError, match="tracing needs a trace file"):
         node.adopt(refused)
     assert node.state == TraceState(TraceSettings(rate=5)) and node.settings("mlp")["trace_level"] == ["OFF"]
+
+
+def test_a_cluster_node_counts_its_share_of_each_count(tracer: Callable[..., Tracer]) -> None:
+    node = tracer(level=("TIMESTAMPS",), rate=1)
+    state = node.state.changed(node.initial, "", {"trace_count": ["10"]})
+    state = state.changed(node.initial, "mlp", {"trace_rate": ["2"]})  # a scope of its own, counting the server's 10
+    node.adopt(state, {"": 3})
+    assert (node.settings()["trace_count"], node.settings("mlp")["trace_count"]) == ("3", "0")  # none given: 0
+    assert traced(node, "cnn", 5) == [1, 2, 3] and traced(node, "mlp", 4) == []
+    assert node.wanting() == {"": state.recounted(""), "mlp": state.recounted("mlp")} and node.wanting() == {}
+    node.adopt(state.changed(node.initial, "", {"trace_rate": ["2"]}), {"": 9})  # no count given: the share stays
+    assert node.settings()["trace_count"] == "0"
