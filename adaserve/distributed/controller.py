@@ -23,12 +23,13 @@ from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from adaserve.distributed.causes import actor_death
 from adaserve.distributed.messages import NodeAddress, Requests, Routes, TraceChange
 from adaserve.distributed.node import NodeServer, NodeSettings
 from adaserve.distributed.placement import ModelLoad, Placement, ScaleKind
 from adaserve.distributed.scale_in import IdleNodes, ScaleIn
 from adaserve.distributed.state import DeploymentState, KeyValue, RayKeyValue
-from adaserve.distributed.trace_settings import ClusterTracing, first_line
+from adaserve.distributed.trace_settings import ClusterTracing
 from adaserve.errors import CacheBusyError, ConfigError, ModelTooLargeError
 
 log = logging.getLogger("adaserve.cluster")
@@ -193,7 +194,7 @@ class Controller:
                 address, pid = await handle.info.remote()
                 resident = await handle.resident.remote()
             except Exception as exc:  # a node actor that cannot answer is left to the membership loop
-                log.warning("could not adopt a node", extra={"node": name, "error": str(exc)})
+                log.warning("could not adopt a node", extra={"node": name, "error": actor_death(exc)})
                 continue
             self._join(name, handle, address, pid, resident, self._budget(ray_nodes.get(name, {})))
             self._ports[name] = self._index_of(address)
@@ -241,15 +242,15 @@ class Controller:
         await asyncio.gather(*(self._add(node_id, node) for node_id, node in joined))
 
     async def _dead_actors(self, actors: Collection[str]) -> dict[str, str]:
-        """The nodes whose actor is not among `actors` and whose call fails as a dead actor's does, with the first
-        line of Ray's account of why (a call confirms it: the list is not the actor's own word). A node being
-        drained is left to its drain, which stops its actor."""
+        """The nodes whose actor is not among `actors` and whose call fails as a dead actor's does, with why, in
+        words, from Ray's account (`causes.actor_death`; a call confirms it: the list is not the actor's own word).
+        A node being drained is left to its drain, which stops its actor."""
         import ray
 
         unlisted = [name for name in self.nodes if name not in actors and name not in self.draining]
         answers = await asyncio.gather(*(self.nodes[name].info.remote() for name in unlisted), return_exceptions=True)
         return {
-            name: first_line(answer)
+            name: actor_death(answer)
             for name, answer in zip(unlisted, answers, strict=True)
             if isinstance(answer, ray.exceptions.ActorDiedError)
         }

@@ -27,6 +27,7 @@ from typing import Any
 
 import msgspec
 
+from adaserve.distributed.causes import actor_death
 from adaserve.distributed.messages import TraceChange, Tracing
 from adaserve.distributed.state import DeploymentState
 from adaserve.server.trace_state import SERVER
@@ -85,8 +86,8 @@ class ClusterTracing:
             if isinstance(answer, TimeoutError):
                 missing[name] = f"no answer within {CONFIRM_TIMEOUT_S:g} s"
                 continue
-            if isinstance(answer, BaseException):  # its actor is gone: the first line of Ray's account says so
-                missing[name] = first_line(answer)
+            if isinstance(answer, BaseException):  # its actor is gone: Ray's account says why
+                missing[name] = actor_death(answer)
                 continue
             if answer:  # its server cannot trace so
                 missing[name] = answer
@@ -207,8 +208,3 @@ def split(count: int, parts: int) -> list[int]:
     """`count` in `parts` shares as even as can be (the first take the remainder): a count among nodes, or a node's
     share among its servers."""
     return [count // parts + (index < count % parts) for index in range(parts)] if parts else []
-
-
-def first_line(error: BaseException) -> str:
-    """The first line of an error's message (Ray's accounts of a dead actor run to many), else its type's name."""
-    return (str(error).strip().splitlines() or [type(error).__name__])[0]

@@ -77,6 +77,18 @@ class _Method:
         return self._remote(*args)
 
 
+def actor_died(message: str, **fields: Any) -> BaseException:
+    """An ActorDiedError as Ray raises it for a node actor whose death its GCS explained with `message` (fields of
+    Ray's `ActorDiedErrorContext`: `pid`, say)."""
+    import ray
+    from ray.core.generated.common_pb2 import ActorDiedErrorContext
+
+    context = ActorDiedErrorContext(
+        error_message=message, class_name="NodeServer", actor_id=b"\x01" * 16, name="adaserve-node-a", **fields
+    )
+    return ray.exceptions.ActorDiedError(context)  # type: ignore[no-any-return]
+
+
 class MemoryKeyValue(dict[str, bytes]):
     """Ray's key-value store (one namespace) as a dict: `KeyValue`."""
 

@@ -13,7 +13,7 @@ from adaserve import logs
 from adaserve.distributed.controller import ClusterSettings, Controller
 from adaserve.distributed.messages import NodeAddress
 from adaserve.distributed.node import NodeSettings
-from tests.distributed.fakes import FakeNode, MemoryKeyValue, started
+from tests.distributed.fakes import FakeNode, MemoryKeyValue, actor_died, started
 
 
 def _address(name: str) -> NodeAddress:
@@ -44,7 +44,7 @@ def test_a_node_actor_that_died_for_good_is_dropped_its_models_placed_again_and_
         for name, handle in nodes.items():
             controller._join(name, handle, _address(name), 1, {"mlp": 10} if name == "a" else {}, 100)
         assert controller.table().replicas == {"mlp": ["a"]}
-        nodes["a"].died = ray.exceptions.ActorDiedError()
+        nodes["a"].died = actor_died("The actor is dead because it was killed by `ray.kill`.", pid=4242)
         with caplog.at_level(logging.WARNING, logger="adaserve.cluster"):
             await controller._follow(alive, ["b"])  # a is not listed, and dead; c is not listed, but answers
         assert killed == [nodes["a"]] and starts == ["a"]
@@ -53,7 +53,7 @@ def test_a_node_actor_that_died_for_good_is_dropped_its_models_placed_again_and_
         assert controller.table().replicas == {}  # written off: no request is sent to it
         (lost,) = [record for record in caplog.records if record.getMessage() == "node lost"]
         assert lost.levelno == logging.WARNING and lost.__dict__["node"] == "a" and lost.__dict__["models"] == ["mlp"]
-        assert lost.__dict__["reason"] == "its node actor died: The actor died unexpectedly before finishing this task."
+        assert lost.__dict__["reason"] == "its node actor died: it was killed (ray.kill)"
         await controller.place("b", "mlp", 10, [])  # its next request places it again
         await asyncio.gather(*controller._placing.values())
         (holder,) = controller.placement.replicas("mlp")
