@@ -228,11 +228,14 @@ def perf_run(
     shape: str | None = "image:784",
     extra: tuple[str, ...] = (),
     rate: float | None = None,
+    quiet_wait_s: float | None = None,
 ) -> dict[str, Any]:
     """One perf_analyzer run of batch-1 requests (`shape`: the input's, None to send none; `extra`: more of its
     arguments); its CSV row, its own and the server's CPU over the run, the load average around it. A closed loop
     of `concurrency` requests, or with `rate` an open loop of Poisson arrivals at that many requests per second
-    (each of its windows is judged stable, as the arrivals, not the server, set its pace)."""
+    (each of its windows is judged stable, as the arrivals, not the server, set its pace). It first waits for a
+    quiet machine, up to `quiet_wait_s` (by default QUIET_WAIT_S, none for a smoke run; 0 for runs started together
+    after one wait)."""
     flags = (Path(a).name if "/" in a else a.lstrip("-") for a in extra)  # a file's name, not its path
     load = f"c{concurrency}" if rate is None else f"poisson{rate:g}"
     label = "-".join([name, model, protocol, load, *flags, f"r{repeat}"])
@@ -257,7 +260,9 @@ def perf_run(
     if rate is not None:
         run["offered_rps"] = rate
     run["command"] = perf.shell_text(arguments)
-    run["quiet"] = wait_for_quiet(QUIET_WAIT_S if perf.judge_stability else 0.0)  # a smoke run does not wait
+    if quiet_wait_s is None:
+        quiet_wait_s = QUIET_WAIT_S if perf.judge_stability else 0.0  # a smoke run does not wait
+    run["quiet"] = wait_for_quiet(quiet_wait_s)
     server_cpu = tree_cpu_s(server.pid)
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     with load_window(run):

@@ -11,12 +11,20 @@ Serve's proxy routes it to a replica that holds it; one replica on each node (on
 Ray 2.60.
 
 The load is Triton's C++ perf_analyzer for both: closed loop at `--concurrency` (default 8), batch-1 requests over
-HTTP (binary tensor data), one model per run, every request carrying the multiplexing header (adaserve ignores it).
+HTTP (binary tensor data), one model per run, then every model at once (the mixed load, below), every request
+carrying the multiplexing header (adaserve ignores it).
 A Python load generator would take CPU from the servers on two cores and add its own time to every request; the
 ingress lets the same C++ client drive both. Every request enters the cluster at one address, as a client that
 knows nothing of placement sends it: Serve's one HTTP proxy (on the head node) and the first adaserve node server
 (node 0's ports), which forwards requests for models placed on other nodes. Each model is asked once first, so
 its first load is outside the measurement.
+
+Then the mixed load: every model at once, a perf_analyzer per model started together, each at its share of
+`--concurrency` (8 on three models: 3, 3, 2), the same entry and header. Each measures in time windows (5 s; 2 s
+with --quick) rather than request counts, so that the models' measurements overlap instead of the fastest model's
+ending early. The mix is recorded per model (`mixed:MODEL`: its req/s and p50) and in all (`mixed:all`: the req/s
+summed, the p50 and p99 the models' own weighted by their req/s, the server cores over the whole mix), beside the
+one-model cases in the same JSON and PNG.
 
 Each round starts adaserve's cluster, measures every model, stops it, then does the same with Ray Serve's
 (`--repeats` rounds; the figures are medians over the rounds). Ray binds every interface whatever it is told, so
@@ -42,25 +50,30 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from adaserve.distributed.launch import OBJECT_STORE_BYTES
+from adaserve.distributed.trace_settings import split
 from benchmarks.common import (
     RESULTS,
     ROOT,
     SCRATCH,
     finish_report,
     load_average,
+    load_window,
     process_command,
     report_head,
     rerun_in_own_network_namespace,
+    tree_cpu_s,
+    wait_for_quiet,
 )
 from benchmarks.foreign import example_artifact, foreign_server, idle_cores, print_pair, venv_python, version_of
 from benchmarks.perf_load import PerfAnalyzer
-from benchmarks.serving_overhead import paired_cases, paired_plot, perf_parser, perf_run
+from benchmarks.serving_overhead import QUIET_WAIT_S, paired_case, paired_cases, paired_plot, perf_parser, perf_run
 from tests.server_utils import EXAMPLES, ServerHandle, link_example
 
 SERVERS = ("ray", "adaserve")
@@ -74,6 +87,8 @@ UP_TIMEOUT_S = 300.0
 #: after they were picked, and one did (a node server then never came up: "address already in use").
 ADASERVE_HTTP_PORT = 8000
 RAY_SERVE_PORT = 8500
+#: The mixed load's perf_analyzer time window, in ms: full runs, and --quick's.
+MIXED_WINDOW_MS = {False: 5000, True: 2000}
 
 
 def main() -> int:
@@ -86,6 +101,8 @@ def main() -> int:
     models = tuple(args.models.split(","))
     if unknown := set(models) - set(MODELS):
         parser.error(f"no example model {sorted(unknown)}; choose from {', '.join(MODELS)}")
+    if args.concurrency < len(models):
+        parser.error(f"--concurrency {args.concurrency} cannot be shared among {len(models)} models in the mix")
     outer = rerun_in_own_network_namespace("benchmarks.cluster.versus_ray_serve")
     if outer is not None:
         return outer
@@ -108,10 +125,12 @@ def main() -> int:
         "ray_batch": {"max_batch_size": 16, "batch_wait_timeout_s": 0.0},
         "object_store_bytes": OBJECT_STORE_BYTES,
         "entry": "Ray Serve: its HTTP proxy (head node only); adaserve: node 0's server",
+        "mixed_concurrency": dict(zip(models, split(args.concurrency, len(models)), strict=True)),
+        "mixed_window_ms": MIXED_WINDOW_MS[args.quick],
     }
     report = report_head("cluster_versus_ray_serve", settings)
     report["ray_version"] = version_of(python, "ray")
-    report["rounds"], report["runs"] = [], []
+    report["rounds"], report["runs"], report["mixed_runs"] = [], [], []
     for repeat in range(args.repeats):
         with _adaserve_cluster(work, args.nodes) as (adaserve, nodes):
             entry = nodes[0]
@@ -142,6 +161,7 @@ def main() -> int:
         ]
         for model in models
     }
+    report["cases"].update(_mixed_cases(report["mixed_runs"], models))
     return finish_report(report, output, _plot, _print)
 
 
@@ -156,8 +176,9 @@ def _measured(
     repeat: int,
     report: dict[str, Any],
 ) -> dict[str, Any]:
-    """One system's round: its idle cores, then a perf_analyzer run for each model sent to `entry` (added to
-    `report["runs"]`); what the round records about it."""
+    """One system's round: its idle cores, a perf_analyzer run for each model sent to `entry` (added to
+    `report["runs"]`), then every model at once (`_mixed`, added to `report["mixed_runs"]`); what the round records
+    about it."""
     record: dict[str, Any] = {"command": process_command(server.pid), "idle_cores": idle_cores(server.pid)}
     at = ServerHandle(entry, "", server.pid, server.log)  # requests go to `entry`, CPU is the whole tree's
     for model in models:
@@ -175,7 +196,63 @@ def _measured(
         )
         run["model"] = model
         report["runs"].append(run)
+    report["mixed_runs"].append(_mixed(perf, name, server, at, models, shapes, args, repeat))
     return record
+
+
+def _mixed(
+    perf: PerfAnalyzer,
+    name: str,
+    server: ServerHandle,
+    at: ServerHandle,
+    models: tuple[str, ...],
+    shapes: dict[str, str],
+    args: Any,
+    repeat: int,
+) -> dict[str, Any]:
+    """Every model at once: a perf_analyzer per model, started together after one wait for a quiet machine, each at
+    its share of the concurrency and measuring in time windows; each model's run, and the mix's server cores."""
+    shares = split(args.concurrency, len(models))
+    window = ("--measurement-mode", "time_windows", "--measurement-interval", str(MIXED_WINDOW_MS[args.quick]))
+    record: dict[str, Any] = {"server": name, "repeat": repeat}
+    record["quiet"] = wait_for_quiet(QUIET_WAIT_S if perf.judge_stability else 0.0)
+    cpu_before = tree_cpu_s(server.pid)
+    with load_window(record), ThreadPoolExecutor(len(models)) as pool:
+        running = [
+            pool.submit(
+                perf_run, perf, at, "http", share, repeat, args.request_count, f"{name}-mixed", model=model,
+                shape=shapes[model], extra=("-H", f"{MODEL_HEADER}:{model}", *window), quiet_wait_s=0.0,
+            )
+            for model, share in zip(models, shares, strict=True)
+        ]  # fmt: skip
+        runs = [future.result() for future in running]
+    record["server_cores"] = (tree_cpu_s(server.pid) - cpu_before) / record["wall_s"]
+    kept = ("concurrency", "command", "returncode", "wall_s", "throughput_rps", "p50_ms", "p99_ms", "stdout_tail")
+    record["models"] = {model: {k: run[k] for k in kept if k in run} for model, run in zip(models, runs, strict=True)}
+    return record
+
+
+def _mixed_cases(mixed_runs: list[dict[str, Any]], models: tuple[str, ...]) -> dict[str, Any]:
+    """The mixed load side by side (`paired_case`): each model's req/s and p50 within it (`mixed:MODEL`), and the
+    whole mix's (`mixed:all`): req/s summed, p50 and p99 the models' weighted by their req/s."""
+    per_model: dict[str, list[dict[str, Any]]] = {model: [] for model in models}
+    whole = []
+    for mix in mixed_runs:
+        answered = {model: run for model, run in mix["models"].items() if "throughput_rps" in run}
+        for model, run in answered.items():
+            per_model[model].append({**run, "server": mix["server"], "server_cores": mix["server_cores"]})
+        if len(answered) == len(models):
+            total = sum(run["throughput_rps"] for run in answered.values())
+            weighted = {
+                key: sum(run[key] * run["throughput_rps"] for run in answered.values()) / total
+                for key in ("p50_ms", "p99_ms")
+            }
+            whole.append(
+                {"server": mix["server"], "throughput_rps": total, **weighted, "server_cores": mix["server_cores"]}
+            )
+    cases = {f"mixed:{model}": paired_case(runs, SERVERS) for model, runs in per_model.items()}
+    cases["mixed:all"] = paired_case(whole, SERVERS)
+    return cases
 
 
 @contextlib.contextmanager

@@ -61,13 +61,25 @@ def _ray_serve_venv() -> Path | None:
 def test_the_ray_serve_comparison_runs_both_clusters(tmp_path: Path, perf_analyzer: PerfAnalyzer) -> None:
     pytest.importorskip("ray", reason="adaserve's cluster needs the 'cluster' extra (Ray)")
     output = tmp_path / "versus_ray_serve.json"
-    command = [sys.executable, "-m", "benchmarks.cluster.versus_ray_serve", "--quick", "--models", "mlp"]
+    command = [sys.executable, "-m", "benchmarks.cluster.versus_ray_serve", "--quick", "--models", "mlp,cnn"]
     command += ["--request-count", "200", "--perf-venv", _perf_venv(perf_analyzer), "--output", str(output)]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=840)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     report = json.loads(output.read_text())
     assert {r["server"] for r in report["runs"]} == {"ray", "adaserve"}
-    assert report["rounds"][0]["same_answers"] == {"mlp": True}
-    assert sum(len(models) for models in report["rounds"][0]["adaserve"]["resident"]) >= 1
+    assert report["rounds"][0]["same_answers"] == {"mlp": True, "cnn": True}
+    assert sum(len(models) for models in report["rounds"][0]["adaserve"]["resident"]) >= 2
     assert report["cases"]["mlp"]["ray"]["throughput_rps"] and report["cases"]["mlp"]["adaserve"]["throughput_rps"]
-    assert output.with_suffix(".png").exists() and "| mlp |" in done.stdout
+    # the mixed load: both models at once, concurrency 8 shared 4 + 4, for each system
+    assert [
+        (mix["server"], {m: run["concurrency"] for m, run in mix["models"].items()}) for mix in report["mixed_runs"]
+    ] == [
+        ("adaserve", {"mlp": 4, "cnn": 4}),
+        ("ray", {"mlp": 4, "cnn": 4}),
+    ]
+    for case in ("mixed:mlp", "mixed:cnn", "mixed:all"):
+        assert report["cases"][case]["ray"]["throughput_rps"] and report["cases"][case]["adaserve"]["throughput_rps"]
+    whole = report["cases"]["mixed:all"]["adaserve"]["throughput_rps"]
+    parts = [report["cases"][f"mixed:{m}"]["adaserve"]["throughput_rps"] for m in ("mlp", "cnn")]
+    assert whole == pytest.approx(sum(parts))
+    assert output.with_suffix(".png").exists() and "| mlp |" in done.stdout and "| mixed:all |" in done.stdout
