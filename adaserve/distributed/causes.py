@@ -11,7 +11,6 @@ one of a few fixed sentences, each worded here for what happened to the node.
 from __future__ import annotations
 
 import re
-import signal
 
 #: The first line of every account Ray gives of an actor's death.
 _DIED = "The actor died unexpectedly before finishing this task."
@@ -46,13 +45,3 @@ def actor_death(error: BaseException) -> str:
             pid = f" (pid {fields['pid']})" if "pid" in fields else ""
             return words.format(*(group or "no detail" for group in found.groups()), pid=pid).strip()
     return cause or _DIED
-
-
-def server_exit(code: int) -> str:
-    """Why a node server's process ended, from its exit status (`Process.returncode`: a signal's is negative)."""
-    if code < 0:
-        try:
-            return f"its server was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"its server was killed by signal {-code}"
-    return f"its server exited with code {code}"

@@ -22,7 +22,6 @@ from typing import Any
 
 import msgspec
 
-from adaserve.distributed.causes import server_exit
 from adaserve.distributed.control import Channel
 from adaserve.distributed.messages import (
     Drain,
@@ -300,7 +299,9 @@ class NodeServer:
             if self._stopping:
                 return
             log.error("node server died: restarting it", extra={"node": self.name, "server": index, "exit_code": code})
-            await self._controller().node_lost.remote(self.name, server_exit(code))
+            from adaserve.engine.processes import how_it_exited  # once a server died: the actor starts light
+
+            await self._controller().node_lost.remote(self.name, f"its server {how_it_exited(code)}")
             others = [s for s in self._servers if s is not server]
             held = await asyncio.gather(*(s.report() for s in others), return_exceptions=True)
             models = {m for report in held if isinstance(report, dict) for m in report}

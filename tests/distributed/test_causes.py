@@ -1,5 +1,4 @@
-"""Why a node went, in words (`adaserve.distributed.causes`): Ray's account of a dead actor, and a node server's exit
-status."""
+"""Why a node went, in words (`adaserve.distributed.causes`): Ray's account of a dead actor."""
 
 from __future__ import annotations
 
@@ -7,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from adaserve.distributed.causes import actor_death, server_exit
+from adaserve.distributed.causes import actor_death
 from tests.distributed.fakes import actor_died
 
 ray = pytest.importorskip("ray", reason="Ray's errors are what is worded")
@@ -40,11 +39,3 @@ def test_a_death_ray_gave_no_cause_for_or_another_error_is_its_first_line() -> N
     assert actor_death(ray.exceptions.ActorDiedError()) == "The actor died unexpectedly before finishing this task."
     assert actor_death(TimeoutError()) == "TimeoutError"
     assert actor_death(ConnectionError("the node server stopped\nmore")) == "the node server stopped"
-
-
-def test_a_node_server_that_was_killed_is_named_by_its_signal() -> None:
-    assert (server_exit(-9), server_exit(-15), server_exit(3)) == (
-        "its server was killed by SIGKILL",
-        "its server was killed by SIGTERM",
-        "its server exited with code 3",
-    )
