@@ -254,17 +254,45 @@ def test_tracing_turned_on_at_one_node_traces_requests_entering_every_node(clust
             _close(_infer(clients, node, "http", "mlp", rows), reference_outputs("mlp", rows))
         clients.http(cluster.nodes[1].http).update_trace_settings(settings=dict.fromkeys(on))  # back to the start's
 
-    def traced(node: Node) -> list[str]:  # the models in the node's own trace files (parts .0, .1, ...)
-        parts = cluster.log.parent.glob(f"trace-{node.name}.json.*")
-        return [
-            entry["model_name"] for part in parts for entry in json.loads(part.read_text()) if "model_name" in entry
-        ]
-
     deadline = time.monotonic() + 30
-    while not all(traced(node) for node in cluster.nodes) and time.monotonic() < deadline:
+    while not all(_traced(cluster, node) for node in cluster.nodes) and time.monotonic() < deadline:
         time.sleep(0.2)
     for node in cluster.nodes:  # the request that entered there (and any a node sent it), in its own file
-        assert set(traced(node)) == {"mlp"}, node.name
+        assert {entry["model_name"] for entry in _traced(cluster, node)} == {"mlp"}, node.name
+
+
+def test_a_trace_count_is_taken_once_in_all_wherever_the_requests_enter(cluster: Cluster) -> None:
+    """Five traces asked of three nodes, every request entering one of them: it takes its share, then what the
+    others hand on (a second or so behind), five in all; every node reads what is left of the cluster's count."""
+    entry = cluster.nodes[2]
+    on = {"trace_level": ["TIMESTAMPS"], "trace_rate": "1", "log_frequency": "1", "trace_count": "5"}
+
+    def taken() -> int:  # traces sampled where requests entered (a holder's of a forwarded one names its parent)
+        return sum(1 for n in cluster.nodes for entry in _traced(cluster, n) if "parent_span_id" not in entry)
+
+    before = taken()
+    with Clients() as clients:
+        clients.http(cluster.nodes[0].http).update_trace_settings(settings=on)
+        assert {_trace_settings(node)["trace_count"] for node in cluster.nodes} == {"5"}
+        deadline = time.monotonic() + 60
+        while _trace_settings(entry)["trace_count"] != "0" and time.monotonic() < deadline:
+            for seed in range(3):
+                rows = _rows("mlp", seed, count=1)
+                _close(_infer(clients, entry, "http", "mlp", rows), reference_outputs("mlp", rows))
+            time.sleep(1.0)  # the entry's next report asks for more of the count
+        assert {_trace_settings(node)["trace_count"] for node in cluster.nodes} == {"0"}
+        clients.http(cluster.nodes[1].http).update_trace_settings(settings=dict.fromkeys(on))  # back to the start's
+    deadline = time.monotonic() + 30
+    while taken() < before + 5 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert taken() == before + 5
+
+
+def _traced(cluster: Cluster, node: Node) -> list[dict[str, Any]]:
+    """The head entries (those naming a model) of node `node`'s own trace files (parts .0, .1, ...: `log_frequency`
+    1)."""
+    parts = cluster.log.parent.glob(f"trace-{node.name}.json.*")
+    return [entry for part in parts for entry in json.loads(part.read_text()) if "model_name" in entry]
 
 
 def test_a_node_server_killed_under_load_loses_no_request(cluster: Cluster) -> None:
