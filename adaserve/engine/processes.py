@@ -17,8 +17,8 @@ import sys
 import threading
 import time
 from collections import deque
+from typing import TYPE_CHECKING
 
-from adaserve.config import WorkerSpec
 from adaserve.engine.messages import (
     Exited,
     Forked,
@@ -39,7 +39,10 @@ from adaserve.engine.messages import (
     write_message,
 )
 from adaserve.errors import ConfigError
-from adaserve.repository import ModelSpec
+
+if TYPE_CHECKING:  # not imported: `adaserve serve` starts the zygote before importing pydantic and numpy
+    from adaserve.config import WorkerSpec
+    from adaserve.repository import ModelSpec
 
 log = logging.getLogger("adaserve.engine")
 
