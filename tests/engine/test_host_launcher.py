@@ -223,9 +223,23 @@ def test_the_server_starts_its_zygote_before_importing_numpy_pydantic_or_torch()
     assert done.stdout.strip() == "[]"
 
 
-def test_the_zygote_imports_no_frontend_package() -> None:
-    """What the zygote imports every host and worker shares, and every server holds once: grpc, the frontend's (2
-    MiB there), is not among it, though the errors hosts raise carry their gRPC status."""
-    script = "import sys; import adaserve.engine.zygote; print([m for m in ('grpc', 'uvloop') if m in sys.modules])"
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
-    assert done.stdout.strip() == "[]"
+#: In a fresh interpreter: the zygote's imports and priming (its program kept in argv[1]), then what they did.
+PREPARE = """
+import gc, sys
+from pathlib import Path
+from adaserve.engine import zygote
+thresholds, full = gc.get_threshold(), gc.get_stats()[2]["collections"]
+zygote.prepare(Path(sys.argv[1]))
+print(gc.get_stats()[2]["collections"] - full, gc.get_threshold() == thresholds, gc.get_freeze_count() > 0)
+print([m for m in ("grpc", "uvloop") if m in sys.modules])
+"""
+
+
+def test_the_zygote_imports_and_primes_with_one_full_collection_and_no_frontend_package(tmp_path: Path) -> None:
+    """The zygote's imports run no full collection (they made six, walking the growing heap), priming's one freezes
+    what survives, and the collector's thresholds are as they were for every child. What the zygote imports every
+    host and worker shares, and every server holds once: grpc, the frontend's (2 MiB there), is not among it,
+    though the errors hosts raise carry their gRPC status."""
+    command = [sys.executable, "-c", PREPARE, str(tmp_path / "cache")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.splitlines() == ["1 True True", "[]"]
