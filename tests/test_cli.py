@@ -41,7 +41,7 @@ def test_help_says_what_each_command_is_for_most_common_first() -> None:
 
 def test_a_command_is_parsed_by_its_parser_alone_without_the_other_commands_modules() -> None:
     """`adaserve serve` starts its zygote once its arguments are parsed: its parser alone imports neither numpy nor
-    pydantic nor the load generator, and parses as the whole command line does."""
+    pydantic nor grpc nor the load generator, and parses as the whole command line does."""
     full = _choices(build_parser())
     assert list(full) == [name for names, _ in COMMANDS for name in names]  # every command, in --help's order
     for names, _ in COMMANDS:
@@ -51,7 +51,7 @@ def test_a_command_is_parsed_by_its_parser_alone_without_the_other_commands_modu
     assert build_parser("serve").parse_args(argv) == build_parser().parse_args(argv)
     script = (
         "import sys; from adaserve.cli import build_parser; build_parser('serve'); "
-        "print([m for m in ('numpy', 'pydantic', 'adaserve.bench', 'adaserve.repository') if m in sys.modules])"
+        "print([m for m in ('numpy', 'pydantic', 'grpc', 'adaserve.bench', 'adaserve.repository') if m in sys.modules])"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
     assert done.stdout.strip() == "[]"

@@ -13,10 +13,12 @@ from __future__ import annotations
 import hmac
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-
-import grpc
+from typing import TYPE_CHECKING
 
 from adaserve.errors import ConfigError, NotAllowedError
+
+if TYPE_CHECKING:  # not imported: `adaserve serve` parses CATEGORIES before it starts its zygote
+    import grpc
 
 #: Triton's API categories (the REST endpoints and gRPC RPCs of each are listed where they are served).
 CATEGORIES = (
