@@ -175,11 +175,14 @@ def test_open_loop_keeps_its_schedule_while_the_server_is_slow(
     assert in_flight > 20
     assert result.summary.throughput_rps < 0.8 * result.summary.sent_rate_rps
 
-    # 3. ...and the wait shows in the latency, measured from the scheduled time: it grows through the run, and the
-    # last requests spent most of it waiting for the server, not for the generator.
+    # 3. ...and the wait shows in the latency, measured from the scheduled time (the generator's lateness plus the
+    # server's answer): it grows through the run, and so does the part spent waiting for the server. (How late the
+    # generator itself ran turns on how busy the machine is, so it is not compared with the server's part.)
     latency = np.array([r.latency_ms for r in records])
+    waited_ms = (done - sent) * 1000
+    assert latency == pytest.approx(lateness_ms + waited_ms, abs=0.01)
     assert np.median(latency[-20:]) > 5 * np.median(latency[:5])
-    assert np.median(latency[-20:]) > 5 * np.median(lateness_ms[-20:])
+    assert np.median(waited_ms[-20:]) > 5 * np.median(waited_ms[:5])
 
 
 @needs_azure
