@@ -406,8 +406,8 @@ class Tracer:
     def left(self, scope: str, serial: int, take: bool = False) -> int:
         """What is left of `scope`'s count, as the change `serial` gave it (`TraceState.recounted`): 0 for a scope
         counting under another change, or none; -1 for no limit. `take`: it is all taken back (the count is 0)."""
-        found = self._models.get(scope) if scope != SERVER else self._server
-        if found is None or self.state.recounted(scope) != serial:
+        found = self._counting(scope, serial)
+        if found is None:
             return 0
         left = found.settings.count
         if take and left > 0:
@@ -416,9 +416,14 @@ class Tracer:
 
     def give(self, scope: str, serial: int, count: int) -> None:
         """Add `count` traces to `scope`'s count, if it still counts under the change `serial` and has a limit."""
-        found = self._models.get(scope) if scope != SERVER else self._server
-        if found is not None and self.state.recounted(scope) == serial and found.settings.count >= 0:
+        found = self._counting(scope, serial)
+        if found is not None and found.settings.count >= 0:
             found.settings = replace(found.settings, count=found.settings.count + count)
+
+    def _counting(self, scope: str, serial: int) -> _Scope | None:
+        """`scope`'s sampler while it still counts under the change `serial`; None for another change, or none."""
+        found = self._server if scope == SERVER else self._models.get(scope)
+        return found if found is not None and self.state.recounted(scope) == serial else None
 
     def wanting(self) -> dict[str, int]:
         """The scopes that let a request due a trace go untraced, their count used up, since the last call; each
