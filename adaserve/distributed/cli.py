@@ -148,6 +148,15 @@ def add_cluster_arguments(parser: argparse.ArgumentParser, budget: object) -> No
         "autoscaler can remove it), while more than --min-nodes serve (default: off)",
     )
     _add_min_nodes(parser)
+    parser.add_argument(
+        "--node-unresponsive-s",
+        type=positive_number,
+        default=NodeSettings.unresponsive_s,
+        metavar="SECONDS",
+        help="kill and start again a node server whose process lives but has answered nothing for this long "
+        "(stopped, or stuck): its models are placed elsewhere and the requests sent to it retried there "
+        "(default: %(default)s)",
+    )
 
 
 def _add_min_nodes(parser: argparse.ArgumentParser) -> None:
@@ -188,7 +197,13 @@ def cluster_settings(
             )
         serve_args += (f"--trace-config={option}",)
     node = NodeSettings(
-        str(repository.resolve()), args.host, args.http_port, args.grpc_port, serve_args, args.servers_per_node
+        str(repository.resolve()),
+        args.host,
+        args.http_port,
+        args.grpc_port,
+        serve_args,
+        args.servers_per_node,
+        args.node_unresponsive_s,
     )
     return ClusterSettings(
         node,

@@ -12,6 +12,7 @@ the cluster's trace settings; when the actor dies the socket closes and the serv
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import socket
@@ -59,6 +60,8 @@ START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 15.0
 #: Waits between restarts of a node server that keeps dying: from the first, doubling to the last.
 RESTART_BACKOFF_S = (1.0, 30.0)
+#: How often each node server is asked to answer on its control channel (`NodeServer._watch`).
+PROBE_EVERY_S = 2.0
 #: In a node server's arguments (a trace file's path), replaced by that server's name: servers sharing a machine
 #: must not write one file.
 NODE_PLACEHOLDER = "{node}"
@@ -79,6 +82,7 @@ class NodeSettings:
     grpc_port: int = 8001
     serve_args: tuple[str, ...] = ()
     servers: int = 1  # node servers on this node, sharing its ports (`--reuse-port`), each on a group of its cores
+    unresponsive_s: float = 30.0  # a server alive that answers nothing for this long is killed and started again
 
     @property
     def address(self) -> NodeAddress:
@@ -103,6 +107,7 @@ class _Server:
         self.asked: dict[type, asyncio.Future[Any]] = {}  # the answer's type → the future of the question asked
         self.traced: dict[int, asyncio.Future[str]] = {}  # trace settings version → its answer (an error, or "")
         self.shares: dict[int, asyncio.Future[int]] = {}  # a `TraceShare`'s ask → what was left
+        self.unresponsive = False  # killed by `NodeServer._watch`: alive, it answered nothing
         self._asks = itertools.count(1)
 
     def load(self, model: str) -> asyncio.Future[Loaded]:
@@ -173,7 +178,9 @@ class NodeServer:
         if not self._servers:
             self._servers = await self._start_servers()
             loop = asyncio.get_running_loop()
-            self._supervisors = [loop.create_task(self._supervise(i)) for i in range(len(self._servers))]
+            indices = range(len(self._servers))
+            self._supervisors = [loop.create_task(self._supervise(i)) for i in indices]
+            self._supervisors += [loop.create_task(self._watch(i)) for i in indices]
         return await self.info()
 
     async def load(self, model: str) -> Loaded:
@@ -250,6 +257,8 @@ class NodeServer:
         for supervisor in self._supervisors:
             supervisor.cancel()
         await asyncio.gather(*(_stop(server.process) for server in self._servers))
+        for server in self._servers:
+            server.channel.close()
 
     # -- the node's servers --------------------------------------------------------------------------------------
     async def _start_servers(self) -> list[_Server]:
@@ -301,7 +310,10 @@ class NodeServer:
             log.error("node server died: restarting it", extra={"node": self.name, "server": index, "exit_code": code})
             from adaserve.engine.processes import how_it_exited  # once a server died: the actor starts light
 
-            await self._controller().node_lost.remote(self.name, f"its server {how_it_exited(code)}")
+            why = how_it_exited(code)
+            if server.unresponsive:
+                why = f"answered nothing for {self.settings.unresponsive_s:g} s and was killed"
+            await self._controller().node_lost.remote(self.name, f"its server {why}")
             others = [s for s in self._servers if s is not server]
             held = await asyncio.gather(*(s.report() for s in others), return_exceptions=True)
             models = {m for report in held if isinstance(report, dict) for m in report}
@@ -317,6 +329,30 @@ class NodeServer:
             wait_s = RESTART_BACKOFF_S[0]
             address, pid = await self.info()
             await self._controller().node_ready.remote(self.name, address, pid, {})
+
+    async def _watch(self, index: int) -> None:
+        """Kill server `index` once it has left a question on its control channel unanswered for `unresponsive_s`:
+        its process lives but serves nothing (stopped, or its event loop stuck), and neither Ray nor `_supervise`
+        would ever see it. Killed, it is one that died: `_supervise` writes its replicas off and starts it again,
+        and the requests forwarded to it fail at once and are retried on another replica."""
+        limit = self.settings.unresponsive_s
+        while not self._stopping:
+            await asyncio.sleep(PROBE_EVERY_S)
+            server = self._servers[index]
+            if server.process.returncode is not None or server.unresponsive:
+                continue  # dead: `_supervise` starts the next one
+            try:  # shielded: the question may be another caller's too (`resident`)
+                await asyncio.wait_for(asyncio.shield(server.report()), limit)
+            except TimeoutError:
+                log.error(
+                    "node server answers nothing: killing it",
+                    extra={"node": self.name, "server": index, "pid": server.process.pid, "silent_s": limit},
+                )
+                server.unresponsive = True
+                with contextlib.suppress(ProcessLookupError):  # it died meanwhile
+                    server.process.kill()
+            except ConnectionError:
+                continue  # it stopped while asked
 
     def _cpu_groups(self) -> list[tuple[int, ...]]:
         if self.settings.servers == 1:
@@ -351,6 +387,7 @@ class NodeServer:
                     self._spawn(self._change_trace(server, message))
                 case TraceCountRead():
                     self._spawn(self._read_trace_count(server, message))
+        server.channel.close()
         server.gone()
 
     async def _change_trace(self, server: _Server, change: TraceChange) -> None:

@@ -1,7 +1,8 @@
 """Scenarios on a real 3-node Ray cluster (`adaserve cluster up --nodes 3`), run by `test_cluster.py` inside a
 loopback-only network namespace: every node answers for every model, as the model run directly does; a model
 resident on one node answers through the others; concurrent load with several models; a node server killed by its
-PID under load loses no request; the controller killed, routing goes on and placement resumes; bad input is
+PID under load loses no request, and one that stops answering (SIGSTOP) is killed and replaced, losing none; the
+controller killed, routing goes on and placement resumes; bad input is
 answered as on one node; a second start on the Ray cluster is refused; a node drained under load loses no request
 and leaves, and comes back when undrained; with scale-in on, an idle node is given back, down to the floor; trace
 settings changed on one node are every node's, a restarted node server's too."""
@@ -40,6 +41,9 @@ if os.environ.get("ADASERVE_IN_NAMESPACE") != "1":
     pytest.skip("run by test_cluster.py inside a loopback-only network namespace", allow_module_level=True)
 
 MODELS = ("mlp", "cnn", "mlp_torchscript")
+#: A node server that answers its actor nothing for this long is killed (`--node-unresponsive-s`): long enough that
+#: a server on a busy 2-core machine always answers in time.
+UNRESPONSIVE_S = 10
 
 
 @dataclass
@@ -71,6 +75,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     log = root / "cluster.log"
     command = [sys.executable, "-m", "adaserve", "cluster", "up", "--nodes", "3", "--model-repository", str(repository)]
     command += ["--trace-config", f"triton,file={root / 'trace-{node}.json'}"]  # one file per node server
+    command += ["--node-unresponsive-s", str(UNRESPONSIVE_S)]
     with log.open("w") as errors:
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=errors, text=True)
     assert process.stdout is not None
@@ -302,18 +307,7 @@ def test_a_node_server_killed_under_load_loses_no_request(cluster: Cluster) -> N
     outcomes: list[str] = []
 
     def send(seed: int) -> None:
-        node = others[seed % 2]
-        rows = _rows("mlp", seed)
-        with Clients() as clients:
-            try:
-                _close(
-                    _infer(clients, node, "http" if seed % 3 else "grpc", "mlp", rows), reference_outputs("mlp", rows)
-                )
-                outcomes.append("answered")
-            except InferenceServerException as exc:  # a 503 that names why, never a silent loss
-                assert "503" in str(exc.status()) or "UNAVAILABLE" in str(exc.status()), exc
-                assert "node" in str(exc) or "placed" in str(exc), exc
-                outcomes.append("refused")
+        _send_and_judge(others[seed % 2], "mlp", seed, outcomes)
 
     with ThreadPoolExecutor(4) as pool:
         running = [pool.submit(send, seed) for seed in range(40)]
@@ -327,14 +321,60 @@ def test_a_node_server_killed_under_load_loses_no_request(cluster: Cluster) -> N
     with Clients() as clients:  # mlp is served again, and the dead node's server was restarted and answers
         rows = _rows("mlp", 7)
         _close(_infer(clients, others[0], "http", "mlp", rows), reference_outputs("mlp", rows))
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                if clients.http(holder.http).is_server_live():
-                    break
-            except (InferenceServerException, OSError):
-                time.sleep(0.5)
+        _wait_live(clients, holder)
         _close(_infer(clients, holder, "http", "mlp", rows), reference_outputs("mlp", rows))
+
+
+def test_a_node_server_that_stops_answering_is_killed_and_replaced_losing_no_request(cluster: Cluster) -> None:
+    rows = _rows("cnn", 3)
+    with Clients() as clients:  # cnn placed somewhere
+        _close(_infer(clients, cluster.nodes[0], "http", "cnn", rows), reference_outputs("cnn", rows))
+        holder = next(n for n in cluster.nodes if "cnn" in _ready_on(clients, n))
+    others = [n for n in cluster.nodes if n is not holder]
+    stopped = _server_pid(holder.name)
+    assert stopped is not None
+    os.kill(stopped, signal.SIGSTOP)  # alive, answering nothing: neither Ray nor a dead process tells
+    outcomes: list[str] = []
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            for future in [pool.submit(_send_and_judge, others[seed % 2], "cnn", seed, outcomes) for seed in range(24)]:
+                future.result(timeout=300)
+    finally:
+        if _server_pid(holder.name) == stopped:  # not killed (the test failed): let it go on
+            os.kill(stopped, signal.SIGCONT)
+    assert len(outcomes) == 24
+    assert outcomes.count("answered") >= 20, outcomes
+    deadline = time.monotonic() + 120  # its actor killed it, and started a fresh server in its place
+    while _server_pid(holder.name) in (stopped, None) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _server_pid(holder.name) not in (stopped, None)
+    with Clients() as clients:
+        _wait_live(clients, holder)
+        _close(_infer(clients, holder, "grpc", "cnn", rows), reference_outputs("cnn", rows))
+
+
+def _send_and_judge(node: Node, model: str, seed: int, outcomes: list[str]) -> None:
+    """One request for `model` to `node`, over REST or gRPC by seed: its outcome, "answered" (correctly) or
+    "refused" (a 503 / UNAVAILABLE that names why), in `outcomes`; anything else fails the test."""
+    rows = _rows(model, seed)
+    with Clients() as clients:
+        try:
+            _close(_infer(clients, node, "http" if seed % 3 else "grpc", model, rows), reference_outputs(model, rows))
+            outcomes.append("answered")
+        except InferenceServerException as exc:  # a 503 that names why, never a silent loss
+            assert "503" in str(exc.status()) or "UNAVAILABLE" in str(exc.status()), exc
+            assert "node" in str(exc) or "placed" in str(exc), exc
+            outcomes.append("refused")
+
+
+def _wait_live(clients: Clients, node: Node, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if clients.http(node.http).is_server_live():
+                return
+        except (InferenceServerException, OSError):
+            time.sleep(0.5)
 
 
 def test_routing_goes_on_while_the_controller_restarts_and_placement_resumes(cluster: Cluster) -> None:
