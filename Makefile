@@ -35,8 +35,9 @@ docs: install
 # most of their time, so two share the 2-core VM's cores and the suite takes about two thirds of its serial time.
 # The files go out in the order tests/conftest.py gives them, those with `slow` tests first (not xdist's default of
 # the most tests first, which sent the one-test files of a minute or two out last).
+# --durations: the slowest tests in the log, for keeping the suite under 15 minutes.
 test: lint docs
-	$(BIN)/pytest -q -n 2 --dist loadfile --no-loadscope-reorder
+	$(BIN)/pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=25
 
 # The gRPC protocol's Python modules, generated from the vendored .proto files and committed. grpcio-tools is pinned
 # in the test extra: its protoc 25 writes modules with no runtime-version check, which load on protobuf 4.25 (where
