@@ -2,10 +2,10 @@
 `adaserve serve --model-memory-budget B --cache-policy P`, and through `adaserve.cache.simulator` with the figures
 the server itself measured, cell by cell.
 
-    .venv/bin/python -m benchmarks.mcache.server            # 80 requests, 12 cells (~36 min, load average 2-4)
+    .venv/bin/python -m benchmarks.mcache.server            # 80 requests, 12 cells (~12 min, load average 2-4)
     .venv/bin/python -m benchmarks.mcache.server --requests 40 --budget-min 30   # the cells that fit in 30 min
     .venv/bin/python -m benchmarks.mcache.server --quick    # 24 requests, the four policies at 40 and 80%, results/tmp/
-    .venv/bin/python -m benchmarks.mcache.server --seeds 0,1,2 --cells iam@40,lfu@40   # three sequences per cell
+    .venv/bin/python -m benchmarks.mcache.server --seeds 0,1,2   # three sequences a cell (~33 min; the committed one)
 
 Steps:
 
