@@ -282,25 +282,25 @@ def test_a_stop_answers_the_calls_in_progress(repository: Path, tmp_path: Path) 
     try:
         wait_until_ready(handle, server, 180.0, lambda: '"msg": "serving"' in log.read_text())
         frontend = frontend_pid(handle)
-        results: list[object] = []
-
-        def call() -> None:
-            with grpcclient.InferenceServerClient(handle.grpc_url) as client:
-                try:
-                    results.append(client.infer("slow", [tensor("x", np.ones((1, 4), np.float32))]).as_numpy("y"))
-                except InferenceServerException as exc:
-                    results.append(exc)
-
-        threads = [threading.Thread(target=call) for _ in range(2)]
-        for thread in threads:
-            thread.start()
-        while metric(handle, 'adaserve_queued_rows{model="slow"') + metric(
-            handle, 'adaserve_inflight_rows{model="slow"'
-        ) < len(threads):
-            time.sleep(0.05)
-        os.kill(server.pid, signal.SIGTERM)
-        for thread in threads:
-            thread.join()
+        answers: queue.Queue[object] = queue.Queue()
+        with grpcclient.InferenceServerClient(handle.grpc_url) as client:
+            assert client.is_server_live()  # connected: the two calls leave together, however busy the machine
+            for _ in range(2):
+                client.async_infer(
+                    "slow",
+                    [tensor("x", np.ones((1, 4), np.float32))],
+                    callback=lambda result, error: answers.put(error or result.as_numpy("y")),
+                )
+            deadline = time.monotonic() + 120
+            while (
+                metric(handle, 'adaserve_queued_rows{model="slow"')
+                + metric(handle, 'adaserve_inflight_rows{model="slow"')
+                < 2
+            ):
+                assert time.monotonic() < deadline, "the two calls were never in the server together"
+                time.sleep(0.05)
+            os.kill(server.pid, signal.SIGTERM)
+            results = [answers.get(timeout=120) for _ in range(2)]
         assert server.wait(timeout=60) == 0
     finally:
         stop_server(server)
