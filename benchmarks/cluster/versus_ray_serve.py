@@ -35,7 +35,7 @@ share the cores: the figures compare the two systems on one small machine, not a
 
     benchmarks/perf_analyzer_env.sh                              # once: Triton's perf_analyzer in .venv-perf
     benchmarks/foreign_env.sh ray-cluster                        # once: Ray Serve 2.60 in .venv-ray-cluster
-    .venv/bin/python -m benchmarks.cluster.versus_ray_serve      # ~10 minutes; --quick for one short round
+    .venv/bin/python -m benchmarks.cluster.versus_ray_serve      # ~19 minutes; --quick for one short round
 
 Writes `benchmarks/results/cluster_versus_ray_serve.json` and `.png` (with --quick: under `benchmarks/results/tmp/`).
 """
