@@ -352,7 +352,7 @@ class NodeServer:
                 with contextlib.suppress(ProcessLookupError):  # it died meanwhile
                     server.process.kill()
             except ConnectionError:
-                continue  # it stopped while asked
+                pass  # it stopped while asked: `_supervise` starts the next one
 
     def _cpu_groups(self) -> list[tuple[int, ...]]:
         if self.settings.servers == 1:

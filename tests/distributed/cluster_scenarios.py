@@ -306,14 +306,11 @@ def test_a_node_server_killed_under_load_loses_no_request(cluster: Cluster) -> N
     others = [n for n in cluster.nodes if n is not holder]
     outcomes: list[str] = []
 
-    def send(seed: int) -> None:
-        _send_and_judge(others[seed % 2], "mlp", seed, outcomes)
-
     with ThreadPoolExecutor(4) as pool:
-        running = [pool.submit(send, seed) for seed in range(40)]
+        running = [pool.submit(_send_and_judge, others[seed % 2], "mlp", seed, outcomes) for seed in range(40)]
         time.sleep(0.3)
         os.kill(holder.pid, signal.SIGKILL)
-        running += [pool.submit(send, seed) for seed in range(40, 120)]
+        running += [pool.submit(_send_and_judge, others[seed % 2], "mlp", seed, outcomes) for seed in range(40, 120)]
         for future in running:
             future.result(timeout=300)
     assert len(outcomes) == 120

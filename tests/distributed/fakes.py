@@ -1,5 +1,6 @@
 """What the placement controller reaches through Ray, stood in for so that its tests run without Ray: a node
-actor's handle, Ray's key-value store, and a start that follows no membership."""
+actor's handle, Ray's key-value store, and a start that follows no membership; and the controller's handle, as a
+node actor reaches it."""
 
 from __future__ import annotations
 
@@ -62,10 +63,26 @@ class FakeNode:
         return None
 
 
-class _Method:
-    """One method of a `FakeNode`: `remote(...)` is the call, which the controller awaits."""
+class FakeController:
+    """The placement controller's handle as a node actor calls it when one of its servers dies: `node_lost` and
+    `node_ready`, each call recorded in `calls` as (method, arguments)."""
 
-    def __init__(self, node: FakeNode, call: Callable[..., Awaitable[Any]]) -> None:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, tuple[Any, ...]]] = []
+        self.died: BaseException | None = None
+        self.node_lost, self.node_ready = _Method(self, self._lost), _Method(self, self._ready)
+
+    async def _lost(self, *args: Any) -> None:
+        self.calls.append(("node_lost", args))
+
+    async def _ready(self, *args: Any) -> None:
+        self.calls.append(("node_ready", args))
+
+
+class _Method:
+    """One method of a fake actor: `remote(...)` is the call, which the caller awaits."""
+
+    def __init__(self, node: FakeNode | FakeController, call: Callable[..., Awaitable[Any]]) -> None:
         self.node, self.call = node, call
 
     async def _remote(self, *args: Any) -> Any:

@@ -8,7 +8,6 @@ import os
 import signal
 import socket
 import sys
-from typing import Any
 
 import pytest
 
@@ -17,6 +16,7 @@ from adaserve.distributed import node as node_module
 from adaserve.distributed.control import Channel
 from adaserve.distributed.messages import FromNode
 from adaserve.distributed.node import NodeServer, NodeSettings, _Server
+from tests.distributed.fakes import FakeController
 
 #: A node server reduced to its control channel: it answers every `Report` with what it holds (nothing).
 ANSWERING = """
@@ -46,24 +46,6 @@ async def _answering_server(node: NodeServer) -> _Server:
     return server
 
 
-class _Controller:
-    """The controller's two calls a dying server makes, recorded."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, tuple[Any, ...]]] = []
-        self.node_lost = self._method("node_lost")
-        self.node_ready = self._method("node_ready")
-
-    def _method(self, name: str) -> Any:
-        async def call(*args: Any) -> None:
-            self.calls.append((name, args))
-
-        class Method:
-            remote = staticmethod(call)
-
-        return Method
-
-
 def test_a_server_that_stops_answering_is_killed_started_again_and_reported_lost_with_why(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -71,7 +53,7 @@ def test_a_server_that_stops_answering_is_killed_started_again_and_reported_lost
     monkeypatch.setattr(node_module, "PROBE_EVERY_S", 0.1)
     monkeypatch.setattr(node_module, "RESTART_BACKOFF_S", (0.1, 0.1))
     node = NodeServer("node-a", NodeSettings("/models", unresponsive_s=3.0), "controller", "ns", "info")
-    controller = _Controller()
+    controller = FakeController()
     monkeypatch.setattr(node, "_controller", lambda: controller)
 
     async def start_server(index: int, cpus: tuple[int, ...]) -> _Server:
