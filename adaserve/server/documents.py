@@ -12,6 +12,7 @@ from typing import Any
 
 from adaserve.config import Interface, ModelConfig, QueuePolicySpec
 from adaserve.engine.engine import ModelEngine
+from adaserve.engine.stats import DurationCount
 from adaserve.planner.planner import PlannerStats
 from adaserve.planner.spec import DagConfig
 
@@ -96,11 +97,14 @@ def worker_set_document(engine: ModelEngine) -> dict[str, Any]:
 
 def model_statistics(engine: ModelEngine) -> dict[str, Any]:
     """Triton's statistics of one model version; as in Triton, `success` and `queue` count the requests the
-    response cache answered too (`cache_hit`), which no other entry does."""
+    response cache answered too (`cache_hit`), which no other entry does. A snapshot: a cluster node awaits the
+    other nodes' rows before it answers, while this engine's counts go on (perf_analyzer aborts on a document
+    whose compute counts disagree)."""
     stats = engine.stats
     # Workers read inputs in place and write outputs straight into the pool, so input and output handling is
     # part of compute_infer; the input/output entries count the same batches with no separate time.
-    in_place = {"count": stats.compute.count, "ns": 0}
+    compute = _duration(stats.compute)
+    in_place = {"count": compute["count"], "ns": 0}
     return {
         "name": engine.model.name,
         "version": str(engine.model.version),
@@ -108,14 +112,14 @@ def model_statistics(engine: ModelEngine) -> dict[str, Any]:
         "inference_count": stats.inference_count,
         "execution_count": stats.execution_count,
         "inference_stats": {
-            "success": stats.success.__dict__,
-            "fail": stats.fail.__dict__,
-            "queue": stats.queue.__dict__,
-            "compute_input": in_place,
-            "compute_infer": stats.compute.__dict__,
-            "compute_output": in_place,
-            "cache_hit": stats.cache_hit.__dict__,
-            "cache_miss": stats.cache_miss.__dict__,
+            "success": _duration(stats.success),
+            "fail": _duration(stats.fail),
+            "queue": _duration(stats.queue),
+            "compute_input": dict(in_place),
+            "compute_infer": compute,
+            "compute_output": dict(in_place),
+            "cache_hit": _duration(stats.cache_hit),
+            "cache_miss": _duration(stats.cache_miss),
         },
         "batch_stats": [
             {
@@ -127,6 +131,11 @@ def model_statistics(engine: ModelEngine) -> dict[str, Any]:
             for size, count in sorted(stats.batches.items())
         ],
     }
+
+
+def _duration(duration: DurationCount) -> dict[str, int]:
+    """A statistics pair as it is now (not the live object, which later requests change)."""
+    return {"count": duration.count, "ns": duration.ns}
 
 
 def merge_statistics(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -202,8 +211,8 @@ def dag_statistics(name: str, stats: PlannerStats) -> dict[str, Any]:
         "inference_count": stats.rows,
         "execution_count": stats.success.count,
         "inference_stats": {
-            "success": stats.success.__dict__,
-            "fail": stats.fail.__dict__,
+            "success": _duration(stats.success),
+            "fail": _duration(stats.fail),
             **dict.fromkeys(
                 ("queue", "compute_input", "compute_infer", "compute_output", "cache_hit", "cache_miss"), nothing
             ),

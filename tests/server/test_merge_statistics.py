@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
-from adaserve.server.documents import merge_statistics
+from adaserve.engine.stats import ModelStats
+from adaserve.server.documents import merge_statistics, model_statistics
 
 KINDS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output", "cache_hit", "cache_miss")
 
@@ -42,3 +44,19 @@ def test_replicas_of_one_model_add_up_and_the_latest_inference_wins() -> None:
     infer = {entry["batch_size"]: entry["compute_infer"] for entry in merged[0]["batch_stats"]}
     assert infer == {1: {"count": 1, "ns": 5}, 2: {"count": 1, "ns": 5}, 4: {"count": 3, "ns": 15}}
     assert first == _row("m", 100, 3, {1: 1, 4: 2})  # the rows given are left as they were
+
+
+def test_a_model_s_row_is_a_snapshot_whose_compute_counts_agree_while_requests_go_on() -> None:
+    """A cluster node awaits the other nodes' rows before it merges its own: a row holding the live counts would
+    have compute_infer ahead of compute_input and compute_output, which perf_analyzer aborts on."""
+    stats = ModelStats()
+    stats.record_batch(2, 100)
+    stats.record_request(ok=True, total_ns=300, queue_ns=50)
+    engine: Any = SimpleNamespace(stats=stats, model=SimpleNamespace(name="m", version=1))
+    row = model_statistics(engine)
+    stats.record_batch(1, 70)  # requests answered while the other nodes are asked
+    stats.record_request(ok=True, total_ns=200, queue_ns=10)
+    (merged,) = merge_statistics([row, _row("m", 5, 1, {1: 1})])
+    counts = {kind: merged["inference_stats"][kind]["count"] for kind in KINDS}
+    assert counts["compute_input"] == counts["compute_infer"] == counts["compute_output"] == 2
+    assert counts["success"] == counts["queue"] == 2 and merged["inference_stats"]["compute_infer"]["ns"] == 110
