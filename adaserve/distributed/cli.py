@@ -153,9 +153,9 @@ def add_cluster_arguments(parser: argparse.ArgumentParser, budget: object) -> No
         type=positive_number,
         default=NodeSettings.unresponsive_s,
         metavar="SECONDS",
-        help="kill and start again a node server whose process lives but has answered nothing for this long "
-        "(stopped, or stuck): its models are placed elsewhere and the requests sent to it retried there "
-        "(default: %(default)s)",
+        help="kill and start again a node server, or a node actor, whose process lives but has answered nothing "
+        "for this long (stopped, or stuck): its models are placed elsewhere and the requests sent to it retried "
+        "there (default: %(default)s)",
     )
 
 

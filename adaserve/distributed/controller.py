@@ -25,7 +25,7 @@ from typing import Any
 
 from adaserve.distributed.causes import actor_death
 from adaserve.distributed.messages import NodeAddress, Requests, Routes, TraceChange
-from adaserve.distributed.node import NodeServer, NodeSettings
+from adaserve.distributed.node import STOP_TIMEOUT_S, NodeServer, NodeSettings
 from adaserve.distributed.placement import ModelLoad, Placement, ScaleKind
 from adaserve.distributed.scale_in import IdleNodes, ScaleIn
 from adaserve.distributed.state import DeploymentState, KeyValue, RayKeyValue
@@ -142,6 +142,7 @@ class Controller:
         self._scaling_in: asyncio.Task[None] | None = None  # the drain of an idle node under way
         self.tracing = ClusterTracing(self.state, self.nodes)
         self._pinged = time.monotonic()  # when the driver last called `ping` (it made this controller: now)
+        self._probes: dict[str, tuple[float, asyncio.Future[Any]]] = {}  # node → its actor's question, since when
 
     # -- start, membership -------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -190,9 +191,15 @@ class Controller:
         ray_nodes = {node["NodeID"]: node for node in ray.nodes() if node["Alive"]}
         for name in _node_actors():
             handle = ray.get_actor(NODE_PREFIX + name, namespace=NAMESPACE)
+            limit = self.settings.node.unresponsive_s
             try:
-                address, pid = await handle.info.remote()
-                resident = await handle.resident.remote()
+                answer: tuple[NodeAddress, int] = await asyncio.wait_for(handle.info.remote(), limit)
+                address, pid = answer
+                resident = await asyncio.wait_for(handle.resident.remote(), limit)
+            except TimeoutError:  # stuck: killed, and a fresh one started by the membership loop
+                log.warning("node actor answered nothing: killed", extra={"node": name, "silent_s": limit})
+                ray.kill(handle, no_restart=True)
+                continue
             except Exception as exc:  # a node actor that cannot answer is left to the membership loop
                 log.warning("could not adopt a node", extra={"node": name, "error": actor_death(exc)})
                 continue
@@ -226,6 +233,9 @@ class Controller:
             await self._drop(name, "its Ray node left the cluster")
         for name, reason in (await self._dead_actors(actors)).items():
             await self._drop(name, f"its node actor died: {reason}")
+        for name in self._silent_actors(time.monotonic()):
+            limit = self.settings.node.unresponsive_s
+            await self._drop(name, f"its node actor answered nothing for {limit:g} s and was killed")
         if not self.drained <= set(alive):  # a machine that rejoins is a new Ray node: it is started
             self.drained &= set(alive)
             self.state.save_drained(self.drained)
@@ -254,6 +264,23 @@ class Controller:
             for name, answer in zip(unlisted, answers, strict=True)
             if isinstance(answer, ray.exceptions.ActorDiedError)
         }
+
+    def _silent_actors(self, now: float) -> list[str]:
+        """The nodes whose actor has left a question unanswered for `unresponsive_s`: alive (Ray lists it) but
+        stuck (stopped, or its event loop blocked), it would never be dropped as dead, and every call to it, the
+        routing table's too, would wait on it for ever. Each node not being drained has one question (`info`) out
+        at a time, asked again once answered; asking does not wait for the answer."""
+        silent = []
+        for name, handle in self.nodes.items():
+            asked = self._probes.get(name)
+            if asked is not None and not asked[1].done():
+                if now - asked[0] >= self.settings.node.unresponsive_s and name not in self.draining:
+                    silent.append(name)
+                continue
+            if asked is not None and not asked[1].cancelled():
+                asked[1].exception()  # retrieved: a dead actor's error is `_dead_actors`' to tell
+            self._probes[name] = (now, asyncio.ensure_future(handle.info.remote()))
+        return silent
 
     async def _drop(self, name: str, reason: str) -> None:
         """Node `name` off the books and the routing table (its replicas written off: placed again on their next
@@ -333,6 +360,9 @@ class Controller:
         """Node `name`'s actor handle, off the controller's list (the caller stops it)."""
         self._ports.pop(name, None)
         self.tracing.forget(name)
+        asked = self._probes.pop(name, None)
+        if asked is not None:
+            asked[1].cancel()
         return self.nodes.pop(name, None)
 
     def _forget(self, name: str) -> list[str]:
@@ -613,8 +643,11 @@ class Controller:
         return Routes(self._version, serving, replicas, dict(self.decisions))
 
     async def _broadcast(self) -> None:
-        table = self.table()
-        await asyncio.gather(*(h.routes.remote(table) for h in self.nodes.values()), return_exceptions=True)
+        """The routing table to every node, waiting at most `unresponsive_s` for any one: a stuck node actor (dropped
+        by the membership loop) must not hold up the others' tables, and a later table replaces a lost one."""
+        table, limit = self.table(), self.settings.node.unresponsive_s
+        calls = (asyncio.wait_for(h.routes.remote(table), limit) for h in self.nodes.values())
+        await asyncio.gather(*calls, return_exceptions=True)
 
     async def _send_table(self, node: str) -> None:
         if node in self.nodes:
@@ -647,7 +680,9 @@ class Controller:
             if task is not None:
                 task.cancel()
         self.tracing.stop()
-        await asyncio.gather(*(h.stop.remote() for h in self.nodes.values()), return_exceptions=True)
+        stop_s = self.settings.node.unresponsive_s + STOP_TIMEOUT_S  # a stuck actor is killed all the same
+        calls = (asyncio.wait_for(h.stop.remote(), stop_s) for h in self.nodes.values())
+        await asyncio.gather(*calls, return_exceptions=True)
         for handle in self.nodes.values():
             ray.kill(handle, no_restart=True)
         self.nodes.clear()

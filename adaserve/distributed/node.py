@@ -82,7 +82,7 @@ class NodeSettings:
     grpc_port: int = 8001
     serve_args: tuple[str, ...] = ()
     servers: int = 1  # node servers on this node, sharing its ports (`--reuse-port`), each on a group of its cores
-    unresponsive_s: float = 30.0  # a server alive that answers nothing for this long is killed and started again
+    unresponsive_s: float = 30.0  # a server (or node actor) alive that answers nothing this long is killed
 
     @property
     def address(self) -> NodeAddress:

@@ -1,8 +1,8 @@
 """Scenarios on a real 3-node Ray cluster (`adaserve cluster up --nodes 3`), run by `test_cluster.py` inside a
 loopback-only network namespace: every node answers for every model, as the model run directly does; a model
 resident on one node answers through the others; concurrent load with several models; a node server killed by its
-PID under load loses no request, and one that stops answering (SIGSTOP) is killed and replaced, losing none; the
-controller killed, routing goes on and placement resumes; bad input is
+PID under load loses no request, and one that stops answering (SIGSTOP) is killed and replaced, losing none, as is
+a node actor that stops answering; the controller killed, routing goes on and placement resumes; bad input is
 answered as on one node; a second start on the Ray cluster is refused; a node drained under load loses no request
 and leaves, and comes back when undrained; with scale-in on, an idle node is given back, down to the floor; trace
 settings changed on one node are every node's, a restarted node server's too."""
@@ -348,6 +348,42 @@ def test_a_node_server_that_stops_answering_is_killed_and_replaced_losing_no_req
     with Clients() as clients:
         _wait_live(clients, holder)
         _close(_infer(clients, holder, "grpc", "cnn", rows), reference_outputs("cnn", rows))
+
+
+def test_a_node_actor_that_stops_answering_is_killed_and_its_node_started_afresh(cluster: Cluster) -> None:
+    rows = _rows("cnn", 5)
+    with Clients() as clients:
+        _close(_infer(clients, cluster.nodes[0], "http", "cnn", rows), reference_outputs("cnn", rows))
+        holder = next(n for n in cluster.nodes if "cnn" in _ready_on(clients, n))
+    others = [n for n in cluster.nodes if n is not holder]
+    server = _server_pid(holder.name)
+    assert server is not None
+    actor = int(Path(f"/proc/{server}/stat").read_text().rsplit(")", 1)[1].split()[1])  # its parent: the actor
+    os.kill(actor, signal.SIGSTOP)  # listed by Ray as alive, answering nothing
+    outcomes: list[str] = []
+    try:
+        deadline = time.monotonic() + UNRESPONSIVE_S + 60  # the controller kills it; a fresh one starts a server
+        seed = 100
+        while _server_pid(holder.name) in (server, None) and time.monotonic() < deadline:
+            _send_and_judge(others[seed % 2], "cnn", seed, outcomes)  # its node's server still serves meanwhile
+            seed += 1
+            time.sleep(0.2)
+    finally:
+        if _running(actor):  # not killed (the test failed): let it go on
+            os.kill(actor, signal.SIGCONT)
+    assert not _running(actor) and _server_pid(holder.name) not in (server, None)
+    assert outcomes.count("answered") >= len(outcomes) - 2, outcomes
+    with Clients() as clients:
+        _wait_live(clients, holder)
+        _close(_infer(clients, holder, "grpc", "cnn", rows), reference_outputs("cnn", rows))
+
+
+def _running(pid: int) -> bool:
+    """Whether process `pid` exists and has not exited (a zombie has)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def _send_and_judge(node: Node, model: str, seed: int, outcomes: list[str]) -> None:

@@ -17,7 +17,8 @@ class FakeNode:
     """A node actor's handle as the controller calls it (`handle.method.remote(...)`): `trace` answers `answer` (an
     error raised; None: never), which a test may change between calls, and a `tracer`, if given, adopts the settings
     and holds the node's shares of the trace counts; `load` holds any model at `size_bytes`, the other calls answer
-    as a running node's; once `died` is set, every call raises it, as Ray does a dead actor's."""
+    as a running node's; once `died` is set, every call raises it, as Ray does a dead actor's; while `stuck` is set,
+    no call made answers (a stopped actor's), until the caller gives up on it."""
 
     def __init__(
         self, answer: str | BaseException | None = "", size_bytes: int = 10, tracer: Tracer | None = None
@@ -27,10 +28,11 @@ class FakeNode:
         self.size_bytes = size_bytes
         self.tracer = tracer
         self.died: BaseException | None = None
+        self.stuck = False
         self.loaded: list[str] = []
         self.trace, self.load = _Method(self, self._trace), _Method(self, self._load)
         self.trace_left, self.give_traces = _Method(self, self._trace_left), _Method(self, self._give_traces)
-        self.routes = self.unload = self.refused = _Method(self, self._ignore)
+        self.routes = self.unload = self.refused = self.stop = _Method(self, self._ignore)
         self.info = _Method(self, self._info)
 
     async def _trace(self, tracing: Tracing) -> str:
@@ -70,6 +72,7 @@ class FakeController:
     def __init__(self) -> None:
         self.calls: list[tuple[str, tuple[Any, ...]]] = []
         self.died: BaseException | None = None
+        self.stuck = False
         self.node_lost, self.node_ready = _Method(self, self._lost), _Method(self, self._ready)
 
     async def _lost(self, *args: Any) -> None:
@@ -88,6 +91,9 @@ class _Method:
     async def _remote(self, *args: Any) -> Any:
         if self.node.died is not None:
             raise self.node.died
+        if self.node.stuck:
+            never: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            return await never
         return await self.call(*args)
 
     def remote(self, *args: Any) -> Any:
