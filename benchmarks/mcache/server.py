@@ -12,7 +12,8 @@ Steps:
 1. Models: eight of `benchmarks/mcache/models.py`'s catalogue (exported there, reused when already exported), each
    served by one worker of batch 1 and one thread so that a load stays cheap. Eight, not seven: a 20% budget must
    hold the largest model, and no seven of the catalogue have their largest under a fifth of their total.
-2. Probe: one server with a roomy budget gets each model twice (a miss, then a hit). From its /metrics: the size the
+2. Probe: one server with a roomy budget gets each model twice (a miss, then a hit), one model at a time, each
+   after the first once a spare model host waits (as most of a cell's loads find one). From its /metrics: the size the
    server counts (`adaserve_model_resident_bytes`: weights + the worker's workspace) and the load penalty
    (`adaserve_model_loading_seconds_total / adaserve_model_loads_total`); the hit's latency is the execution time.
    Budgets are shares of the total of these sizes.
@@ -50,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from adaserve.bench import BenchConfig, BenchResult, Status, parse_workload, run_bench, write_report
@@ -85,6 +87,8 @@ METRICS = {"throughput_rps": "throughput", "mean_load_wait_s": "mean load time"}
 FULL_CELLS = ",".join(f"{policy}@{share}" for share in (40, 60, 80) for policy in ("iam", *RIVALS))
 QUICK_CELLS = ",".join(f"{policy}@{share}" for share in (40, 80) for policy in ("iam", *RIVALS))
 ROOMY_BUDGET = "50GiB"
+#: How long the probe waits for a spare model host before each model (one forks in about a second).
+SPARE_WAIT_S = 60.0
 #: A one-client replay waits for at most one load per request; a load took up to ~12 s on the busy 2-core machine.
 REQUEST_TIMEOUT_S = 120.0
 #: A budget never goes below the largest model's probed size times this: a model's workspace differed by up to 7%
@@ -119,14 +123,17 @@ def serving_repository(scratch: Path, names: tuple[str, ...]) -> Path:
 
 def model_metrics(server: ServerHandle) -> dict[str, dict[str, float]]:
     """The per-model samples of /metrics, {metric: {model: value}}, and the cache-wide ones under model ""."""
-    with urllib.request.urlopen(f"http://{server.http_url}/metrics", timeout=10) as response:
-        text = response.read().decode()
     samples: dict[str, dict[str, float]] = {}
-    for family in text_string_to_metric_families(text):
+    for family in _metric_families(server):
         for sample in family.samples:
             if sample.name.startswith(("adaserve_model_", "adaserve_loaded_model")):
                 samples.setdefault(sample.name, {})[sample.labels.get("model", "")] = sample.value
     return samples
+
+
+def _metric_families(server: ServerHandle) -> list[Metric]:
+    with urllib.request.urlopen(f"http://{server.http_url}/metrics", timeout=10) as response:
+        return list(text_string_to_metric_families(response.read().decode()))
 
 
 def replay(server: ServerHandle, sequence: Path, records: Path) -> BenchResult:
@@ -149,18 +156,24 @@ def write_sequence(requests: list[Request] | tuple[Request, ...], path: Path) ->
 
 def probe(repository: Path, names: tuple[str, ...], scratch: Path) -> dict[str, dict[str, Any]]:
     """Each model twice in a roomy server: its size and load penalty as the server measures them, and the hit's
-    latency as its execution time."""
-    twice = [name for name in names for _ in range(2)]
-    sequence = write_sequence([Request(float(i), name) for i, name in enumerate(twice)], scratch / "probe.csv")
+    latency as its execution time. One model at a time, each after the first (the server forks its first spare
+    behind the first load, as in every cell) once a spare host waits, as most of a cell's loads find one: loaded
+    back to back, each load would wait for the spare forked behind the one before, and the simulator would charge
+    every load for it."""
+    records = []
     with running_server(repository, "--model-memory-budget", ROOMY_BUDGET, "--cache-policy", "lru") as server:
-        result = replay(server, sequence, scratch / "records" / "probe.json")
+        for name in names:
+            if records:
+                _wait_for_spare(server)
+            sequence = write_sequence([Request(0.0, name), Request(1.0, name)], scratch / f"probe-{name}.csv")
+            records += replay(server, sequence, scratch / "records" / f"probe-{name}.json").records
         metrics = model_metrics(server)
-    failed = [r for r in result.records if r.status is not Status.OK]
+    failed = [r for r in records if r.status is not Status.OK]
     if failed:
         raise RuntimeError(f"the probe's requests failed: {[(r.model, r.error) for r in failed]}")
     figures = {}
     for name in names:
-        hit = [r for r in result.records if r.model == name][1]
+        hit = [r for r in records if r.model == name][1]
         assert hit.latency_ms is not None
         figures[name] = {
             "size_bytes": int(metrics["adaserve_model_resident_bytes"][name]),
@@ -169,6 +182,19 @@ def probe(repository: Path, names: tuple[str, ...], scratch: Path) -> dict[str, 
             "exec_s": hit.latency_ms / 1000,
         }
     return figures
+
+
+def _wait_for_spare(server: ServerHandle, timeout_s: float = SPARE_WAIT_S) -> None:
+    """Wait until the server has a spare model host forked and waiting (`adaserve_spare_hosts`)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        families = _metric_families(server)
+        spares = [sample.value for f in families if f.name == "adaserve_spare_hosts" for sample in f.samples]
+        if spares and spares[0] >= 1:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the probe's server had no spare model host within {timeout_s:g} s")
+        time.sleep(0.1)
 
 
 def run_cell(repository: Path, key: CellKey, budget: int, total: int, sequence: Path, scratch: Path) -> dict[str, Any]:

@@ -1,0 +1,33 @@
+"""The mCache server benchmark at its smallest (three small models, 24 requests, one cell), to check that it runs end
+to end and what it records: the probe (one model at a time, each once a spare host waits), a cell on a fresh server
+beside the simulator's replay of the same sequence, and the plot. Its figures are the benchmark's, not this test's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from benchmarks.mcache import server
+from tests.bench.factories import positive, recorded, run_benchmark
+
+SMALL = ("fashion_cnn", "mlp_small", "mlp_large")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_server_benchmark_probes_each_model_and_replays_a_cell_beside_the_simulator(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(server, "MODELS", SMALL)
+    output = tmp_path / "mcache_server.json"
+    run_benchmark(monkeypatch, tmp_path, server, "--quick", "--cells", "iam@40", "--output", str(output))
+    report = recorded(output, "benchmarks.mcache.server")
+    assert set(report["models"]) == set(SMALL)
+    assert all(positive(m["size_bytes"], m["load_s"], m["exec_s"]) for m in report["models"].values())
+    assert [len(requests) for requests in report["sequences"].values()] == [24]
+    (cell,) = report["cells"]
+    assert (cell["policy"], cell["share"], cell["seed"]) == ("iam", 0.4, 0)
+    assert cell["server"]["requests"] == 24 and cell["server"]["failed"] == 0 and report["failed_requests"] == 0
+    assert positive(cell["server"]["throughput_rps"], cell["simulator"]["throughput_rps"])
+    assert report["bars"] == {"server": [], "simulator": [], "server against the simulator": []}  # no rival ran
