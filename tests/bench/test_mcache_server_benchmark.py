@@ -1,6 +1,7 @@
 """The mCache server benchmark at its smallest (three small models, 24 requests, one cell), to check that it runs end
-to end and what it records: the probe (one model at a time, each once a spare host waits), a cell on a fresh server
-beside the simulator's replay of the same sequence, and the plot. Its figures are the benchmark's, not this test's."""
+to end and what it records: the probe (each model loaded twice, the second load's time its penalty), a cell on a
+fresh server beside the simulator's replay of the same sequence, and the plot. Its figures are the benchmark's, not
+this test's."""
 
 from __future__ import annotations
 
@@ -24,10 +25,14 @@ def test_the_server_benchmark_probes_each_model_and_replays_a_cell_beside_the_si
     run_benchmark(monkeypatch, tmp_path, server, "--quick", "--cells", "iam@40", "--output", str(output))
     report = recorded(output, "benchmarks.mcache.server")
     assert set(report["models"]) == set(SMALL)
-    assert all(positive(m["size_bytes"], m["load_s"], m["exec_s"]) for m in report["models"].values())
+    assert all(
+        positive(*(m[key] for key in ("size_bytes", "load_s", "first_load_s", "exec_s")))
+        for m in report["models"].values()
+    )
     assert [len(requests) for requests in report["sequences"].values()] == [24]
     (cell,) = report["cells"]
     assert (cell["policy"], cell["share"], cell["seed"]) == ("iam", 0.4, 0)
     assert cell["server"]["requests"] == 24 and cell["server"]["failed"] == 0 and report["failed_requests"] == 0
+    assert cell["server"]["hits"] + cell["server"]["misses"] == 24  # the warm-up load before the replay not counted
     assert positive(cell["server"]["throughput_rps"], cell["simulator"]["throughput_rps"])
     assert report["bars"] == {"server": [], "simulator": [], "server against the simulator": []}  # no rival ran
