@@ -90,7 +90,7 @@ METRICS = {"throughput_rps": "throughput", "mean_load_wait_s": "mean load time"}
 FULL_CELLS = ",".join(f"{policy}@{share}" for share in (40, 60, 80) for policy in ("iam", *RIVALS))
 QUICK_CELLS = ",".join(f"{policy}@{share}" for share in (40, 80) for policy in ("iam", *RIVALS))
 ROOMY_BUDGET = "50GiB"
-#: How long the probe waits for a spare model host before each model (one forks in about a second).
+#: How long a spare model host is waited for (the probe's loads, a cell's start): one forks in about a second.
 SPARE_WAIT_S = 60.0
 #: A one-client replay waits for at most one load per request; a load took up to ~12 s on the busy 2-core machine.
 REQUEST_TIMEOUT_S = 120.0
@@ -172,16 +172,11 @@ def probe(repository: Path, names: tuple[str, ...], scratch: Path) -> dict[str, 
                     _unload(server, name)
                 if records:
                     _wait_for_spare(server)
-                path = scratch / f"probe-{name}-{int(second) + 1}.csv"
-                sequence = write_sequence([Request(0.0, name), Request(1.0, name)], path)
-                records += replay(server, sequence, scratch / "records" / f"{path.stem}.json").records
+                records += _send(server, [name, name], scratch / f"probe-{name}-{int(second) + 1}.csv")
                 metrics = model_metrics(server)
                 seconds = metrics["adaserve_model_loading_seconds_total"][name]
                 loads.setdefault(name, []).append((seconds, metrics["adaserve_model_loads_total"][name]))
         sizes = model_metrics(server)["adaserve_model_resident_bytes"]
-    failed = [r for r in records if r.status is not Status.OK]
-    if failed:
-        raise RuntimeError(f"the probe's requests failed: {[(r.model, r.error) for r in failed]}")
     figures = {}
     for name in names:
         (first_s, first_loads), (both_s, both_loads) = loads[name]
@@ -198,12 +193,15 @@ def probe(repository: Path, names: tuple[str, ...], scratch: Path) -> dict[str, 
     return figures
 
 
-def _load_once(server: ServerHandle, name: str, path: Path) -> None:
-    """One request for model `name` (loading it), its record kept beside `path`."""
-    sequence = write_sequence([Request(0.0, name)], path)
-    (record,) = replay(server, sequence, path.with_suffix(".json")).records
-    if record.status is not Status.OK:
-        raise RuntimeError(f"the warm-up request for {name} failed: {record.error}")
+def _send(server: ServerHandle, names: list[str], path: Path) -> list[RequestRecord]:
+    """A request for each of `names` in turn, written as the sequence `path` (its records beside it); their records,
+    once every one was answered."""
+    sequence = write_sequence([Request(float(i), name) for i, name in enumerate(names)], path)
+    records = replay(server, sequence, path.with_suffix(".json")).records
+    failed = [r for r in records if r.status is not Status.OK]
+    if failed:
+        raise RuntimeError(f"requests of {path.name} failed: {[(r.model, r.error) for r in failed]}")
+    return records
 
 
 def _unload(server: ServerHandle, name: str) -> None:
@@ -221,7 +219,7 @@ def _wait_for_spare(server: ServerHandle, timeout_s: float = SPARE_WAIT_S) -> No
         if spares and spares[0] >= 1:
             return
         if time.monotonic() > deadline:
-            raise RuntimeError(f"the probe's server had no spare model host within {timeout_s:g} s")
+            raise RuntimeError(f"the server had no spare model host within {timeout_s:g} s")
         time.sleep(0.1)
 
 
@@ -245,7 +243,7 @@ def run_cell(repository: Path, key: CellKey, budget: int, total: int, sequence: 
     extra = ("--model-memory-budget", str(budget), "--cache-policy", policy)
     name = f"{assign}-{policy}-{share:.0%}-seed{seed}"
     with load_window(record), running_server(repository, *extra) as server:
-        _load_once(server, MODELS[0], scratch / f"warm-{name}.csv")
+        _send(server, [MODELS[0]], scratch / f"warm-{name}.csv")
         _unload(server, MODELS[0])
         _wait_for_spare(server)
         before = model_metrics(server)
