@@ -131,11 +131,12 @@ def mcache_simulate(report: dict[str, Any]) -> str:
         for share, policies in shares.items()
         for policy, e in policies.items()
     ]
-    return (
-        table(["workload", "budget", "policy", "hit ratio", "mean load wait (ms)", "req/s"], rows)
-        + "\n\n"
-        + listed_bars(report["bars"])
-    )
+    parts = [table(["workload", "budget", "policy", "hit ratio", "mean load wait (ms)", "req/s"], rows)]
+    parts.append("**The paper's bars, against LFU**\n\n" + listed_bars(report["bars"]))
+    for key, title in (("optimum_bars", "Issue 57's bars"), ("known_rate_bars", "The same bars, rates known")):
+        if report.get(key):
+            parts.append(f"**{title}**\n\n" + listed_bars(report[key]))
+    return "\n\n".join(parts)
 
 
 def _mean_side(side: dict[str, Any]) -> str:

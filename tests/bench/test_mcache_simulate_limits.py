@@ -66,5 +66,10 @@ def test_issue_bars_judge_iam_against_the_optimum_gdsf_and_lru() -> None:
     checks = {check["bar"]: check["pass"] for check in optimum_bars(summary, limits)}
     assert checks["IAM throughput vs the optimum at 40%"] and checks["IAM vs GDSF mean load time at 80%"]
     assert checks["IAM vs LRU mean load time at 60%"] and not checks["IAM vs LRU mean load time at 80%"]
+    for share in shares:
+        summary["random"][share]["iam-known-rate"] = figures(0.8, 0.5)
+    known = {check["bar"]: check["pass"] for check in optimum_bars(summary, limits, "iam-known-rate")}
+    assert not known["IAM with known rates throughput vs the optimum at 40%"]
+    assert known["IAM with known rates vs GDSF mean load time at 80%"] and len(known) == 11
     distance = optimum_distance(summary, limits)
     assert distance["iam"] == pytest.approx({"load_time_ratio": 1.25, "throughput_ratio": 0.9})

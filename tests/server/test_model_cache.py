@@ -160,7 +160,7 @@ def test_a_malformed_budget_is_refused_at_the_command_line(repository: Path) -> 
         build_parser().parse_args(["serve", "--model-memory-budget", "lots"])
 
 
-@pytest.mark.parametrize("policy", ["oracle", "iam-foresight"])
+@pytest.mark.parametrize("policy", ["oracle", "iam-foresight", "iam-known-rate"])
 def test_a_policy_that_needs_the_future_is_not_offered_to_the_server(policy: str) -> None:
     from adaserve.cli import build_parser
 

@@ -1,9 +1,9 @@
 """Eviction policies behind one interface, picked by name: mCache's IAM and the baselines it is measured against.
 
 `create_policy("iam", stats, budget_bytes)` gives IAM, and "lru", "lfu", "arc", "srrip", "gdsf" the baselines, so the
-paper's comparison is a config value. Two need the future (`needs_future`): the offline oracle, and IAM with T_i read
-from it ("iam-foresight"): `create_policy("oracle", stats, budget_bytes, future=[model names in request order])`,
-which only the simulator has.
+paper's comparison is a config value. Three need the future (`needs_future`): the offline oracle, IAM with T_i read
+from it ("iam-foresight") and IAM with each model's true rate read from it ("iam-known-rate"):
+`create_policy("oracle", stats, budget_bytes, future=[model names in request order])`, which only the simulator has.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 from adaserve.cache.policies.arc import ARCPolicy
 from adaserve.cache.policies.base import EvictionPolicy
 from adaserve.cache.policies.gdsf import GDSFPolicy
-from adaserve.cache.policies.iam import IAMForesight, IAMPolicy, ImportanceQueue
+from adaserve.cache.policies.iam import IAMForesight, IAMKnownRate, IAMPolicy, ImportanceQueue
 from adaserve.cache.policies.lfu import LFUPolicy
 from adaserve.cache.policies.lru import LRUPolicy
 from adaserve.cache.policies.oracle import BeladyOracle
@@ -28,6 +28,7 @@ __all__ = [
     "EvictionPolicy",
     "GDSFPolicy",
     "IAMForesight",
+    "IAMKnownRate",
     "IAMPolicy",
     "ImportanceQueue",
     "LFUPolicy",
@@ -38,7 +39,17 @@ __all__ = [
 
 POLICIES: dict[str, type[EvictionPolicy]] = {
     cls.name: cls
-    for cls in (IAMPolicy, LRUPolicy, LFUPolicy, ARCPolicy, SRRIPPolicy, GDSFPolicy, IAMForesight, BeladyOracle)
+    for cls in (
+        IAMPolicy,
+        LRUPolicy,
+        LFUPolicy,
+        ARCPolicy,
+        SRRIPPolicy,
+        GDSFPolicy,
+        IAMForesight,
+        IAMKnownRate,
+        BeladyOracle,
+    )
 }
 
 

@@ -72,6 +72,14 @@ class NextUse:
                 f"its future says {expected!r}"
             )
 
+    def __len__(self) -> int:
+        return len(self._future)
+
+    def count_between(self, name: str, first: int, last: int) -> int:
+        """Requests for `name` at indices `first` to `last`, both included."""
+        positions = self._positions.get(name, [])
+        return bisect.bisect_right(positions, last) - bisect.bisect_left(positions, first)
+
     def index(self, name: str) -> float:
         """Index of the next request for `name` after the latest one; infinite if there is none."""
         positions = self._positions.get(name, [])

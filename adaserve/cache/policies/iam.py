@@ -40,6 +40,7 @@ import heapq
 import itertools
 import math
 from collections.abc import Iterable, Sequence, Set
+from typing import Any
 
 from adaserve.cache.policies.base import EvictionPolicy, NextUse
 from adaserve.cache.stats import StatsRegistry
@@ -199,3 +200,28 @@ class IAMForesight(IAMPolicy):
 
     def time_to_next(self, name: str, now: float) -> float:
         return self._next.distance(name)
+
+
+class IAMKnownRate(IAMForesight):
+    """IAM with T_i taken from each model's true rate rather than estimated (simulation only): the mean gap between
+    its requests within `window` requests either side of the latest one, read from the sequence. Where foresight
+    knows when each model comes next, this knows only how often, as exactly as a rate can be known at that time
+    scale: what IAM would reach were its estimate of Δ_i (§4.3.2) perfect. The default window, 100 either side, is
+    about the span the online estimate's last nine gaps cover for one of eleven equally requested models. A model
+    absent from the window counts one gap the length of the whole sequence. Counted in requests, as foresight is."""
+
+    name = "iam-known-rate"
+
+    def __init__(
+        self, stats: StatsRegistry, budget_bytes: int, future: Sequence[str], window: int = 100, **options: Any
+    ) -> None:
+        super().__init__(stats, budget_bytes, future, **options)
+        if window < 1:
+            raise ValueError(f"IAM known-rate window must be at least 1 request, got {window}")
+        self.window = window
+
+    def time_to_next(self, name: str, now: float) -> float:
+        """The window's length over the model's requests in it."""
+        cursor = self._next.cursor
+        requests = self._next.count_between(name, cursor - self.window, cursor + self.window)
+        return (2 * self.window + 1) / requests if requests else float(len(self._next))

@@ -2,8 +2,9 @@ import math
 
 import pytest
 
-from adaserve.cache.policies import IAMPolicy, ImportanceQueue
+from adaserve.cache.policies import IAMPolicy, ImportanceQueue, create_policy
 from adaserve.cache.stats import StatsRegistry
+from adaserve.errors import ConfigError
 from tests.cache.factories import Driver, driver
 
 TAU = 100.0
@@ -118,3 +119,17 @@ def test_with_foresight_t_is_the_requests_until_the_models_next_one() -> None:
     assert iam.time_to_next("D", 5.0) == math.inf  # never again
     with pytest.raises(ValueError, match="request 6 is for 'A'"):
         cache.request("A", now=5.0)
+
+
+def test_with_known_rates_t_is_the_windows_length_over_the_models_requests_in_it() -> None:
+    """Equal penalties and sizes: utility is 1/T, T the window's 2w+1 requests over the model's requests in it."""
+    cache = driver("iam-known-rate", 2, future=list("AAABAAAABB"), window=2)
+    cache.replay("AAAB")  # the latest request is index 3, the window indices 1 to 5: A A B A A
+    iam = cache.policy
+    assert (iam.time_to_next("A", 0.0), iam.time_to_next("B", 0.0)) == (5 / 4, 5 / 1)
+    assert iam.time_to_next("C", 0.0) == 10.0  # never requested: one gap the sequence's length
+    assert cache.replay("AAAA") == []
+    assert iam.time_to_next("A", 0.0) == 5 / 3  # index 7: A A A B B
+    assert iam.time_to_next("B", 0.0) == 5 / 2  # B's rate known before its requests come
+    with pytest.raises(ConfigError, match="window must be at least 1"):
+        create_policy("iam-known-rate", StatsRegistry(), 2, future=["A"], window=0)
