@@ -12,7 +12,7 @@ import bisect
 import math
 from abc import ABC, abstractmethod
 from collections import defaultdict
-from collections.abc import Sequence, Set
+from collections.abc import Callable, Sequence, Set
 from typing import ClassVar
 
 from adaserve.cache.stats import StatsRegistry
@@ -49,6 +49,23 @@ class EvictionPolicy(ABC):
         """The model to evict next, one of `candidates` (never empty), while `needed_bytes` more must be freed. The
         caller evicts the model returned, so a policy may update its own state here as its search would (SRRIP ages
         its RRPVs, GDSF raises its L)."""
+
+
+def cover(ordered: Sequence[str], size_bytes: Callable[[str], int], needed_bytes: int) -> list[str]:
+    """Victims for `needed_bytes` from models ranked one by one (`ordered`, the first to go first): the fewest first
+    ones that free it, less each the others free it without, tried from the last taken back (see `BeladyOracle`)."""
+    chosen: list[str] = []
+    freed = 0
+    for name in ordered:
+        chosen.append(name)
+        freed += size_bytes(name)
+        if freed >= needed_bytes:
+            break
+    for name in reversed(chosen[:]):
+        if freed - size_bytes(name) >= needed_bytes:
+            chosen.remove(name)
+            freed -= size_bytes(name)
+    return chosen
 
 
 class NextUse:

@@ -31,6 +31,15 @@ models, made only when a load already waits for room, never on a hit. Stale rank
 workload, random assignment, 5 seeds, one closed-loop client) ranking at eviction raised IAM's throughput from
 0.775× to 0.826× the exact optimum's at 40% of the models' memory (0.965× to 0.984× at 20%, +1-2% at 60 and 80%),
 with mean load times within 1% of the periodic queue's.
+
+Ranking at eviction, IAM also takes its victims as a set (`cover`, `_cheapest_cover`). The paper pops the least
+important model until the new one fits, and so may drop two small models where one large one, alone enough, would
+cost less: evicting model i costs the load its next request pays, P_i per T_i, which is u_i · S_i. So the victims are
+the queue's first models that make room, pruned of any the others make it without, unless one model that makes room
+alone costs less than they do together. In the simulator (5 seeds, closed loop) that raised IAM's throughput from
+0.824 / 0.786 / 0.784× to 0.836 / 0.795 / 0.806× the exact optimum's at 40 / 60 / 80% of memory on the random
+workload, and on the sparse trace from 0.859 / 0.824 / 0.933× to 0.873 / 0.850 / 0.948×. With `refresh_period_s` set
+IAM is the paper's Algorithm 1 throughout.
 """
 
 from __future__ import annotations
@@ -42,7 +51,7 @@ import math
 from collections.abc import Iterable, Sequence, Set
 from typing import Any
 
-from adaserve.cache.policies.base import EvictionPolicy, NextUse
+from adaserve.cache.policies.base import EvictionPolicy, NextUse, cover
 from adaserve.cache.stats import StatsRegistry
 
 #: None: rebuild the queue at every eviction; a number of seconds: the paper's periodic refresh (it used 30 s here).
@@ -65,6 +74,10 @@ class ImportanceQueue:
 
     def discard(self, name: str) -> None:
         self._live.pop(name, None)
+
+    def least_important_first(self, names: Iterable[str]) -> list[str]:
+        """`names` (all queued) in the order `pop_min` would give them."""
+        return sorted(names, key=lambda name: self._live[name])
 
     def rank(self, name: str) -> float | None:
         """The importance `name` is queued with; None when it is not queued."""
@@ -117,8 +130,7 @@ class IAMPolicy(EvictionPolicy):
 
     def utility(self, name: str, now: float) -> float:
         """u_i = P_i / S_i · 1 / T_i (Eq. 1); 0 for a model with no recent requests (T_i infinite)."""
-        size = max(1, self.stats.size_bytes(name) or 0)
-        return self.stats.penalty_s(name) / size / self.time_to_next(name, now)
+        return self.stats.penalty_s(name) / self._size(name) / self.time_to_next(name, now)
 
     def time_to_next(self, name: str, now: float) -> float:
         """T_i from the model's own gaps (`StatsRegistry.expected_gap_s`), as §4.3.2 estimates it from Δ_i."""
@@ -141,15 +153,30 @@ class IAMPolicy(EvictionPolicy):
         self.queue.discard(name)
 
     def victim(self, candidates: Set[str], needed_bytes: int, now: float) -> str:
-        if self.refresh_period_s is None:
-            self._rebuild(now)
-        else:
+        if self.refresh_period_s is not None:  # the paper's Algorithm 1: the top of the (read-only) queue
             self._refresh_if_due(now)
-        return self.queue.pop_min(candidates)
+            return self.queue.pop_min(candidates)
+        self._rebuild(now)
+        return self.queue.pop_min(set(self._cheapest_cover(candidates, needed_bytes, now)))
 
     def eviction_rank(self, name: str) -> float | None:
         """Its importance in the queue evictions use now (set at its load or at the last refresh)."""
         return self.queue.rank(name)
+
+    def _cheapest_cover(self, candidates: Set[str], needed_bytes: int, now: float) -> list[str]:
+        """The victims in queue order (`cover`), or the one model that alone frees the room at less cost, the cost of
+        evicting a model being the load time its next request will pay per second until then, P_i / T_i = u_i · S_i.
+        The queue by itself can drop several small models where one large one costs less."""
+        chosen = cover(self.queue.least_important_first(candidates), self._size, needed_bytes)
+        cost = {name: self.utility(name, now) * self._size(name) for name in candidates}
+        alone = [name for name in candidates if self._size(name) >= needed_bytes]
+        cheapest = min(alone, key=lambda name: (cost[name], name), default=None)
+        if cheapest is not None and cost[cheapest] < sum(cost[name] for name in chosen):
+            return [cheapest]
+        return chosen
+
+    def _size(self, name: str) -> int:
+        return max(1, self.stats.size_bytes(name) or 0)
 
     def _refresh_if_due(self, now: float) -> None:
         if self.refresh_period_s is None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence, Set
 
-from adaserve.cache.policies.base import EvictionPolicy, NextUse
+from adaserve.cache.policies.base import EvictionPolicy, NextUse, cover
 from adaserve.cache.stats import StatsRegistry
 
 
@@ -38,18 +38,7 @@ class BeladyOracle(EvictionPolicy):
 
     def victim(self, candidates: Set[str], needed_bytes: int, now: float) -> str:
         farthest_first = sorted(candidates, key=lambda name: (self.next_use(name), name), reverse=True)
-        chosen: list[str] = []
-        freed = 0
-        for name in farthest_first:
-            chosen.append(name)
-            freed += self._size(name)
-            if freed >= needed_bytes:
-                break
-        for name in reversed(chosen[:]):  # nearest next use first
-            if freed - self._size(name) >= needed_bytes:
-                chosen.remove(name)
-                freed -= self._size(name)
-        return chosen[0]
+        return cover(farthest_first, self._size, needed_bytes)[0]
 
     def _size(self, name: str) -> int:
         return self.stats.size_bytes(name) or 0

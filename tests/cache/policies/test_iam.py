@@ -92,6 +92,17 @@ def test_by_default_every_eviction_ranks_the_models_as_they_stand() -> None:
     assert cache.policy.refreshes == 2
 
 
+def test_one_model_that_alone_makes_room_at_less_cost_goes_instead_of_two() -> None:
+    """The cost of evicting a model is P_i / T_i = u_i · S_i: here 2.4, 2.5 and 3.9 (over τ) for S1, S2 and L."""
+    for refresh, victims in ((None, ["L"]), (1.0, ["S1", "S2"])):  # the paper's queue takes the two least useful
+        cache = _iam(budget=7, refresh_period_s=refresh)
+        _load(cache, "S1", penalty=2.4, size=2, requests=1)  # u = 1.2 / τ
+        _load(cache, "S2", penalty=2.5, size=2, requests=1)  # u = 1.25 / τ
+        _load(cache, "L", penalty=3.9, size=3, requests=1)  # u = 1.3 / τ: the most useful per byte
+        cache.sizes["new"] = 3
+        assert sorted(cache.request("new", now=1.0)) == victims
+
+
 def test_a_pinned_model_at_the_top_of_the_queue_is_skipped_and_kept() -> None:
     queue = ImportanceQueue([(0.0, "a"), (1.0, "b"), (2.0, "c")])
     assert queue.pop_min({"b", "c"}) == "b"
