@@ -31,9 +31,14 @@ class PlacementPolicy(ABC):
 
     def order_key(self, stats: StatsRegistry, model: str, last_use_s: float) -> float | None:
         """The key that orders a loaded replica among all others for `Room.replicas_in_order`, least key first
-        (evicted first); it may change only when the model is requested or loaded. None: this policy walks no
-        order, so none is kept."""
+        (evicted first), as of the model's last request or load. None: this policy walks no order, so none is kept."""
         return None
+
+    def order_decay(self, stats: StatsRegistry, model: str) -> float:
+        """For a key that falls while its model goes unrequested: the b for which the key at `now` is
+        min(key, b - log(now - the model's last request)). +inf, the default: the key holds until the next request
+        or load."""
+        return math.inf
 
     @abstractmethod
     def choose(self, room: Room, now: float) -> str | None:
@@ -57,12 +62,16 @@ class IAMPlacement(PlacementPolicy):
         return self._iam
 
     def order_key(self, stats: StatsRegistry, model: str, last_use_s: float) -> float | None:
-        """log u_i at the model's last request (T_i = ḡ_i there): fixed until its next request or load."""
+        """log u_i at the model's last request, where T_i is its smoothed gap ḡ_i."""
+        last = stats.get(model).last_request_s
+        return -math.inf if last is None else _log(self._policy(stats).utility(model, last))
+
+    def order_decay(self, stats: StatsRegistry, model: str) -> float:
+        """log(P_i / S_i): once the silence outlasts ḡ_i it is T_i, and log u_i = log(P_i / S_i) - log(silence)."""
         last = stats.get(model).last_request_s
         if last is None:
             return -math.inf
-        utility = self._policy(stats).utility(model, last)
-        return math.log(utility) if utility > 0 else -math.inf
+        return _log(self._policy(stats).utility(model, last) * stats.expected_gap_s(model, last))
 
     def choose(self, room: Room, now: float) -> str | None:
         free = room.most_free()
@@ -95,6 +104,10 @@ class IAMPlacement(PlacementPolicy):
                     best, best_cost = candidate, candidate[0]
                 met[node] = None  # complete: its later replicas are not its victims
         return None if best is None else best[2]
+
+
+def _log(value: float) -> float:
+    return math.log(value) if value > 0 else -math.inf
 
 
 class LRUPlacement(PlacementPolicy):

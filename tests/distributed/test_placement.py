@@ -59,6 +59,18 @@ def test_iam_makes_room_where_the_victims_rank_lowest_in_the_cluster() -> None:
     assert made.replicas("z") == [] and made.loading("new") == ["b"]
 
 
+def test_iam_ranks_replicas_by_their_utility_at_the_placement_so_a_model_gone_quiet_gives_way() -> None:
+    """x was asked at t=1 and 2, y at t=50 and 95 (the cluster's first request, at t=0, starts both first gaps): as
+    of their last requests x was the more useful (T = its gap, 1 s against y's 49 s), but at t=100 x has been silent
+    for 98 s, longer than its gap, and y for 5 s, so u = P/S/T is 1/10/98 for x and 1/10/49 for y."""
+    made = cluster({"a": 10, "b": 10})
+    put(made, "a", "x", 10)
+    put(made, "b", "y", 10)
+    for model, now in (("never-placed", 0.0), ("x", 1.0), ("x", 2.0), ("y", 50.0), ("y", 95.0)):
+        ask(made, {model: 1}, now)
+    assert made.place("new", 10, 100.0) == Decision("a", ["x"])
+
+
 def test_lru_makes_room_on_the_node_whose_least_recently_used_model_is_oldest() -> None:
     made = skewed("lru")
     assert made.place("new", 10, 4.0) == Decision("a", ["x", "y"])  # x, last used at t=1, is the oldest
