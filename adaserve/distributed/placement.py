@@ -45,8 +45,6 @@ from collections.abc import Collection, Hashable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-import numpy as np
-
 from adaserve.cache.policies import POLICIES, create_policy
 from adaserve.cache.residency import Residency, State, mib
 from adaserve.cache.stats import MIN_GAP_S, StatsRegistry
@@ -155,9 +153,12 @@ def _position(entry: tuple[float, int, Any, int]) -> tuple[float, int]:
 class _Replicas:
     """The loaded replicas, (node, model) with their bytes, in the order of their keys at a moment: each replica's
     key is min(key, decay - log(now - last request)) from the figures set at its model's last request or load
-    (`PlacementPolicy.order_key`, `order_decay`); ties go to the replica set first."""
+    (`PlacementPolicy.order_key`, `order_decay`); ties go to the replica set first. numpy is imported where it is
+    used: `adaserve serve`'s argument parser reaches this module and stays without it."""
 
     def __init__(self) -> None:
+        import numpy as np
+
         self._slot: dict[tuple[str, str], int] = {}
         self._items: list[tuple[str, str]] = []
         self._unused: list[int] = []
@@ -185,6 +186,8 @@ class _Replicas:
 
     def in_order(self, now: float) -> Iterator[tuple[float, str, int]]:
         """(key at `now`, node, bytes), least key first."""
+        import numpy as np
+
         slots = np.flatnonzero(self._live)
         key, decay, last, size, sequence = self._columns[:, slots]
         keys = np.minimum(key, decay - np.log(np.maximum(now - last, MIN_GAP_S)))
@@ -192,6 +195,8 @@ class _Replicas:
             yield float(keys[index]), self._items[slots[index]][0], int(size[index])
 
     def _grow(self, item: tuple[str, str]) -> int:
+        import numpy as np
+
         slot = len(self._items)
         self._items.append(item)
         if slot == self._live.size:
