@@ -119,15 +119,12 @@ Item = TypeVar("Item", bound=Hashable)
 class _Sorted(Generic[Item]):
     """Items in ascending order of their keys, each with a payload: a sorted list, so a walk is a plain loop that
     costs only what it visits, and setting a key is a bisection and a move of the entries after it (microseconds at
-    the thousands of replicas of a 1,000-node fleet)."""
+    the thousand nodes of a 1,000-node fleet)."""
 
     def __init__(self) -> None:
         self._entries: list[tuple[float, int, Item, int]] = []  # (key, sequence, item, payload)
         self._live: dict[Item, tuple[float, int]] = {}
         self._sequence = itertools.count()
-
-    def __len__(self) -> int:
-        return len(self._entries)
 
     def set(self, item: Item, key: float, payload: int = 0) -> None:
         self.discard(item)
@@ -166,13 +163,10 @@ class _Replicas:
         self._live = np.zeros(64, dtype=bool)
         self._sequence = itertools.count()
 
-    def __len__(self) -> int:
-        return len(self._slot)
-
     def set(self, item: tuple[str, str], key: float, decay: float, last_request_s: float, size: int) -> None:
         slot = self._slot.get(item)
         if slot is None:
-            slot = self._unused.pop() if self._unused else self._grow(item)
+            slot = self._unused.pop() if self._unused else self._grow()
             self._items[slot] = item
             self._slot[item] = slot
         self._columns[:, slot] = (key, decay, last_request_s, size, next(self._sequence))
@@ -194,11 +188,12 @@ class _Replicas:
         for index in np.lexsort((sequence, keys)):
             yield float(keys[index]), self._items[slots[index]][0], int(size[index])
 
-    def _grow(self, item: tuple[str, str]) -> int:
+    def _grow(self) -> int:
+        """A new slot at the end, the arrays doubled when they are full."""
         import numpy as np
 
         slot = len(self._items)
-        self._items.append(item)
+        self._items.append(("", ""))  # named by `set`
         if slot == self._live.size:
             self._columns = np.concatenate([self._columns, np.zeros_like(self._columns)], axis=1)
             self._live = np.concatenate([self._live, np.zeros_like(self._live)])
