@@ -5,6 +5,7 @@ code; `build_parser` lists them in the order a user meets them, and says so in `
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import signal
 import sys
@@ -80,6 +81,7 @@ def _serve(args: argparse.Namespace) -> int:
         from adaserve.engine.processes import ZYGOTE
 
         ZYGOTE.start()  # next: its imports of torch (seconds) overlap the server's own start
+        atexit.register(ZYGOTE.stop)
     import uvloop
 
     from adaserve.logs import configure_logging

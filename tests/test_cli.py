@@ -188,17 +188,31 @@ def test_errors_are_plain_and_exit_non_zero(tmp_path: Path) -> None:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = str(busy.getsockname()[1])
-        taken = adaserve("serve", "--model-repository", str(EXAMPLES), "--http-port", port, "--grpc-port", "0")
-        taken_grpc = adaserve("serve", "--model-repository", str(EXAMPLES), "--http-port", "0", "--grpc-port", port)
-    assert taken.returncode == 2 and f"cannot listen for HTTP on 127.0.0.1:{port}" in taken.stderr
-    assert taken_grpc.returncode == 2 and f"cannot listen for gRPC on 127.0.0.1:{port}" in taken_grpc.stderr
-    assert "Traceback" not in taken_grpc.stderr, taken_grpc.stderr
+        taken = _serve_refused("--http-port", port, "--grpc-port", "0")
+        taken_grpc = _serve_refused("--http-port", "0", "--grpc-port", port)
+    assert f"cannot listen for HTTP on 127.0.0.1:{port}" in taken
+    assert f"cannot listen for gRPC on 127.0.0.1:{port}" in taken_grpc and "Traceback" not in taken_grpc, taken_grpc
     negative = adaserve("serve", "--spare-hosts", "-1")
     assert negative.returncode == 2 and "--spare-hosts" in negative.stderr and "0 or more" in negative.stderr
     for option in ("--http-idle-timeout", "--repository-poll-secs"):
         for bad in ("0", "-1", "soon", "inf"):
             refused = adaserve("serve", option, bad)
             assert refused.returncode == 2 and f"{option}: expected a number above 0; got '{bad}'" in refused.stderr
+
+
+def _serve_refused(*args: str) -> str:
+    """What `adaserve serve --model-repository EXAMPLES ARGS` wrote to stderr, once it exited 2: all of it, to EOF
+    (BlockingIOError if a process still held it, as the zygote it started first did, importing torch for seconds
+    after the server had left)."""
+    command = [sys.executable, "-m", "adaserve", "serve", "--model-repository", str(EXAMPLES), *args]
+    with subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) as refused:
+        assert refused.wait(timeout=120) == 2 and refused.stderr is not None
+        stderr = refused.stderr.fileno()
+        os.set_blocking(stderr, False)
+        said = b""
+        while chunk := os.read(stderr, 65536):
+            said += chunk
+    return said.decode()
 
 
 #: tgkill(2), which sends a signal to one thread of another process; Python has no call for it.

@@ -344,6 +344,17 @@ class Zygote:
         with self._lock:
             self._started()
 
+    def stop(self) -> None:
+        """End the zygote as the server leaves (`adaserve serve` calls it at exit). Left alone, it exits once it finds
+        its socket closed, but only after its imports: a server that stopped at once on a bad setting (a port in
+        use) left it importing torch for seconds, on CPU nobody needed, holding the server's stdout and stderr open
+        so that whoever read them waited too. Killed: it ignores SIGTERM, and keeps nothing a kill loses (the hosts
+        it forked are the server's to stop, and are in sessions of their own)."""
+        process = self._process
+        if process is not None and process.poll() is None:
+            process.kill()
+            process.wait()
+
     def fork_host(self, host_control: socket.socket) -> ForkedProcess:
         """A new host, talking on `host_control`'s other end. A zygote that died is started again once."""
         return self._fork(ForkHost(), host_control.fileno(), "a model host")

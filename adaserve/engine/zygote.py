@@ -15,7 +15,8 @@ zygote answers `Forked(pid)`. A `ForkProfiler` is answered the same way, its chi
 torch again and held 160 MiB of its own; forked, it shares the zygote's pages as a host does. The zygote is its
 children's parent, so it reaps them and reports each as `Exited(pid, returncode)`: the server can still say how
 one ended. It never computes and never starts a thread, so forking is safe. It exits when the server's end of its
-socket closes; the processes it forked live on until their own sockets (or pipes) close.
+socket closes, and `adaserve serve` kills it as it exits (`Zygote.stop`); the processes it forked live on until their
+own sockets (or pipes) close.
 """
 
 from __future__ import annotations

@@ -153,6 +153,17 @@ def test_hosts_share_the_zygote_and_the_zygote_that_died_is_started_again(tmp_pa
     asyncio.run(main())
 
 
+def test_stop_ends_a_zygote_still_importing(own_zygote: Zygote) -> None:
+    """What `adaserve serve` does at exit: a zygote that ignores SIGTERM and has not reached its socket yet is killed
+    and reaped, not left to import torch for nothing."""
+    own_zygote.start()
+    process = own_zygote._process
+    assert process is not None
+    own_zygote.stop()
+    assert process.returncode == -signal.SIGKILL
+    own_zygote.stop()  # a zygote already gone: nothing to do
+
+
 def test_a_host_killed_before_its_model_loaded_fails_the_load_naming_the_signal() -> None:
     """The control socket closes before the zygote has reaped the host and reported it: the error still says how
     it ended, not "code None"."""
