@@ -29,7 +29,9 @@ policy, online or offline, can reach; in the open loop each load's own request w
 the mean load time. Each paper bar is reported with the most that the LP leaves possible over LFU: a bar above it
 cannot be met on these sequences by any policy. `optimum_distance` gives each policy's load time (closed loop) and
 throughput as ratios to the exact optimum's, and `optimum_bars` the issue's bars for IAM: throughput ≥ 0.85× the
-optimum's, mean load time no more than GDSF's, and at least 14 / 23 / 35% below LRU's at 40 / 60 / 80%.
+optimum's, mean load time no more than GDSF's, and at least 14 / 23 / 35% below LRU's at 40 / 60 / 80%, each
+against the better form of the baseline: as defined, one victim at a time, or taking its victims as a set as IAM
+does ("gdsf-cover", "lru-cover").
 `known_rate_bars` are the same bars for IAM given each model's true rate (`iam-known-rate`): how far IAM could go
 with a perfect rate estimate, where `foresight` says what knowing each next request would give.
 
@@ -290,17 +292,25 @@ def optimum_bars(
         )
     for share in SHARES:
         key = f"{share:.0%}"
-        ours, gdsf = random[key][policy]["mean_load_wait_s"], random[key]["gdsf"]["mean_load_wait_s"]
-        measured = f"{ours * 1e3:.1f} vs {gdsf * 1e3:.1f} ms"
-        checks.append(_check(f"{label} vs GDSF mean load time at {key}", "<= GDSF's", measured, gdsf - ours, 0.0))
+        gdsf = stronger(random[key], "gdsf")
+        ours, theirs = random[key][policy]["mean_load_wait_s"], random[key][gdsf]["mean_load_wait_s"]
+        measured = f"{ours * 1e3:.1f} vs {theirs * 1e3:.1f} ms ({gdsf})"
+        checks.append(_check(f"{label} vs GDSF mean load time at {key}", "<= GDSF's", measured, theirs - ours, 0.0))
     for share, target in LRU_LOAD_TIME_BARS.items():
         key = f"{share:.0%}"
-        reduction = load_time_reduction(random[key][policy], random[key]["lru"])
-        measured = f"{reduction:.1%} lower"
+        lru = stronger(random[key], "lru")
+        reduction = load_time_reduction(random[key][policy], random[key][lru])
+        measured = f"{reduction:.1%} lower ({lru})"
         checks.append(
             _check(f"{label} vs LRU mean load time at {key}", f">= {target:.0%} lower", measured, reduction, target)
         )
     return checks
+
+
+def stronger(cell: dict[str, Any], baseline: str) -> str:
+    """The form of `baseline`, as defined or taking its victims as a set (`-cover`, `RankedPolicy`), with the lower
+    mean load time in `cell`: the issue's bars are against the better of the two."""
+    return min((baseline, f"{baseline}-cover"), key=lambda name: float(cell[name]["mean_load_wait_s"]))
 
 
 def _check(bar: str, target: str, measured: str, value: float, least: float) -> dict[str, Any]:

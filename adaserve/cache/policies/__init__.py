@@ -1,8 +1,9 @@
 """Eviction policies behind one interface, picked by name: mCache's IAM and the baselines it is measured against.
 
 `create_policy("iam", stats, budget_bytes)` gives IAM, and "lru", "lfu", "arc", "srrip", "gdsf" the baselines, so the
-paper's comparison is a config value. Three need the future (`needs_future`): the offline oracle, IAM with T_i read
-from it ("iam-foresight") and IAM with each model's true rate read from it ("iam-known-rate"):
+paper's comparison is a config value. "lru-cover", "lfu-cover" and "gdsf-cover" are those baselines taking their
+victims as a set, as IAM does (`RankedPolicy`). Three need the future (`needs_future`): the offline oracle, IAM
+with T_i read from it ("iam-foresight") and IAM with each model's true rate read from it ("iam-known-rate"):
 `create_policy("oracle", stats, budget_bytes, future=[model names in request order])`, which only the simulator has.
 """
 
@@ -11,11 +12,11 @@ from __future__ import annotations
 from typing import Any
 
 from adaserve.cache.policies.arc import ARCPolicy
-from adaserve.cache.policies.base import EvictionPolicy
-from adaserve.cache.policies.gdsf import GDSFPolicy
+from adaserve.cache.policies.base import EvictionPolicy, RankedPolicy
+from adaserve.cache.policies.gdsf import GDSFCoverPolicy, GDSFPolicy
 from adaserve.cache.policies.iam import IAMForesight, IAMKnownRate, IAMPolicy, ImportanceQueue
-from adaserve.cache.policies.lfu import LFUPolicy
-from adaserve.cache.policies.lru import LRUPolicy
+from adaserve.cache.policies.lfu import LFUCoverPolicy, LFUPolicy
+from adaserve.cache.policies.lru import LRUCoverPolicy, LRUPolicy
 from adaserve.cache.policies.oracle import BeladyOracle
 from adaserve.cache.policies.srrip import SRRIPPolicy
 from adaserve.cache.stats import StatsRegistry
@@ -26,13 +27,17 @@ __all__ = [
     "ARCPolicy",
     "BeladyOracle",
     "EvictionPolicy",
+    "GDSFCoverPolicy",
     "GDSFPolicy",
     "IAMForesight",
     "IAMKnownRate",
     "IAMPolicy",
     "ImportanceQueue",
+    "LFUCoverPolicy",
     "LFUPolicy",
+    "LRUCoverPolicy",
     "LRUPolicy",
+    "RankedPolicy",
     "SRRIPPolicy",
     "create_policy",
 ]
@@ -46,6 +51,9 @@ POLICIES: dict[str, type[EvictionPolicy]] = {
         ARCPolicy,
         SRRIPPolicy,
         GDSFPolicy,
+        LRUCoverPolicy,
+        LFUCoverPolicy,
+        GDSFCoverPolicy,
         IAMForesight,
         IAMKnownRate,
         BeladyOracle,

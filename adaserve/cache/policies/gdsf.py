@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Set
 
-from adaserve.cache.policies.base import EvictionPolicy
+from adaserve.cache.policies.base import RankedPolicy
 from adaserve.cache.stats import StatsRegistry
 
 
-class GDSFPolicy(EvictionPolicy):
+class GDSFPolicy(RankedPolicy):
     """H_i = L + F_i · C_i / S_i; evict the smallest H and set the inflation value L to it.
 
     C_i is the load penalty P_i, S_i the size, F_i the requests since the model was loaded (as in Squid's GDSF,
@@ -41,8 +41,11 @@ class GDSFPolicy(EvictionPolicy):
         self._frequency.pop(name, None)
         self._priority.pop(name, None)
 
+    def rank_key(self, name: str) -> tuple[float, int]:
+        return self._priority[name]
+
     def victim(self, candidates: Set[str], needed_bytes: int, now: float) -> str:
-        found = min(candidates, key=self._priority.__getitem__)
+        found = super().victim(candidates, needed_bytes, now)
         self.inflation = self._priority[found][0]
         return found
 
@@ -50,3 +53,10 @@ class GDSFPolicy(EvictionPolicy):
         cost, size = self.stats.penalty_s(name), max(1, self.stats.size_bytes(name) or 0)
         self._tick += 1
         self._priority[name] = (self.inflation + self._frequency.get(name, 1) * cost / size, self._tick)
+
+
+class GDSFCoverPolicy(GDSFPolicy):
+    """GDSF taking its victims as a set (`RankedPolicy`)."""
+
+    name = "gdsf-cover"
+    takes_cover = True

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Set
-
-from adaserve.cache.policies.base import EvictionPolicy
+from adaserve.cache.policies.base import RankedPolicy
 from adaserve.cache.stats import StatsRegistry
 
 
-class LFUPolicy(EvictionPolicy):
+class LFUPolicy(RankedPolicy):
     """Evicts the resident model with the fewest requests since it was loaded; ties go to the least recent.
 
     In-cache LFU, as in the O(1) LFU of Shah et al. and `cachetools.LFUCache`: a model's count starts with the
@@ -30,5 +28,12 @@ class LFUPolicy(EvictionPolicy):
         self._count.pop(name, None)
         self._last.pop(name, None)
 
-    def victim(self, candidates: Set[str], needed_bytes: int, now: float) -> str:
-        return min(candidates, key=lambda name: (self._count.get(name, 0), self._last.get(name, -1.0), name))
+    def rank_key(self, name: str) -> tuple[int, float, str]:
+        return self._count.get(name, 0), self._last.get(name, -1.0), name
+
+
+class LFUCoverPolicy(LFUPolicy):
+    """LFU taking its victims as a set (`RankedPolicy`)."""
+
+    name = "lfu-cover"
+    takes_cover = True

@@ -6,7 +6,7 @@ from adaserve.errors import ConfigError
 
 
 def test_every_paper_baseline_is_a_name() -> None:
-    online = {"iam", "lru", "lfu", "arc", "srrip", "gdsf"}
+    online = {"iam", "lru", "lfu", "arc", "srrip", "gdsf", "lru-cover", "lfu-cover", "gdsf-cover"}
     assert set(POLICIES) == online | {"iam-foresight", "iam-known-rate", "oracle"}
     assert {name for name, policy in POLICIES.items() if policy.needs_future} == set(POLICIES) - online
     stats = StatsRegistry()
