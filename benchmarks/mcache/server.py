@@ -12,11 +12,12 @@ Steps:
 1. Models: eight of `benchmarks/mcache/models.py`'s catalogue (exported there, reused when already exported), each
    served by one worker of batch 1 and one thread so that a load stays cheap. Eight, not seven: a 20% budget must
    hold the largest model, and no seven of the catalogue have their largest under a fifth of their total.
-2. Probe: one server with a roomy budget gets each model twice (a miss, then a hit), unloads it, and gets it twice
-   again, one load at a time, each after the server's first once a spare model host waits (as most of a cell's
-   loads find one). From its /metrics: the size the server counts (`adaserve_model_resident_bytes`: weights + the
-   worker's workspace) and the load penalty, the second load's (`adaserve_model_loading_seconds_total` between
-   them: a model's first load carries one-off costs); the last hit's latency is the execution time.
+2. Probe: one server with a roomy budget gets each model twice (a miss, then a hit), unloads it, and does so again
+   three more times (`PROBE_LOADS`), one load at a time, each after the server's first once a spare model host
+   waits (as most of a cell's loads find one). From its /metrics: the size the server counts
+   (`adaserve_model_resident_bytes`: weights + the worker's workspace) and the load penalty, the median of the
+   later loads' times (`adaserve_model_loading_seconds_total` between them: a model's first load carries one-off
+   costs); the median latency of the hits after them is the execution time.
    Budgets are shares of the total of these sizes.
 3. Workload: `adaserve.cache.workload.build_workload`, for each assignment of `--assign` (default random, the
    paper's comparison; round-robin, quantile and quantile-r rank the models by load time, see `draw_sequence`),
@@ -44,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import itertools
 import json
 import math
 import statistics
@@ -90,6 +92,8 @@ METRICS = {"throughput_rps": "throughput", "mean_load_wait_s": "mean load time"}
 FULL_CELLS = ",".join(f"{policy}@{share}" for share in (40, 60, 80) for policy in ("iam", *RIVALS))
 QUICK_CELLS = ",".join(f"{policy}@{share}" for share in (40, 80) for policy in ("iam", *RIVALS))
 ROOMY_BUDGET = "50GiB"
+#: The probe's loads of each model after its first, whose medians the simulator is given.
+PROBE_LOADS = 3
 #: How long a spare model host is waited for (the probe's loads, a cell's start): one forks in about a second.
 SPARE_WAIT_S = 60.0
 #: A one-client replay waits for at most one load per request; a load took up to ~12 s on the busy 2-core machine.
@@ -158,37 +162,42 @@ def write_sequence(requests: list[Request] | tuple[Request, ...], path: Path) ->
 
 
 def probe(repository: Path, names: tuple[str, ...], scratch: Path) -> dict[str, dict[str, Any]]:
-    """Each model loaded twice in a roomy server (a miss and a hit, unloaded, then a miss and a hit again): its size
-    and its second load's time as the server measures them, and the last hit's latency as its execution time. A
-    model's first load carries one-off costs that a cell's later loads of it do not (in one run `mlp_small`, loaded
-    first, took 3.3 s, and its program loads in 0.07 s), and the simulator would charge them on every load. Each
-    load but the server's first waits until a spare host does, as most of a cell's loads find one."""
+    """Each model loaded 1 + `PROBE_LOADS` times in a roomy server (a miss and a hit, unloaded, and again): its size
+    as the server measures it, the median of its later loads' times, and the median of the hits after them as its
+    execution time; every sample is kept. A model's first load carries one-off costs that a cell's later loads of it
+    do not (in one run `mlp_small`, loaded first, took 3.3 s, and its program loads in 0.07 s), and the simulator
+    would charge them on every load. One later load was not enough: on a busy machine a single sample was off by up
+    to 3x, and the simulator's prediction with it. Each load but the server's first waits until a spare host does,
+    as most of a cell's loads find one."""
     records: list[RequestRecord] = []
     loads: dict[str, list[tuple[float, float]]] = {}  # model → (seconds, loads) so far, after each of its loads
     with running_server(repository, "--model-memory-budget", ROOMY_BUDGET, "--cache-policy", "lru") as server:
         for name in names:
-            for second in (False, True):
-                if second:
+            for round_ in range(1 + PROBE_LOADS):
+                if round_:
                     _unload(server, name)
                 if records:
                     _wait_for_spare(server)
-                records += _send(server, [name, name], scratch / f"probe-{name}-{int(second) + 1}.csv")
+                records += _send(server, [name, name], scratch / f"probe-{name}-{round_ + 1}.csv")
                 metrics = model_metrics(server)
                 seconds = metrics["adaserve_model_loading_seconds_total"][name]
                 loads.setdefault(name, []).append((seconds, metrics["adaserve_model_loads_total"][name]))
         sizes = model_metrics(server)["adaserve_model_resident_bytes"]
     figures = {}
     for name in names:
-        (first_s, first_loads), (both_s, both_loads) = loads[name]
-        if (first_loads, both_loads) != (1, 2):
-            raise RuntimeError(f"the probe loaded {name} {first_loads:g} and {both_loads:g} times, not 1 and 2")
-        hit = [r for r in records if r.model == name][3]
-        assert hit.latency_ms is not None
+        totals = [seconds for seconds, _ in loads[name]]
+        counts = [count for _, count in loads[name]]
+        if counts != list(range(1, PROBE_LOADS + 2)):
+            raise RuntimeError(f"the probe loaded {name} {counts} times in all after each round, not 1, 2, ...")
+        later_loads = [after - before for before, after in itertools.pairwise(totals)]
+        hits = [r.latency_ms / 1000 for r in records[1::2] if r.model == name and r.latency_ms is not None][1:]
         figures[name] = {
             "size_bytes": int(sizes[name]),
-            "load_s": both_s - first_s,
-            "first_load_s": first_s,
-            "exec_s": hit.latency_ms / 1000,
+            "load_s": statistics.median(later_loads),
+            "first_load_s": totals[0],
+            "exec_s": statistics.median(hits),
+            "load_samples_s": later_loads,
+            "exec_samples_s": hits,
         }
     return figures
 
