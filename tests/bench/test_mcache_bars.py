@@ -17,6 +17,7 @@ from benchmarks.mcache.server import (
     MODELS,
     CellKey,
     bars,
+    cell_order,
     distance_from_oracle,
     draw_sequence,
     parse_assignments,
@@ -112,3 +113,20 @@ def test_quantile_workloads_put_the_popular_functions_on_the_slowest_or_fastest_
         sequence = draw_sequence(60, 0, assign)
         assert Counter(model for _, model in sequence).most_common(1)[0][0] == expected
         assert sequence == draw_sequence(60, 0, assign)  # a seed names one sequence
+
+
+def test_each_seed_turns_the_policies_order_at_each_share_by_one() -> None:
+    chosen = [("iam", 0.4), ("lfu", 0.4), ("lru", 0.4), ("iam", 0.8), ("lfu", 0.8)]
+    keys = cell_order(chosen, [0, 1, 2], ["random", "quantile"])
+    assert keys[:4] == [
+        ("iam", 0.4, 0, "random"),
+        ("iam", 0.4, 0, "quantile"),
+        ("lfu", 0.4, 0, "random"),
+        ("lfu", 0.4, 0, "quantile"),
+    ]
+    order = [(policy, share, seed) for policy, share, seed, assign in keys if assign == "random"]
+    assert order == [
+        *[("iam", 0.4, 0), ("lfu", 0.4, 0), ("lru", 0.4, 0), ("iam", 0.8, 0), ("lfu", 0.8, 0)],
+        *[("lfu", 0.4, 1), ("lru", 0.4, 1), ("iam", 0.4, 1), ("lfu", 0.8, 1), ("iam", 0.8, 1)],
+        *[("lru", 0.4, 2), ("iam", 0.4, 2), ("lfu", 0.4, 2), ("iam", 0.8, 2), ("lfu", 0.8, 2)],
+    ]
