@@ -168,9 +168,10 @@ def probe(repository: Path, names: tuple[str, ...], scratch: Path) -> dict[str, 
     as the server measures it, the median of its later loads' times, and the median of the hits after them as its
     execution time; every sample is kept. A model's first load carries one-off costs that a cell's later loads of it
     do not (in one run `mlp_small`, loaded first, took 3.3 s, and its program loads in 0.07 s), and the simulator
-    would charge them on every load. One later load was not enough: on a busy machine a single sample was off by up
-    to 3x, and the simulator's prediction with it. Each load but the server's first waits until a spare host does,
-    as most of a cell's loads find one."""
+    would charge them on every load. Several later loads, not one, so that the record shows how much a model's load
+    and run vary (on the 2-core VM each model's three agreed within 3% of their median) rather than trusting a
+    single sample. Each load but the server's first waits until a spare host does, as most of a cell's loads find
+    one."""
     records: list[RequestRecord] = []
     loads: dict[str, list[tuple[float, float]]] = {}  # model → (seconds, loads) so far, after each of its loads
     with running_server(repository, "--model-memory-budget", ROOMY_BUDGET, "--cache-policy", "lru") as server:
