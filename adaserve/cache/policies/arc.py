@@ -56,7 +56,7 @@ class ARCPolicy(EvictionPolicy):
 
     def on_load(self, name: str, now: float) -> None:
         ghost_hit = self._incoming.pop(name, False)
-        (self.t2 if ghost_hit else self.t1)[name] = max(1, self.stats.size_bytes(name) or 0)
+        (self.t2 if ghost_hit else self.t1)[name] = self.size_of(name)
         self._trim_ghosts()
 
     def on_evict(self, name: str, now: float) -> None:

@@ -44,6 +44,11 @@ class EvictionPolicy(ABC):
         for a policy that keeps no such number (LRU's order is its whole state)."""
         return None
 
+    def size_of(self, name: str) -> int:
+        """The bytes `name` holds as last measured; at least 1, so that a policy may divide by it (an unmeasured
+        model counts as nearly free)."""
+        return max(1, self.stats.size_bytes(name) or 0)
+
     @abstractmethod
     def victim(self, candidates: Set[str], needed_bytes: int, now: float) -> str:
         """The model to evict next, one of `candidates` (never empty), while `needed_bytes` more must be freed. The
@@ -69,10 +74,7 @@ class RankedPolicy(EvictionPolicy):
     def victim(self, candidates: Set[str], needed_bytes: int, now: float) -> str:
         if not self.takes_cover:
             return min(candidates, key=self.rank_key)
-        return cover(sorted(candidates, key=self.rank_key), self._size, needed_bytes)[0]
-
-    def _size(self, name: str) -> int:
-        return max(1, self.stats.size_bytes(name) or 0)
+        return cover(sorted(candidates, key=self.rank_key), self.size_of, needed_bytes)[0]
 
 
 def cover(ordered: Sequence[str], size_bytes: Callable[[str], int], needed_bytes: int) -> list[str]:

@@ -50,7 +50,7 @@ class GDSFPolicy(RankedPolicy):
         return found
 
     def _set_priority(self, name: str) -> None:
-        cost, size = self.stats.penalty_s(name), max(1, self.stats.size_bytes(name) or 0)
+        cost, size = self.stats.penalty_s(name), self.size_of(name)
         self._tick += 1
         self._priority[name] = (self.inflation + self._frequency.get(name, 1) * cost / size, self._tick)
 

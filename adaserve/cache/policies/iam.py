@@ -130,7 +130,7 @@ class IAMPolicy(EvictionPolicy):
 
     def utility(self, name: str, now: float) -> float:
         """u_i = P_i / S_i · 1 / T_i (Eq. 1); 0 for a model with no recent requests (T_i infinite)."""
-        return self.stats.penalty_s(name) / self._size(name) / self.time_to_next(name, now)
+        return self.stats.penalty_s(name) / self.size_of(name) / self.time_to_next(name, now)
 
     def time_to_next(self, name: str, now: float) -> float:
         """T_i from the model's own gaps (`StatsRegistry.expected_gap_s`), as §4.3.2 estimates it from Δ_i."""
@@ -167,16 +167,13 @@ class IAMPolicy(EvictionPolicy):
         """The victims in queue order (`cover`), or the one model that alone frees the room at less cost, the cost of
         evicting a model being the load time its next request will pay per second until then, P_i / T_i = u_i · S_i.
         The queue by itself can drop several small models where one large one costs less."""
-        chosen = cover(self.queue.least_important_first(candidates), self._size, needed_bytes)
-        cost = {name: self.utility(name, now) * self._size(name) for name in candidates}
-        alone = [name for name in candidates if self._size(name) >= needed_bytes]
+        chosen = cover(self.queue.least_important_first(candidates), self.size_of, needed_bytes)
+        cost = {name: self.utility(name, now) * self.size_of(name) for name in candidates}
+        alone = [name for name in candidates if self.size_of(name) >= needed_bytes]
         cheapest = min(alone, key=lambda name: (cost[name], name), default=None)
         if cheapest is not None and cost[cheapest] < sum(cost[name] for name in chosen):
             return [cheapest]
         return chosen
-
-    def _size(self, name: str) -> int:
-        return max(1, self.stats.size_bytes(name) or 0)
 
     def _refresh_if_due(self, now: float) -> None:
         if self.refresh_period_s is None:

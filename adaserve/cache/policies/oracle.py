@@ -38,7 +38,4 @@ class BeladyOracle(EvictionPolicy):
 
     def victim(self, candidates: Set[str], needed_bytes: int, now: float) -> str:
         farthest_first = sorted(candidates, key=lambda name: (self.next_use(name), name), reverse=True)
-        return cover(farthest_first, self._size, needed_bytes)[0]
-
-    def _size(self, name: str) -> int:
-        return self.stats.size_bytes(name) or 0
+        return cover(farthest_first, self.size_of, needed_bytes)[0]
