@@ -12,13 +12,13 @@ Steps:
 1. Models: eight of `benchmarks/mcache/models.py`'s catalogue (exported there, reused when already exported), each
    served by one worker of batch 1 and one thread so that a load stays cheap. Eight, not seven: a 20% budget must
    hold the largest model, and no seven of the catalogue have their largest under a fifth of their total.
-2. Probe: one server with a roomy budget gets each model twice (a miss, then a hit), unloads it, and does so again
-   three more times (`PROBE_LOADS`), one load at a time, each after the server's first once a spare model host
-   waits (as most of a cell's loads find one). From its /metrics: the size the server counts
-   (`adaserve_model_resident_bytes`: weights + the worker's workspace) and the load penalty, the median of the
-   later loads' times (`adaserve_model_loading_seconds_total` between them: a model's first load carries one-off
-   costs); the median latency of the hits after them is the execution time.
-   Budgets are shares of the total of these sizes.
+2. Probe, before each seed's first cell: one server with a roomy budget gets each model twice (a miss, then a
+   hit), unloads it, and does so again three more times (`PROBE_LOADS`), one load at a time, each after the
+   server's first once a spare model host waits (as most of a cell's loads find one). From its /metrics: the size
+   the server counts (`adaserve_model_resident_bytes`: weights + the worker's workspace) and the load penalty, the
+   median of the later loads' times (`adaserve_model_loading_seconds_total` between them: a model's first load
+   carries one-off costs); the median latency of the hits after them is the execution time.
+   Budgets are shares of the total of these sizes in the first probe; each seed's cells are simulated with its own.
 3. Workload: `adaserve.cache.workload.build_workload`, for each assignment of `--assign` (default random, the
    paper's comparison; round-robin, quantile and quantile-r rank the models by load time, see `draw_sequence`),
    `--requests` requests per seed (`--seeds`: one sequence each), written as a request sequence (time_s,model) and
@@ -30,8 +30,8 @@ Steps:
    and unload of the first model (a server's first load pays seconds of one-off costs); its figures come from the
    bench records (throughput, latency, failures) and from what /metrics counted during the replay (hits, misses,
    loads, load time, evictions).
-   The simulator replays the same sequence with `clients=1` and the probe's sizes, penalties and execution times,
-   through the same policy objects.
+   The simulator replays the same sequence with `clients=1` and the seed's probe's sizes, penalties and execution
+   times, through the same policy objects.
 
 The bars are issue 57's, on the random assignment at every budget where IAM and its rivals were all run, each
 figure the mean over the seeds that ran every one of them: IAM's throughput no lower and its mean load time no higher
@@ -361,10 +361,13 @@ def _of(seeds: list[int]) -> str:
 
 
 def distance_from_oracle(
-    cells: dict[CellKey, dict[str, Any]], sequences: dict[str, list[list[Any]]], figures: dict[str, ModelFigures]
+    cells: dict[CellKey, dict[str, Any]],
+    sequences: dict[str, list[list[Any]]],
+    figures: dict[int, dict[str, ModelFigures]],
 ) -> dict[str, dict[str, dict[str, float]]]:
     """Each policy's distance from the offline oracle, simulated on every cell's sequence and budget, averaged over
-    the workloads and shares run (`simulate.oracle_distance`): on the simulator's figures, where every policy is
+    the workloads and shares run (`simulate.oracle_distance`), each with its seed's probe: on the simulator's
+    figures, where every policy is
     costed alike; and the server's hit ratio against the oracle's (the server's load times are not the probe's
     penalties that the simulated oracle is charged, so only the hit ratio compares)."""
     oracle: dict[tuple[str, float, int], dict[str, Any]] = {}
@@ -372,7 +375,7 @@ def distance_from_oracle(
         if (assign, share, seed) not in oracle:
             requests = sequence_requests(sequences, assign, seed)
             budget = cells[policy, share, seed, assign]["budget_bytes"]
-            oracle[assign, share, seed] = simulate(requests, figures, budget, "oracle", clients=1).as_dict()
+            oracle[assign, share, seed] = simulate(requests, figures[seed], budget, "oracle", clients=1).as_dict()
     distance = {}
     for side in ("simulator", "server"):
         groups: dict[tuple[str, float, str], list[dict[str, Any]]] = {}
@@ -523,12 +526,11 @@ def main() -> None:
     repository = serving_repository(scratch, MODELS)
     if args.resume:
         record = json.loads(output.read_text())
-        if "sequences" not in record or "assignments" not in record:
-            parser.error(f"{output} was written before --seeds or --assign; run without --resume")
+        if "probes" not in record:
+            parser.error(f"{output} was written before a probe per seed; run without --resume")
         record.setdefault("resumed", []).append({"at": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "by": command_line()})
     else:
-        record = new_record(repository, scratch, 24 if args.quick else args.requests)
-    measured = record["models"]
+        record = new_record(24 if args.quick else args.requests)
     sequences: dict[str, list[list[Any]]] = record["sequences"]
     for seed in args.seeds:
         for assign in args.assign:
@@ -536,19 +538,19 @@ def main() -> None:
                 sequences[sequence_key(assign, seed)] = draw_sequence(record["requests"], seed, assign)
     record["seeds"] = sorted({int(key.split(":")[1]) for key in sequences})
     record["assignments"] = [a for a in ASSIGNMENTS if any(key.startswith(f"{a}:") for key in sequences)]
-    figures = models_from(measured, "the probe")
-    total = record["total_bytes"]
     cells = {(c["policy"], c["share"], c["seed"], c["assignment"]): c for c in record.get("cells", [])}
     record["not_run"] = []
-    floor = int(SIZE_MARGIN * max(entry["size_bytes"] for entry in measured.values()))
     keys = cell_order(chosen, args.seeds, args.assign)
     for key in (key for key in keys if key not in cells):
         policy, share, seed, assign = key
         if time.monotonic() - began > args.budget_min * 60:  # the run's time is spent: say which cells are missing
             record["not_run"].append(f"{policy}@{share:.0%} seed {seed} {assign}")
             continue
+        figures = seed_figures(record, repository, scratch, seed)
         requests = sequence_requests(sequences, assign, seed)
         sequence = write_sequence(requests, scratch / f"sequence-{assign}-seed{seed}.csv")
+        total = record["total_bytes"]
+        floor = int(SIZE_MARGIN * record["largest_bytes"])
         budget = max(int(total * share * (SIZE_MARGIN if share >= 1 else 1)), floor)
         cell = run_cell(repository, key, budget, total, sequence, scratch)
         sim = simulate(requests, figures, budget, policy, clients=1).as_dict()
@@ -565,7 +567,7 @@ def main() -> None:
         record["cells"] = list(cells.values())
         write_json(record, output)  # after every cell, so an interrupted run keeps what it measured
     record["bars"] = bars(cells)
-    record["oracle_distance"] = distance_from_oracle(cells, sequences, figures)
+    record["oracle_distance"] = distance_from_oracle(cells, sequences, probed_figures(record))
     record["failed_requests"] = sum(cell["server"]["failed"] for cell in cells.values())
     write_json(record, output)
     seeds = sorted({key[2] for key in cells})
@@ -583,9 +585,10 @@ def main() -> None:
     print(f"failed requests: {record['failed_requests']}; not run: {record['not_run'] or 'none'}; wrote {output}")
 
 
-def new_record(repository: Path, scratch: Path, requests: int) -> dict[str, Any]:
-    """The run's header and the probe's figures; `sequences` (seed → requests) is filled in by the caller."""
-    record: dict[str, Any] = {
+def new_record(requests: int) -> dict[str, Any]:
+    """The run's header; `sequences` (seed → requests) and `probes` (seed → the models' figures) are filled in as
+    the run goes."""
+    return {
         "benchmark": "mcache_server",
         "created": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "command": command_line(),
@@ -594,19 +597,38 @@ def new_record(repository: Path, scratch: Path, requests: int) -> dict[str, Any]
         "assignments": [],
         "requests": requests,
         "sequences": {},
+        "probes": {},
         "replay": "closed loop, 1 client, in trace order (adaserve bench, sequence workload)",
         "workers": WORKERS,
     }
-    with load_window(record.setdefault("probe", {})):
-        measured = probe(repository, MODELS, scratch)
-    record["models"] = measured
-    record["total_bytes"] = sum(entry["size_bytes"] for entry in measured.values())
-    for name, entry in measured.items():
-        print(
-            f"{name}: {entry['size_bytes'] / 2**20:.1f} MiB, load {entry['load_s']:.2f} s, "
-            f"exec {entry['exec_s'] * 1e3:.0f} ms"
-        )
-    return record
+
+
+def seed_figures(record: dict[str, Any], repository: Path, scratch: Path, seed: int) -> dict[str, ModelFigures]:
+    """The figures the simulator is given for seed `seed`'s cells: its own probe, taken just before its first cell.
+    One probe for the whole run let the machine's drift over an hour pass for a gap between the server and the
+    simulator (on the 2-core VM a later seed's loads took up to 1.8x the probe's). The budgets stay shares of the
+    first probe's total, so that every seed's cell at a share has the same budget."""
+    probes = record["probes"]
+    if str(seed) not in probes:
+        entry: dict[str, Any] = {}
+        with load_window(entry):
+            entry["models"] = probe(repository, MODELS, scratch)
+        probes[str(seed)] = entry
+        if "total_bytes" not in record:
+            record["total_bytes"] = sum(model["size_bytes"] for model in entry["models"].values())
+            record["largest_bytes"] = max(model["size_bytes"] for model in entry["models"].values())
+        for name, model in entry["models"].items():
+            print(
+                f"seed {seed} probe, {name}: {model['size_bytes'] / 2**20:.1f} MiB, load {model['load_s']:.2f} s, "
+                f"exec {model['exec_s'] * 1e3:.0f} ms",
+                flush=True,
+            )
+    return models_from(probes[str(seed)]["models"], f"seed {seed}'s probe")
+
+
+def probed_figures(record: dict[str, Any]) -> dict[int, dict[str, ModelFigures]]:
+    """Every probe of the record, by seed."""
+    return {int(seed): models_from(entry["models"], f"seed {seed}'s probe") for seed, entry in record["probes"].items()}
 
 
 def sequence_key(assign: Assignment, seed: int) -> str:

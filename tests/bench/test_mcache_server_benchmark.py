@@ -1,7 +1,7 @@
 """The mCache server benchmark at its smallest (three small models, 24 requests, one cell), to check that it runs end
-to end and what it records: the probe (each model loaded three times here, the median of the later loads' times its
-penalty), a cell on a fresh server beside the simulator's replay of the same sequence, and the plot. Its figures are
-the benchmark's, not this test's."""
+to end and what it records: the seed's probe (each model loaded three times here, the median of the later loads'
+times its penalty), a cell on a fresh server beside the simulator's replay of the same sequence, and the plot. Its
+figures are the benchmark's, not this test's."""
 
 from __future__ import annotations
 
@@ -26,12 +26,14 @@ def test_the_server_benchmark_probes_each_model_and_replays_a_cell_beside_the_si
     output = tmp_path / "mcache_server.json"
     run_benchmark(monkeypatch, tmp_path, server, "--quick", "--cells", "iam@40", "--output", str(output))
     report = recorded(output, "benchmarks.mcache.server")
-    assert set(report["models"]) == set(SMALL)
+    (probed,) = report["probes"].values()  # one seed, one probe
+    assert set(probed["models"]) == set(SMALL)
     assert all(
         positive(*(m[key] for key in ("size_bytes", "load_s", "first_load_s", "exec_s")))
-        for m in report["models"].values()
+        for m in probed["models"].values()
     )
-    for model in report["models"].values():
+    assert report["total_bytes"] == sum(m["size_bytes"] for m in probed["models"].values())
+    for model in probed["models"].values():
         assert len(model["load_samples_s"]) == 2 and len(model["exec_samples_s"]) == 2
         assert model["load_s"] == statistics.median(model["load_samples_s"])
         assert model["exec_s"] == statistics.median(model["exec_samples_s"])
