@@ -90,7 +90,7 @@ def test_assignments_are_the_workload_builders() -> None:
         parse_assignments("quantile,quantile")
 
 
-def test_distance_from_the_oracle_simulates_it_on_each_cells_sequence_and_budget() -> None:
+def test_distance_from_the_oracle_simulates_it_on_each_cells_sequence_budget_and_probe() -> None:
     # Room for two of three models; A B C A B: the oracle evicts B for C (used last) and hits A; LRU evicts A and
     # then B, and hits nothing.
     figures = {name: ModelFigures(size_bytes=100, load_s=1.0, exec_s=0.1) for name in "ABC"}
@@ -99,7 +99,8 @@ def test_distance_from_the_oracle_simulates_it_on_each_cells_sequence_and_budget
     cells: dict[CellKey, dict[str, Any]] = {
         ("lru", 0.6, 0, "random"): {"budget_bytes": 200, "server": lru, "simulator": lru}
     }
-    distance = distance_from_oracle(cells, sequences, figures)
+    roomy = {name: ModelFigures(size_bytes=50, load_s=1.0, exec_s=0.1) for name in "ABC"}  # another seed's probe
+    distance = distance_from_oracle(cells, sequences, {0: figures, 1: roomy})
     assert distance["server"] == {"lru": {"hit_ratio_gap": pytest.approx(0.2)}}
     assert distance["simulator"]["lru"]["hit_ratio_gap"] == pytest.approx(0.2)
     assert distance["simulator"]["lru"]["load_time_ratio"] > 1  # the oracle waited for 4 loads of 5 requests
