@@ -4,6 +4,7 @@ example CNN — an accepted version that the worker's `EarlyExit.load` serves, a
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 import shutil
@@ -142,14 +143,24 @@ def test_the_trigger_fires_on_a_low_hit_rate_or_when_the_period_passes() -> None
     monitor = HitRateMonitor(composition(0.5, 0.2), now=0.0, period_s=900, margin=0.05, min_rows=200)
     monitor.observe(counts(100, stage1=10, stage2=5))
     assert monitor.check(now=10) is None  # too few rows to judge
-    monitor.observe(counts(100, stage1=80, stage2=27))
-    assert monitor.check(now=20) is None  # 0.45 and 0.16: within the margin
+    monitor.observe(counts(100, stage1=80, stage2=37))
+    assert monitor.check(now=20) is None  # 0.45 and 0.66 leave by each exit: within the margin of 0.5 and 0.7
     monitor.observe(counts(200, stage1=100, stage2=20))
-    assert monitor.check(now=30) == "hit rate after stage2 0.100 < expected 0.200 − 0.05"
+    assert monitor.check(now=30) == "rows leaving by stage2 0.600 < expected 0.700 − 0.05"
     assert monitor.check(now=40) is None  # the judged rows are forgotten
     assert monitor.check(now=900) == "period of 900 s passed"
     monitor.reset(composition(0.5, 0.2), now=900)
     assert monitor.check(now=901) is None
+
+
+def test_rows_moving_to_an_earlier_exit_do_not_fire_the_trigger() -> None:
+    """They leave sooner, and lower the later exit's own share: judged by it, a class-skewed stream whose first
+    exit took nearly every row retrained the caches into slower ones."""
+    monitor = HitRateMonitor(composition(0.5, 0.2), now=0.0, margin=0.05, min_rows=200)
+    monitor.observe(counts(200, stage1=190, stage2=2))
+    assert monitor.check(now=1) is None
+    monitor.observe(counts(200, stage1=80, stage2=60))  # as many leave, but later: that is slower
+    assert monitor.check(now=2) == "rows leaving by stage1 0.400 < expected 0.500 − 0.05"
 
 
 def test_the_trigger_fires_when_verified_hits_disagree() -> None:
@@ -171,28 +182,28 @@ def test_the_trigger_expects_the_rates_last_measured_on_todays_traffic() -> None
     paper = HitRateMonitor(adapted, now=0.0, min_rows=200, expect="composition")
     paper.observe(drifted)
     assert paper.check(now=1) == (
-        "hit rate after stage1 0.300 < expected 0.500 − 0.05, after stage2 0.100 < expected 0.200 − 0.05"
+        "rows leaving by stage1 0.300 < expected 0.500 − 0.05, by stage2 0.400 < expected 0.700 − 0.05"
     )
     monitor = HitRateMonitor(adapted, now=0.0, min_rows=200)
     monitor.observe(drifted)
     assert monitor.check(now=1) is None
-    monitor.observe(counts(200, stage1=40, stage2=24))  # the traffic moves on
-    assert monitor.check(now=2) == "hit rate after stage1 0.200 < expected 0.300 − 0.05"
+    monitor.observe(counts(200, stage1=40, stage2=34))  # the traffic moves on
+    assert monitor.check(now=2) == "rows leaving by stage1 0.200 < expected 0.300 − 0.05"
     # A retraining could not do better on it: no more than the rates just judged are expected from then on.
     monitor.reset(adapted, now=2, settle=True)
-    assert monitor.expected == {"stage1": 0.2, "stage2": 0.1}  # stage2's judged 0.12 is above its 0.1
-    monitor.observe(counts(200, stage1=40, stage2=20))
+    assert monitor.expected == pytest.approx({"stage1": 0.2, "stage2": 0.37})  # judged 0.37 is below 0.3 + 0.1
+    monitor.observe(counts(200, stage1=40, stage2=30))
     assert monitor.check(now=3) is None
     monitor.reset(adapted, now=3)  # accepted: the new version's own window rates
-    assert monitor.expected == {"stage1": 0.3, "stage2": 0.1}
+    assert monitor.expected == pytest.approx({"stage1": 0.3, "stage2": 0.4})
     built = composition(0.5, 0.2)  # a built version: its composition's rates
     monitor.reset(built, now=4)
     monitor.observe(counts(200, stage1=40, stage2=20))
     assert monitor.check(now=5) == (
-        "hit rate after stage1 0.200 < expected 0.500 − 0.05, after stage2 0.100 < expected 0.200 − 0.05"
+        "rows leaving by stage1 0.200 < expected 0.500 − 0.05, by stage2 0.300 < expected 0.700 − 0.05"
     )
     paper.reset(adapted, now=1, settle=True)  # the paper's trigger never settles
-    assert paper.expected == {"stage1": 0.5, "stage2": 0.2}
+    assert paper.expected == pytest.approx({"stage1": 0.5, "stage2": 0.7})
 
 
 def test_the_acceptance_rule() -> None:
@@ -209,13 +220,34 @@ def test_the_acceptance_rule() -> None:
     )
     # As many hits, spread over two exits before and one after: summed as floats 0.1 + 0.2 exceed 0.3, no fall.
     assert (
-        acceptance(held_out, chain_record(0.99, 0.3), 0.99, chain_record(0.99, 0.1, 0.2), chain_record(0.99, 0.3))
+        acceptance(held_out, chain_record(0.99, 0.5), 0.99, chain_record(0.99, 0.1, 0.2), chain_record(0.99, 0.3))
         is None
     )
     assert acceptance(held_out, chain_record(0.999, 0.2), 0.99, window, chain_record(1.0, 0.2)) == (
         "the hit rate on the window's held-out rows would fall from 0.500 to 0.200 while the deployed caches meet "
         "the target 0.99 there (0.9900)"
     )
+
+
+def test_where_the_windows_rows_show_no_difference_all_held_out_rows_judge_the_hits() -> None:
+    """A few dozen window rows, all hit and agreed on by both versions, say nothing: the version deployed on a
+    class-skewed stream for that reason hit fewer of all held-out rows and served slower than static caches."""
+    held_out = chain_record(0.985, 0.6, 0.366)
+    both = chain_record(1.0, 0.9, 0.1)
+    assert acceptance(held_out, chain_record(0.995, 0.928), 0.98, both, chain_record(1.0, 1.0)) == (
+        "the hit rate on all held-out rows (the window's cannot tell the two apart) would fall from 0.966 to 0.928 "
+        "while the deployed caches meet the target 0.98 there (0.9850)"
+    )
+    assert acceptance(held_out, chain_record(0.99, 0.97), 0.98, both, chain_record(1.0, 1.0)) is None  # more hits
+    missing = chain_record(0.97, 0.966)  # the deployed caches miss the target on all rows: more agreement is a gain
+    assert acceptance(missing, chain_record(0.98, 0.93), 0.98, both, chain_record(1.0, 1.0)) is None
+    assert acceptance(missing, chain_record(0.97, 0.93), 0.98, both, chain_record(1.0, 1.0)) == (
+        "the hit rate on all held-out rows (the window's cannot tell the two apart) would fall from 0.966 to 0.930 "
+        "for no gain in agreement there (0.9700)"
+    )
+    # The window tells them apart: it decides, as above.
+    fewer = chain_record(1.0, 0.8, 0.1)
+    assert acceptance(held_out, chain_record(0.995, 0.928), 0.98, fewer, chain_record(1.0, 1.0)) is None
 
 
 def test_a_drift_is_judged_on_the_windows_rows() -> None:
@@ -375,8 +407,8 @@ def test_after_a_refused_retraining_the_trigger_expects_the_rates_it_judged(
     monkeypatch.setattr(service, "retrain", retrain)
     monkeypatch.setattr(service_module, "asyncio", SimpleNamespace(sleep=sleep))
     asyncio.run(service.follow(lambda: not retrained))
-    exits, rates = service.composition.exits, service.composition.evaluate.exit_rates
-    evaluate = {e.block: rate for e, rate in zip(exits, rates, strict=True)}
+    exits, rates = service.composition.exits, itertools.accumulate(service.composition.evaluate.exit_rates)
+    evaluate = {e.block: rate for e, rate in zip(exits, rates, strict=True)}  # the shares leaving by each exit
     assert service.monitor.expected == (judged if outcome == "refused" else evaluate)  # a failure says nothing
 
 
