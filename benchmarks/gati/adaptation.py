@@ -14,7 +14,7 @@ composed as a worker serves them), as a worker would:
 
 - static: cache set v1, never changed;
 - adapted: the newest version. About 20% of the stream is offered to a `SampleWindow`; after each chunk the
-  `HitRateMonitor` is checked (hit rate below what it expects, or the period passed), and on a trigger `adapt`
+  `HitRateMonitor` is checked (hits below what it expects, or the period passed), and on a trigger `adapt`
   retrains the composition's caches on a recency-weighted draw from the window mixed with the validation data; an
   accepted version is written with `deploy` and loaded through `EarlyExit.load` for the next chunk. What the
   trigger expects (`--expect`) is the server's `caches.adaptation.expect`: `traffic` (the default), an adapted

@@ -1,12 +1,12 @@
 """GATI's retraining trigger, what it expects of the caches serving (`caches.adaptation.expect`), side by side.
 
-The trigger compares each exit's live hit rate with an expected one and retrains when it falls more than the margin
-below. The paper's expectation (`composition`) is the deployed composition's rate on its held-out rows, which are
-mostly validation rows even for an adapted version: on a drift that lasts it is out of reach, and the trigger fired
-after every judged window once the drift had set in (the committed adaptation run before this option: 16
-retrainings in 24 chunks, 13 of them refused, one after every chunk from chunk 13 on). `traffic`, the default,
-expects an adapted version's rates on the held-out rows of the window it was retrained on, and after a refused
-retraining no more than the live rates last judged (`HitRateMonitor`).
+The trigger compares the live share of rows leaving by each exit with an expected one and retrains when it falls
+more than the margin below. The paper's expectation (`composition`) is the deployed composition's rate on its
+held-out rows, which are mostly validation rows even for an adapted version: on a drift that lasts it is out of
+reach, and the trigger fired after every judged window once the drift had set in (the committed adaptation run
+before this option: 16 retrainings in 24 chunks, 13 of them refused, one after every chunk from chunk 13 on).
+`traffic`, the default, expects an adapted version's rates on the held-out rows of the window it was retrained on,
+and after a refused retraining no more than the live rates last judged (`HitRateMonitor`).
 
 One cache set is built as the adaptation benchmark builds it (`benchmarks/gati/adaptation.py`, target .98), and
 two streams of its unused test images (seed 0) are each served twice by `serve_stream`, once with each
