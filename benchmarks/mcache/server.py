@@ -5,7 +5,7 @@ the server itself measured, cell by cell.
     .venv/bin/python -m benchmarks.mcache.server            # 80 requests, 15 cells (~15 min, load average 2-4)
     .venv/bin/python -m benchmarks.mcache.server --requests 40 --budget-min 30   # the cells that fit in 30 min
     .venv/bin/python -m benchmarks.mcache.server --quick    # 24 requests, the five policies at 40 and 80%, results/tmp/
-    .venv/bin/python -m benchmarks.mcache.server --seeds 0,1,2   # three sequences a cell (~60 min; the committed one)
+    .venv/bin/python -m benchmarks.mcache.server --seeds 0,1,2 --budget-min 90   # the committed one (~26 min)
 
 Steps:
 
@@ -367,9 +367,8 @@ def distance_from_oracle(
 ) -> dict[str, dict[str, dict[str, float]]]:
     """Each policy's distance from the offline oracle, simulated on every cell's sequence and budget, averaged over
     the workloads and shares run (`simulate.oracle_distance`), each with its seed's probe: on the simulator's
-    figures, where every policy is
-    costed alike; and the server's hit ratio against the oracle's (the server's load times are not the probe's
-    penalties that the simulated oracle is charged, so only the hit ratio compares)."""
+    figures, where every policy is costed alike; and the server's hit ratio against the oracle's (the server's load
+    times are not the probe's penalties that the simulated oracle is charged, so only the hit ratio compares)."""
     oracle: dict[tuple[str, float, int], dict[str, Any]] = {}
     for policy, share, seed, assign in cells:
         if (assign, share, seed) not in oracle:
@@ -623,7 +622,7 @@ def seed_figures(record: dict[str, Any], repository: Path, scratch: Path, seed: 
                 f"exec {model['exec_s'] * 1e3:.0f} ms",
                 flush=True,
             )
-    return models_from(probes[str(seed)]["models"], f"seed {seed}'s probe")
+    return probed_figures(record)[seed]
 
 
 def probed_figures(record: dict[str, Any]) -> dict[int, dict[str, ModelFigures]]:
