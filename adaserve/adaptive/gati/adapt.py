@@ -178,8 +178,8 @@ class HitRateMonitor:
     retraining could not do better on that traffic, so the trigger waits for it to move again (or for the period).
     The window alone was not enough: it holds older traffic too, on which the caches hit more: expecting its rates
     after a refusal too, a run of `benchmarks/gati/trigger.py` retrained 15 times in the 20 drifted chunks of its
-    lasting stream, against 18 with the paper's; settling on the live rates, fewer than half the paper's
-    (`gati_trigger.json`)."""
+    lasting stream, against 18 with the paper's; settling on the live rates, fewer (`gati_trigger.json` has the
+    counts)."""
 
     def __init__(
         self,
