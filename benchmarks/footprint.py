@@ -15,8 +15,10 @@ Writes benchmarks/results/footprint.json and .png (--quick: one repeat, under be
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -41,6 +43,25 @@ BARS = {"ready_s": 4.0, "pss_mib": 400.0}
 ROLES = ("server", "zygote", "host", "worker", "profiler")
 MIB = 1 << 20
 SETTLE_S = 2.0  # after ready: the workers' first passes and the server's first collections have run
+#: The zygote's preparation (`adaserve.engine.zygote.prepare`), a step at a time: what runs, and what it is.
+ZYGOTE_STEPS = (
+    ("import torch", "torch"),
+    ("from adaserve.engine import host", "the engine"),
+    ("import torch._dynamo", "torch._dynamo, which torch.export.load's deserializer imports"),
+    ("host.prime_program_loading()", "the rest of the first program load"),
+)
+_REPLAY = """
+import json, sys, time
+def rss_mib():
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) / 1024 for line in status if line.startswith("VmRSS:"))
+steps = [{"step": "interpreter", "rss_mib": rss_mib(), "s": 0.0}]
+for code, name in json.loads(sys.argv[1]):
+    began = time.perf_counter()
+    exec(code)
+    steps.append({"step": name, "rss_mib": rss_mib(), "s": time.perf_counter() - began})
+print(json.dumps(steps))
+"""
 
 
 def main() -> int:
@@ -55,6 +76,7 @@ def main() -> int:
     settings = {"repository": str(EXAMPLES), "repeats": repeats, "settle_s": SETTLE_S, "profiled_models": profiled}
     report = report_head("footprint", settings)
     report["runs"] = [measure_start(EXAMPLES) for _ in range(repeats)]
+    report["zygote_steps"] = zygote_steps()
     report["load_end"] = load_average()
     report["median"] = {key: statistics.median(run[key] for run in report["runs"]) for key in ("ready_s", "pss_mib")}
     report["bars"] = {
@@ -94,6 +116,14 @@ def measure_start(repository: Path) -> dict[str, Any]:
             for role in ROLES
         },
     }
+
+
+def zygote_steps() -> list[dict[str, Any]]:
+    """The zygote's preparation replayed in a fresh interpreter: each step's resident memory after it (MiB) and its
+    wall time (s). Its memory is the zygote's pages before it forks, which every host and worker shares."""
+    replay = [sys.executable, "-c", _REPLAY, json.dumps(ZYGOTE_STEPS)]
+    steps: list[dict[str, Any]] = json.loads(subprocess.run(replay, capture_output=True, check=True, text=True).stdout)
+    return steps
 
 
 def _wait_ready(process: subprocess.Popen[bytes], url: str, began: float, timeout_s: float = 120.0) -> float:
@@ -171,6 +201,11 @@ def _print(report: dict[str, Any], path: Path) -> None:
             f"ready {run['ready_s']:.2f} s; {run['processes']} processes, PSS {run['pss_mib']:.0f} MiB "
             f"(USS {run['uss_mib']:.0f}, RSS {run['rss_mib']:.0f}); PSS by role, MiB each: {roles}"
         )
+    steps = report["zygote_steps"]
+    print(
+        "the zygote's preparation, MiB resident after each step (s): "
+        + ", ".join(f"{step['step']} {step['rss_mib']:.0f} ({step['s']:.2f})" for step in steps)
+    )
     for key, bar in report["bars"].items():
         print(f"{key}: median {bar['measured']:.2f}, bar {bar['target']}: {'pass' if bar['pass'] else 'missed'}")
     print(f"wrote {path}")
