@@ -48,6 +48,9 @@ LINGER_BYTES = 4 * 1024 * 1024
 MAX_HEAD_BYTES = 64 * 1024
 #: The listen backlog: connections the kernel completes before the server accepts them (capped by somaxconn).
 LISTEN_BACKLOG = 2048
+#: While stopping, how long a connection that has sent no byte yet is waited for: its client has connected and is
+#: about to send a request (one sent an instant later than `stop()` began lost its answer to a reset).
+FIRST_BYTES_S = 1.0
 
 
 @dataclass
@@ -360,6 +363,7 @@ class HttpProtocol(asyncio.Protocol):
             if self.transport is None:
                 break
             with_body = not (isinstance(item, Request) and item.method == "HEAD")
+            keep_alive = keep_alive and not (self.server.stopping and not self.pending)
             sending_ns = time.perf_counter_ns()
             self.transport.write(render(response, keep_alive, with_body))
             if response.on_sent is not None:
@@ -461,6 +465,14 @@ class HttpProtocol(asyncio.Protocol):
         return self.task is not None and self._can_write
 
     @property
+    def owed_an_answer(self) -> bool:
+        """What a stopping server waits for: an answer being computed, a request arriving, or a connection that
+        opened moments ago and has not sent its request yet."""
+        if self.busy or self._partial:
+            return True
+        return not self._messages and self._loop.time() - self._connected < FIRST_BYTES_S
+
+    @property
     def evictable(self) -> bool:
         """Whether this connection may be closed to make room for a new one: no answer is being computed for it,
         and for `evict_after_s` or more it has been quiet between requests, or sent no byte, or has been
@@ -491,8 +503,8 @@ class HttpProtocol(asyncio.Protocol):
 
 
 class HttpServer:
-    """Listens on a bound socket and serves `app` within `limits`; `stop()` closes idle connections and waits for
-    busy ones."""
+    """Listens on a bound socket and serves `app` within `limits`; `stop()` answers what its clients have sent and
+    closes every connection."""
 
     def __init__(
         self,
@@ -509,13 +521,17 @@ class HttpServer:
         self.budget = BodyBudget(self.limits.body_budget_bytes)
         #: The open connections, the one quiet longest first.
         self.connections: OrderedDict[HttpProtocol, None] = OrderedDict()
+        self.stopping = False  # answers say `connection: close`, each connection's last
         self._server: asyncio.Server | None = None
+        self._listener: socket.socket | None = None
+        self._tls: ssl.SSLContext | None = None
 
     async def start(self, sock: socket.socket, tls: ssl.SSLContext | None = None) -> None:
         """Serve on `sock`, over TLS when given a context (server/tls.py)."""
         loop = asyncio.get_running_loop()
         # backlog: asyncio listens again with its own (100 by default) on a socket it is given
         self._server = await loop.create_server(lambda: HttpProtocol(self), sock=sock, ssl=tls, backlog=LISTEN_BACKLOG)
+        self._listener, self._tls = sock, tls
 
     def admit(self, connection: HttpProtocol) -> bool:
         """Count a new connection in; at `max_connections`, close the one quiet longest to make room, or, when
@@ -529,11 +545,43 @@ class HttpServer:
         return True
 
     async def stop(self, grace_s: float = 10.0) -> None:
+        """Stop listening, answer within `grace_s` what clients have sent or are sending (then `connection:
+        close`), and close every connection. Connections the kernel completed that were not accepted yet are
+        accepted first: closing a listener resets them, and their clients, whose requests may be sent, would get
+        no answer."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace_s
+        self.stopping = True
         if self._server is not None:
-            self._server.close()
-        deadline = asyncio.get_running_loop().time() + grace_s
-        while any(c.busy for c in self.connections) and asyncio.get_running_loop().time() < deadline:
+            waiting = self._accept_waiting()
+            self._server.close()  # in the same step as the last accept: no connection can complete in between
+            self._server = None
+            if waiting:
+                adopting = [
+                    loop.create_task(loop.connect_accepted_socket(lambda: HttpProtocol(self), sock, ssl=self._tls))
+                    for sock in waiting
+                ]
+                _, late = await asyncio.wait(adopting, timeout=max(deadline - loop.time(), 0.1))
+                for task in late:  # a TLS handshake still under way at the deadline
+                    task.cancel()
+        while any(c.owed_an_answer for c in self.connections) and loop.time() < deadline:
             await asyncio.sleep(0.01)
         for connection in list(self.connections):
             if connection.transport is not None:
                 connection.transport.close()
+
+    def _accept_waiting(self) -> list[socket.socket]:
+        """Accept every connection waiting in the listen backlog."""
+        assert self._listener is not None
+        self._listener.setblocking(False)
+        accepted: list[socket.socket] = []
+        while True:
+            try:
+                sock, _ = self._listener.accept()
+            except BlockingIOError:
+                return accepted
+            except OSError as exc:  # out of file descriptors: the rest are reset
+                log.warning("cannot accept the connections waiting at stop", extra={"error": str(exc)})
+                return accepted
+            sock.setblocking(False)
+            accepted.append(sock)

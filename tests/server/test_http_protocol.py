@@ -566,3 +566,50 @@ def test_a_client_that_keeps_sending_after_its_refusal_is_drained_only_so_far() 
         await server.stop(grace_s=1.0)
 
     asyncio.run(main())
+
+
+def test_a_stop_answers_every_request_sent_and_then_closes() -> None:
+    """A stop closes the listener, and the kernel resets the connections it completed that the server had not
+    accepted yet: a client whose request was sent got a reset for an answer (a node drained under load lost one
+    that way). Now those are accepted and answered first; so is a request sent moments after the stop began, on a
+    connection opened before it, and on a kept-alive one; each answer says `connection: close`."""
+
+    async def main() -> None:
+        async def app(request: Request) -> Response:
+            await asyncio.sleep(0.05)
+            return Response(body=request.path.encode())
+
+        server = HttpServer(app, on_error=lambda status, text: Response(status))
+        listener = socket.create_server(("127.0.0.1", 0))
+        await server.start(listener)
+        address = listener.getsockname()
+        kept = socket.create_connection(address, timeout=10)
+        kept.sendall(b"GET /first HTTP/1.1\r\nhost: x\r\n\r\n")
+        kept_buffer = bytearray()
+        assert await asyncio.to_thread(read_response, kept, kept_buffer) == (
+            200,
+            {"content-length": "6", "content-type": "application/json"},
+            b"/first",
+        )
+        # Blocking calls with no await in between: the server's loop cannot accept these before the stop.
+        sent = socket.create_connection(address, timeout=10)
+        sent.sendall(b"GET /sent HTTP/1.1\r\nhost: x\r\n\r\n")
+        silent = socket.create_connection(address, timeout=10)
+        stopping = asyncio.get_running_loop().create_task(server.stop(grace_s=5.0))
+        await asyncio.sleep(0.2)
+        silent.sendall(b"GET /late HTTP/1.1\r\nhost: x\r\n\r\n")
+        kept.sendall(b"GET /kept HTTP/1.1\r\nhost: x\r\n\r\n")
+        for sock, buffer, path in (
+            (sent, bytearray(), b"/sent"),
+            (silent, bytearray(), b"/late"),
+            (kept, kept_buffer, b"/kept"),
+        ):
+            status, headers, body = await asyncio.to_thread(read_response, sock, buffer)
+            assert (status, body, headers.get("connection")) == (200, path, "close")
+            assert await asyncio.to_thread(sock.recv, 1) == b""  # then closed
+            sock.close()
+        await stopping
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(address, timeout=10)
+
+    asyncio.run(main())
