@@ -111,11 +111,20 @@ def restarts(server: ServerHandle, model: str) -> float:
 
 def metric(server: ServerHandle, series: str) -> float:
     """The value of the first /metrics line that starts with `series` (a name, and labels or their start)."""
+    return metrics(server, series)[0]
+
+
+def metrics(server: ServerHandle, *series: str) -> list[float]:
+    """The value of each series, as `metric` finds it, from one scrape: values that hold at one moment."""
     with urllib.request.urlopen(f"http://{server.http_url}/metrics", timeout=10) as response:
-        for line in response.read().decode().splitlines():
-            if line.startswith(series):
-                return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"no {series} in /metrics")
+        lines = response.read().decode().splitlines()
+    values = []
+    for start in series:
+        found = next((line for line in lines if line.startswith(start)), None)
+        if found is None:
+            raise AssertionError(f"no {start} in /metrics")
+        values.append(float(found.rsplit(" ", 1)[1]))
+    return values
 
 
 def free_ports(count: int) -> list[int]:
@@ -284,6 +293,17 @@ class Spin(torch.nn.Module):
         for _ in range(self.rounds):
             state = torch.tanh(state @ self.weight)
         return x + 0 * state[:, :4]
+
+
+def spin_rounds(seconds: float) -> int:
+    """How many `Spin` rounds take about `seconds` on a row here now: a model slow by a time, not by a count of
+    rounds, which took 0.13 s on one VM and 1.4 s on another."""
+    spin = torch.jit.script(Spin(2_000))
+    row = torch.ones(1, 4)
+    spin(row)  # the first call compiles
+    started = time.perf_counter()
+    spin(row)
+    return max(1, round(2_000 * seconds / (time.perf_counter() - started)))
 
 
 def write_slow_model(repository: Path, name: str = "slow", *, rounds: int = 400, **overrides: object) -> Path:

@@ -35,8 +35,10 @@ from tests.server_utils import (
     link_example,
     logged_errors,
     metric,
+    metrics,
     running_server,
     serve_command,
+    spin_rounds,
     stop_server,
     wait_until_ready,
     write_slow_model,
@@ -266,14 +268,17 @@ def _wait_for_relayed(server: ServerHandle, rpc: str) -> None:
         time.sleep(0.1)
 
 
-def test_a_stop_answers_the_calls_in_progress(repository: Path, tmp_path: Path) -> None:
+def test_a_stop_answers_the_calls_in_progress(tmp_path: Path) -> None:
     """SIGTERM with two calls, one running and one queued: all are answered, then the server and
-    its frontend's process exit."""
+    its frontend's process exit. Each call takes about 0.5 s whatever the machine: long enough to see both in the
+    server, short enough for both to end within the stop's grace (5 s)."""
+    repository = tmp_path / "models"
+    write_slow_model(repository, "paced", rounds=spin_rounds(0.5))
     http_port, grpc_port = free_ports(2)
     log = tmp_path / "server.log"
     with log.open("wb") as out:
         server = subprocess.Popen(
-            serve_command(repository, http_port, grpc_port, "--grpc-frontend", "process", "--model", "slow"),
+            serve_command(repository, http_port, grpc_port, "--grpc-frontend", "process", "--model", "paced"),
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -287,18 +292,15 @@ def test_a_stop_answers_the_calls_in_progress(repository: Path, tmp_path: Path) 
             assert client.is_server_live()  # connected: the two calls leave together, however busy the machine
             for _ in range(2):
                 client.async_infer(
-                    "slow",
+                    "paced",
                     [tensor("x", np.ones((1, 4), np.float32))],
                     callback=lambda result, error: answers.put(error or result.as_numpy("y")),
                 )
             deadline = time.monotonic() + 120
-            while (
-                metric(handle, 'adaserve_queued_rows{model="slow"')
-                + metric(handle, 'adaserve_inflight_rows{model="slow"')
-                < 2
-            ):
+            series = ('adaserve_queued_rows{model="paced"', 'adaserve_inflight_rows{model="paced"')
+            while sum(metrics(handle, *series)) < 2:
                 assert time.monotonic() < deadline, "the two calls were never in the server together"
-                time.sleep(0.05)
+                time.sleep(0.02)
             os.kill(server.pid, signal.SIGTERM)
             results = [answers.get(timeout=120) for _ in range(2)]
         assert server.wait(timeout=60) == 0
