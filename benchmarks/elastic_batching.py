@@ -13,7 +13,8 @@ sends through adaserve.bench instead, as this benchmark did before:
   that splits the cores (all of them, or all but the frontend's one) into instances of power-of-two threads, run at
   both rates (the entry is rewritten and reloaded through the repository API for each cell). Fixed-timeout has no
   busy-thread limit (Triton has none): each instance takes a batch when one is due. The bars compare elastic, in
-  each phase, against the better of the two there;
+  each phase, against the better of the two there, and its highest rate within QoS against the highest of every
+  OPT Wait setting searched (stage 2's too);
 * `cnn_nowait`   — the paper's NO Wait: the sweep's best worker set at delay 0 at the high rate;
 * `cnn_elastic_nopoll` — elastic with `idle_spin_us: 0` (workers sleep between batches): a sensitivity check showing
   what polling for the next batch adds;
@@ -345,6 +346,7 @@ def main() -> int:
         report["opt_wait_sweep_provisional"] = [cell for cell in first if cell["rate"] == "high"]
         searched, rates = _high_rate(bench, rates, first)
         report["rates"] = rates
+        report["opt_wait_qos_searches"] = [{"setting": asdict(k), **search} for k, search in searched.items()]
         stage_done("high rate")
         sweep = [cell for cell in first if cell["rate"] == "low"] + _sweep_opt_wait(bench, rates, ("high",))
         tuned = _tune(sweep)
@@ -700,7 +702,7 @@ def _bars(report: dict[str, Any]) -> dict[str, Any]:
     steps, qos = report["step"], report["qos"]
     low_label = min(OPT_WAIT, key=lambda label: _mean_or_inf(steps[label]["low"]))
     high_label = min(OPT_WAIT, key=lambda label: _mean_or_inf(steps[label]["high"]))
-    qos_label = max(OPT_WAIT, key=lambda label: qos[label]["max_throughput_rps"] or 0.0)
+    qos_best, qos_setting = _strongest_qos(report)
     low = report["comparisons"][f"elastic_vs_{low_label}"]["phases"]["step_low"]["mean_reduction"]
     high = report["comparisons"][f"elastic_vs_{high_label}"]["phases"]["step_high"]["mean_reduction"]
     nopoll = None
@@ -718,21 +720,28 @@ def _bars(report: dict[str, Any]) -> dict[str, Any]:
             "pass": high is not None and high >= BAR_HIGH_REDUCTION,
         },
         "max_throughput_in_qos": {
-            "measured": {
-                "elastic": qos["elastic"]["max_throughput_rps"],
-                qos_label: qos[qos_label]["max_throughput_rps"],
-            },
+            "measured": {"elastic": qos["elastic"]["max_throughput_rps"], "OPT Wait": qos_best["max_throughput_rps"]},
             "target": "elastic >= OPT Wait",
-            "pass": _throughput_bar(qos["elastic"], qos[qos_label]),
+            "pass": _throughput_bar(qos["elastic"], qos_best),
         },
         "against": {
             "low": f"{low_label} ({_setting(report, low_label)})",
             "high": f"{high_label} ({_setting(report, high_label)})",
-            "max_throughput_in_qos": f"{qos_label} ({_setting(report, qos_label)})",
+            "max_throughput_in_qos": qos_setting,
         },
         # Not a bar: the same with elastic's workers sleeping between batches, as before idle_spin_us (CPU only).
         "low_load_mean_reduction_without_polling": nopoll["mean_reduction"] if nopoll else None,
     }
+
+
+def _strongest_qos(report: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """OPT Wait's QoS search with the highest throughput, among every setting searched: the OPT Wait entries' and
+    those searched to set the high rate (a setting tuned past capacity can reach a higher limit than either entry's),
+    and which setting it was."""
+    found = [(report["qos"][label], f"{label} ({_setting(report, label)})") for label in OPT_WAIT]
+    for search in report.get("opt_wait_qos_searches", []):
+        found.append((search, f"searched for the high rate ({Fixed(**search['setting']).brief()})"))
+    return max(found, key=lambda pair: pair[0]["max_throughput_rps"] or 0.0)
 
 
 def _mean_or_inf(phase: dict[str, Any]) -> float:
