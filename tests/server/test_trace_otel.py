@@ -16,6 +16,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
+from adaserve.server.trace_otel import monotonic_to_wall_ns
 from tests.server.test_dag import ONE_WORKER, write_dag
 from tests.server_utils import (
     Clients,
@@ -206,3 +207,21 @@ def test_a_clients_trace_context_is_traced_and_parents_the_spans(
     assert not [
         span for _, span in receiver.spans if span_attributes(span).get("request_id") == f"sampled-out-{protocol}"
     ]
+
+
+def test_the_clock_offset_comes_from_its_tightest_bracket(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A preemption between reading the wall clock and the monotonic one put every span's times off by its length
+    (a span began 8 ms before its request was sent, beside a spinner): the bracket it widened is not used."""
+    wall = 1_000_000_000_000  # the wall clock is this far ahead of the monotonic one
+    monotonic = iter([0, 10_000_000, 10_000_100, 10_000_300, *range(20_000_000, 20_000_060, 2)])
+    readings: list[int] = []
+
+    def perf_counter_ns() -> int:
+        readings.append(next(monotonic))
+        return readings[-1]
+
+    monkeypatch.setattr(time, "perf_counter_ns", perf_counter_ns)
+    # the wall clock is read at the first bracket's start (then the process sleeps 10 ms), and mid-bracket after
+    walls = iter([wall, wall + 10_000_200, *(wall + 20_000_000 + 4 * i + 1 for i in range(8))])
+    monkeypatch.setattr(time, "time_ns", lambda: next(walls))
+    assert abs(monotonic_to_wall_ns(reads=3) - wall) <= 100
