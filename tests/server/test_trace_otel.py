@@ -214,13 +214,7 @@ def test_the_clock_offset_comes_from_its_tightest_bracket(monkeypatch: pytest.Mo
     (a span began 8 ms before its request was sent, beside a spinner): the bracket it widened is not used."""
     wall = 1_000_000_000_000  # the wall clock is this far ahead of the monotonic one
     monotonic = iter([0, 10_000_000, 10_000_100, 10_000_300, *range(20_000_000, 20_000_060, 2)])
-    readings: list[int] = []
-
-    def perf_counter_ns() -> int:
-        readings.append(next(monotonic))
-        return readings[-1]
-
-    monkeypatch.setattr(time, "perf_counter_ns", perf_counter_ns)
+    monkeypatch.setattr(time, "perf_counter_ns", lambda: next(monotonic))
     # the wall clock is read at the first bracket's start (then the process sleeps 10 ms), and mid-bracket after
     walls = iter([wall, wall + 10_000_200, *(wall + 20_000_000 + 4 * i + 1 for i in range(8))])
     monkeypatch.setattr(time, "time_ns", lambda: next(walls))
