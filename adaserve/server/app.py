@@ -21,6 +21,7 @@ from typing import Protocol
 import grpc
 from grpc_health.v1 import health_pb2_grpc
 
+from adaserve.collector import freeze_startup_heap
 from adaserve.config import Interface
 from adaserve.engine.poller import RepositoryPoller
 from adaserve.engine.router import CacheSettings, ModelRouter
@@ -225,7 +226,10 @@ async def serve(options: ServeOptions) -> None:
         await router.load_all(None if options.models is None else [n for n in options.models if n not in dags])
     await plane.dags.load_all(options.models)  # after the models: loading a DAG query times its models
     plane.started = True
-    log.info("serving", extra={"models": [e.name for e in router.index() if e.state == "READY"]})
+    frozen = freeze_startup_heap()
+    log.info(
+        "serving", extra={"models": [e.name for e in router.index() if e.state == "READY"], "frozen_objects": frozen}
+    )
     polling = None
     if options.repository_poll_s is not None:
         polling = loop.create_task(RepositoryPoller(router, plane.dags, options.models).run(options.repository_poll_s))

@@ -40,6 +40,7 @@ import grpc
 from grpc_health.v1 import health_pb2
 
 from adaserve.arguments import PROCESS_FRONTEND_CORES
+from adaserve.collector import freeze_startup_heap
 from adaserve.logs import SWITCHES, configure_logging
 from adaserve.server.content_coding import GRPC_COMPRESSION_LEVELS
 from adaserve.server.grpc_relay import RemoteError, relayed_answer, relayed_request
@@ -213,6 +214,7 @@ async def serve(settings: FrontendSettings) -> None:
         print(f"cannot listen for gRPC on {settings.address}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
     await server.start()
+    freeze_startup_heap()
     print("listening", flush=True)
 
     stopping = asyncio.Event()
