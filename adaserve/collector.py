@@ -9,7 +9,8 @@ the server's process on the 2-core VM under 3,000 req/s of the example `cnn`, a 
 each with the event loop stopped, against 1-4 ms (one of 9) frozen.
 
 The model hosts freeze theirs after the zygote's imports (`adaserve.engine.host`); the server's process freezes
-its own once it serves, the gRPC frontend's process (`--grpc-frontend process`) once it listens.
+its own once it serves, the gRPC frontend's process (`--grpc-frontend process`) once it listens. From then on the
+server's process times every collection: `adaserve_gc_pause_seconds` in `/metrics` (`adaserve.server.metrics`).
 """
 
 from __future__ import annotations

@@ -36,6 +36,7 @@ from adaserve.server.grpc_service import FORWARDED, InferenceServicer, add_to_se
 from adaserve.server.health import HealthService
 from adaserve.server.http import LISTEN_BACKLOG, HttpServer
 from adaserve.server.limits import ClientLimits
+from adaserve.server.metrics import watch_pauses
 from adaserve.server.protocol import grpc_bytes_limit
 from adaserve.server.response_cache import ResponseCache, cache_size_from_config
 from adaserve.server.rest import create_app, error_response
@@ -227,6 +228,7 @@ async def serve(options: ServeOptions) -> None:
     await plane.dags.load_all(options.models)  # after the models: loading a DAG query times its models
     plane.started = True
     frozen = freeze_startup_heap()
+    watch_pauses()
     log.info(
         "serving", extra={"models": [e.name for e in router.index() if e.state == "READY"], "frozen_objects": frozen}
     )

@@ -11,8 +11,11 @@ the expositions `adaserve.distributed.member` gathers.
 
 from __future__ import annotations
 
+import gc
+import time
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -29,6 +32,10 @@ from adaserve.server.response_cache import ResponseCache
 from adaserve.server.trace import Tracer
 
 LABELS = ["model", "version"]
+#: Pause buckets (seconds): a young collection takes well under a millisecond, an unfrozen full one tens of them.
+PAUSE_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25)
+#: CPython's generations, youngest first.
+GENERATIONS = (0, 1, 2)
 
 
 class EngineCollector:
@@ -346,6 +353,53 @@ def _buckets(histogram: Histogram) -> list[tuple[str, float]]:
     return buckets
 
 
+@dataclass
+class Pauses:
+    """How long the collections of each generation stopped this process, timed by a `gc.callbacks` hook."""
+
+    by_generation: dict[int, Histogram] = field(
+        default_factory=lambda: {g: Histogram(PAUSE_BUCKETS_S, [0] * (len(PAUSE_BUCKETS_S) + 1)) for g in GENERATIONS}
+    )
+    watching: bool = False
+    _started: float = 0.0
+
+    def on_collection(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.by_generation[info["generation"]].observe(time.perf_counter() - self._started)
+
+
+#: This process's pauses (the collector is the process's too); empty until `watch_pauses`.
+PAUSES = Pauses()
+
+
+def watch_pauses() -> Pauses:
+    """Time every collection of this process from now on (once; a second call changes nothing)."""
+    if not PAUSES.watching:
+        gc.callbacks.append(PAUSES.on_collection)
+        PAUSES.watching = True
+    return PAUSES
+
+
+class GcCollector:
+    """The server process's garbage collections, from when it began serving (`adaserve/collector.py`): each one
+    stops the event loop, so a long one delays every request in flight."""
+
+    def __init__(self, pauses: Pauses) -> None:
+        self.pauses = pauses
+
+    def collect(self) -> Iterator[Metric]:
+        family = HistogramMetricFamily(
+            "adaserve_gc_pause_seconds",
+            "Garbage collections of the server's process by generation (0 the youngest), by how long each stopped it",
+            labels=["generation"],
+        )
+        for generation, histogram in self.pauses.by_generation.items():
+            family.add_metric([str(generation)], _buckets(histogram), histogram.total)
+        yield family
+
+
 class ClusterCollector:
     """On a cluster (`adaserve cluster up`, `serve --ray`): this node's forwards (to each model's `holder`), and the
     cluster as its routing table has it."""
@@ -439,6 +493,8 @@ def node_families(plane: DataPlane) -> list[Metric]:
     registry.register(DagCollector(plane.dags))
     registry.register(HostCollector(router.hosts))
     registry.register(TraceCollector(plane.tracer))
+    if PAUSES.watching:
+        registry.register(GcCollector(PAUSES))
     if router.cache is not None:
         registry.register(CacheCollector(router.cache))
     if plane.response_cache is not None:

@@ -216,6 +216,7 @@ def _help(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
 def _stand_ins() -> dict[str, tuple[Any, ...]]:
     """What each collector reads, as a server with nothing loaded would hold it: enough for every family."""
     from adaserve.server.dataplane import ClusterState
+    from adaserve.server.metrics import Pauses
     from adaserve.server.response_cache import ResponseCache
 
     hosts = SimpleNamespace(waiting_pids=[], launches={})
@@ -228,6 +229,7 @@ def _stand_ins() -> dict[str, tuple[Any, ...]]:
         "DagCollector": (SimpleNamespace(planners={}),),
         "TraceCollector": (SimpleNamespace(finished=0, sink=SimpleNamespace(mode="triton", dropped=0)),),
         "ResponseCacheCollector": (ResponseCache(0), router),
+        "GcCollector": (Pauses(),),
         "ClusterCollector": (SimpleNamespace(state=lambda: ClusterState({}, {}, {}, [], {}, 0)),),
         "ClusterScrapeCollector": ({},),
     }

@@ -4,6 +4,7 @@ prometheus-client's own parser. Stand-ins for the server's parts, as the metrics
 
 from __future__ import annotations
 
+import gc
 from collections import Counter
 from types import SimpleNamespace
 from typing import Any
@@ -13,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from adaserve.planner.planner import PlannerStats
 from adaserve.server.dataplane import ClusterState
-from adaserve.server.metrics import cluster_families, exposition, node_families
+from adaserve.server.metrics import GcCollector, Pauses, cluster_families, exposition, node_families
 from adaserve.server.trace import Tracer, TraceSettings
 
 
@@ -80,3 +81,18 @@ def test_a_family_another_node_gives_another_type_is_left_out() -> None:
     families = _parsed(cluster_families("a", node_families(_plane("a")), {"b": [other]}, {}))
     runs = next(family for family in families if family.name == "adaserve_dag_node_runs")
     assert runs.type == "counter" and {sample.labels["node"] for sample in runs.samples} == {"a"}
+
+
+def test_each_garbage_collection_is_timed_under_its_generation() -> None:
+    """The pause histogram counts each collection once, under the generation it collected, and its time."""
+    pauses = Pauses()
+    gc.callbacks.append(pauses.on_collection)
+    try:
+        gc.collect(2)
+        gc.collect(0)
+    finally:
+        gc.callbacks.remove(pauses.on_collection)
+    (family,) = GcCollector(pauses).collect()
+    counts = {s.labels["generation"]: s.value for s in family.samples if s.name == "adaserve_gc_pause_seconds_count"}
+    sums = {s.labels["generation"]: s.value for s in family.samples if s.name == "adaserve_gc_pause_seconds_sum"}
+    assert counts["2"] >= 1 and counts["0"] >= 1 and sums["2"] > 0

@@ -389,6 +389,7 @@ def test_metrics_endpoint(server: ServerHandle, client: httpclient.InferenceServ
         'adaserve_inflight_rows{model="cnn",version="1"}',
         'adaserve_queue_delayed_requests_total{model="cnn",version="1"} 0.0',
         'adaserve_queued_rows_by_priority_level{level="2",model="mlp_fixed",version="1"} 0.0',
+        'adaserve_gc_pause_seconds_count{generation="0"}',
     ):
         assert metric in text
     memory = {
