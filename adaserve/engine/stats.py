@@ -36,8 +36,11 @@ class Histogram:
     """Cumulative-free bucket counts plus sum, as Prometheus histograms need."""
 
     bounds: tuple[float, ...] = LATENCY_BUCKETS_S
-    counts: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS_S) + 1))
+    counts: list[int] = field(init=False)  # one per bound, and one above the last
     total: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.counts = [0] * (len(self.bounds) + 1)
 
     def observe(self, value: float) -> None:
         self.counts[bisect.bisect_left(self.bounds, value)] += 1

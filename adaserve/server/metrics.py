@@ -358,10 +358,13 @@ class Pauses:
     """How long the collections of each generation stopped this process, timed by a `gc.callbacks` hook."""
 
     by_generation: dict[int, Histogram] = field(
-        default_factory=lambda: {g: Histogram(PAUSE_BUCKETS_S, [0] * (len(PAUSE_BUCKETS_S) + 1)) for g in GENERATIONS}
+        default_factory=lambda: {g: Histogram(PAUSE_BUCKETS_S) for g in GENERATIONS}
     )
-    watching: bool = False
-    _started: float = 0.0
+    _started: float = field(default=0.0, init=False)
+
+    @property
+    def watching(self) -> bool:
+        return self.on_collection in gc.callbacks
 
     def on_collection(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
@@ -378,7 +381,6 @@ def watch_pauses() -> Pauses:
     """Time every collection of this process from now on (once; a second call changes nothing)."""
     if not PAUSES.watching:
         gc.callbacks.append(PAUSES.on_collection)
-        PAUSES.watching = True
     return PAUSES
 
 
