@@ -377,11 +377,10 @@ class Pauses:
 PAUSES = Pauses()
 
 
-def watch_pauses() -> Pauses:
+def watch_pauses() -> None:
     """Time every collection of this process from now on (once; a second call changes nothing)."""
     if not PAUSES.watching:
         gc.callbacks.append(PAUSES.on_collection)
-    return PAUSES
 
 
 class GcCollector:

@@ -379,14 +379,12 @@ def test_an_input_region_truncated_after_registering_is_a_400_and_the_server_liv
 def steady_fd_floor(pid: int, samples: int = 10) -> int:
     """The lowest descriptor number that process `pid` had free in any of `samples` looks 50 ms apart: every number
     below it was held throughout, so none of them is a file the process opens and closes in passing."""
-    floor = None
+    lowest_free = []
     for _ in range(samples):
         held = {int(fd.name) for fd in Path(f"/proc/{pid}/fd").iterdir()}
-        lowest_free = next(number for number in range(len(held) + 1) if number not in held)
-        floor = lowest_free if floor is None else min(floor, lowest_free)
+        lowest_free.append(next(number for number in range(len(held) + 1) if number not in held))
         time.sleep(0.05)
-    assert floor is not None
-    return floor
+    return min(lowest_free)
 
 
 def test_a_worker_killed_while_open_files_are_exhausted_is_restarted_once_they_are_not(tmp_path: Path) -> None:
