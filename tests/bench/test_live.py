@@ -25,6 +25,9 @@ from tests.server_utils import ServerHandle
 #: Send lateness allowed before a run is judged not valid: a run here checks what was sent and answered, not how
 #: punctually (benchmarks/generator_fidelity.py measures that).
 ANY_LATENESS_MS = 1e9
+#: How long the overloaded run waits for its backlog: two seconds of five times the slow model's rate are about eight
+#: seconds of its work after the last send, more on a busy machine, where bench's default 10 s cancelled the last few.
+BACKLOG_DRAIN_S = 120.0
 PNGS = ("cdf", "timeline", "throughput")
 
 
@@ -157,7 +160,11 @@ def test_open_loop_keeps_its_schedule_while_the_server_is_slow(
         {"requests": [{"model": "slow"}], "load": {"kind": "constant", "rate": overload_rate}, "duration_s": 2.0}
     )
     config = BenchConfig(
-        url=_url(bench_server, protocol), protocol=protocol, workload=workload, max_lateness_ms=ANY_LATENESS_MS
+        url=_url(bench_server, protocol),
+        protocol=protocol,
+        workload=workload,
+        max_lateness_ms=ANY_LATENESS_MS,
+        drain_s=BACKLOG_DRAIN_S,
     )
     result = run_bench(config)
     records = result.records
