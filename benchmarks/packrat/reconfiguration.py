@@ -5,8 +5,9 @@ The model (default: ResNet-18 at 3×64×64, whose cost per row halves from batch
 is exported and profiled as in the speedup benchmark. `max_batch_size` 32 with T threads caps the estimator at
 B = T × 32 (64 on two cores). One server holds three entries of it: `<model>_auto` (`workers: auto`, `initial_batch`
 8) and, for calibration, `<model>_set8` and `<model>_set64`, fixed to the plans for B = 8 and 64 as the server would
-pin them. Calibration: a closed loop keeping B rows in the server (B / rows-per-request clients) on each fixed set
-measures what that set answers per second on this machine now, HTTP and the generator included. The rates are low =
+pin them, with the busy-thread limit Packrat gives its sets (T). Calibration: a closed loop keeping B rows in the
+server (B / rows-per-request clients) on each fixed set measures what that set answers per second on this machine
+now, HTTP and the generator included. The rates are low =
 `--low-fraction` × the B = 8 set's and high = `--high-fraction` × the B = 64 set's: at the high rate the B = 8 set
 falls behind, its queue grows and the estimator moves B. Then `<model>_auto` is loaded afresh and adaserve's load
 generator sends Poisson arrivals stepped low → high → low. The estimator runs with the config's defaults
@@ -179,7 +180,10 @@ def _prepare(args: argparse.Namespace, stem: str) -> tuple[dict[str, Any], Model
     for batch in (LOW_B, HIGH_B):
         chosen = planner.plan(batch)
         workers = [w.model_dump(mode="json") for w in chosen.workers]
-        link_model(spec, repository, f"{spec.name}_set{batch}", {"workers": workers})
+        # The busy-thread limit `workers: auto` has (T: a plan's instances are meant to run at once), not a fixed
+        # set's default (one less than the CPUs: on two cores one batch at a time, half the set's capacity).
+        fixed = {"workers": workers, "batching": {"max_busy_threads": threads}}
+        link_model(spec, repository, f"{spec.name}_set{batch}", fixed)
         entries[f"{spec.name}_set{batch}"] = batch
         plans[str(batch)] = {
             "plan": chosen.plan.triples,
