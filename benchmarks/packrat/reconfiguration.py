@@ -7,12 +7,14 @@ B = T × 32 (64 on two cores). One server holds three entries of it: `<model>_au
 8) and, for calibration, `<model>_set8` and `<model>_set64`, fixed to the plans for B = 8 and 64 as the server would
 pin them, with the busy-thread limit Packrat gives its sets (T). Calibration: a closed loop keeping B rows in the
 server (B / rows-per-request clients) on each fixed set measures what that set answers per second on this machine
-now, HTTP and the generator included. The rates are low =
-`--low-fraction` × the B = 8 set's and high = `--high-fraction` × the B = 64 set's: at the high rate the B = 8 set
-falls behind, its queue grows and the estimator moves B. Then `<model>_auto` is loaded afresh and adaserve's load
-generator sends Poisson arrivals stepped low → high → low. The estimator runs with the config's defaults
-(`ewma_alpha` 0.3, `window` 16, `reconfigure_timeout_s` 10, `capacity_headroom` 1.5); `--capacity-headroom 0` is
-Packrat's estimator alone, which flip-flops here (see adaserve/cpu/estimator.py).
+now, HTTP and the generator included. The rates are low = `--low-fraction` (0.8) × the B = 8 set's and high =
+`--high-fraction` (0.7) × the B = 64 set's: at the high rate the B = 8 set falls behind, its queue grows and the
+estimator moves B, and the B = 64 set has room to drain what piled up meanwhile (at 0.85 it had none: Poisson
+arrivals and the open loop's generator left it serving about what arrived, and the backlog stayed). Then
+`<model>_auto` is loaded afresh and adaserve's load generator sends Poisson arrivals stepped low → high → low. The
+estimator runs with the config's defaults (`ewma_alpha` 0.3, `window` 16, `reconfigure_timeout_s` 10,
+`capacity_headroom` 1.5); `--capacity-headroom 0` is Packrat's estimator alone, which flip-flops here (see
+adaserve/cpu/estimator.py).
 
 Recorded: every request's latency and status (adaserve.bench), the server's /metrics every `--poll-s` (rows queued
 and computing, the planned B, reconfigurations, failures), and each "worker set switched" line of the server's log
@@ -276,7 +278,7 @@ def _parse_args() -> argparse.Namespace:
         help="low,high,low phase lengths (default 40,80,40; --quick 15,40,15)",
     )
     add("--low-fraction", type=float, default=0.8, help="low rate as a fraction of the B=8 set's calibrated rate")
-    add("--high-fraction", type=float, default=0.85, help="high rate as a fraction of the B=64 set's calibrated rate")
+    add("--high-fraction", type=float, default=0.7, help="high rate as a fraction of the B=64 set's calibrated rate")
     add("--calibration-s", type=float, help="length of each calibration run (default 5 s; --quick 3)")
     add("--rows-per-request", type=int, default=1, help="rows each request carries (default 1)")
     add("--low-rate", type=float, help="low rate (req/s); default from --low-fraction")
