@@ -17,11 +17,20 @@ more rows per second than the current one is taken even below the floor, since i
 set that does neither is not switched to (a bad profile once planned one batch-1 worker under 300 req/s, and
 p99 rose to 40 ms). Each move the floor holds back is logged at info, with both sets' rows per second and the
 rate.
+
+The profile over-promises, though: it times one worker's full batches, while the server runs partial ones and
+shares the cores with its frontend. On 2 cores the B = 8 set of ResNet-18 plans 435 rows/s and answers 277 req/s,
+so at 282 req/s the floor let B fall from 16 to 8, whose queue then outgrew it, and B went 8 ↔ 16 nine times in
+160 s. So the floor also remembers what it saw: when the estimator leaves a set for a larger one, the arrival rate
+then is that set's observed limit, and its capacity counts as no more than that until it is seen keeping up (a
+check that asks for no larger B while at least that rate arrives forgets the limit). A set is not returned to at
+the load it was just left at.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -92,12 +101,16 @@ class BatchSizeEstimator:
             return self.current_batch
         return next(b for b in reversed(self.estimates) if b in tied)
 
-    def should_reconfigure(self, now: float) -> int | None:
-        """B̃ if a reconfiguration timeout has passed since the last check and B̃ ≠ B; None otherwise."""
+    def due(self, now: float) -> int | None:
+        """B̃ if a reconfiguration timeout has passed since the last check (which this starts again); else None."""
         if now - self._last_check < self.settings.reconfigure_timeout_s:
             return None
         self._last_check = now
-        smoothed = self.smoothed
+        return self.smoothed
+
+    def should_reconfigure(self, now: float) -> int | None:
+        """B̃ if a reconfiguration timeout has passed since the last check and B̃ ≠ B; None otherwise."""
+        smoothed = self.due(now)
         return smoothed if smoothed != self.current_batch else None
 
     def reconfigured(self, batch: int, now: float) -> None:
@@ -145,44 +158,65 @@ class Reconfigurator(Generic[PlanT]):
         self.plan_for = plan_for
         self.rows_per_second = rows_per_second
         self.arrivals = ArrivalRate(max(estimator.settings.reconfigure_timeout_s, 1.0))
+        self.limits: dict[int, float] = {}  # B → the rows/s arriving when its set was left for a larger one
 
     def update(self, queue_depth: float, arrived_rows: int, now: float) -> PlanT | None:
         self.estimator.observe(queue_depth)
         rate = self.arrivals.observe(arrived_rows, now)
-        batch = self.estimator.should_reconfigure(now)
+        batch = self.estimator.due(now)
         if batch is None:
             return None
         current = self.estimator.current_batch
+        self._learn(current, batch, rate)
+        if batch == current:
+            return None
         wanted, plan = batch, self.plan_for(batch)
-        while batch < current and not self._keeps_up(plan, rate):
+        while batch < current and not self._keeps_up(batch, plan, rate):
             batch *= 2  # the capacity floor (see the module docstring)
             plan = self.plan_for(batch)
         held = batch == current
-        if batch > current and not self._keeps_up(plan, rate):
-            held = not self._beats(plan, self.plan_for(current))
+        if batch > current and not self._keeps_up(batch, plan, rate):
+            held = not self._beats(batch, plan, current)
         if held:
             self._log_held(wanted, current, rate)
             return None
         self.estimator.reconfigured(batch, now)
         return plan
 
-    def _keeps_up(self, plan: PlanT, rate: float | None) -> bool:
-        capacity = self.rows_per_second(plan)
+    def _learn(self, current: int, wanted: int, rate: float | None) -> None:
+        """The current set's observed limit: the rate at which the estimator wants a larger one, forgotten once it
+        asks for none at that rate or more."""
+        if rate is None:
+            return
+        if wanted > current:
+            self.limits[current] = rate
+        elif rate >= self.limits.get(current, math.inf):
+            del self.limits[current]
+
+    def capacity(self, batch: int, plan: PlanT) -> float | None:
+        """Rows per second the set for `batch` can take: its plan's, capped at its observed limit."""
+        planned = self.rows_per_second(plan)
+        limit = self.limits.get(batch)
+        return planned if planned is None or limit is None else min(planned, limit)
+
+    def _keeps_up(self, batch: int, plan: PlanT, rate: float | None) -> bool:
+        capacity = self.capacity(batch, plan)
         headroom = self.estimator.settings.capacity_headroom
         return capacity is None or rate is None or capacity >= headroom * rate
 
-    def _beats(self, plan: PlanT, current: PlanT) -> bool:
-        capacity, current_capacity = self.rows_per_second(plan), self.rows_per_second(current)
+    def _beats(self, batch: int, plan: PlanT, current: int) -> bool:
+        capacity, current_capacity = self.capacity(batch, plan), self.capacity(current, self.plan_for(current))
         return capacity is None or current_capacity is None or capacity > current_capacity
 
     def _log_held(self, wanted: int, current: int, rate: float | None) -> None:
         log.info(
-            "keeping the worker set for B=%d (%s rows/s planned) rather than B=%d (%s rows/s): a set must plan "
+            "keeping the worker set for B=%d (%s rows/s planned) rather than B=%d (%s rows/s%s): a set must plan "
             "%g × the %s rows/s arriving, or more than the current set",
             current,
             _rows(self.rows_per_second(self.plan_for(current))),
             wanted,
             _rows(self.rows_per_second(self.plan_for(wanted))),
+            "" if wanted not in self.limits else f", left at {self.limits[wanted]:.1f}",
             self.estimator.settings.capacity_headroom,
             _rows(rate),
             extra={"model": self.model, "batch": current, "wanted_batch": wanted},

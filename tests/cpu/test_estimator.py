@@ -180,3 +180,42 @@ def test_a_smaller_set_held_back_by_the_floor_is_logged(caplog: pytest.LogCaptur
     assert [r.getMessage().split(":")[0] for r in caplog.records] == [
         "keeping the worker set for B=8 (160.0 rows/s planned) rather than B=2 (40.0 rows/s)"
     ]
+
+
+def steps(reconfigurator: Reconfigurator[int], phases: list[tuple[int, float, int]]) -> list[tuple[int, int]]:
+    """Drive `reconfigurator` a second at a time through (queue depth, arrival rows/s, seconds) phases; the
+    (second, B) of each set it takes."""
+    taken, arrived, second = [], 0.0, 0
+    for depth, rows_per_s, seconds in phases:
+        for _ in range(seconds):
+            second += 1
+            arrived += rows_per_s
+            plan = reconfigurator.update(depth, int(arrived), float(second))
+            if plan is not None:
+                taken.append((second, plan))
+    return taken
+
+
+def test_a_set_left_for_a_larger_one_is_not_returned_to_at_that_load() -> None:
+    """The profile plans the B=8 set 200 rows/s, enough for 1.5 × 100; but at 100 rows/s its queue outgrew it and B
+    went to 16. When the B=16 set's shallower queue asks for 8 again at that rate, the B=8 set counts as taking the
+    100 rows/s it was left at, below the floor: B stays 16. At 50 rows/s it is taken."""
+    settings = EstimatorSettings(alpha=1.0, window=1, reconfigure_timeout_s=5.0, capacity_headroom=1.5)
+    planned = {8: 200.0, 16: 300.0}
+    reconfigurator = Reconfigurator(BatchSizeEstimator(settings, current_batch=8, now=0.0), lambda b: b, planned.get)
+    taken = steps(reconfigurator, [(16, 100, 5), (8, 100, 20), (8, 50, 20)])
+    assert taken == [(5, 16), (30, 8)]
+    assert reconfigurator.limits == {8: 100.0}
+    assert reconfigurator.capacity(8, 8) == 100.0 and reconfigurator.capacity(16, 16) == 300.0
+
+
+def test_a_set_seen_keeping_up_at_its_limit_loses_it() -> None:
+    """Left at 100 rows/s, the B=8 set is taken again at 50; when its queue then stays within B at 120 rows/s, it
+    keeps up after all: the limit is forgotten and the B=8 set counts as its plan's 200 rows/s again."""
+    settings = EstimatorSettings(alpha=1.0, window=1, reconfigure_timeout_s=5.0, capacity_headroom=1.5)
+    reconfigurator = Reconfigurator(
+        BatchSizeEstimator(settings, current_batch=8, now=0.0), lambda b: b, {8: 200.0, 16: 300.0}.get
+    )
+    assert steps(reconfigurator, [(16, 100, 5), (8, 50, 20), (8, 120, 5)]) == [(5, 16), (10, 8)]
+    assert reconfigurator.limits == {}
+    assert reconfigurator.capacity(8, 8) == 200.0
