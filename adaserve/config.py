@@ -298,6 +298,13 @@ class PackratSpec(Strict):
         description="a set is switched to only if it plans this × the arrival rate in rows per second, or (for a "
         "larger B) more than the current set (0: Packrat's estimator alone)",
     )
+    overload_factor: float = Field(
+        default=4.0,
+        ge=0,
+        description="a smoothed B this × the set's is acted on after overload_after_s rather than the timeout: the "
+        "set falls behind (0: only at the timeout, as the paper)",
+    )
+    overload_after_s: float = Field(default=2.0, ge=0, description="the least time between checks when overloaded")
     background_profile: bool = Field(
         default=True,
         description="a CPU model with no workers line and no usable profile of this machine serves the default set "
@@ -319,6 +326,13 @@ class PackratSpec(Strict):
     profile_attempts: int = Field(
         default=4, ge=1, description="background profiles measured at most, before the default set stays"
     )
+
+    @field_validator("overload_factor")
+    @classmethod
+    def _off_or_above_one(cls, value: float) -> float:
+        if 0 < value <= 1:
+            raise ValueError(f"must be 0 (off) or more than 1, got {value}: at 1 or less every check is early")
+        return value
 
 
 #: Retraining's predictor epochs and selector steps (`adaserve.adaptive.gati.adapt.AdaptSettings`): the paper's 5

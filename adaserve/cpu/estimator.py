@@ -8,23 +8,29 @@ planned for, the optimizer is asked for B̃. Pure logic: the caller passes the c
 A capacity floor the paper does not have: the queue depth says nothing about the arrival rate, and a set planned
 for a smaller B is also a set that computes fewer rows per second. Read off a shallow queue, B̃ can fall to a set
 that cannot keep up with the load the larger set was handling; the queue then grows, B̃ climbs, and the sets
-flip-flop (a timeline on ResNet-18 switched 12 times in 160 s, 8 → 4 → 64 → 4 ...). So a move to a smaller B is
-taken only when that set's planned rows per second (B over its expected batch latency) is at least
+flip-flop (a timeline on ResNet-18 switched 8 times in 160 s, 64 → 32 → 16 → 64 → 32 ...). So a move to a smaller
+B is taken only when that set's planned rows per second (B over its expected batch latency) is at least
 `capacity_headroom` × the rows per second that arrived over the last reconfiguration timeout; otherwise the next
 larger B that is, if any is below the current. The headroom covers what the profile does not see (the server and
-protocol around the model). A move to a larger B is held to the same floor, with one way out: a set that plans
+protocol around the model). A move to a larger B is held to the same floor, with one way out: a set that can take
 more rows per second than the current one is taken even below the floor, since it is the better of the two. A
 set that does neither is not switched to (a bad profile once planned one batch-1 worker under 300 req/s, and
 p99 rose to 40 ms). Each move the floor holds back is logged at info, with both sets' rows per second and the
 rate.
 
 The profile over-promises, though: it times one worker's full batches, while the server runs partial ones and
-shares the cores with its frontend. On 2 cores the B = 8 set of ResNet-18 plans 435 rows/s and answers 277 req/s,
-so at 282 req/s the floor let B fall from 16 to 8, whose queue then outgrew it, and B went 8 ↔ 16 nine times in
-160 s. So the floor also remembers what it saw: when the estimator leaves a set for a larger one, the arrival rate
+shares the cores with its frontend. On 2 cores the B = 8 set of ResNet-18 plans 435 rows/s and answers 264-277
+req/s, so at 282 req/s the floor let B fall from 16 to 8, whose queue then outgrew it, and B went 8 ↔ 16 nine times
+in 160 s. So the floor also remembers what it saw: when the estimator leaves a set for a larger one, the arrival rate
 then is that set's observed limit, and its capacity counts as no more than that until it is seen keeping up (a
 check that asks for no larger B while at least that rate arrives forgets the limit). A set is not returned to at
 the load it was just left at.
+
+The timeout paces moves down well (the paper's flip-flop), but a set that falls behind piles up a backlog until the
+next check: a step up in the load came 0.3 s after one, and the B = 16 set's queue grew for 10 s before B moved.
+So a B̃ that has outgrown B `overload_factor` times (4: two powers of two) is acted on once `overload_after_s`
+(2 s) have passed since the last check. The mode over the last n estimates still has to agree, so a burst shorter
+than half the window does not move B.
 """
 
 from __future__ import annotations
@@ -56,6 +62,8 @@ class EstimatorSettings:
     reconfigure_timeout_s: float = 10.0  # the estimate is compared with the configured B this often
     max_batch: int | None = None  # B̂ is capped here (T × the largest worker batch), then rounded down
     capacity_headroom: float = 1.5  # a smaller set must plan this × the arrival rate; 0: no capacity floor
+    overload_factor: float = 4.0  # B̃ this × B is acted on after `overload_after_s`, not the timeout; 0: never
+    overload_after_s: float = 2.0
 
     def __post_init__(self) -> None:
         if not 0 < self.alpha <= 1:
@@ -68,6 +76,10 @@ class EstimatorSettings:
             raise ValueError(f"max_batch must be ≥ 1, got {self.max_batch}")
         if self.capacity_headroom < 0:
             raise ValueError(f"capacity_headroom must be ≥ 0, got {self.capacity_headroom}")
+        if self.overload_factor < 0 or 0 < self.overload_factor <= 1:
+            raise ValueError(f"overload_factor must be 0 (off) or > 1, got {self.overload_factor}")
+        if self.overload_after_s < 0:
+            raise ValueError(f"overload_after_s must be ≥ 0, got {self.overload_after_s}")
 
 
 class BatchSizeEstimator:
@@ -102,11 +114,20 @@ class BatchSizeEstimator:
         return next(b for b in reversed(self.estimates) if b in tied)
 
     def due(self, now: float) -> int | None:
-        """B̃ if a reconfiguration timeout has passed since the last check (which this starts again); else None."""
-        if now - self._last_check < self.settings.reconfigure_timeout_s:
+        """B̃ if a reconfiguration timeout has passed since the last check (which this starts again), or sooner if
+        the set is overloaded; else None."""
+        settings, elapsed = self.settings, now - self._last_check
+        if elapsed < settings.reconfigure_timeout_s and not (elapsed >= settings.overload_after_s and self.overloaded):
             return None
         self._last_check = now
         return self.smoothed
+
+    @property
+    def overloaded(self) -> bool:
+        """B̃ has outgrown B `overload_factor` times: the set falls behind, and waiting out the timeout only lets the
+        backlog grow."""
+        factor = self.settings.overload_factor
+        return factor > 0 and self.smoothed >= factor * self.current_batch
 
     def should_reconfigure(self, now: float) -> int | None:
         """B̃ if a reconfiguration timeout has passed since the last check and B̃ ≠ B; None otherwise."""

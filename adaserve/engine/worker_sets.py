@@ -124,6 +124,8 @@ class PackratWorkerSet(WorkerSetPlanner):
                 reconfigure_timeout_s=settings.reconfigure_timeout_s,
                 max_batch=self.max_rows_in_flight(),
                 capacity_headroom=settings.capacity_headroom,
+                overload_factor=settings.overload_factor,
+                overload_after_s=settings.overload_after_s,
             ),
             current_batch=self.initial_batch,
             now=time.monotonic(),  # the engine's clock: the first check is a full timeout after the start

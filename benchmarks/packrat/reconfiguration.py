@@ -13,8 +13,8 @@ estimator moves B, and the B = 64 set has room to drain what piled up meanwhile 
 arrivals and the open loop's generator left it serving about what arrived, and the backlog stayed). Then
 `<model>_auto` is loaded afresh and adaserve's load generator sends Poisson arrivals stepped low → high → low. The
 estimator runs with the config's defaults (`ewma_alpha` 0.3, `window` 16, `reconfigure_timeout_s` 10,
-`capacity_headroom` 1.5); `--capacity-headroom 0` is Packrat's estimator alone, which flip-flops here (see
-adaserve/cpu/estimator.py).
+`capacity_headroom` 1.5, `overload_factor` 4); `--capacity-headroom 0` is Packrat's estimator without the floor,
+which flip-flops here, and `--overload-factor 0` moves only at the timeout (see adaserve/cpu/estimator.py).
 
 Recorded: every request's latency and status (adaserve.bench), the server's /metrics every `--poll-s` (rows queued
 and computing, the planned B, reconfigurations, failures), and each "worker set switched" line of the server's log
@@ -169,6 +169,7 @@ def _prepare(args: argparse.Namespace, stem: str) -> tuple[dict[str, Any], Model
         "reconfigure_timeout_s": args.reconfigure_timeout_s,
         "sample_interval_s": args.sample_interval_s,
         "capacity_headroom": args.capacity_headroom,
+        "overload_factor": args.overload_factor,
     }
     repository = args.scratch / f"{stem}-serve"
     shutil.rmtree(repository, ignore_errors=True)
@@ -292,6 +293,12 @@ def _parse_args() -> argparse.Namespace:
         help="packrat.capacity_headroom (default 1.5, the config's; 0: Packrat's estimator alone)",
     )
     add("--reconfigure-timeout-s", type=float, default=10.0, help="packrat.reconfigure_timeout_s (default 10)")
+    add(
+        "--overload-factor",
+        type=float,
+        default=4.0,
+        help="packrat.overload_factor (default 4, the config's; 0: moves only at the timeout, as the paper)",
+    )
     add("--sample-interval-s", type=float, default=0.1, help="packrat.sample_interval_s (default 0.1)")
     add_noise_arguments(parser, run="timeline run")
     add("--poll-s", type=float, default=0.25, help="how often /metrics is read during the run")

@@ -65,13 +65,34 @@ def test_reconfigures_only_after_the_timeout_and_only_on_a_change() -> None:
     for depth in (8, 8, 8):
         estimator.observe(depth)
     assert estimator.should_reconfigure(now=111.0) is None  # same B: nothing to do, timer restarts
-    for depth in (32, 32, 32):
+    for depth in (16, 16, 16):
         estimator.observe(depth)
     assert estimator.should_reconfigure(now=115.0) is None  # only 4 s since the last check
-    assert estimator.should_reconfigure(now=121.0) == 32
-    estimator.reconfigured(32, now=121.0)
-    assert estimator.current_batch == 32
+    assert estimator.should_reconfigure(now=121.0) == 16
+    estimator.reconfigured(16, now=121.0)
+    assert estimator.current_batch == 16
     assert estimator.should_reconfigure(now=131.0) is None
+
+
+def test_an_overloaded_set_is_replaced_before_the_timeout() -> None:
+    """B̃ four times B is acted on 2 s after the last check; twice B waits out the timeout; with the rule off (0),
+    so does four times B."""
+    settings = EstimatorSettings(alpha=1.0, window=3, reconfigure_timeout_s=10.0)
+    estimator = BatchSizeEstimator(settings, current_batch=8, now=100.0)
+    for depth in (32, 32, 32):
+        estimator.observe(depth)
+    assert estimator.overloaded
+    assert estimator.should_reconfigure(now=101.5) is None  # not 2 s yet
+    assert estimator.should_reconfigure(now=102.0) == 32
+    estimator.reconfigured(32, now=102.0)
+    for depth in (64, 64, 64):
+        estimator.observe(depth)
+    assert not estimator.overloaded and estimator.should_reconfigure(now=105.0) is None
+    paper = BatchSizeEstimator(EstimatorSettings(alpha=1.0, window=3, overload_factor=0), current_batch=8, now=100.0)
+    for depth in (32, 32, 32):
+        paper.observe(depth)
+    assert paper.should_reconfigure(now=109.0) is None
+    assert paper.should_reconfigure(now=110.0) == 32
 
 
 def test_reconfigurator_asks_the_optimizer_for_the_smoothed_batch() -> None:
@@ -83,7 +104,7 @@ def test_reconfigurator_asks_the_optimizer_for_the_smoothed_batch() -> None:
         asked.append(batch)
         return optimizer.plan(2, batch)
 
-    settings = EstimatorSettings(alpha=0.5, window=4, reconfigure_timeout_s=5.0)
+    settings = EstimatorSettings(alpha=0.5, window=4, reconfigure_timeout_s=5.0, overload_factor=0)
     reconfigurator = Reconfigurator(BatchSizeEstimator(settings, current_batch=1, now=0.0), plan_for)
     depths = [1] * 5 + [9] * 15
     plans = [reconfigurator.update(depth, 100 * second, float(second)) for second, depth in enumerate(depths)]
@@ -130,6 +151,8 @@ def test_a_smaller_set_that_cannot_keep_up_is_not_taken() -> None:
         {"reconfigure_timeout_s": -1},
         {"max_batch": 0},
         {"capacity_headroom": -1},
+        {"overload_factor": 1},
+        {"overload_after_s": -1},
     ],
 )
 def test_bad_settings_are_refused(kwargs: dict[str, float]) -> None:
