@@ -8,26 +8,27 @@ planned for, the optimizer is asked for B̃. Pure logic: the caller passes the c
 A capacity floor the paper does not have: the queue depth says nothing about the arrival rate, and a set planned
 for a smaller B is also a set that computes fewer rows per second. Read off a shallow queue, B̃ can fall to a set
 that cannot keep up with the load the larger set was handling; the queue then grows, B̃ climbs, and the sets
-flip-flop (a timeline on ResNet-18 switched 8 times in 160 s, 64 → 32 → 16 → 64 → 32 ...). So a move to a smaller
-B is taken only when that set's planned rows per second (B over its expected batch latency) is at least
-`capacity_headroom` × the rows per second that arrived over the last reconfiguration timeout; otherwise the next
-larger B that is, if any is below the current. The headroom covers what the profile does not see (the server and
-protocol around the model). A move to a larger B is held to the same floor, with one way out: a set that can take
-more rows per second than the current one is taken even below the floor, since it is the better of the two. A
-set that does neither is not switched to (a bad profile once planned one batch-1 worker under 300 req/s, and
-p99 rose to 40 ms). Each move the floor holds back is logged at info, with both sets' rows per second and the
-rate.
+flip-flop (a ResNet-18 timeline switched 7 times in 160 s, 16 → 8 → 64 → 32 → 16 → 8 → 16, in
+benchmarks/results/packrat_reconfiguration-no-floor.json). So a move to a smaller B is taken only when that set's
+planned rows per second (B over its expected batch latency) is at least `capacity_headroom` × the rows per second
+that arrived over the last reconfiguration timeout; otherwise the next larger B that is, if any is below the
+current. The headroom covers what the profile does not see (the server and protocol around the model). A move to
+a larger B is held to the same floor, with one way out: a set that can take more rows per second than the current
+one is taken even below the floor, since it is the better of the two. A set that does neither is not switched to
+(a bad profile once planned one batch-1 worker under 300 req/s, and p99 rose to 40 ms). Each move the floor holds
+back is logged at info, with both sets' rows per second and the rate.
 
 The profile over-promises, though: it times one worker's full batches, while the server runs partial ones and
-shares the cores with its frontend. On 2 cores the B = 8 set of ResNet-18 plans 435 rows/s and answers 264-277
+shares the cores with its frontend. On 2 cores the B = 8 set of ResNet-18 plans 435 rows/s and answers 264-287
 req/s, so at 282 req/s the floor let B fall from 16 to 8, whose queue then outgrew it, and B went 8 ↔ 16 nine times
-in 160 s. So the floor also remembers what it saw: when the estimator leaves a set for a larger one, the arrival rate
-then is that set's observed limit, and its capacity counts as no more than that until it is seen keeping up (a
-check that asks for no larger B while at least that rate arrives forgets the limit). A set is not returned to at
-the load it was just left at.
+in 160 s (`packrat_reconfiguration-no-limits-r2.json`). So the floor also remembers what it saw: when the
+estimator leaves a set for a larger one, the arrival rate then is that set's observed limit, and its capacity
+counts as no more than that until it is seen keeping up (a check that asks for no larger B while at least that
+rate arrives forgets the limit). A set is not returned to at the load it was just left at.
 
 The timeout paces moves down well (the paper's flip-flop), but a set that falls behind piles up a backlog until the
-next check: a step up in the load came 0.3 s after one, and the B = 16 set's queue grew for 10 s before B moved.
+next check: a step up in the load came 0.3 s after one, and the B = 16 set's queue grew for 10 s before B moved
+(`packrat_reconfiguration-timeout-only.json`: the high phase's p99 was 1,102 ms, against 401 ms with this rule).
 So a B̃ that has outgrown B `overload_factor` times (4: two powers of two) is acted on once `overload_after_s`
 (2 s) have passed since the last check. The mode over the last n estimates still has to agree, so a burst shorter
 than half the window does not move B.
