@@ -165,6 +165,7 @@ class Reconfigurator(Generic[PlanT]):
     `rows_per_second(plan)` is what a plan is expected to compute (None: unknown, no capacity floor). Once it
     returns, the plan's B counts as configured; the caller starts the new worker set (active/passive swap).
     `plan_for` is called again for the sets it compares, so it should be cached (the optimizer's plans are).
+    `limits` holds each set's observed limit (see the module docstring), and `capacity` what the floor counts.
     """
 
     def __init__(

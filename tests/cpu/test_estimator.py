@@ -219,15 +219,19 @@ def steps(reconfigurator: Reconfigurator[int], phases: list[tuple[int, float, in
     return taken
 
 
-def test_a_set_left_for_a_larger_one_is_not_returned_to_at_that_load() -> None:
+def test_a_set_left_for_a_larger_one_is_not_returned_to_at_that_load(caplog: pytest.LogCaptureFixture) -> None:
     """The profile plans the B=8 set 200 rows/s, enough for 1.5 × 100; but at 100 rows/s its queue outgrew it and B
     went to 16. When the B=16 set's shallower queue asks for 8 again at that rate, the B=8 set counts as taking the
     100 rows/s it was left at, below the floor: B stays 16. At 50 rows/s it is taken."""
     settings = EstimatorSettings(alpha=1.0, window=1, reconfigure_timeout_s=5.0, capacity_headroom=1.5)
     planned = {8: 200.0, 16: 300.0}
     reconfigurator = Reconfigurator(BatchSizeEstimator(settings, current_batch=8, now=0.0), lambda b: b, planned.get)
-    taken = steps(reconfigurator, [(16, 100, 5), (8, 100, 20), (8, 50, 20)])
+    with caplog.at_level(logging.INFO, logger="adaserve.packrat"):
+        taken = steps(reconfigurator, [(16, 100, 5), (8, 100, 20), (8, 50, 20)])
     assert taken == [(5, 16), (30, 8)]
+    assert caplog.records[0].getMessage().startswith(
+        "keeping the worker set for B=16 (300.0 rows/s planned) rather than B=8 (200.0 rows/s, left at 100.0)"
+    )
     assert reconfigurator.limits == {8: 100.0}
     assert reconfigurator.capacity(8, 8) == 100.0 and reconfigurator.capacity(16, 16) == 300.0
 
