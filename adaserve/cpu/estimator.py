@@ -84,7 +84,7 @@ class EstimatorSettings:
 
 
 class BatchSizeEstimator:
-    """Feed it queue depths with `observe`; ask `should_reconfigure(now)` once in a while."""
+    """Feed it queue depths with `observe`; ask `due(now)` once in a while, and move when B̃ differs from B."""
 
     def __init__(self, settings: EstimatorSettings, *, current_batch: int, now: float) -> None:
         self.settings = settings
@@ -129,11 +129,6 @@ class BatchSizeEstimator:
         backlog grow."""
         factor = self.settings.overload_factor
         return factor > 0 and self.smoothed >= factor * self.current_batch
-
-    def should_reconfigure(self, now: float) -> int | None:
-        """B̃ if a reconfiguration timeout has passed since the last check and B̃ ≠ B; None otherwise."""
-        smoothed = self.due(now)
-        return smoothed if smoothed != self.current_batch else None
 
     def reconfigured(self, batch: int, now: float) -> None:
         """The worker set for `batch` is now running; the next check is a full timeout away."""

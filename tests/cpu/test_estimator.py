@@ -59,19 +59,25 @@ def test_a_tie_keeps_the_current_batch_else_takes_the_newest() -> None:
     assert BatchSizeEstimator(EstimatorSettings(), current_batch=2, now=0.0).smoothed == 2  # nothing observed yet
 
 
+def should_reconfigure(estimator: BatchSizeEstimator, now: float) -> int | None:
+    """B̃ when a check is due and B̃ differs from the configured B; None otherwise (what the Reconfigurator acts on)."""
+    smoothed = estimator.due(now)
+    return smoothed if smoothed != estimator.current_batch else None
+
+
 def test_reconfigures_only_after_the_timeout_and_only_on_a_change() -> None:
     settings = EstimatorSettings(alpha=1.0, window=3, reconfigure_timeout_s=10.0)
     estimator = BatchSizeEstimator(settings, current_batch=8, now=100.0)
     for depth in (8, 8, 8):
         estimator.observe(depth)
-    assert estimator.should_reconfigure(now=111.0) is None  # same B: nothing to do, timer restarts
+    assert should_reconfigure(estimator, now=111.0) is None  # same B: nothing to do, timer restarts
     for depth in (16, 16, 16):
         estimator.observe(depth)
-    assert estimator.should_reconfigure(now=115.0) is None  # only 4 s since the last check
-    assert estimator.should_reconfigure(now=121.0) == 16
+    assert should_reconfigure(estimator, now=115.0) is None  # only 4 s since the last check
+    assert should_reconfigure(estimator, now=121.0) == 16
     estimator.reconfigured(16, now=121.0)
     assert estimator.current_batch == 16
-    assert estimator.should_reconfigure(now=131.0) is None
+    assert should_reconfigure(estimator, now=131.0) is None
 
 
 def test_an_overloaded_set_is_replaced_before_the_timeout() -> None:
@@ -82,17 +88,17 @@ def test_an_overloaded_set_is_replaced_before_the_timeout() -> None:
     for depth in (32, 32, 32):
         estimator.observe(depth)
     assert estimator.overloaded
-    assert estimator.should_reconfigure(now=101.5) is None  # not 2 s yet
-    assert estimator.should_reconfigure(now=102.0) == 32
+    assert should_reconfigure(estimator, now=101.5) is None  # not 2 s yet
+    assert should_reconfigure(estimator, now=102.0) == 32
     estimator.reconfigured(32, now=102.0)
     for depth in (64, 64, 64):
         estimator.observe(depth)
-    assert not estimator.overloaded and estimator.should_reconfigure(now=105.0) is None
+    assert not estimator.overloaded and should_reconfigure(estimator, now=105.0) is None
     paper = BatchSizeEstimator(EstimatorSettings(alpha=1.0, window=3, overload_factor=0), current_batch=8, now=100.0)
     for depth in (32, 32, 32):
         paper.observe(depth)
-    assert paper.should_reconfigure(now=109.0) is None
-    assert paper.should_reconfigure(now=110.0) == 32
+    assert should_reconfigure(paper, now=109.0) is None
+    assert should_reconfigure(paper, now=110.0) == 32
 
 
 def test_reconfigurator_asks_the_optimizer_for_the_smoothed_batch() -> None:
