@@ -296,7 +296,7 @@ class PackratSpec(Strict):
         default=1.5,
         ge=0,
         description="a set is switched to only if it plans this × the arrival rate in rows per second, or (for a "
-        "larger B) more than the current set (0: Packrat's estimator alone)",
+        "larger B) more than the current set (0: no floor, as the paper)",
     )
     overload_factor: float = Field(
         default=4.0,

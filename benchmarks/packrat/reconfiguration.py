@@ -290,7 +290,7 @@ def _parse_args() -> argparse.Namespace:
         "--capacity-headroom",
         type=float,
         default=1.5,
-        help="packrat.capacity_headroom (default 1.5, the config's; 0: Packrat's estimator alone)",
+        help="packrat.capacity_headroom (default 1.5, the config's; 0: no floor, as the paper)",
     )
     add("--reconfigure-timeout-s", type=float, default=10.0, help="packrat.reconfigure_timeout_s (default 10)")
     add(
