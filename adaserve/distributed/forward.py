@@ -14,13 +14,14 @@ a header or as metadata), in place of any its caller sent: the holder traces it 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import grpc
 
 from adaserve.distributed.messages import NodeAddress
 from adaserve.errors import ModelNotReadyError
 from adaserve.server.grpc_relay import Metadata, RemoteError, relayed_answer, relayed_request
+from adaserve.server.http import Request
 from adaserve.server.http_client import ConnectionPool
 from adaserve.server.http_client import Response as Answer
 from adaserve.server.restrictions import Restrictions
@@ -35,6 +36,23 @@ FORWARDED_HEADERS = ("content-type", "content-encoding", "inference-header-conte
 FORWARD_TIMEOUT_S = 300.0
 #: A call's metadata that are the forwarding node's to set (`extra`), not forwarded as the caller gave them.
 _FORWARDERS_METADATA = (HOPS, *TRACE_CONTEXT)
+
+
+#: A forwarded REST request's answer: its status, headers (lower-case) and body.
+Relayed = tuple[int, dict[str, str], bytes]
+
+
+def relayed(answer: Answer) -> Relayed:
+    """The status, headers and body to answer a forwarded REST request's client with, from its holder's answer."""
+    headers = {"content-type": "application/json"}
+    if answer.header_length is not None:
+        headers = {
+            "content-type": "application/octet-stream",
+            "inference-header-content-length": str(answer.header_length),
+        }
+    if answer.content_encoding is not None:
+        headers["content-encoding"] = answer.content_encoding
+    return answer.status, headers, answer.body
 
 
 class ForwardFailed(ModelNotReadyError):
@@ -65,26 +83,48 @@ class Forwarder:
         body: bytes,
         extra: Mapping[str, str],
         category: str,
-    ) -> tuple[int, dict[str, str], bytes]:
+    ) -> Relayed:
         """Send the request to `node` as it came, with the headers `extra` (its hops, its trace context) and the
         restriction header of its API `category` if it has one; its answer's status, headers (lower-case) and
         body."""
-        lines = [f"{method} {path} HTTP/1.1", f"host: {node.http}", f"content-length: {len(body)}"]
+        head = self._head(node, method, path, headers, len(body), extra, category)
+        return relayed(await self._request(node, head, body))
+
+    def http_now(
+        self, node: NodeAddress, request: Request, extra: Mapping[str, str]
+    ) -> tuple[asyncio.Future[Answer], Callable[[], None]] | None:
+        """`http` for a client's inference `request`, without a coroutine, on a connection to `node` already open
+        and idle (None when there is none): the future of its answer (`relayed` gives the status, headers and body;
+        any error means it was not answered, StaleConnection that it is safe to send again), and what to call when
+        nobody waits for it any more (it closes the connection, so `node` stops working on it)."""
+        pool = self._pools.get(node.http)
+        if pool is None:
+            return None
+        body = request.body
+        head = self._head(node, request.method, request.path, request.headers, len(body), extra, "inference")
+        started = pool.send_now(head, body)
+        if started is None:
+            return None
+        answer, connection = started
+        return answer, lambda: connection.fail(ConnectionAbortedError("the forwarded request's client went away"))
+
+    def _head(
+        self,
+        node: NodeAddress,
+        method: str,
+        path: str,
+        headers: Mapping[str, str],
+        length: int,
+        extra: Mapping[str, str],
+        category: str,
+    ) -> bytes:
+        lines = [f"{method} {path} HTTP/1.1", f"host: {node.http}", f"content-length: {length}"]
         lines += [f"{name}: {value}" for name, value in extra.items()]
         lines += [f"{name}: {headers[name]}" for name in FORWARDED_HEADERS if name in headers]
         credential = self.credentials.required.get(category)
         if credential is not None:
             lines.append(f"{credential.name}: {credential.value}")
-        answer = await self._request(node, ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"), body)
-        out = {"content-type": "application/json"}
-        if answer.header_length is not None:
-            out = {
-                "content-type": "application/octet-stream",
-                "inference-header-content-length": str(answer.header_length),
-            }
-        if answer.content_encoding is not None:
-            out["content-encoding"] = answer.content_encoding
-        return answer.status, out, answer.body
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
     async def grpc(
         self, node: NodeAddress, rpc: str, raw: bytes, metadata: Metadata, extra: Mapping[str, str]

@@ -19,12 +19,13 @@ import itertools
 import json
 import logging
 import os
+import re
 import socket
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 import grpc
 import numpy as np
@@ -32,7 +33,7 @@ from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from adaserve.distributed.control import Channel
-from adaserve.distributed.forward import HOPS, Forwarder, ForwardFailed
+from adaserve.distributed.forward import HOPS, Forwarder, ForwardFailed, relayed
 from adaserve.distributed.load import LoadMeter
 from adaserve.distributed.messages import (
     Drain,
@@ -68,6 +69,8 @@ from adaserve.planner.planner import ModelAnswer
 from adaserve.server.dataplane import ClusterState, DataPlane
 from adaserve.server.documents import merge_statistics
 from adaserve.server.http import Handler, Request, Response
+from adaserve.server.http_client import Response as HolderAnswer
+from adaserve.server.http_client import StaleConnection
 from adaserve.server.metrics import cluster_families, exposition, node_families
 from adaserve.server.rest import json_response
 from adaserve.server.trace import Trace
@@ -86,6 +89,8 @@ PEER_TIMEOUT_S = 5.0
 TRACE_CHANGE_TIMEOUT_S = 30.0
 
 Answer = TypeVar("Answer")
+#: The path of a V2 inference request (`shortcut`): its model's name, quoted.
+_INFER_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/[^/]+)?/infer$")
 
 
 class ClusterMember:
@@ -301,6 +306,7 @@ class ClusterMember:
         hops: int,
         send: Callable[[NodeAddress, dict[str, str]], Awaitable[Answer]],
         begin: Callable[[], Trace | None] = lambda: None,
+        failed: str | None = None,
     ) -> tuple[Answer, Trace | None] | None:
         """Send a request for `model` to where it is served, with `send` (which forwards it to a node, with the
         headers of its trace context), and return its answer; None when it is to be served here. A node that does
@@ -308,13 +314,17 @@ class ClusterMember:
         replica or wherever the controller places the model then (inference is idempotent); a second failure is a
         503 naming both nodes. `begin` begins its trace here when it is first sent (None: not traced), as the node
         serving it would have: each send is a forward of the trace, which comes back with the answer for the
-        caller to finish once it is answered (and is finished here when it fails)."""
-        if hops == 0:
+        caller to finish once it is answered (and is finished here when it fails). `failed`: the node its first
+        send (`shortcut`'s) did not answer on, for a request sent once already, and counted."""
+        if hops == 0 and failed is None:
             self._counts[model] += 1
         if self._here(model, hops):
             return None
         avoid: list[str] = []
         failures = 0
+        if failed is not None:
+            self._failed_once(model, failed, avoid)
+            failures = 1
         if self.node in self.routes.holders(model):  # the table says here, but it is gone (unloaded by hand, failed)
             avoid.append(self.node)
             if model not in self._gone:
@@ -337,15 +347,65 @@ class ClusterMember:
                     failures += 1
                     if failures > 1:
                         raise
-                    avoid.append(node)
-                    self.retries[model] += 1
-                    log.warning("forwarded request failed: sending it again", extra={"model": model, "node": node})
+                    self._failed_once(model, node, avoid)
                 finally:
                     if forward is not None:
                         forward.end()
         except BaseException:
             self.plane.tracer.finish(trace)
             raise
+
+    def _failed_once(self, model: str, node: str, avoid: list[str]) -> None:
+        """A request's first send, to `node`, was not answered: it is sent once more, elsewhere."""
+        avoid.append(node)
+        self.retries[model] += 1
+        log.warning("forwarded request failed: sending it again", extra={"model": model, "node": node})
+
+    def shortcut(self, request: Request, answer: Callable[[Response | None], None]) -> Callable[[], None] | None:
+        """The HTTP server's shortcut (`HttpServer`): an inference request (V2, POST) for a model held elsewhere,
+        that nothing here would trace, sent on a connection to its holder already open and idle, with no task and
+        none of the app's layers, which cost about as much CPU as the forward's own reads and writes
+        (`benchmarks.cluster.forwarding`). `answer` gets the holder's answer, or None when the holder did not
+        answer: the request then takes the app's path (`relay`, told which node failed) as if it had come so.
+        Returns what to call when its client goes away; None when it does not take the request (the app's path
+        serves it)."""
+        match = _INFER_PATH.match(request.path) if request.method == "POST" else None
+        if match is None or self.forwarder.credentials.required.get("inference") is not None:
+            return None
+        model = unquote(match[1])
+        hops = _hops(request.headers.get(HOPS))
+        holders = self.routes.holders(model)
+        if not holders or self.node in holders or self._here(model, hops) or not self.plane.tracer.off(model):
+            return None
+        node, address = self.routes.turn(model, holders)
+        extra = {HOPS: str(hops + 1)}
+        started = self.forwarder.http_now(address, request, extra)
+        if started is None:
+            return None
+        if hops == 0:
+            self._counts[model] += 1
+        self.forwards[(model, node)] += 1
+        future, cancel = started
+
+        def answered(future: asyncio.Future[HolderAnswer]) -> None:
+            if future.cancelled():
+                return
+            error = future.exception()
+            if error is None:
+                status, headers, body = relayed(future.result())
+                answer(Response(status, body, headers.pop("content-type"), headers))
+                return
+            if not isinstance(error, StaleConnection):  # a connection the holder had closed: not its failure
+                request.state["failed"] = node
+            answer(None)
+
+        future.add_done_callback(answered)
+
+        def cancelled() -> None:
+            future.cancel()
+            cancel()
+
+        return cancelled
 
     async def run_stage(
         self, model: str, inputs: dict[str, np.ndarray], rows: int, parameters: dict[str, Any], query: Trace | None
@@ -385,10 +445,11 @@ class ClusterMember:
                     trace.stamp("HTTP_RECV_END", request.complete_ns)
                 return trace
 
-            relayed = await self.relay(request.params["model"], hops, send, begin)
-            if relayed is None:
+            failed = request.state.get("failed")  # the node the shortcut sent it to did not answer
+            result = await self.relay(request.params["model"], hops, send, begin, failed)
+            if result is None:
                 return await handler(request)
-            (status, headers, body), trace = relayed
+            (status, headers, body), trace = result
             sent = self.plane.tracer.sent(trace, "HTTP") if trace is not None else None
             return Response(status, body, headers.pop("content-type"), headers, sent)
 

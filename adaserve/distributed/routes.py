@@ -64,6 +64,10 @@ class ClusterRoutes:
             holders = self._holders(model, avoid)
         if self.node in holders:
             return self.node, self.table.nodes[self.node]
+        return self.turn(model, holders)
+
+    def turn(self, model: str, holders: Sequence[str]) -> tuple[str, NodeAddress]:
+        """The next of `holders` in turn for `model`'s requests, and its address."""
         turns = self._turns.get(model)
         if turns is None:
             turns = self._turns[model] = itertools.count()

@@ -181,7 +181,8 @@ async def serve(options: ServeOptions) -> None:
     app, body_limit = create_app(
         plane, limits.max_body_bytes, http_restrictions, member.rest_route if member is not None else None, internal
     )
-    http = HttpServer(app, on_error=error_response, limits=limits, body_limit=body_limit)
+    shortcut = member.shortcut if member is not None else None
+    http = HttpServer(app, on_error=error_response, limits=limits, body_limit=body_limit, shortcut=shortcut)
     grpc_options = grpc_server_options(grpc_bytes, limits, options.reuse_port, options.grpc_compression_level)
     grpc_address = f"{options.host}:{options.grpc_port}"
     grpc_mode = grpc_frontend_mode(options.grpc_frontend)

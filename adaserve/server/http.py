@@ -13,7 +13,6 @@ move, an idle timeout, and a cap on connections.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import re
@@ -63,6 +62,7 @@ class Request:
     received_ns: int = 0  # its first byte arrived, and its last (CLOCK_MONOTONIC): for traces
     complete_ns: int = 0
     held: int = 0  # bytes of the server's body budget it holds until it is answered
+    state: dict[str, str] = field(default_factory=dict)  # what the layers it passes through note on it
 
 
 @dataclass
@@ -76,6 +76,10 @@ class Response:
 
 
 Handler = Callable[[Request], Awaitable[Response]]
+#: What may answer a request before the app, with callbacks (`HttpServer`'s `shortcut`): given the request and what
+#: to call with its answer (None: the app answers it after all), what to call if its client goes away; None where it
+#: does not take the request.
+Shortcut = Callable[[Request, Callable[[Response | None], None]], Callable[[], None] | None]
 
 
 class Routes:
@@ -145,6 +149,7 @@ class HttpProtocol(asyncio.Protocol):
         self.parser = httptools.HttpRequestParser(self)
         self.pending: deque[tuple[Request | Response, bool]] = deque()  # a request, or an early error response
         self.task: asyncio.Task[None] | None = None
+        self._shortcut: tuple[Request, Callable[[], None]] | None = None  # a request the shortcut is answering
         self.closing = False  # the last answer is written; input is drained and discarded until close
         self._drained = 0  # bytes discarded since
         self._can_write = True  # False while the client is not reading what was written
@@ -194,6 +199,11 @@ class HttpProtocol(asyncio.Protocol):
             if isinstance(item, Request):
                 self.budget.give_back(item.held)
         self.pending.clear()
+        if self._shortcut is not None:
+            request, cancel = self._shortcut
+            self._shortcut = None
+            self.budget.give_back(request.held)
+            cancel()
         if self.task is not None:
             # The client is gone. Its end-of-file counts as that too, as in nginx and uvicorn: TCP cannot tell a
             # half-close from a close, and a request whose client timed out must not keep its place in the queue.
@@ -238,8 +248,9 @@ class HttpProtocol(asyncio.Protocol):
         """Input arrived, or the client read: the connection is not quiet (for the idle timeout and for choosing
         which connection makes room for a new one)."""
         self.last_input = self._loop.time()
-        with contextlib.suppress(KeyError):  # not counted: refused, or closed to make room
-            self.server.connections.move_to_end(self)
+        connections = self.server.connections
+        if self in connections:  # not counted: refused, or closed to make room
+            connections.move_to_end(self)
 
     # -- httptools callbacks ---------------------------------------------------------------------------------
     def on_message_begin(self) -> None:
@@ -343,10 +354,38 @@ class HttpProtocol(asyncio.Protocol):
             if isinstance(item, Request):
                 self.budget.give_back(item.held)
             return  # the connection is closing after an earlier answer
+        shortcut = self.server.shortcut
+        if isinstance(item, Request) and shortcut is not None and self._idle():
+            cancel = shortcut(item, lambda response: self._shortcut_answered(item, keep_alive, response))
+            if cancel is not None:
+                self._shortcut = (item, cancel)
+                return
         self.pending.append((item, keep_alive))
         if self._backlog_full() and self.transport is not None:
             self.transport.pause_reading()
-        if self.task is None:
+        if self.task is None and self._shortcut is None:
+            self.task = asyncio.get_running_loop().create_task(self._answer_all())
+
+    def _idle(self) -> bool:
+        """Nothing is being answered or waits to be, and the client reads: a request may be answered at once."""
+        return not self.pending and self.task is None and self._shortcut is None and self._can_write
+
+    def _shortcut_answered(self, request: Request, keep_alive: bool, response: Response | None) -> None:
+        """The shortcut's answer to `request` (None: it gave the request back, for the app to answer): written, and
+        the requests that arrived meanwhile answered after it."""
+        if self._shortcut is None or self._shortcut[0] is not request:
+            return  # its client went away (`connection_lost`)
+        self._shortcut = None
+        if response is None:
+            self.pending.appendleft((request, keep_alive))
+        else:
+            self.budget.give_back(request.held)
+            if self._can_write and self.transport is not None:
+                if not self._write(request, response, keep_alive):
+                    return
+            else:
+                self.pending.appendleft((response, keep_alive))
+        if self.pending and self.task is None:
             self.task = asyncio.get_running_loop().create_task(self._answer_all())
 
     async def _answer_all(self) -> None:
@@ -360,21 +399,26 @@ class HttpProtocol(asyncio.Protocol):
             finally:
                 if isinstance(item, Request):
                     self.budget.give_back(item.held)  # answered (or its client gone): its body is let go
-            if self.transport is None:
+            if self.transport is None or not self._write(item, response, keep_alive):
                 break
-            with_body = not (isinstance(item, Request) and item.method == "HEAD")
-            keep_alive = keep_alive and not (self.server.stopping and not self.pending)
-            sending_ns = time.perf_counter_ns()
-            self.transport.write(render(response, keep_alive, with_body))
-            if response.on_sent is not None:
-                response.on_sent(sending_ns, time.perf_counter_ns())
-            self.last_input = self._loop.time()
-            if not keep_alive:
-                self._linger()
-                break
-            if not self._backlog_full():
-                self.transport.resume_reading()
         self.task = None
+
+    def _write(self, item: Request | Response, response: Response, keep_alive: bool) -> bool:
+        """Send `response`, the answer to `item`; False when the connection closes after it."""
+        assert self.transport is not None
+        with_body = not (isinstance(item, Request) and item.method == "HEAD")
+        keep_alive = keep_alive and not (self.server.stopping and not self.pending)
+        sending_ns = time.perf_counter_ns()
+        self.transport.write(render(response, keep_alive, with_body))
+        if response.on_sent is not None:
+            response.on_sent(sending_ns, time.perf_counter_ns())
+        self.last_input = self._loop.time()
+        if not keep_alive:
+            self._linger()
+            return False
+        if not self._backlog_full():
+            self.transport.resume_reading()
+        return True
 
     async def _respond(self, request: Request) -> Response:
         """The app's answer to `request`, encoded as the client asks where it is `compressible` and a success
@@ -393,6 +437,8 @@ class HttpProtocol(asyncio.Protocol):
     def _backlog_full(self) -> bool:
         """Whether to stop reading: so many requests wait, or their bodies are so large together, that a client
         pipelining large bodies would hold up to 32 of them (2 GiB at the default limit) rather than about two."""
+        if not self.pending:
+            return False
         if len(self.pending) > MAX_PIPELINED:
             return True
         waiting = sum(len(item.body) for item, _ in self.pending if isinstance(item, Request))
@@ -462,7 +508,7 @@ class HttpProtocol(asyncio.Protocol):
     @property
     def busy(self) -> bool:
         """An answer is being computed (not merely waiting for the client to read)."""
-        return self.task is not None and self._can_write
+        return (self.task is not None or self._shortcut is not None) and self._can_write
 
     @property
     def owed_an_answer(self) -> bool:
@@ -513,8 +559,13 @@ class HttpServer:
         on_error: Callable[[int, str], Response],
         limits: ClientLimits | None = None,
         body_limit: BodyLimit | None = None,
+        shortcut: Shortcut | None = None,
     ) -> None:
+        """`shortcut`: what may answer a request before `app`, with callbacks rather than a task (on a cluster, a
+        request forwarded to its model's holder: `adaserve.distributed.member`); it is asked only when nothing
+        else on the connection is being answered or waits to be, so answers keep their order."""
         self.app = app
+        self.shortcut = shortcut
         self.on_error = on_error
         self.body_limit = body_limit
         self.limits = limits or ClientLimits()

@@ -139,20 +139,34 @@ class ConnectionPool:
         ValueError for a response that is not HTTP. Cancelled, it closes the connection: the server stops working on
         a request nobody waits for (a node forwarding the request of a client that went away, say).
         """
-        if self._sweeper is None:
-            self._sweeper = asyncio.ensure_future(self._sweep())
-        reused = bool(self._idle)
-        connection = self._idle.pop() if reused else await self._connect()
-        self._busy.add(connection)
+        started = self.send_now(data, body)
+        if started is None:
+            connection = await self._connect()
+            self._busy.add(connection)
+            answer = connection.send(data, body, time.monotonic() + self._timeout_s)
+        else:
+            answer, connection = started
         try:
-            return await connection.send(data, body, time.monotonic() + self._timeout_s)
+            return await answer
         except StaleConnection:
-            if not reused:
+            if started is None:
                 raise
             return await self.request(data, body)
         except asyncio.CancelledError:
             connection.fail(ConnectionAbortedError("the request was cancelled"))
             raise
+
+    def send_now(self, data: bytes, body: bytes = b"") -> tuple[asyncio.Future[Response], _Connection] | None:
+        """`request` without a coroutine, on a kept-alive connection: its answer (the errors `request` raises, and
+        StaleConnection where the server had closed it: safe to send again) and the connection, which `fail`s it
+        when nobody waits for it any more; None when no connection is open and idle."""
+        if self._sweeper is None:
+            self._sweeper = asyncio.ensure_future(self._sweep())
+        if not self._idle:
+            return None
+        connection = self._idle.pop()
+        self._busy.add(connection)
+        return connection.send(data, body, time.monotonic() + self._timeout_s), connection
 
     def release(self, connection: _Connection) -> None:
         """An answered connection goes back to the idle list; busy/idle change only on connection events."""

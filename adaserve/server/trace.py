@@ -305,6 +305,10 @@ class Tracer:
             return None
         return Trace(next(self._ids), model_name, request_id, scope.settings.level, scope)
 
+    def off(self, model_name: str) -> bool:
+        """No request for `model_name` is traced now (its level is OFF): `begin` would answer None."""
+        return not self._models.get(model_name, self._server).settings.level
+
     def child(self, parent: Trace, model_name: str) -> Trace:
         """The trace of a model a traced DAG query runs: traced because its query is, under the query's settings
         (and its W3C trace, for a stage forwarded to another node)."""

@@ -8,7 +8,7 @@ import json
 import socket
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
@@ -611,5 +611,75 @@ def test_a_stop_answers_every_request_sent_and_then_closes() -> None:
         await stopping
         with pytest.raises(ConnectionRefusedError):
             socket.create_connection(address, timeout=10)
+
+    asyncio.run(main())
+
+
+def test_a_shortcut_answers_before_the_app_and_answers_keep_their_order() -> None:
+    """The shortcut (on a cluster, a forward to the model's holder) is asked for a request only when nothing else
+    on its connection is being answered or waits: requests pipelined behind it wait for its answer, then the app
+    answers them, in order. A request the shortcut gives back is the app's; one whose client goes away is
+    cancelled, and the body budget it held is returned."""
+
+    async def main() -> None:
+        taken: list[tuple[Request, Callable[[Response | None], None]]] = []
+        cancelled: list[str] = []
+
+        def shortcut(request: Request, answer: Callable[[Response | None], None]) -> Callable[[], None] | None:
+            if not request.path.startswith("/fast"):
+                return None
+            taken.append((request, answer))
+            return lambda: cancelled.append(request.path)
+
+        release = asyncio.Event()
+
+        async def app(request: Request) -> Response:
+            if request.path.startswith("/slow"):
+                await release.wait()
+            return Response(body=b"app " + request.path.encode() + b" " + request.body)
+
+        server = HttpServer(app, on_error=lambda status, text: Response(status), shortcut=shortcut)
+        listener = socket.create_server(("127.0.0.1", 0))
+        await server.start(listener)
+        reader, writer = await asyncio.open_connection(*listener.getsockname())
+
+        async def answer() -> bytes:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10.0)
+            length = int(head.split(b"content-length: ")[1].split(b"\r\n")[0])
+            return await reader.readexactly(length)
+
+        writer.write(post("/fast/1", b"one") + post("/app/2", b"two") + post("/fast/3", b"three"))
+        while not taken:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)
+        assert [r.path for r, _ in taken] == ["/fast/1"]  # the other two wait behind it, for the app
+        assert server.budget.held == len(b"one") + len(b"two") + len(b"three")
+        taken[0][1](Response(body=b"shortcut /fast/1"))
+        assert [await answer() for _ in range(3)] == [b"shortcut /fast/1", b"app /app/2 two", b"app /fast/3 three"]
+
+        writer.write(post("/slow/a", b"a"))  # while the app answers it, a request behind it waits its turn
+        await asyncio.sleep(0.1)
+        writer.write(post("/fast/b", b"b"))
+        await asyncio.sleep(0.2)
+        release.set()
+        assert [await answer() for _ in range(2)] == [b"app /slow/a a", b"app /fast/b b"]
+        assert len(taken) == 1
+
+        writer.write(post("/fast/4", b"four"))
+        while len(taken) < 2:
+            await asyncio.sleep(0.01)
+        taken[1][1](None)  # given back: the app answers it
+        assert await answer() == b"app /fast/4 four"
+        assert server.budget.held == 0
+
+        writer.write(post("/fast/5", b"five"))
+        while len(taken) < 3:
+            await asyncio.sleep(0.01)
+        writer.close()  # its client goes away
+        while not cancelled:
+            await asyncio.sleep(0.01)
+        assert cancelled == ["/fast/5"] and server.budget.held == 0
+        taken[2][1](Response(body=b"too late"))  # an answer after that is dropped
+        await server.stop(grace_s=1.0)
 
     asyncio.run(main())
