@@ -15,7 +15,7 @@ import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -331,11 +331,30 @@ def figure(width: float, height: float) -> Any:
     return Figure(figsize=(width, height))
 
 
-def serve_on_port(serve: Callable[[int], Coroutine[Any, Any, None]], description: str) -> None:
-    """A floor server's command line (`benchmarks.rest_floor`, `benchmarks.grpc_floor`): `--port PORT`, served on
-    uvloop, as adaserve's frontend runs, until terminated."""
+@contextmanager
+def pinned(cores: Sequence[int] | None) -> Iterator[None]:
+    """This process on `cores` (None: as it is) while the block runs, so the processes it starts there inherit
+    them."""
+    if cores is None:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cores)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def serve_on_port(serve: Callable[..., Coroutine[Any, Any, None]], description: str, loops: Sequence[str] = ()) -> None:
+    """A floor server's command line (`benchmarks.rest_floor`, `benchmarks.grpc_floor`): `--port PORT`, and
+    `--loop` among `loops` where it has several (the first by default), served on uvloop, as adaserve's frontend
+    runs, until terminated."""
     import uvloop
 
     parser = argparse.ArgumentParser(description=description.splitlines()[0])
     parser.add_argument("--port", type=int, required=True)
-    uvloop.run(serve(parser.parse_args().port))
+    if loops:
+        parser.add_argument("--loop", choices=loops, default=loops[0])
+    args = parser.parse_args()
+    uvloop.run(serve(args.port, args.loop) if loops else serve(args.port))

@@ -171,16 +171,18 @@ def _in_process(iterations: int, idle_s: float = 0.0) -> dict[str, Any]:
 
 
 @contextmanager
-def floor_server(protocol: str = "grpc", ready_timeout_s: float = 60.0) -> Iterator[ServerHandle]:
-    """`benchmarks.grpc_floor` (or, for "http", `benchmarks.rest_floor`) on a free loopback port until it answers;
-    stopped by its PID after."""
+def floor_server(protocol: str = "grpc", ready_timeout_s: float = 60.0, loop: str = "aio") -> Iterator[ServerHandle]:
+    """`benchmarks.grpc_floor` on server loop `loop` (or, for "http", `benchmarks.rest_floor`) on a free loopback port
+    until it answers; stopped by its PID after."""
     port = free_port()
     log = SCRATCH / "serving_overhead" / f"{protocol}-floor-{port}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    module = "benchmarks.rest_floor" if protocol == "http" else "benchmarks.grpc_floor"
+    command = [sys.executable, "-m", "benchmarks.rest_floor", "--port", str(port)]
+    if protocol != "http":
+        command = [sys.executable, "-m", "benchmarks.grpc_floor", "--port", str(port), "--loop", loop]
     with log.open("wb") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", module, "--port", str(port)],
+            command,
             cwd=ROOT,
             stdout=out,
             stderr=subprocess.STDOUT,

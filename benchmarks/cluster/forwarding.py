@@ -47,6 +47,7 @@ from benchmarks.common import (
     finish_report,
     load_average,
     ms_text,
+    pinned,
     process_command,
     report_head,
     tree_cpu_s,
@@ -94,7 +95,7 @@ def main() -> int:
         report["server_commands"] = {"a": process_command(a.pid), "b": process_command(b.pid)}
         report["b_model_config"] = _get(b, f"/v2/models/{MODEL}/config")
         report["idle_server_cores"] = {"a": idle_cores(a.pid), "b": idle_cores(b.pid)}
-        with _pinned(layout["client"] if layout else None):
+        with pinned(layout["client"] if layout else None):
             report["runs"] = [
                 _run(perf, a, b, route, protocol, concurrency, repeat, args.request_count)
                 for repeat in range(args.repeats)
@@ -122,20 +123,6 @@ def pin_layout(cores: list[int]) -> dict[str, list[int]] | None:
 
 
 @contextlib.contextmanager
-def _pinned(cores: list[int] | None) -> Iterator[None]:
-    """This process on `cores` while the block runs, so the processes it starts there inherit them."""
-    if cores is None:
-        yield
-        return
-    before = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, cores)
-    try:
-        yield
-    finally:
-        os.sched_setaffinity(0, before)
-
-
-@contextlib.contextmanager
 def _nodes(
     repository: Path, layout: dict[str, list[int]] | None
 ) -> Iterator[tuple[tuple[ServerHandle, FakeActor], tuple[ServerHandle, FakeActor]]]:
@@ -147,7 +134,7 @@ def _nodes(
     with contextlib.ExitStack() as stack:
         started = []
         for name in ("a", "b"):
-            with _pinned(layout[name] if layout else None):
+            with pinned(layout[name] if layout else None):
                 started.append(stack.enter_context(node_server(start, name)))
         yield started[0], started[1]
 
