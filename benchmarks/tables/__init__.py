@@ -104,6 +104,7 @@ RENDERERS: dict[str, Renderer] = {
             "shared_cores",
             "hardening",
             "latency_profile",
+            "grpc_loops",
             "footprint",
         )
     },
