@@ -142,8 +142,7 @@ class ConnectionPool:
         started = self.send_now(data, body)
         if started is None:
             connection = await self._connect()
-            self._busy.add(connection)
-            answer = connection.send(data, body, time.monotonic() + self._timeout_s)
+            answer = self._send(connection, data, body)
         else:
             answer, connection = started
         try:
@@ -165,8 +164,11 @@ class ConnectionPool:
         if not self._idle:
             return None
         connection = self._idle.pop()
+        return self._send(connection, data, body), connection
+
+    def _send(self, connection: _Connection, data: bytes, body: bytes) -> asyncio.Future[Response]:
         self._busy.add(connection)
-        return connection.send(data, body, time.monotonic() + self._timeout_s), connection
+        return connection.send(data, body, time.monotonic() + self._timeout_s)
 
     def release(self, connection: _Connection) -> None:
         """An answered connection goes back to the idle list; busy/idle change only on connection events."""

@@ -290,7 +290,7 @@ class Tracer:
         `traceparent`, under it: the node it entered sampled it. In OpenTelemetry mode, a client's request whose
         headers carry a `traceparent` is traced whatever the rate and count say, under the client's trace (as
         Triton does)."""
-        scope = self._models.get(model_name, self._server)
+        scope = self._scope(model_name)
         given = headers() if headers is not None and scope.settings.level else {}
         if FORWARDED in given:
             context = _context(given)
@@ -307,7 +307,11 @@ class Tracer:
 
     def off(self, model_name: str) -> bool:
         """No request for `model_name` is traced now (its level is OFF): `begin` would answer None."""
-        return not self._models.get(model_name, self._server).settings.level
+        return not self._scope(model_name).settings.level
+
+    def _scope(self, model_name: str) -> _Scope:
+        """Where `model_name`'s settings and counts are: its own, or the server's."""
+        return self._models.get(model_name, self._server)
 
     def child(self, parent: Trace, model_name: str) -> Trace:
         """The trace of a model a traced DAG query runs: traced because its query is, under the query's settings
@@ -348,7 +352,7 @@ class Tracer:
     # -- the trace API ---------------------------------------------------------------------------------------
     def settings(self, model_name: str = "") -> dict[str, Any]:
         """Triton's trace setting response: every value a string, the level a list."""
-        settings = self._models.get(model_name, self._server).settings
+        settings = self._scope(model_name).settings
         own = self.sink.describe(settings) if self.sink is not None else TraceFile.describe_none(settings)
         return {
             "trace_level": list(settings.level) or ["OFF"],

@@ -52,6 +52,7 @@ from benchmarks.common import (
     finish_report,
     load_average,
     ms_text,
+    pinned,
     process_command,
     report_head,
 )
@@ -159,15 +160,10 @@ def _run(
     the first server's alone)."""
     cpu = [TreeCPU(server.pid) for server in servers]
     before = [tree.sample() for tree in cpu]
-    pinned = os.sched_getaffinity(0)
-    if args.client_cpus:
-        os.sched_setaffinity(0, args.client_cpus)  # perf_analyzer, started now, inherits it
-    try:
+    with pinned(args.client_cpus or None):  # perf_analyzer, started now, inherits it
         name = f"scaling{len(servers)}"
         run = perf_run(perf, servers[0], protocol, concurrency, repeat, args.request_count, name, model=model,
                        shape=shape)  # fmt: skip
-    finally:
-        os.sched_setaffinity(0, pinned)
     each = [(tree.sample() - start) / run["wall_s"] for tree, start in zip(cpu, before, strict=True)]
     run["server_cores_each"] = each
     run["other_cores"] += run["server_cores"] - sum(each)
