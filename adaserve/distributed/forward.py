@@ -22,7 +22,7 @@ from adaserve.distributed.messages import NodeAddress
 from adaserve.errors import ModelNotReadyError
 from adaserve.server.grpc_relay import Metadata, RemoteError, relayed_answer, relayed_request
 from adaserve.server.http import Request
-from adaserve.server.http_client import ConnectionPool
+from adaserve.server.http_client import ConnectionPool, OnAnswer
 from adaserve.server.http_client import Response as Answer
 from adaserve.server.restrictions import Restrictions
 from adaserve.server.trace import FORWARDED, TRACE_CONTEXT
@@ -91,22 +91,22 @@ class Forwarder:
         return relayed(await self._request(node, head, body))
 
     def http_now(
-        self, node: NodeAddress, request: Request, extra: Mapping[str, str]
-    ) -> tuple[asyncio.Future[Answer], Callable[[], None]] | None:
-        """`http` for a client's inference `request`, without a coroutine, on a connection to `node` already open
-        and idle (None when there is none): the future of its answer (`relayed` gives the status, headers and body;
-        any error means it was not answered, StaleConnection that it is safe to send again), and what to call when
-        nobody waits for it any more (it closes the connection, so `node` stops working on it)."""
+        self, node: NodeAddress, request: Request, extra: Mapping[str, str], on_answer: OnAnswer
+    ) -> Callable[[], None] | None:
+        """`http` for a client's inference `request`, with neither a coroutine nor a future, on a connection to
+        `node` already open and idle (None, having sent nothing, when there is none): `on_answer` gets the holder's
+        answer (`relayed` gives the status, headers and body) or the error that means it was not answered
+        (StaleConnection: safe to send again). Returns what to call when nobody waits for the answer any more (it
+        closes the connection, so `node` stops working on it)."""
         pool = self._pools.get(node.http)
         if pool is None:
             return None
         body = request.body
         head = self._head(node, request.method, request.path, request.headers, len(body), extra, "inference")
-        started = pool.send_now(head, body)
-        if started is None:
+        connection = pool.send_now(head, body, on_answer)
+        if connection is None:
             return None
-        answer, connection = started
-        return answer, lambda: connection.fail(ConnectionAbortedError("the forwarded request's client went away"))
+        return lambda: connection.fail(ConnectionAbortedError("the forwarded request's client went away"))
 
     def _head(
         self,
@@ -118,13 +118,16 @@ class Forwarder:
         extra: Mapping[str, str],
         category: str,
     ) -> bytes:
-        lines = [f"{method} {path} HTTP/1.1", f"host: {node.http}", f"content-length: {length}"]
-        lines += [f"{name}: {value}" for name, value in extra.items()]
-        lines += [f"{name}: {headers[name]}" for name in FORWARDED_HEADERS if name in headers]
+        head = f"{method} {path} HTTP/1.1\r\nhost: {node.http}\r\ncontent-length: {length}\r\n"
+        for name, value in extra.items():
+            head += f"{name}: {value}\r\n"
+        for name in FORWARDED_HEADERS:
+            if name in headers:
+                head += f"{name}: {headers[name]}\r\n"
         credential = self.credentials.required.get(category)
         if credential is not None:
-            lines.append(f"{credential.name}: {credential.value}")
-        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+            head += f"{credential.name}: {credential.value}\r\n"
+        return (head + "\r\n").encode("latin-1")
 
     async def grpc(
         self, node: NodeAddress, rpc: str, raw: bytes, metadata: Metadata, extra: Mapping[str, str]

@@ -378,34 +378,22 @@ class ClusterMember:
         if not holders or self.node in holders or self._here(model, hops) or not self.plane.tracer.off(model):
             return None
         node, address = self.routes.turn(model, holders)
-        extra = {HOPS: str(hops + 1)}
-        started = self.forwarder.http_now(address, request, extra)
-        if started is None:
-            return None
-        if hops == 0:
-            self._counts[model] += 1
-        self.forwards[(model, node)] += 1
-        future, cancel = started
 
-        def answered(future: asyncio.Future[HolderAnswer]) -> None:
-            if future.cancelled():
-                return
-            error = future.exception()
-            if error is None:
-                status, headers, body = relayed(future.result())
+        def answered(outcome: HolderAnswer | Exception) -> None:
+            if isinstance(outcome, HolderAnswer):
+                status, headers, body = relayed(outcome)
                 answer(Response(status, body, headers.pop("content-type"), headers))
                 return
-            if not isinstance(error, StaleConnection):  # a connection the holder had closed: not its failure
+            if not isinstance(outcome, StaleConnection):  # a connection the holder had closed: not its failure
                 request.state["failed"] = node
             answer(None)
 
-        future.add_done_callback(answered)
-
-        def cancelled() -> None:
-            future.cancel()
-            cancel()
-
-        return cancelled
+        cancel = self.forwarder.http_now(address, request, {HOPS: str(hops + 1)}, answered)
+        if cancel is not None:
+            if hops == 0:
+                self._counts[model] += 1
+            self.forwards[(model, node)] += 1
+        return cancel
 
     async def run_stage(
         self, model: str, inputs: dict[str, np.ndarray], rows: int, parameters: dict[str, Any], query: Trace | None

@@ -125,15 +125,16 @@ _REASONS = {status.value: status.phrase for status in HTTPStatus}
 def render(response: Response, keep_alive: bool, with_body: bool = True) -> bytes:
     """Status line, headers and body as one buffer, so a response leaves in one send. Without the body (the answer
     to a HEAD), content-length still says what a GET would get."""
-    lines = [
-        f"HTTP/1.1 {response.status} {_REASONS.get(response.status) or HTTPStatus(response.status).phrase}",
-        f"content-length: {len(response.body)}",
-        f"content-type: {response.content_type}",
-        *(f"{name}: {value}" for name, value in response.headers.items()),
-    ]
+    status = response.status
+    head = (
+        f"HTTP/1.1 {status} {_REASONS.get(status) or HTTPStatus(status).phrase}\r\n"
+        f"content-length: {len(response.body)}\r\ncontent-type: {response.content_type}\r\n"
+    )
+    for name, value in response.headers.items():
+        head += f"{name}: {value}\r\n"
     if not keep_alive:
-        lines.append("connection: close")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (response.body if with_body else b"")
+        head += "connection: close\r\n"
+    return (head + "\r\n").encode("latin-1") + (response.body if with_body else b"")
 
 
 class HttpProtocol(asyncio.Protocol):
@@ -408,9 +409,11 @@ class HttpProtocol(asyncio.Protocol):
         assert self.transport is not None
         with_body = not (isinstance(item, Request) and item.method == "HEAD")
         keep_alive = keep_alive and not (self.server.stopping and not self.pending)
-        sending_ns = time.perf_counter_ns()
-        self.transport.write(render(response, keep_alive, with_body))
-        if response.on_sent is not None:
+        if response.on_sent is None:
+            self.transport.write(render(response, keep_alive, with_body))
+        else:
+            sending_ns = time.perf_counter_ns()
+            self.transport.write(render(response, keep_alive, with_body))
             response.on_sent(sending_ns, time.perf_counter_ns())
         self.last_input = self._loop.time()
         if not keep_alive:

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import ssl
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
@@ -24,7 +25,7 @@ _HEADER_LENGTH = b"inference-header-content-length"
 _CONTENT_ENCODING = b"content-encoding"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Response:
     """Status, the binary-tensor header length (None when absent), the body, and its coding (None: as is)."""
 
@@ -32,6 +33,10 @@ class Response:
     header_length: int | None
     body: bytes
     content_encoding: str | None = None
+
+
+#: What a sent request's connection calls once, with its answer or with the error that ended it.
+OnAnswer = Callable[["Response | Exception"], None]
 
 
 class ConnectFailed(ConnectionError):
@@ -49,7 +54,7 @@ class _Connection(asyncio.Protocol):
         self._pool = pool
         self._parser = httptools.HttpResponseParser(self)
         self._transport: asyncio.Transport | None = None
-        self._waiter: asyncio.Future[Response] | None = None
+        self._on_answer: OnAnswer | None = None
         self._chunks: list[bytes] = []
         self._header_length: int | None = None
         self._content_encoding: str | None = None
@@ -89,30 +94,29 @@ class _Connection(asyncio.Protocol):
         response = Response(
             self._parser.get_status_code(), self._header_length, b"".join(self._chunks), self._content_encoding
         )
-        waiter, self._waiter = self._waiter, None
+        on_answer, self._on_answer = self._on_answer, None
         self._chunks, self._header_length, self._content_encoding, self._answered = [], None, None, False
         if self._parser.should_keep_alive():
             self._pool.release(self)
         elif self._transport is not None:
             self._transport.close()
-        if waiter is not None and not waiter.done():
-            waiter.set_result(response)
+        if on_answer is not None:
+            on_answer(response)
 
-    def send(self, data: bytes, body: bytes, deadline: float) -> asyncio.Future[Response]:
+    def send(self, data: bytes, body: bytes, deadline: float, on_answer: OnAnswer) -> None:
         assert self._transport is not None
-        self._waiter = asyncio.get_running_loop().create_future()
+        self._on_answer = on_answer
         self.deadline = deadline
         if body:
             self._transport.writelines((data, body))  # one writev: the body is not copied onto the head
         else:
             self._transport.write(data)
-        return self._waiter
 
     def fail(self, exc: Exception) -> None:
         """End the request in flight with `exc` and drop the connection, whose state is now unknown."""
-        waiter, self._waiter = self._waiter, None
-        if waiter is not None and not waiter.done():
-            waiter.set_exception(exc)
+        on_answer, self._on_answer = self._on_answer, None
+        if on_answer is not None:
+            on_answer(exc)
         if self._transport is not None:
             self._transport.abort()
 
@@ -139,36 +143,38 @@ class ConnectionPool:
         ValueError for a response that is not HTTP. Cancelled, it closes the connection: the server stops working on
         a request nobody waits for (a node forwarding the request of a client that went away, say).
         """
-        started = self.send_now(data, body)
-        if started is None:
+        answer: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
+        connection = self.send_now(data, body, _settles(answer))
+        reused = connection is not None
+        if connection is None:
             connection = await self._connect()
-            answer = self._send(connection, data, body)
-        else:
-            answer, connection = started
+            self._send(connection, data, body, _settles(answer))
         try:
             return await answer
         except StaleConnection:
-            if started is None:
+            if not reused:
                 raise
             return await self.request(data, body)
         except asyncio.CancelledError:
             connection.fail(ConnectionAbortedError("the request was cancelled"))
             raise
 
-    def send_now(self, data: bytes, body: bytes = b"") -> tuple[asyncio.Future[Response], _Connection] | None:
-        """`request` without a coroutine, on a kept-alive connection: its answer (the errors `request` raises, and
-        StaleConnection where the server had closed it: safe to send again) and the connection, which `fail`s it
-        when nobody waits for it any more; None when no connection is open and idle."""
+    def send_now(self, data: bytes, body: bytes, on_answer: OnAnswer) -> _Connection | None:
+        """`request` without a coroutine or a future, on a kept-alive connection: `on_answer` gets its answer, or
+        the error `request` would raise (StaleConnection where the server had closed the connection: safe to send
+        again). Returns the connection, which `fail`s the request when nobody waits for it any more; None, having
+        sent nothing, when no connection is open and idle."""
         if self._sweeper is None:
             self._sweeper = asyncio.ensure_future(self._sweep())
         if not self._idle:
             return None
         connection = self._idle.pop()
-        return self._send(connection, data, body), connection
+        self._send(connection, data, body, on_answer)
+        return connection
 
-    def _send(self, connection: _Connection, data: bytes, body: bytes) -> asyncio.Future[Response]:
+    def _send(self, connection: _Connection, data: bytes, body: bytes, on_answer: OnAnswer) -> None:
         self._busy.add(connection)
-        return connection.send(data, body, time.monotonic() + self._timeout_s)
+        connection.send(data, body, time.monotonic() + self._timeout_s, on_answer)
 
     def release(self, connection: _Connection) -> None:
         """An answered connection goes back to the idle list; busy/idle change only on connection events."""
@@ -209,3 +215,17 @@ class ConnectionPool:
             now = time.monotonic()
             for connection in [c for c in self._busy if c.deadline < now]:
                 connection.fail(TimeoutError(f"no answer within {self._timeout_s:g} s"))
+
+
+def _settles(future: asyncio.Future[Response]) -> OnAnswer:
+    """An `OnAnswer` that settles `future` (unless it was cancelled meanwhile)."""
+
+    def settle(outcome: Response | Exception) -> None:
+        if future.done():
+            return
+        if isinstance(outcome, Exception):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)
+
+    return settle

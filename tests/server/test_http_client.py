@@ -10,7 +10,7 @@ import pytest
 
 from adaserve.bench.client import HttpSender, Outcome
 from adaserve.bench.codec import Payload
-from adaserve.server.http_client import ConnectFailed, ConnectionPool, Response
+from adaserve.server.http_client import ConnectFailed, ConnectionPool, Response, StaleConnection
 from tests.server_utils import free_port
 
 REQUEST = b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"
@@ -83,6 +83,38 @@ def test_a_connection_the_server_closed_while_idle_is_replaced_silently() -> Non
         assert (await pool.request(REQUEST)).status == 200
 
     assert asyncio.run(_with_server(once, client)) == [0, 1]
+
+
+def test_send_now_uses_only_an_idle_connection_and_calls_back_once_with_the_answer_or_the_error() -> None:
+    """The forwarding shortcut's send: nothing without an open idle connection; then its answer, or StaleConnection
+    when the server had closed that connection (safe to send again), each delivered once."""
+
+    async def once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
+        for _answer in range(2):
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(OK)
+            await writer.drain()
+        await reader.read(1)  # closes as soon as the next request arrives, without answering it
+
+    async def client(pool: ConnectionPool) -> None:
+        outcomes: list[Response | Exception] = []
+        arrived = asyncio.Event()
+
+        def record(outcome: Response | Exception) -> None:
+            outcomes.append(outcome)
+            arrived.set()
+
+        assert pool.send_now(REQUEST, b"", record) is None  # nothing open yet: nothing sent
+        assert (await pool.request(REQUEST)).status == 200
+        for expected in (Response, StaleConnection):
+            arrived.clear()
+            assert pool.send_now(REQUEST, b"", record) is not None
+            await asyncio.wait_for(arrived.wait(), 5)
+            assert isinstance(outcomes[-1], expected)
+        await asyncio.sleep(0.05)
+        assert len(outcomes) == 2  # the connection's close after its answer called nobody again
+
+    assert asyncio.run(_with_server(once, client)) == [0]
 
 
 def test_a_body_written_after_its_head_is_one_request_also_when_sent_again() -> None:
