@@ -409,12 +409,11 @@ class HttpProtocol(asyncio.Protocol):
         assert self.transport is not None
         with_body = not (isinstance(item, Request) and item.method == "HEAD")
         keep_alive = keep_alive and not (self.server.stopping and not self.pending)
-        if response.on_sent is None:
-            self.transport.write(render(response, keep_alive, with_body))
-        else:
-            sending_ns = time.perf_counter_ns()
-            self.transport.write(render(response, keep_alive, with_body))
-            response.on_sent(sending_ns, time.perf_counter_ns())
+        on_sent = response.on_sent
+        sending_ns = time.perf_counter_ns() if on_sent is not None else 0  # the clock only for a traced answer
+        self.transport.write(render(response, keep_alive, with_body))
+        if on_sent is not None:
+            on_sent(sending_ns, time.perf_counter_ns())
         self.last_input = self._loop.time()
         if not keep_alive:
             self._linger()

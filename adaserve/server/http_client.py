@@ -144,11 +144,12 @@ class ConnectionPool:
         a request nobody waits for (a node forwarding the request of a client that went away, say).
         """
         answer: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
-        connection = self.send_now(data, body, _settles(answer))
+        settle = _settles(answer)
+        connection = self.send_now(data, body, settle)
         reused = connection is not None
         if connection is None:
             connection = await self._connect()
-            self._send(connection, data, body, _settles(answer))
+            self._send(connection, data, body, settle)
         try:
             return await answer
         except StaleConnection:
